@@ -1,0 +1,63 @@
+"""Named errors raised by earl_service, so callers can catch them by kind."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+
+
+class EarlError(Exception):
+    """Base class for every error earl_service raises on purpose."""
+
+
+class TripleFileError(EarlError):
+    """A triple file cannot be read: bad format, bad encoding, binary content, no triples, ..."""
+
+    def __init__(self, path: str | os.PathLike[str], line: int | None, message: str) -> None:
+        self.path = str(path)
+        self.line = line
+        self.reason = message
+        where = self.path if line is None else f"{self.path}, line {line}"
+        super().__init__(f"{where}: {message}")
+
+    def __reduce__(self):  # keep pickling working despite the custom __init__
+        return type(self), (self.path, self.line, self.reason)
+
+
+class DatasetError(EarlError):
+    """A dataset folder is unusable (missing folder or train file, missing split, ...)."""
+
+
+class BundleError(EarlError):
+    """A saved model bundle is missing, incomplete or incompatible."""
+
+
+class _UnknownNameError(EarlError, KeyError):
+    kind = "name"
+
+    def __init__(self, name: str, suggestions: Sequence[str] = ()) -> None:
+        self.name = name
+        self.suggestions = list(suggestions)
+        message = f"unknown {self.kind} {name!r}"
+        if self.suggestions:
+            message += "; did you mean " + ", ".join(repr(s) for s in self.suggestions) + "?"
+        self.message = message
+        super().__init__(message)
+
+    def __str__(self) -> str:  # KeyError's default str() would wrap the message in quotes
+        return self.message
+
+    def __reduce__(self):
+        return type(self), (self.name, self.suggestions)
+
+
+class UnknownEntityError(_UnknownNameError):
+    """An entity name is not in the vocabulary; ``suggestions`` holds close matches."""
+
+    kind = "entity"
+
+
+class UnknownRelationError(_UnknownNameError):
+    """A relation name is not in the vocabulary; ``suggestions`` holds close matches."""
+
+    kind = "relation"

@@ -1,0 +1,216 @@
+"""nn.Modules only: the EARL encoder (ConRel, kNResEnt, relational GNN), the RotatE baseline and RotatE scoring."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .config import ModelConfig
+from .graph import Graph
+
+
+class RotatE:
+    """RotatE scoring: score(h, r, t) = gamma - sum_i |h_i * r_i - t_i| with r_i = exp(i * phase_i).
+
+    Entities are (.., 2d) reals: real parts in [:d], imaginary parts in [d:]. Relations are (.., d) raw
+    values mapped to phases by r / ((gamma + epsilon) / d) * pi, as in the RotatE reference code.
+    """
+
+    def __init__(self, config: ModelConfig):
+        self.dim = config.dim
+        self.gamma = config.gamma
+        self.phase_scale = math.pi / config.embedding_range
+
+    def rotate(self, x: torch.Tensor, rel: torch.Tensor, *, inverse: bool = False) -> torch.Tensor:
+        """x o r (or x o conj(r) when `inverse`): x (B, 2d), rel (B, d) -> (B, 2d)."""
+        phase = rel * self.phase_scale
+        cos, sin = torch.cos(phase), torch.sin(phase)
+        if inverse:
+            sin = -sin
+        re, im = x[..., : self.dim], x[..., self.dim :]
+        return torch.cat([re * cos - im * sin, re * sin + im * cos], dim=-1)
+
+    def distance(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        """sum_i |a_i - b_i| over complex dims; broadcasts over leading dims. (.., 2d) -> (..)."""
+        diff = a - b
+        re, im = diff[..., : self.dim], diff[..., self.dim :]
+        return torch.sqrt(re * re + im * im + 1e-12).sum(-1)
+
+    def score(self, h: torch.Tensor, rel: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        return self.gamma - self.distance(self.rotate(h, rel), t)
+
+
+def _uniform_(param: torch.Tensor, bound: float) -> None:
+    nn.init.uniform_(param, -bound, bound)
+
+
+class GNNLayer(nn.Module):
+    """One layer of EARL's relational GNN (paper eqs. gnn-agg and gnn-update).
+
+    h_e' = act( 1/c_e * [ sum_{(r,t) in O(e)} W_out [h_r; h_t] + sum_{(r,h) in I(e)} W_in [h_r; h_h] ] + W_self h_e )
+    h_r' = act( W_rel h_r )
+    W_out [h_r; h_t] is split as W_out_ent h_t + W_out_rel h_r (each with a bias), likewise W_in.
+    """
+
+    def __init__(self, dim: int, *, activation: bool):
+        super().__init__()
+        width = 2 * dim
+        self.out_ent, self.out_rel = nn.Linear(width, width), nn.Linear(dim, width)
+        self.in_ent, self.in_rel = nn.Linear(width, width), nn.Linear(dim, width)
+        self.self_loop = nn.Linear(width, width)
+        self.rel_update = nn.Linear(dim, dim)
+        self.activation = activation
+
+    def forward(self, x: torch.Tensor, rel: torch.Tensor, graph: Graph) -> tuple[torch.Tensor, torch.Tensor]:
+        """x (N, 2d), rel (R, d) -> same shapes. Transform, then aggregate with one spmm (see Graph.message)."""
+        n, width = x.shape
+        ent_weight = torch.cat([self.out_ent.weight, self.in_ent.weight, self.self_loop.weight])  # (3*2d, 2d)
+        ent_rows = (x @ ent_weight.T).reshape(3 * n, width)  # rows 3j, 3j+1, 3j+2: out, in, self of entity j
+        # Relation transforms act on the |R| rows before aggregation; both message biases ride along, since
+        # each edge contributes exactly one relation term and one neighbour term.
+        rel_out = F.linear(rel, self.out_rel.weight, self.out_rel.bias + self.out_ent.bias)  # (R, 2d)
+        rel_in = F.linear(rel, self.in_rel.weight, self.in_rel.bias + self.in_ent.bias)  # (R, 2d)
+        rel_rows = torch.stack([rel_out, rel_in], dim=1).reshape(-1, width)  # (2R, 2d): 2r out, 2r+1 in
+        rows = torch.cat([ent_rows, rel_rows.to(ent_rows.dtype)])  # (3N + 2R, 2d)
+        h = graph.message @ rows + self.self_loop.bias  # (N, 2d)
+        r = self.rel_update(rel)  # (R, d)
+        if self.activation:
+            h, r = F.relu(h), F.relu(r)
+        return h, r
+
+    def forward_naive(
+        self, x: torch.Tensor, rel: torch.Tensor, triples: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The paper's equations edge by edge, as the reference code computes them (slow; tests and benchmarks)."""
+        h_idx, r_idx, t_idx = triples[:, 0], triples[:, 1], triples[:, 2]
+        out_msg = self.out_ent(x[t_idx]) + self.out_rel(rel[r_idx])  # (E, 2d), message to the head
+        in_msg = self.in_ent(x[h_idx]) + self.in_rel(rel[r_idx])  # (E, 2d), message to the tail
+        total = torch.zeros_like(x).index_add(0, h_idx, out_msg).index_add(0, t_idx, in_msg)
+        degree = torch.zeros(x.shape[0], dtype=x.dtype).index_add(0, h_idx, torch.ones_like(h_idx, dtype=x.dtype))
+        degree = degree.index_add(0, t_idx, torch.ones_like(t_idx, dtype=x.dtype))
+        mean = total / degree.clamp(min=1)[:, None]
+        h = mean + self.self_loop(x)
+        r = self.rel_update(rel)
+        if self.activation:
+            h, r = F.relu(h), F.relu(r)
+        return h, r
+
+
+def _mlp(width_in: int, width: int) -> nn.Sequential:
+    return nn.Sequential(nn.Linear(width_in, width), nn.ReLU(), nn.Linear(width, width))
+
+
+class EARL(nn.Module):
+    """Entity-agnostic encoder: every entity embedding is rebuilt from graph features and shared weights.
+
+    Trainable state: reserved-entity rows (N_res, 2d), relation-end embeddings (2R, 2d), ConRel MLP,
+    combining MLP f_m, relation table (R, d) and the GNN layers. None of it has one row per entity.
+    """
+
+    def __init__(self, config: ModelConfig, num_relations: int, reserved: torch.Tensor):
+        super().__init__()
+        self.config = config
+        self.num_relations = num_relations
+        dim, width = config.dim, 2 * config.dim
+        self.register_buffer("reserved", reserved.to(torch.long).clone(), persistent=True)
+        num_reserved = reserved.numel() if config.uses_reserved else 0
+        self.reserved_embeddings = nn.Parameter(torch.empty(num_reserved, width)) if num_reserved else None
+        self.relation_ends = nn.Parameter(torch.empty(2 * num_relations, width)) if config.uses_conrel else None
+        self.conrel_mlp = _mlp(width, width) if config.uses_conrel else None
+        inputs = int(config.uses_conrel) + int(config.uses_knn)
+        self.combine = _mlp(inputs * width, width) if inputs else None
+        self.relations = nn.Parameter(torch.empty(num_relations, dim))
+        layers = config.gnn_layers
+        self.gnn = nn.ModuleList(GNNLayer(dim, activation=i < layers - 1) for i in range(layers))
+        self._random_inputs: dict[int, torch.Tensor] = {}
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(self.config.seed)
+            bound = self.config.embedding_range
+            for table in (self.reserved_embeddings, self.relation_ends, self.relations):
+                if table is not None:
+                    _uniform_(table, bound)
+            for module in self.modules():
+                if isinstance(module, nn.Linear):
+                    module.reset_parameters()
+
+    def random_inputs(self, num_entities: int, device: torch.device) -> torch.Tensor:
+        """Fixed random GNN inputs for the "w/o ConRel + kNResEnt" ablation, regenerated from the seed."""
+        if num_entities not in self._random_inputs:
+            gen = torch.Generator().manual_seed(self.config.seed + 1)
+            bound = self.config.embedding_range
+            values = torch.rand(num_entities, 2 * self.config.dim, generator=gen) * 2 * bound - bound
+            self._random_inputs[num_entities] = values
+        return self._random_inputs[num_entities].to(device)
+
+    def initial(self, graph: Graph) -> torch.Tensor:
+        """h^0 (N, 2d): f_m([ConRel; kNResEnt]) for every entity, own rows for reserved entities."""
+        width = 2 * self.config.dim
+        if self.combine is None:
+            h0 = self.random_inputs(graph.num_entities, self.relations.device)
+        else:
+            first, second = self.combine[0], self.combine[2]
+            pre = first.bias
+            offset = 0
+            if self.conrel_mlp is not None:
+                assert self.relation_ends is not None
+                lin1, lin2 = self.conrel_mlp[0], self.conrel_mlp[2]
+                # W1 (f_e^T R_end) = f_e^T (R_end W1^T): the first ConRel map runs on the 2R relation-end rows.
+                ends = self.relation_ends @ lin1.weight.T  # (2R, 2d)
+                conrel = lin2(F.relu(graph.conrel @ ends + lin1.bias))  # (N, 2d)
+                pre = pre + conrel @ first.weight[:, :width].T
+                offset = width
+            if self.config.uses_knn:
+                assert self.reserved_embeddings is not None and graph.knn is not None
+                # Likewise the f_m map of the kNResEnt half runs on the N_res reserved rows, then aggregates.
+                res = self.reserved_embeddings @ first.weight[:, offset : offset + width].T  # (N_res, 2d)
+                pre = pre + graph.knn @ res
+            h0 = second(F.relu(pre))  # (N, 2d)
+        if self.reserved_embeddings is not None:
+            h0 = h0.index_copy(0, graph.reserved, self.reserved_embeddings.to(h0.dtype))
+        return h0
+
+    def forward(self, graph: Graph) -> tuple[torch.Tensor, torch.Tensor]:
+        """Embeddings of every entity of `graph` (N, 2d) and of every relation (R, d)."""
+        h, rel = self.initial(graph), self.relations
+        for layer in self.gnn:
+            h, rel = layer(h, rel, graph)
+        return h, rel
+
+
+class RotatEModel(nn.Module):
+    """Plain RotatE: one free embedding per training entity. Entities beyond the table embed as zeros."""
+
+    def __init__(self, config: ModelConfig, num_relations: int, num_entities: int):
+        super().__init__()
+        self.config = config
+        self.entities = nn.Parameter(torch.empty(num_entities, 2 * config.dim))
+        self.relations = nn.Parameter(torch.empty(num_relations, config.dim))
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(self.config.seed)
+            _uniform_(self.entities, self.config.embedding_range)
+            _uniform_(self.relations, self.config.embedding_range)
+
+    def forward(self, graph: Graph) -> tuple[torch.Tensor, torch.Tensor]:
+        extra = graph.num_entities - self.entities.shape[0]
+        if extra > 0:
+            return torch.cat([self.entities, self.entities.new_zeros(extra, self.entities.shape[1])]), self.relations
+        return self.entities[: graph.num_entities], self.relations
+
+
+def build_model(config: ModelConfig, num_entities: int, num_relations: int, reserved: torch.Tensor) -> nn.Module:
+    if config.model == "rotate":
+        return RotatEModel(config, num_relations, num_entities)
+    return EARL(config, num_relations, reserved)
+
+
+def trainable_parameters(model: nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters() if p.requires_grad)
