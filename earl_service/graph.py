@@ -156,6 +156,7 @@ def build_graph(
     k: int = 10,
     temperature: float = 0.2,
     knn: tuple[torch.Tensor, torch.Tensor] | None = None,
+    dtype: torch.dtype = torch.float32,
 ) -> Graph:
     """Precompute the graph features of `triples` (E, 3) over `num_entities` nodes.
 
@@ -165,8 +166,8 @@ def build_graph(
     edges = torch.as_tensor(np.asarray(triples), dtype=torch.long).reshape(-1, 3)
     h, r, t = edges[:, 0], edges[:, 1], edges[:, 2]
     degree = torch.bincount(h, minlength=n).double() + torch.bincount(t, minlength=n).double()
-    inv = torch.where(degree > 0, 1.0 / degree.clamp(min=1), torch.zeros(())).float()
-    ones = torch.ones(edges.shape[0])
+    inv = torch.where(degree > 0, 1.0 / degree.clamp(min=1), torch.zeros((), dtype=torch.float64)).to(dtype)
+    ones = torch.ones(edges.shape[0], dtype=dtype)
 
     conrel = SparsePair.from_coo(
         torch.cat([h, t]), torch.cat([r, r + num_rel]), torch.cat([inv[h], inv[t]]), (n, 2 * num_rel)
@@ -174,7 +175,7 @@ def build_graph(
     nodes = torch.arange(n)
     rows = torch.cat([h, t, nodes, h, t])
     cols = torch.cat([3 * t, 3 * h + 1, 3 * nodes + 2, 3 * n + 2 * r, 3 * n + 2 * r + 1])
-    vals = torch.cat([inv[h] * ones, inv[t] * ones, torch.ones(n), inv[h] * ones, inv[t] * ones])
+    vals = torch.cat([inv[h] * ones, inv[t] * ones, torch.ones(n, dtype=dtype), inv[h] * ones, inv[t] * ones])
     message = SparsePair.from_coo(rows, cols, vals, (n, 3 * n + 2 * num_rel))
 
     knn_pair = knn_ids = knn_weights = None
@@ -185,7 +186,7 @@ def build_graph(
         knn_ids, knn_weights = knn
         kk = knn_ids.shape[1]
         knn_pair = SparsePair.from_coo(
-            torch.arange(n).repeat_interleave(kk), knn_ids.reshape(-1), knn_weights.reshape(-1).float(), (n, reserved.numel())
+            torch.arange(n).repeat_interleave(kk), knn_ids.reshape(-1), knn_weights.reshape(-1).to(dtype), (n, reserved.numel())
         )
     return Graph(n, num_rel, edges, reserved, conrel, message, knn_pair, knn_ids, knn_weights, degree.float())
 

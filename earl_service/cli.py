@@ -1,0 +1,123 @@
+"""The `earl` command: train, evaluate (and, as they land, export, info, extend, worker, serve)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from pathlib import Path
+
+from .config import ABLATIONS, ModelConfig, TrainConfig
+from .errors import EarlError
+
+D_MODEL, D_TRAIN = ModelConfig(), TrainConfig()
+
+
+def _add_train_options(p: argparse.ArgumentParser) -> None:
+    m = p.add_argument_group("model")
+    m.add_argument("--model", choices=["earl", "rotate"], default=D_MODEL.model)
+    m.add_argument("--dim", type=int, default=D_MODEL.dim, help="complex dimensions (2*dim reals per entity)")
+    m.add_argument("--reserved-ratio", type=float, default=D_MODEL.reserved_ratio)
+    m.add_argument("--k", type=int, default=D_MODEL.k, help="nearest reserved entities (kNResEnt)")
+    m.add_argument("--layers", type=int, default=D_MODEL.layers, help="GNN layers")
+    m.add_argument("--margin", "--gamma", dest="gamma", type=float, default=D_MODEL.gamma)
+    m.add_argument("--epsilon", type=float, default=D_MODEL.epsilon)
+    for name in ABLATIONS:
+        m.add_argument(f"--{name.replace('_', '-')}", action="store_true", help="ablation switch")
+    t = p.add_argument_group("training")
+    t.add_argument("--steps", type=int, default=D_TRAIN.steps)
+    t.add_argument("--batch-size", type=int, default=D_TRAIN.batch_size)
+    t.add_argument("--negatives", type=int, default=D_TRAIN.negatives, help="per side (head and tail)")
+    t.add_argument("--lr", type=float, default=D_TRAIN.lr)
+    t.add_argument("--temperature", dest="adversarial_temperature", type=float, default=D_TRAIN.adversarial_temperature,
+                   help="self-adversarial temperature alpha")
+    t.add_argument("--eval-every", type=int, default=D_TRAIN.eval_every, help="steps between validations (0: never)")
+    t.add_argument("--patience", type=int, default=D_TRAIN.patience)
+    t.add_argument("--eval-batch-size", type=int, default=D_TRAIN.eval_batch_size)
+    t.add_argument("--eval-max-triples", type=int, default=D_TRAIN.eval_max_triples,
+                   help="validate on a fixed random subset of this many triples (0: all)")
+    t.add_argument("--checkpoint-every", type=int, default=D_TRAIN.checkpoint_every)
+    t.add_argument("--time-limit", dest="time_limit_minutes", type=float, default=0.0, metavar="MINUTES")
+    t.add_argument("--bf16", action="store_true", help="bfloat16 autocast for the encoder's dense maps (CPU)")
+    t.add_argument("--device", default=D_TRAIN.device, help="auto | cpu | cuda")
+    t.add_argument("--threads", type=int, default=D_TRAIN.threads, help="torch threads (0: torch default)")
+    t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--no-progress", action="store_true")
+
+
+def _configs(a: argparse.Namespace) -> tuple[ModelConfig, TrainConfig]:
+    model = ModelConfig(model=a.model, dim=a.dim, reserved_ratio=a.reserved_ratio, k=a.k, layers=a.layers,
+                        gamma=a.gamma, epsilon=a.epsilon, seed=a.seed, **{n: getattr(a, n) for n in ABLATIONS})
+    train = TrainConfig(steps=a.steps, batch_size=a.batch_size, negatives=a.negatives, lr=a.lr,
+                        adversarial_temperature=a.adversarial_temperature, eval_every=a.eval_every,
+                        patience=a.patience, eval_batch_size=a.eval_batch_size, eval_max_triples=a.eval_max_triples,
+                        checkpoint_every=a.checkpoint_every, time_limit_minutes=a.time_limit_minutes, bf16=a.bf16,
+                        device=a.device, threads=a.threads, seed=a.seed, progress=not a.no_progress)
+    return model, train
+
+
+def cmd_train(a: argparse.Namespace) -> int:
+    from .data import load_dataset
+    from .train import train
+
+    model_cfg, train_cfg = _configs(a)
+    dataset = load_dataset(a.data)
+    metrics = train(dataset, model_cfg, train_cfg, a.out, resume=a.resume, final_eval=not a.no_final_eval,
+                    protocol=a.protocol)
+    keys = ("trainable_parameters", "steps", "median_step_seconds", "peak_rss_mb")
+    summary = {k: metrics.get(k) for k in keys}
+    for split in ("valid", "test"):
+        if split in metrics:
+            summary[split] = {k: metrics[split][k] for k in ("mrr", "mr", "hits_at_1", "hits_at_3", "hits_at_10")}
+    print(json.dumps(summary, indent=2))
+    return 0
+
+
+def cmd_evaluate(a: argparse.Namespace) -> int:
+    from .data import load_dataset
+    from .train import load_run
+
+    run = load_run(a.run_dir, load_dataset(a.data), device=a.device)
+    print(json.dumps(run.evaluate(a.split, a.protocol, batch_size=a.batch_size), indent=2))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="earl", description="Entity-agnostic knowledge-graph embeddings (EARL).")
+    parser.add_argument("-v", "--verbose", action="store_true")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("train", help="train EARL (or the RotatE baseline) on a dataset folder")
+    p.add_argument("data", help="folder with train.txt and optional valid.txt / test.txt")
+    p.add_argument("--out", required=True, help="run directory (checkpoints, metrics.json, curves.png)")
+    p.add_argument("--resume", action="store_true", help="continue from RUN_DIR's last checkpoint")
+    p.add_argument("--protocol", choices=["seen", "all"], default="seen", help="protocol of the final evaluation")
+    p.add_argument("--no-final-eval", action="store_true", help="skip the final valid/test evaluation")
+    _add_train_options(p)
+    p.set_defaults(func=cmd_train)
+
+    p = sub.add_parser("evaluate", help="filtered ranking of a trained run's best checkpoint")
+    p.add_argument("run_dir")
+    p.add_argument("data")
+    p.add_argument("--split", default="test", choices=["train", "valid", "test"])
+    p.add_argument("--protocol", choices=["seen", "all"], default="seen")
+    p.add_argument("--batch-size", type=int, default=256)
+    p.add_argument("--device", default="auto")
+    p.set_defaults(func=cmd_evaluate)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(message)s")
+    try:
+        return args.func(args)
+    except (EarlError, ValueError, FileNotFoundError) as exc:
+        print(f"earl: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

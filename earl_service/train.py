@@ -1,0 +1,371 @@
+"""The training loop: negative sampling, self-adversarial loss, validation, early stopping, checkpoints, metrics."""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import resource
+import statistics
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from . import __version__
+from .config import ModelConfig, TrainConfig
+from .data import Dataset
+from .evaluate import KnownAnswers, rank_triples, summarize
+from .graph import Graph, build_graph, choose_reserved
+from .kernels import rotate_distance
+from .model import RotatE, build_model, trainable_parameters
+
+log = logging.getLogger(__name__)
+
+CHECKPOINT = "checkpoint.pt"  # last state, for --resume
+BEST = "best.pt"  # best weights by valid MRR
+METRICS = "metrics.json"
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise RuntimeError("--device cuda was asked for, but torch sees no CUDA device")
+    return torch.device(name)
+
+
+def peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0  # Linux reports KiB
+
+
+class NegativeSampler:
+    """Uniform corruptions with replacement, resampled where they hit a known true answer from train."""
+
+    def __init__(self, train: np.ndarray, num_entities: int, num_relations: int, device: torch.device):
+        self.n, self.r = num_entities, num_relations
+        h, r, t = (torch.as_tensor(train[:, i], dtype=torch.long) for i in range(3))
+        self.tail_keys = torch.unique((h * num_relations + r) * num_entities + t).to(device)  # sorted
+        self.head_keys = torch.unique((t * num_relations + r) * num_entities + h).to(device)
+        self.device = device
+
+    def _known(self, keys: torch.Tensor, query: torch.Tensor, candidates: torch.Tensor) -> torch.Tensor:
+        probe = query[:, None] * self.n + candidates  # (B, K)
+        pos = torch.searchsorted(keys, probe).clamp(max=keys.numel() - 1)
+        return keys[pos] == probe
+
+    def sample(
+        self, h: torch.Tensor, r: torch.Tensor, t: torch.Tensor, k: int, gen: torch.Generator, max_rounds: int = 10
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(B,) positives -> (neg_heads (B, K), neg_tails (B, K)) entity ids."""
+        out = []
+        for keys, query in ((self.head_keys, t * self.r + r), (self.tail_keys, h * self.r + r)):
+            cand = torch.randint(0, self.n, (h.numel(), k), generator=gen).to(self.device)
+            for _ in range(max_rounds):
+                bad = self._known(keys, query, cand)
+                count = int(bad.sum())
+                if count == 0:
+                    break
+                cand[bad] = torch.randint(0, self.n, (count,), generator=gen).to(self.device)
+            out.append(cand)
+        return out[0], out[1]
+
+
+def loss_fn(
+    scorer: RotatE, entities: torch.Tensor, relations: torch.Tensor, batch: torch.Tensor,
+    neg_heads: torch.Tensor, neg_tails: torch.Tensor, adversarial_temperature: float,
+) -> torch.Tensor:
+    """Self-adversarial negative-sampling loss over both corruption sides.
+
+    loss = -(mean_b log s(g - d_pos) + mean_{b,side} sum_j w_j log s(d_neg_j - g)) / 2, w = softmax(a (g - d_neg))
+    detached, taken within each side's K negatives.
+    """
+    h, r, t = batch[:, 0], batch[:, 1], batch[:, 2]
+    rel = relations[r]  # (B, d)
+    head_rot = scorer.rotate(entities[h], rel)  # h o r, (B, 2d)
+    tail_rot = scorer.rotate(entities[t], rel, inverse=True)  # conj(r) o t, (B, 2d)
+    pos = scorer.gamma - scorer.distance(head_rot, entities[t])  # (B,)
+    # Tail corruptions compare h o r with t'; head corruptions compare h' with conj(r) o t (|r_i| = 1).
+    query = torch.cat([head_rot, tail_rot])  # (2B, 2d)
+    neg = scorer.gamma - rotate_distance(query, entities, torch.cat([neg_tails, neg_heads]))  # (2B, K)
+    weights = torch.softmax(adversarial_temperature * neg, dim=1).detach()
+    neg_term = (weights * F.logsigmoid(-neg)).sum(1).mean()
+    return -(F.logsigmoid(pos).mean() + neg_term) / 2
+
+
+@dataclass
+class History:
+    steps: list[int] = field(default_factory=list)
+    losses: list[float] = field(default_factory=list)
+    seconds: list[float] = field(default_factory=list)  # wall-clock since start at each logged step
+    step_times: list[float] = field(default_factory=list)
+    eval_steps: list[int] = field(default_factory=list)
+    eval_seconds: list[float] = field(default_factory=list)
+    eval_mrr: list[float] = field(default_factory=list)
+
+
+@dataclass
+class Run:
+    """Everything built once for a dataset and model config."""
+
+    dataset: Dataset
+    model_config: ModelConfig
+    graph: Graph  # training graph over the training entities
+    model: torch.nn.Module
+    scorer: RotatE
+    known: KnownAnswers
+
+    @classmethod
+    def build(cls, dataset: Dataset, model_config: ModelConfig, device: torch.device) -> Run:
+        n, num_rel = dataset.num_train_entities, dataset.num_relations
+        reserved = (
+            choose_reserved(n, model_config.reserved_ratio, model_config.seed)
+            if model_config.model == "earl" and model_config.uses_reserved
+            else torch.zeros(0, dtype=torch.long)
+        )
+        graph = build_graph(dataset.train, n, num_rel, reserved, k=model_config.k, temperature=model_config.knn_temperature)
+        model = build_model(model_config, n, num_rel, reserved).to(device)
+        known = KnownAnswers(_all_triples(dataset), num_rel)
+        return cls(dataset, model_config, graph.to(device), model, RotatE(model_config), known)
+
+    def graph_for(self, protocol: str) -> Graph:
+        """`seen`: the training graph. `all`: the same graph plus valid/test-only entities as isolated nodes."""
+        if protocol == "seen" or self.dataset.num_entities == self.dataset.num_train_entities:
+            return self.graph
+        cfg = self.model_config
+        device = self.graph.triples.device
+        g = build_graph(
+            self.dataset.train, self.dataset.num_entities, self.dataset.num_relations, self.graph.reserved.cpu(),
+            k=cfg.k, temperature=cfg.knn_temperature,
+        )
+        return g.to(device)
+
+    @torch.no_grad()
+    def evaluate(self, split: str, protocol: str = "seen", *, batch_size: int = 256, limit: int = 0) -> dict:
+        triples = self.dataset.split(split)
+        if protocol == "seen":
+            triples = triples[self.dataset.seen_mask(triples)]
+        elif protocol != "all":
+            raise ValueError(f"protocol must be 'seen' or 'all', not {protocol!r}")
+        if limit and len(triples) > limit:
+            triples = triples[np.random.default_rng(0).choice(len(triples), limit, replace=False)]
+        self.model.eval()
+        entities, relations = self.model(self.graph_for(protocol))
+        result = summarize(rank_triples(entities.float(), relations.float(), self.scorer, triples, self.known,
+                                        batch_size=batch_size))
+        self.model.train()
+        return {**result["both"], "protocol": protocol, "split": split, "tail": result["tail"], "head": result["head"]}
+
+
+def _all_triples(dataset: Dataset) -> np.ndarray:
+    parts = [dataset.train] + [x for x in (dataset.valid, dataset.test) if x is not None]
+    return np.concatenate(parts)
+
+
+def _atomic_torch_save(obj: Any, path: Path) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    torch.save(obj, tmp)
+    os.replace(tmp, path)
+
+
+def write_json_atomic(path: Path, obj: Any) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(obj, indent=2, default=str))
+    os.replace(tmp, path)
+
+
+ProgressCallback = Callable[[dict[str, Any]], None]
+
+
+def train(
+    dataset: Dataset,
+    model_config: ModelConfig,
+    train_config: TrainConfig,
+    out_dir: str | os.PathLike,
+    *,
+    resume: bool = False,
+    final_eval: bool = True,
+    protocol: str = "seen",
+    on_progress: ProgressCallback | None = None,
+    should_stop: Callable[[], bool] | None = None,
+) -> dict[str, Any]:
+    """Train, keep the best checkpoint by valid MRR, evaluate it, write metrics.json; returns the metrics."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    cfg = train_config
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    device = resolve_device(cfg.device)
+    torch.manual_seed(cfg.seed)
+    run = Run.build(dataset, model_config, device)
+    model = run.model
+    optimizer = torch.optim.Adam(model.parameters(), lr=cfg.lr)
+    sampler = NegativeSampler(dataset.train, dataset.num_train_entities, dataset.num_relations, device)
+    gen = torch.Generator().manual_seed(cfg.seed)
+    train_ids = torch.as_tensor(dataset.train, dtype=torch.long)
+    has_valid = dataset.valid is not None and len(dataset.valid) > 0
+    state: dict[str, Any] = {"step": 0, "epoch_order": None, "epoch_pos": 0, "best_mrr": -1.0, "best_step": 0,
+                             "bad_evals": 0, "elapsed": 0.0, "stopped": "steps"}
+    history = History()
+    if resume and (out / CHECKPOINT).exists():
+        ckpt = torch.load(out / CHECKPOINT, map_location=device, weights_only=True)
+        model.load_state_dict(ckpt["model"])
+        optimizer.load_state_dict(ckpt["optimizer"])
+        gen.set_state(ckpt["generator"])
+        torch.set_rng_state(ckpt["torch_rng"])
+        state = ckpt["state"]
+        history = History(**ckpt["history"])
+        log.info("resumed from step %d", state["step"])
+
+    def save_checkpoint() -> None:
+        _atomic_torch_save({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                            "generator": gen.get_state(), "torch_rng": torch.get_rng_state(),
+                            "state": state, "history": history.__dict__, "model_config": model_config.to_dict(),
+                            "train_config": cfg.to_dict()}, out / CHECKPOINT)
+
+    def next_batch() -> torch.Tensor:
+        if state["epoch_order"] is None or state["epoch_pos"] >= len(train_ids):
+            state["epoch_order"] = torch.randperm(len(train_ids), generator=gen)
+            state["epoch_pos"] = 0
+        ids = state["epoch_order"][state["epoch_pos"] : state["epoch_pos"] + cfg.batch_size]
+        state["epoch_pos"] += cfg.batch_size
+        return train_ids[ids].to(device)
+
+    if state["best_mrr"] < 0 and not (out / BEST).exists():
+        _atomic_torch_save(model.state_dict(), out / BEST)
+    autocast = cfg.bf16 and device.type == "cpu"
+    progress = _progress_bar(cfg, state["step"])
+    start = time.perf_counter() - state["elapsed"]
+    model.train()
+    while state["step"] < cfg.steps:
+        if cfg.time_limit_minutes and time.perf_counter() - start > cfg.time_limit_minutes * 60:
+            state["stopped"] = "time_limit"
+            break
+        if should_stop is not None and should_stop():
+            state["stopped"] = "cancelled"
+            break
+        t0 = time.perf_counter()
+        batch = next_batch()
+        neg_heads, neg_tails = sampler.sample(batch[:, 0], batch[:, 1], batch[:, 2], cfg.negatives, gen)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            entities, relations = model(run.graph)
+        loss = loss_fn(run.scorer, entities.float(), relations.float(), batch, neg_heads, neg_tails,
+                       cfg.adversarial_temperature)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        state["step"] += 1
+        step = state["step"]
+        loss_value = float(loss.detach())
+        if not math.isfinite(loss_value):
+            raise FloatingPointError(f"loss became {loss_value} at step {step}; lower the learning rate")
+        history.step_times.append(time.perf_counter() - t0)
+        history.steps.append(step)
+        history.losses.append(loss_value)
+        history.seconds.append(time.perf_counter() - start)
+        if has_valid and cfg.eval_every and step % cfg.eval_every == 0:
+            mrr = run.evaluate("valid", batch_size=cfg.eval_batch_size, limit=cfg.eval_max_triples)["mrr"]
+            history.eval_steps.append(step)
+            history.eval_seconds.append(time.perf_counter() - start)
+            history.eval_mrr.append(mrr)
+            if mrr > state["best_mrr"]:
+                state.update(best_mrr=mrr, best_step=step, bad_evals=0)
+                _atomic_torch_save(model.state_dict(), out / BEST)
+            else:
+                state["bad_evals"] += 1
+        state["elapsed"] = time.perf_counter() - start
+        if progress is not None:
+            progress.update(1)
+            progress.set_postfix(loss=f"{loss_value:.4f}", mrr=f"{history.eval_mrr[-1]:.4f}" if history.eval_mrr else "-")
+        if on_progress is not None:
+            on_progress({"step": step, "total": cfg.steps, "loss": loss_value, "elapsed": state["elapsed"],
+                         "valid_mrr": history.eval_mrr[-1] if history.eval_mrr else None})
+        if cfg.checkpoint_every and step % cfg.checkpoint_every == 0:
+            save_checkpoint()
+        if has_valid and cfg.eval_every and state["bad_evals"] >= cfg.patience:
+            state["stopped"] = "early_stopping"
+            break
+    if progress is not None:
+        progress.close()
+    save_checkpoint()
+    if not history.eval_mrr:  # never validated: the final weights are the best we know
+        _atomic_torch_save(model.state_dict(), out / BEST)
+
+    metrics: dict[str, Any] = {
+        "version": __version__,
+        "trainable_parameters": trainable_parameters(model),
+        "entities": dataset.num_train_entities,
+        "relations": dataset.num_relations,
+        "train_triples": int(len(dataset.train)),
+        "steps": state["step"],
+        "stopped": state["stopped"],
+        "best_step": state["best_step"],
+        "median_step_seconds": statistics.median(history.step_times[3:]) if len(history.step_times) > 3 else None,
+        "train_seconds": state["elapsed"],
+        "device": str(device),
+        "threads": torch.get_num_threads(),
+        "extension": _extension_state(),
+        "config": {"model": model_config.to_dict(), "train": cfg.to_dict()},
+    }
+    model.load_state_dict(torch.load(out / BEST, map_location=device, weights_only=True))
+    if final_eval:
+        for split in ("valid", "test"):
+            if getattr(dataset, split) is not None and len(getattr(dataset, split)):
+                metrics[split] = run.evaluate(split, protocol, batch_size=cfg.eval_batch_size)
+    metrics["peak_rss_mb"] = peak_rss_mb()
+    write_json_atomic(out / METRICS, metrics)
+    write_json_atomic(out / "history.json", history.__dict__)
+    _plot_curves(history, out / "curves.png")
+    return metrics
+
+
+def _extension_state() -> str:
+    from .kernels import extension_available
+
+    return "cpp" if extension_available() else "torch"
+
+
+def _progress_bar(cfg: TrainConfig, initial: int):
+    if not cfg.progress:
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=cfg.steps, initial=initial, desc="train", unit="step", dynamic_ncols=True, mininterval=1.0)
+
+
+def _plot_curves(history: History, path: Path) -> None:
+    """Loss and valid MRR against step and wall-clock (2 x 2 panels)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(2, 2, figsize=(10, 7))
+    for col, (xs, xe, label) in enumerate(((history.steps, history.eval_steps, "step"),
+                                            (history.seconds, history.eval_seconds, "wall-clock (s)"))):
+        axes[0, col].plot(xs, history.losses, lw=0.8)
+        axes[0, col].set(xlabel=label, ylabel="loss")
+        axes[1, col].plot(xe, history.eval_mrr, marker="o", ms=3)
+        axes[1, col].set(xlabel=label, ylabel="valid MRR (filtered)")
+    fig.tight_layout()
+    tmp = path.with_name(path.name + ".tmp.png")
+    fig.savefig(tmp, dpi=100)
+    plt.close(fig)
+    os.replace(tmp, path)
+
+
+def load_run(run_dir: str | os.PathLike, dataset: Dataset, *, device: str = "auto") -> Run:
+    """Rebuild a trained run (config from its checkpoint, weights from best.pt) over `dataset`."""
+    run_dir = Path(run_dir)
+    if not (run_dir / CHECKPOINT).exists():
+        raise FileNotFoundError(f"{run_dir} holds no {CHECKPOINT}: is it a run directory written by `earl train`?")
+    dev = resolve_device(device)
+    ckpt = torch.load(run_dir / CHECKPOINT, map_location="cpu", weights_only=True)
+    run = Run.build(dataset, ModelConfig.from_dict(ckpt["model_config"]), dev)
+    run.model.load_state_dict(torch.load(run_dir / BEST, map_location=dev, weights_only=True))
+    return run

@@ -1,0 +1,114 @@
+"""EARL modules: the exact parameter count, fast GNN == the paper's per-edge equations, ablation switches."""
+
+import pytest
+import torch
+
+from earl_service.config import ABLATIONS, ModelConfig
+from earl_service.graph import build_graph, choose_reserved
+from earl_service.model import EARL, GNNLayer, RotatE, RotatEModel, trainable_parameters
+
+
+def test_parameter_count_fb15k237_paper_settings():
+    # FB15k-237: |R| = 237, dim 150, N_res = int(0.1 * 14505) = 1450, 2 layers.
+    model = EARL(ModelConfig(dim=150), 237, choose_reserved(14505, 0.1, 0))
+    d, num_rel, n_res = 150, 237, 1450
+    assert trainable_parameters(model) == 5 * num_rel * d + 54 * d * d + 30 * d + 2 * d * n_res == 1_832_250
+
+
+def test_rotate_baseline_parameter_count():
+    model = RotatEModel(ModelConfig(model="rotate", dim=100), 237, 14505)
+    assert trainable_parameters(model) == 14505 * 200 + 237 * 100
+
+
+def test_fast_gnn_equals_naive_per_edge(small_graph_triples):
+    torch.manual_seed(0)
+    n, num_rel, dim = 30, 4, 3
+    graph = build_graph(small_graph_triples, n, num_rel, choose_reserved(n, 0.2, 0), k=2, dtype=torch.float64)
+    for activation in (True, False):
+        layer = GNNLayer(dim, activation=activation).double()
+        x = torch.randn(n, 2 * dim, dtype=torch.float64, requires_grad=True)
+        rel = torch.randn(num_rel, dim, dtype=torch.float64, requires_grad=True)
+        fast_h, fast_r = layer(x, rel, graph)
+        naive_h, naive_r = layer.forward_naive(x, rel, graph.triples)
+        torch.testing.assert_close(fast_h, naive_h, rtol=1e-10, atol=1e-10)
+        torch.testing.assert_close(fast_r, naive_r, rtol=1e-10, atol=1e-10)
+        g_h, g_r = torch.randn_like(fast_h), torch.randn_like(fast_r)
+        params = [x, rel, *layer.parameters()]
+        fast_grads = torch.autograd.grad((fast_h * g_h).sum() + (fast_r * g_r).sum(), params)
+        naive_grads = torch.autograd.grad((naive_h * g_h).sum() + (naive_r * g_r).sum(), params)
+        for a, b in zip(fast_grads, naive_grads):
+            torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
+
+
+def _graph(triples, cfg: ModelConfig, n=30, num_rel=4):
+    reserved = choose_reserved(n, cfg.reserved_ratio, cfg.seed) if cfg.uses_reserved else torch.zeros(0, dtype=torch.long)
+    return build_graph(triples, n, num_rel, reserved, k=cfg.k), reserved
+
+
+def expected_count(cfg: ModelConfig, num_rel: int, n_res: int) -> int:
+    d = cfg.dim
+    w = 2 * d
+    count = num_rel * d  # relation table
+    if cfg.uses_reserved:
+        count += n_res * w
+    if cfg.uses_conrel:
+        count += 2 * num_rel * w + 2 * (w * w + w)
+    inputs = int(cfg.uses_conrel) + int(cfg.uses_knn)
+    if inputs:
+        count += inputs * w * w + w + w * w + w
+    per_layer = 2 * (w * w + w + d * w + w) + (w * w + w) + (d * d + d)
+    return count + cfg.gnn_layers * per_layer
+
+
+@pytest.mark.parametrize("ablation", [None, *ABLATIONS])
+def test_ablation_switches(small_graph_triples, ablation):
+    cfg = ModelConfig(dim=4, k=3, reserved_ratio=0.2, **({ablation: True} if ablation else {}))
+    graph, reserved = _graph(small_graph_triples, cfg)
+    model = EARL(cfg, 4, reserved)
+    assert trainable_parameters(model) == expected_count(cfg, 4, reserved.numel())
+    ent, rel = model(graph)
+    assert ent.shape == (30, 8) and rel.shape == (4, 4)
+    assert torch.isfinite(ent).all()
+    (ent.sum() + rel.sum()).backward()
+    assert all(p.grad is not None for p in model.parameters())
+    if ablation == "no_mulhop":
+        assert len(model.gnn) == 0
+        # Without the GNN the reserved entities' embeddings are their own rows.
+        torch.testing.assert_close(ent[reserved], model.reserved_embeddings.detach())
+    if ablation in ("no_reserved",):
+        assert model.reserved_embeddings is None
+    if ablation in ("no_conrel", "no_conrel_knn"):
+        assert model.relation_ends is None
+
+
+def test_reserved_entities_use_their_own_rows(small_graph_triples):
+    cfg = ModelConfig(dim=4, k=3, reserved_ratio=0.2)
+    graph, reserved = _graph(small_graph_triples, cfg)
+    model = EARL(cfg, 4, reserved)
+    h0 = model.initial(graph)
+    torch.testing.assert_close(h0[reserved], model.reserved_embeddings.detach())
+
+
+def test_encoder_is_entity_agnostic(small_graph_triples):
+    """The same weights embed a bigger graph: parameters do not depend on the number of entities."""
+    cfg = ModelConfig(dim=4, k=3, reserved_ratio=0.2)
+    graph, reserved = _graph(small_graph_triples, cfg)
+    model = EARL(cfg, 4, reserved)
+    big = build_graph(small_graph_triples, 40, 4, reserved, k=3)  # 10 extra isolated entities
+    small_ent, _ = model(graph)
+    big_ent, _ = model(big)
+    torch.testing.assert_close(big_ent[:30], small_ent)
+    assert torch.allclose(big_ent[30], big_ent[39])  # isolated entities share the empty-context embedding
+
+
+def test_rotate_score_identities():
+    cfg = ModelConfig(dim=5)
+    scorer = RotatE(cfg)
+    h, t = torch.randn(7, 10), torch.randn(7, 10)
+    r = torch.randn(7, 5)
+    # |h o r - t| == |h - conj(r) o t| because every |r_i| = 1.
+    a = scorer.distance(scorer.rotate(h, r), t)
+    b = scorer.distance(h, scorer.rotate(t, r, inverse=True))
+    torch.testing.assert_close(a, b)
+    # A rotation by the identity phase leaves the vector unchanged.
+    torch.testing.assert_close(scorer.rotate(h, torch.zeros(7, 5)), h)
