@@ -58,14 +58,14 @@ def _configs(a: argparse.Namespace) -> tuple[ModelConfig, TrainConfig]:
 
 
 def cmd_train(a: argparse.Namespace) -> int:
-    from .data import load_dataset
+    from .data import load_dataset, relation_labels
     from .train import train
 
     model_cfg, train_cfg = _configs(a)
     dataset = load_dataset(a.data)
     metrics = train(dataset, model_cfg, train_cfg, a.out, resume=a.resume, final_eval=not a.no_final_eval,
-                    protocol=a.protocol)
-    keys = ("trainable_parameters", "steps", "median_step_seconds", "peak_rss_mb")
+                    protocol=a.protocol, relation_labels=relation_labels(a.data))
+    keys = ("trainable_parameters", "steps", "median_step_seconds", "peak_rss_mb", "bundle_bytes")
     summary = {k: metrics.get(k) for k in keys}
     for split in ("valid", "test"):
         if split in metrics:
@@ -80,6 +80,40 @@ def cmd_evaluate(a: argparse.Namespace) -> int:
 
     run = load_run(a.run_dir, load_dataset(a.data), device=a.device)
     print(json.dumps(run.evaluate(a.split, a.protocol, batch_size=a.batch_size), indent=2))
+    return 0
+
+
+def cmd_export(a: argparse.Namespace) -> int:
+    from .bundle import export_bundle
+
+    path = export_bundle(a.run_dir, a.out, precision=a.precision)
+    print(json.dumps({"path": str(path), "bytes": path.stat().st_size, "precision": a.precision}))
+    return 0
+
+
+def bundle_info(path: str) -> dict:
+    from .bundle import load_bundle
+
+    b = load_bundle(path)
+    return {"path": str(path), "bytes": b.num_bytes, "precision": b.precision, "sha256": b.sha256,
+            "trainable_parameters": b.trainable_parameters, "entities": len(b.entities),
+            "relations": len(b.relations), "triples": int(len(b.triples)), "model": b.config.model,
+            "dim": b.config.dim, "metrics": b.metrics}
+
+
+def cmd_info(a: argparse.Namespace) -> int:
+    print(json.dumps(bundle_info(a.bundle), indent=2, default=str))
+    return 0
+
+
+def cmd_extend(a: argparse.Namespace) -> int:
+    from .bundle import load_bundle
+
+    before = load_bundle(a.bundle)
+    after = before.extend(a.triples)
+    path = after.save(a.out, precision=a.precision or before.precision)
+    print(json.dumps({"path": str(path), "entities_added": len(after.entities) - len(before.entities),
+                      "triples_added": int(len(after.triples) - len(before.triples)), "bytes": path.stat().st_size}))
     return 0
 
 
@@ -105,6 +139,23 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-size", type=int, default=256)
     p.add_argument("--device", default="auto")
     p.set_defaults(func=cmd_evaluate)
+
+    p = sub.add_parser("export", help="re-export a trained run's bundle (optionally at lower precision)")
+    p.add_argument("run_dir")
+    p.add_argument("--out", required=True)
+    p.add_argument("--precision", choices=["fp32", "fp16", "int8"], default="fp32")
+    p.set_defaults(func=cmd_export)
+
+    p = sub.add_parser("info", help="print a bundle's size, precision, counts and stored metrics as JSON")
+    p.add_argument("bundle")
+    p.set_defaults(func=cmd_info)
+
+    p = sub.add_parser("extend", help="add triples (new entities allowed) to a bundle without retraining")
+    p.add_argument("bundle")
+    p.add_argument("--triples", required=True, help="triple file to add")
+    p.add_argument("--out", required=True)
+    p.add_argument("--precision", choices=["fp32", "fp16", "int8"], default=None)
+    p.set_defaults(func=cmd_extend)
     return parser
 
 

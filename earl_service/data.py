@@ -395,3 +395,26 @@ def _at_line(path: PathLike, triple: Triple, max_bytes: int, error: KeyError, no
     """Turn an unknown-name error about ``triple`` into a TripleFileError at the line it first occurs on."""
     line = next(n for n, t in _records(path, max_bytes) if t == triple)
     return TripleFileError(path, line, f"{error}{note}")
+
+
+def relation_labels(folder: PathLike) -> dict[str, str]:
+    """Readable relation names from `relations.en.json` beside the triples (CoDEx ships one), else {}.
+
+    Accepts {"P161": {"label": "cast member", ...}} or {"P161": "cast member"}.
+    """
+    path = Path(folder) / "relations.en.json"
+    if not path.is_file():
+        return {}
+    import json
+
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        log.warning("ignoring %s: %s", path, exc)
+        return {}
+    labels = {}
+    for key, value in raw.items() if isinstance(raw, dict) else ():
+        label = value.get("label") if isinstance(value, dict) else value
+        if isinstance(label, str):
+            labels[str(key)] = label
+    return labels

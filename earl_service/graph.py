@@ -12,6 +12,9 @@ import torch
 warnings.filterwarnings("ignore", message="Sparse CSR tensor support is in beta state")
 
 
+SIM_STEPS = 10**9  # cosine similarities are ranked after rounding to this many steps per unit
+
+
 def _csr(rows: torch.Tensor, cols: torch.Tensor, vals: torch.Tensor, shape: tuple[int, int]) -> torch.Tensor:
     """A coalesced (duplicates summed) CSR matrix from COO triplets."""
     coo = torch.sparse_coo_tensor(torch.stack([rows, cols]), vals, shape, check_invariants=False)
@@ -74,30 +77,38 @@ def nearest_reserved(
     and gets the first k reserved entities with equal weights.
     """
     num_entities, width = features.shape
+    if reserved.numel() >= 1 << 24:
+        raise ValueError("at most 2**24 - 1 reserved entities are supported")
     k = min(k, reserved.numel())
     crow, col, val = features.crow_indices(), features.col_indices(), features.values()
     row_of = torch.repeat_interleave(torch.arange(num_entities), crow[1:] - crow[:-1])  # (nnz,)
-    norms = torch.zeros(num_entities).index_add_(0, row_of, val * val)
-    inv_norm = torch.where(norms > 0, norms.rsqrt(), torch.zeros(()))
+    val = val.double()
+    norms = torch.zeros(num_entities, dtype=torch.float64).index_add_(0, row_of, val * val)
+    inv_norm = torch.where(norms > 0, 1.0 / norms.sqrt(), torch.zeros((), dtype=torch.float64))
     unit = val * inv_norm[row_of]  # L2-normalised feature values, (nnz,)
 
     position = torch.full((num_entities,), -1, dtype=torch.long)
     position[reserved] = torch.arange(reserved.numel())
     is_res = position[row_of] >= 0
-    res_unit = torch.zeros(reserved.numel(), width)  # (N_res, 2R)
+    res_unit = torch.zeros(reserved.numel(), width, dtype=torch.float64)  # (N_res, 2R)
     res_unit[position[row_of[is_res]], col[is_res]] = unit[is_res]
 
     block = max(1, max_block_elements // max(1, reserved.numel(), width))
     ids = torch.empty(num_entities, k, dtype=torch.long)
-    sims = torch.empty(num_entities, k)
+    sims = torch.empty(num_entities, k, dtype=torch.float64)
+    # Ranking key: similarity rounded to 1e-9, ties broken by the lower reserved position. Rounding makes the
+    # choice independent of float summation order, so the numpy edge reader picks the very same neighbours.
+    tiebreak = (1 << 24) - 1 - torch.arange(reserved.numel(), dtype=torch.int64)  # lower position wins
     for start in range(0, num_entities, block):
         stop = min(num_entities, start + block)
         lo, hi = int(crow[start]), int(crow[stop])
-        rows = torch.zeros(stop - start, width)  # (b, 2R)
+        rows = torch.zeros(stop - start, width, dtype=torch.float64)  # (b, 2R)
         rows[row_of[lo:hi] - start, col[lo:hi]] = unit[lo:hi]
-        top = torch.topk(rows @ res_unit.T, k, dim=1, sorted=True)  # over (b, N_res) similarities
-        ids[start:stop], sims[start:stop] = top.indices, top.values
-    return ids, torch.softmax(sims / temperature, dim=1)
+        sim = torch.round((rows @ res_unit.T) * SIM_STEPS).to(torch.int64)  # (b, N_res), similarity in 1e-9 steps
+        top = torch.topk(sim * (1 << 24) + tiebreak, k, dim=1, sorted=True).indices
+        ids[start:stop] = top
+        sims[start:stop] = torch.gather(sim, 1, top).double() / SIM_STEPS
+    return ids, torch.softmax(sims / temperature, dim=1).float()
 
 
 @dataclass

@@ -19,7 +19,8 @@ import torch.nn.functional as F
 
 from . import __version__
 from .config import ModelConfig, TrainConfig
-from .data import Dataset
+from .bundle import bundle_from_model
+from .data import Dataset, Vocab
 from .evaluate import KnownAnswers, rank_triples, summarize
 from .graph import Graph, build_graph, choose_reserved
 from .kernels import rotate_distance
@@ -30,6 +31,7 @@ log = logging.getLogger(__name__)
 CHECKPOINT = "checkpoint.pt"  # last state, for --resume
 BEST = "best.pt"  # best weights by valid MRR
 METRICS = "metrics.json"
+BUNDLE = "bundle.safetensors"  # the deployable artifact (fp32)
 
 
 def resolve_device(name: str) -> torch.device:
@@ -193,6 +195,7 @@ def train(
     protocol: str = "seen",
     on_progress: ProgressCallback | None = None,
     should_stop: Callable[[], bool] | None = None,
+    relation_labels: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     """Train, keep the best checkpoint by valid MRR, evaluate it, write metrics.json; returns the metrics."""
     out = Path(out_dir)
@@ -318,6 +321,9 @@ def train(
             if getattr(dataset, split) is not None and len(getattr(dataset, split)):
                 metrics[split] = run.evaluate(split, protocol, batch_size=cfg.eval_batch_size)
     metrics["peak_rss_mb"] = peak_rss_mb()
+    bundle = bundle_from_model(model, model_config, Vocab(dataset.entities.names[: dataset.num_train_entities]),
+                               dataset.relations, dataset.train, metrics=metrics, relation_labels=relation_labels)
+    metrics["bundle_bytes"] = bundle.save(out / BUNDLE).stat().st_size
     write_json_atomic(out / METRICS, metrics)
     write_json_atomic(out / "history.json", history.__dict__)
     _plot_curves(history, out / "curves.png")
