@@ -117,9 +117,9 @@ class Graph:
 
     Row-normalised matrices divide by c_e = in-degree + out-degree (edges counted with multiplicity).
     - conrel (N, 2R): f_e / c_e, the mean of the relation-end slots over e's edges (ConRel input).
-    - message (N, 3N + 2R): one matrix for a whole GNN layer. Columns 3j / 3j+1 / 3j+2 address the
-      out-message / in-message / self transforms of entity j, columns 3N + 2r / 3N + 2r + 1 the out / in
-      relation transforms of relation r, so h' = message @ [X W_ent ; R W_rel] in one spmm.
+    - message (N, 3N): the entity part of a GNN layer. Columns 3j / 3j+1 / 3j+2 address the out-message /
+      in-message / self transforms of entity j, so sum_j (W_out h_j + W_in h_j) / c_e + W_self h_e is one spmm
+      over the rows of X [W_out; W_in; W_self]^T. The relation part reuses `conrel` (same 1/c_e weights).
     - knn_ids / knn_weights (N, k): nearest reserved entities (positions in `reserved`) and weights.
     """
 
@@ -184,10 +184,10 @@ def build_graph(
         torch.cat([h, t]), torch.cat([r, r + num_rel]), torch.cat([inv[h], inv[t]]), (n, 2 * num_rel)
     )
     nodes = torch.arange(n)
-    rows = torch.cat([h, t, nodes, h, t])
-    cols = torch.cat([3 * t, 3 * h + 1, 3 * nodes + 2, 3 * n + 2 * r, 3 * n + 2 * r + 1])
-    vals = torch.cat([inv[h] * ones, inv[t] * ones, torch.ones(n, dtype=dtype), inv[h] * ones, inv[t] * ones])
-    message = SparsePair.from_coo(rows, cols, vals, (n, 3 * n + 2 * num_rel))
+    rows = torch.cat([h, t, nodes])
+    cols = torch.cat([3 * t, 3 * h + 1, 3 * nodes + 2])
+    vals = torch.cat([inv[h] * ones, inv[t] * ones, torch.ones(n, dtype=dtype)])
+    message = SparsePair.from_coo(rows, cols, vals, (n, 3 * n))
 
     knn_pair = knn_ids = knn_weights = None
     reserved = reserved.to(torch.long)

@@ -65,17 +65,16 @@ class GNNLayer(nn.Module):
         self.activation = activation
 
     def forward(self, x: torch.Tensor, rel: torch.Tensor, graph: Graph) -> tuple[torch.Tensor, torch.Tensor]:
-        """x (N, 2d), rel (R, d) -> same shapes. Transform, then aggregate with one spmm (see Graph.message)."""
+        """x (N, 2d), rel (R, d) -> same shapes. Transform first, then aggregate with two spmm (see Graph)."""
         n, width = x.shape
         ent_weight = torch.cat([self.out_ent.weight, self.in_ent.weight, self.self_loop.weight])  # (3*2d, 2d)
         ent_rows = (x @ ent_weight.T).reshape(3 * n, width)  # rows 3j, 3j+1, 3j+2: out, in, self of entity j
         # Relation transforms act on the |R| rows before aggregation; both message biases ride along, since
-        # each edge contributes exactly one relation term and one neighbour term.
+        # each edge contributes exactly one relation term and one neighbour term. graph.conrel holds the
+        # per-entity relation counts / c_e (out-edges in columns r, in-edges in R + r): the same weights.
         rel_out = F.linear(rel, self.out_rel.weight, self.out_rel.bias + self.out_ent.bias)  # (R, 2d)
         rel_in = F.linear(rel, self.in_rel.weight, self.in_rel.bias + self.in_ent.bias)  # (R, 2d)
-        rel_rows = torch.stack([rel_out, rel_in], dim=1).reshape(-1, width)  # (2R, 2d): 2r out, 2r+1 in
-        rows = torch.cat([ent_rows, rel_rows.to(ent_rows.dtype)])  # (3N + 2R, 2d)
-        h = graph.message @ rows + self.self_loop.bias  # (N, 2d)
+        h = graph.message @ ent_rows + graph.conrel @ torch.cat([rel_out, rel_in]) + self.self_loop.bias  # (N, 2d)
         r = self.rel_update(rel)  # (R, d)
         if self.activation:
             h, r = F.relu(h), F.relu(r)

@@ -57,23 +57,26 @@ class NegativeSampler:
         self.device = device
 
     def _known(self, keys: torch.Tensor, query: torch.Tensor, candidates: torch.Tensor) -> torch.Tensor:
-        probe = query[:, None] * self.n + candidates  # (B, K)
+        """Whether (query, candidate) is a true pair; query and candidates broadcast together."""
+        probe = query * self.n + candidates
         pos = torch.searchsorted(keys, probe).clamp(max=keys.numel() - 1)
         return keys[pos] == probe
 
     def sample(
-        self, h: torch.Tensor, r: torch.Tensor, t: torch.Tensor, k: int, gen: torch.Generator, max_rounds: int = 10
+        self, h: torch.Tensor, r: torch.Tensor, t: torch.Tensor, k: int, gen: torch.Generator, max_rounds: int = 20
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """(B,) positives -> (neg_heads (B, K), neg_tails (B, K)) entity ids."""
         out = []
         for keys, query in ((self.head_keys, t * self.r + r), (self.tail_keys, h * self.r + r)):
             cand = torch.randint(0, self.n, (h.numel(), k), generator=gen).to(self.device)
+            flat = cand.view(-1)
+            bad = self._known(keys, query[:, None], cand).view(-1).nonzero().squeeze(1)  # (M,) flat positions
+            # Redraw only the hits, a few rounds (queries with thousands of true answers need more than one).
             for _ in range(max_rounds):
-                bad = self._known(keys, query, cand)
-                count = int(bad.sum())
-                if count == 0:
+                if bad.numel() == 0:
                     break
-                cand[bad] = torch.randint(0, self.n, (count,), generator=gen).to(self.device)
+                flat[bad] = torch.randint(0, self.n, (bad.numel(),), generator=gen).to(self.device)
+                bad = bad[self._known(keys, query[bad // k], flat[bad])]
             out.append(cand)
         return out[0], out[1]
 
