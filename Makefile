@@ -1,0 +1,39 @@
+# Two commands on a fresh machine: `make demo` (train on the bundled CoDEx-S, serve, predict) and `make test`.
+PY ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+DATASETS ?= ../shared/datasets
+
+.PHONY: venv demo test serve fuzz bench-speed bench-bundle bench-extend clean
+
+# torch==2.13.0 first: on these machines pip takes the CPU wheel from local disk; any other version
+# (or a bare `torch`) would pull a multi-GB CUDA build.
+$(BIN)/earl: pyproject.toml
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q -e '.[serve,dev]'
+	@touch $@
+
+venv: $(BIN)/earl
+
+demo: venv
+	$(BIN)/python -m earl_service.demo
+
+test: venv
+	$(BIN)/python -m pytest tests
+
+serve: venv
+	$(BIN)/earl serve
+
+bench-speed: venv
+	$(BIN)/python bench/speed.py --datasets $(DATASETS)
+
+bench-bundle: venv
+	$(BIN)/python bench/bundle_sizes.py --datasets $(DATASETS)
+
+bench-extend: venv
+	$(BIN)/python bench/extend.py --datasets $(DATASETS)
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache
