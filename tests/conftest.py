@@ -40,3 +40,21 @@ def random_triples(num_entities: int, num_relations: int, num_edges: int, seed: 
 @pytest.fixture
 def small_graph_triples() -> np.ndarray:
     return random_triples(30, 4, 120)
+
+
+# ---------------------------------------------------------------- service fixtures (predict, worker, API)
+
+TINY_TRAIN = dict(steps=30, batch_size=256, negatives=16, eval_every=0, progress=False, threads=2)
+
+
+@pytest.fixture(scope="session")
+def codex_bundle(tmp_path_factory) -> Path:
+    """A CoDEx-S EARL bundle after 30 steps at dim 16 (a few seconds): real vocabularies, graph and embeddings."""
+    from earl_service.bundle import export_bundle
+    from earl_service.config import ModelConfig, TrainConfig
+    from earl_service.data import load_dataset
+    from earl_service.train import train
+
+    root = tmp_path_factory.mktemp("codex_bundle")
+    train(load_dataset(codex_s_path()), ModelConfig(dim=16), TrainConfig(**TINY_TRAIN), root / "run", final_eval=False)
+    return export_bundle(root / "run", root / "codex-s.safetensors")

@@ -1,0 +1,295 @@
+"""Top-k link prediction over rebuilt embeddings: a FAISS shortlist, then an exact RotatE re-rank.
+
+The distance. For a query q (h o r for tails, conj(r) o t for heads) and an entity e, let z = q - e in C^d
+with moduli m_i = |z_i|. RotatE ranks by D = sum_i m_i. FAISS has no such metric, so it searches a proxy:
+- L2 over the 2d reals [re | im] is ||m||_2, and ||m||_2 <= D <= sqrt(d) ||m||_2. The sandwich loosens with
+  the dimension: on trained CoDEx-S embeddings the exact top-10 sat as deep as L2 rank ~220 (see
+  bench/results/predict_index.md), beyond a 100-candidate shortlist.
+- L1 over the 2d reals bounds each term: m_i <= |re_i| + |im_i| <= sqrt(2) m_i, whatever d is.
+- L1 over P rotated copies of every complex coordinate (angles j * pi / (2P), j < P; `PROXY_ROTATIONS`)
+  sums |projection| over 2P equally spaced directions, a polygon approximation of the circle:
+  g_min m_i <= term_i <= g_max m_i with g_max / g_min = 1 / cos(pi / 4P) (1.082 for P = 2). Scaled by
+  1 / g_min, the proxy L satisfies D <= L <= ratio * D.
+The shortlist is the max(10k, 100) L-nearest entities plus the known answers that will be dropped, re-ranked
+by the exact D. It is exact whenever the k-th best D in the shortlist is below rho / ratio, rho being the
+largest L in the shortlist: every entity outside it has L >= rho, hence D >= rho / ratio. With a flat index
+(exact L) an uncertified query doubles its shortlist until certified or the whole graph is scored, so flat
+results always equal `brute_force_tails`/`brute_force_heads`; HNSW (approximate L) is best effort with the
+same check, doubling at most `HNSW_MAX_DOUBLINGS` times.
+
+Index choice: IndexFlat(METRIC_L1), O(N d) per query, below `HNSW_THRESHOLD` entities; IndexHNSWFlat
+(METRIC_L1) above it; a GPU flat index whenever FAISS reports a GPU. The threshold and the latencies come
+from bench/predict_index.py (results in bench/results/predict_index.md).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any, Literal
+
+import numpy as np
+
+from .data import Vocab
+
+if TYPE_CHECKING:
+    from .bundle import Bundle
+
+log = logging.getLogger(__name__)
+
+HNSW_THRESHOLD = 50_000  # entities; measured by bench/predict_index.py (flat search is slower above this)
+HNSW_M = 32  # graph degree: higher recall per visited node at a modest memory cost (N * 2M ids)
+HNSW_EF_CONSTRUCTION = 80
+HNSW_EF_SEARCH = 128  # at least; a query explores 2x its shortlist (recall 0.97 -> 0.99 on hard data)
+HNSW_MAX_DOUBLINGS = 3
+PROXY_ROTATIONS = 2  # P: the index holds 2P * d reals per entity; P = 4 tightens the ratio to 1.020 at 2x memory
+IndexKind = Literal["auto", "flat", "hnsw", "exact"]
+Prediction = tuple[str, float]
+
+
+def configure_threads(threads: int) -> None:
+    """Set torch's and FAISS's intra-op threads: 1 in the API (many small concurrent queries), 2 in workers."""
+    import torch
+
+    torch.set_num_threads(threads)
+    try:
+        import faiss
+
+        faiss.omp_set_num_threads(threads)
+    except ImportError:
+        pass
+
+
+def _gpu_count(faiss: Any) -> int:
+    try:
+        return int(faiss.get_num_gpus())
+    except Exception:  # a CPU-only build may lack the symbol
+        return 0
+
+
+def proxy_bounds(rotations: int) -> tuple[float, float]:
+    """(g_min, g_max): the range of sum_j |cos(phi + j pi / 2P)| + |sin(...)| over phi (2P directions)."""
+    directions = 2 * rotations
+    angles = np.arange(directions) * np.pi / directions
+    g_min = float(np.abs(np.cos(angles)).sum())  # phi on a direction
+    g_max = float(np.abs(np.cos(angles + np.pi / (2 * directions))).sum())  # phi halfway between two
+    return g_min, g_max
+
+
+def lift(x: np.ndarray, dim: int, rotations: int) -> np.ndarray:
+    """(.., 2d) [re | im] -> (.., 2Pd): every complex coordinate rotated by j * pi / (2P), j < P, over g_min.
+
+    The L1 distance between lifted vectors lies in [D, D * g_max / g_min], D the RotatE distance.
+    """
+    g_min, _ = proxy_bounds(rotations)
+    re, im = x[..., :dim], x[..., dim:]
+    parts = []
+    for j in range(rotations):
+        angle = j * np.pi / (2 * rotations)
+        c, s = np.cos(angle), np.sin(angle)
+        parts += [re * c - im * s, re * s + im * c]
+    return (np.concatenate(parts, axis=-1) / g_min).astype(np.float32)
+
+
+def shortlist_size(k: int, excluded: int = 0) -> int:
+    """Candidates fetched from the L1 index for a top-k query that will drop `excluded` known answers."""
+    return max(10 * k, 100) + excluded
+
+
+class LinkPredictor:
+    """Answer (h, r, ?) and (?, r, t) queries with entity names, best first.
+
+    entity_embeddings (N, 2d) float32 [re | im]; relation_embeddings (R, d) raw relation values, mapped to
+    phases by value * pi / ((gamma + epsilon) / d) as in training; known_triples (E, 3) int64 ids whose
+    answers `exclude_known` drops. `index` is "auto" (flat / HNSW by size, GPU when available), "flat",
+    "hnsw" or "exact" (no index: score every entity). `faiss_threads` sets FAISS's process-wide OpenMP
+    threads: 1 by default, since one query cannot use more and idle OpenMP threads spinning on busy cores
+    made a 2k-entity search 18x slower (12 ms instead of 0.65 ms); None leaves the setting alone.
+    """
+
+    def __init__(
+        self,
+        entity_embeddings: np.ndarray,
+        relation_embeddings: np.ndarray,
+        entities: Vocab,
+        relations: Vocab,
+        known_triples: np.ndarray,
+        *,
+        gamma: float,
+        epsilon: float,
+        index: IndexKind = "auto",
+        hnsw_threshold: int = HNSW_THRESHOLD,
+        relation_labels: dict[str, str] | None = None,
+        faiss_threads: int | None = 1,
+    ) -> None:
+        self.entity_embeddings = np.ascontiguousarray(entity_embeddings, dtype=np.float32)  # (N, 2d)
+        self.relation_embeddings = np.ascontiguousarray(relation_embeddings, dtype=np.float32)  # (R, d)
+        n, width = self.entity_embeddings.shape
+        num_rel, dim = self.relation_embeddings.shape
+        if width != 2 * dim:
+            raise ValueError(f"entity embeddings have {width} columns; relations of dim {dim} need {2 * dim}")
+        if n != len(entities) or num_rel != len(relations):
+            raise ValueError(f"{n} entity rows for {len(entities)} names, {num_rel} relation rows for "
+                             f"{len(relations)} names")
+        self.entities, self.relations = entities, relations
+        self.dim, self.gamma = dim, float(gamma)
+        self.phase_scale = np.pi / ((gamma + epsilon) / dim)
+        self.relation_labels = dict(relation_labels or {})
+        triples = np.asarray(known_triples, dtype=np.int64).reshape(-1, 3)
+        h, r, t = triples[:, 0], triples[:, 1], triples[:, 2]
+        self._answers = {"tail": _answer_index(h * num_rel + r, t), "head": _answer_index(t * num_rel + r, h)}
+        g_min, g_max = proxy_bounds(PROXY_ROTATIONS)
+        self._ratio = g_max / g_min
+        if faiss_threads is not None and index != "exact":
+            import faiss
+
+            faiss.omp_set_num_threads(faiss_threads)
+        self.index_kind, self._index = self._build_index(index, hnsw_threshold)
+
+    @classmethod
+    def from_bundle(cls, bundle: Bundle, **kwargs: Any) -> LinkPredictor:
+        """A predictor over a bundle's rebuilt embeddings and its graph's triples as the known answers."""
+        labels = getattr(bundle, "relation_labels", None)
+        return cls(bundle.entity_embeddings().numpy(), bundle.relation_embeddings().numpy(), bundle.entities,
+                   bundle.relations, bundle.triples, gamma=bundle.config.gamma, epsilon=bundle.config.epsilon,
+                   relation_labels=labels if isinstance(labels, dict) else None, **kwargs)
+
+    @property
+    def num_entities(self) -> int:
+        return self.entity_embeddings.shape[0]
+
+    def _build_index(self, kind: IndexKind, hnsw_threshold: int) -> tuple[str, Any]:
+        if kind == "exact":
+            return "exact", None
+        import faiss
+
+        x = lift(self.entity_embeddings, self.dim, PROXY_ROTATIONS)  # (N, 2Pd)
+        gpus = _gpu_count(faiss)
+        if kind == "auto":
+            kind = "flat" if gpus or self.num_entities < hnsw_threshold else "hnsw"
+        if kind == "hnsw":
+            index = faiss.IndexHNSWFlat(x.shape[1], HNSW_M, faiss.METRIC_L1)
+            index.hnsw.efConstruction = HNSW_EF_CONSTRUCTION
+            index.add(x)
+            return "hnsw", index
+        index = faiss.IndexFlat(x.shape[1], faiss.METRIC_L1)
+        index.add(x)
+        if gpus:
+            try:
+                resources = faiss.StandardGpuResources()
+                return "gpu-flat", faiss.index_cpu_to_gpu(resources, 0, index)
+            except Exception as exc:  # a driver or memory problem: the CPU index still answers
+                log.warning("FAISS reports %d GPU(s) but the GPU index failed (%s); using the CPU index", gpus, exc)
+        return "flat", index
+
+    # ------------------------------------------------------------------ queries
+
+    def predict_tails(self, head: str, relation: str, k: int = 10, *, exclude_known: bool = True) -> list[Prediction]:
+        """Top-k (tail, score) for (head, relation, ?), best first; score = gamma - distance."""
+        return self._predict("tail", head, relation, k, exclude_known, exact=False)
+
+    def predict_heads(self, tail: str, relation: str, k: int = 10, *, exclude_known: bool = True) -> list[Prediction]:
+        """Top-k (head, score) for (?, relation, tail), best first."""
+        return self._predict("head", tail, relation, k, exclude_known, exact=False)
+
+    def brute_force_tails(self, head: str, relation: str, k: int = 10, *, exclude_known: bool = True,
+                          ) -> list[Prediction]:
+        """Like predict_tails, scoring every entity exactly (the reference for the index path)."""
+        return self._predict("tail", head, relation, k, exclude_known, exact=True)
+
+    def brute_force_heads(self, tail: str, relation: str, k: int = 10, *, exclude_known: bool = True,
+                          ) -> list[Prediction]:
+        return self._predict("head", tail, relation, k, exclude_known, exact=True)
+
+    def known_answers(self, side: Literal["tail", "head"], anchor: str, relation: str) -> list[str]:
+        """Names of the known tails of (anchor, relation, ?) or heads of (?, relation, anchor)."""
+        ids = self._known(side, self.entities.id(anchor), self.relations.id(relation))
+        return [self.entities.names[i] for i in ids]
+
+    def query_vector(self, side: Literal["tail", "head"], anchor: int, relation: int) -> np.ndarray:
+        """(2d,) h o r for tail queries, conj(r) o t for head queries (|h o r - t| = |h - conj(r) o t|)."""
+        phase = self.relation_embeddings[relation] * self.phase_scale  # (d,)
+        cos, sin = np.cos(phase), np.sin(phase)
+        if side == "head":
+            sin = -sin
+        x = self.entity_embeddings[anchor]
+        re, im = x[: self.dim], x[self.dim :]
+        return np.concatenate([re * cos - im * sin, re * sin + im * cos]).astype(np.float32)
+
+    def distances(self, query: np.ndarray, ids: np.ndarray | None = None) -> np.ndarray:
+        """Exact RotatE distance sum_i |q_i - e_i| from query (2d,) to entities `ids` (all when None)."""
+        table = self.entity_embeddings if ids is None else self.entity_embeddings[ids]  # (M, 2d)
+        out = np.empty(table.shape[0], dtype=np.float32)
+        step = 8192  # rows per block: bounds the temporaries for large graphs
+        for start in range(0, table.shape[0], step):
+            diff = table[start : start + step] - query  # (b, 2d)
+            re, im = diff[:, : self.dim], diff[:, self.dim :]
+            out[start : start + step] = np.sqrt(re * re + im * im).sum(1)
+        return out
+
+    def _known(self, side: str, anchor: int, relation: int) -> np.ndarray:
+        keys, answers = self._answers[side]
+        key = anchor * len(self.relations) + relation
+        lo, hi = np.searchsorted(keys, key, "left"), np.searchsorted(keys, key, "right")
+        return answers[lo:hi]
+
+    def _predict(self, side: str, anchor_name: str, relation_name: str, k: int, exclude_known: bool,
+                 *, exact: bool) -> list[Prediction]:
+        if k < 1:
+            raise ValueError(f"k must be >= 1, not {k}")
+        anchor, relation = self.entities.id(anchor_name), self.relations.id(relation_name)
+        query = self.query_vector(side, anchor, relation)  # type: ignore[arg-type]
+        excluded = self._known(side, anchor, relation) if exclude_known else np.zeros(0, dtype=np.int64)
+        if exact or self._index is None:
+            ids, dist = self._score_all(query)
+        else:
+            ids, dist = self._certified_shortlist(query, k, excluded)
+        if len(excluded):
+            keep = ~np.isin(ids, excluded)
+            ids, dist = ids[keep], dist[keep]
+        order = np.lexsort((ids, dist))[:k]  # ascending distance, ties by id: the same order on every path
+        names = self.entities.names
+        return [(names[int(i)], float(self.gamma - d)) for i, d in zip(ids[order], dist[order], strict=True)]
+
+    def _score_all(self, query: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        return np.arange(self.num_entities), self.distances(query)
+
+    def _certified_shortlist(self, query: np.ndarray, k: int, excluded: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Shortlist ids and their exact distances, grown until the top-k is provably inside (module doc)."""
+        size = shortlist_size(k, len(excluded))
+        lifted = lift(query, self.dim, PROXY_ROTATIONS)[None]  # (1, 2Pd)
+        doublings = 0
+        while size < self.num_entities:
+            proxy, ids = self._search(lifted, size)
+            dist = self.distances(query, ids)
+            kept = dist[~np.isin(ids, excluded)] if len(excluded) else dist
+            if len(ids) and len(kept) >= k:
+                kth = np.partition(kept, k - 1)[k - 1]
+                if kth < float(proxy.max()) / self._ratio * (1 - 1e-4):  # margin for float32 rounding
+                    return ids, dist
+            if self.index_kind == "hnsw" and doublings >= HNSW_MAX_DOUBLINGS:
+                return ids, dist  # approximate index: best effort
+            size, doublings = 2 * size, doublings + 1
+        return self._score_all(query)
+
+    def _search(self, lifted: np.ndarray, size: int) -> tuple[np.ndarray, np.ndarray]:
+        """The `size` nearest entities by the L1 proxy: (proxy distances, ids), without -1 padding."""
+        if self.index_kind == "hnsw":
+            import faiss
+
+            params = faiss.SearchParametersHNSW(efSearch=max(2 * size, HNSW_EF_SEARCH))
+            proxy, ids = self._index.search(lifted, size, params=params)
+        else:
+            proxy, ids = self._index.search(lifted, size)
+        found = ids[0] >= 0  # HNSW may return fewer than asked
+        return proxy[0][found], ids[0][found].astype(np.int64)
+
+
+def _answer_index(keys: np.ndarray, answers: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Sorted (key, answer) pairs without duplicates, for searchsorted lookups of one key's answers."""
+    if keys.size == 0:
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+    pairs = np.unique(np.stack([keys, answers], 1), axis=0)
+    return pairs[:, 0], pairs[:, 1]
+
+
+__all__ = ["HNSW_THRESHOLD", "LinkPredictor", "configure_threads", "shortlist_size"]

@@ -1,0 +1,112 @@
+"""LinkPredictor: the index path returns exactly the brute-force top-k, both directions; names are checked."""
+
+import numpy as np
+import pytest
+
+from earl_service.bundle import load_bundle
+from earl_service.data import Vocab
+from earl_service.errors import UnknownEntityError, UnknownRelationError
+from earl_service.predict import PROXY_ROTATIONS, LinkPredictor, lift, proxy_bounds
+
+
+@pytest.fixture(scope="module")
+def bundle(codex_bundle):
+    return load_bundle(codex_bundle)
+
+
+@pytest.fixture(scope="module")
+def predictor(bundle):
+    return LinkPredictor.from_bundle(bundle, index="flat")
+
+
+def _queries(bundle, count, seed=0):
+    rng = np.random.default_rng(seed)
+    names, rels = bundle.entities.names, bundle.relations.names
+    picked = bundle.triples[rng.choice(len(bundle.triples), count, replace=False)]
+    return [(names[h], rels[r], names[t]) for h, r, t in picked]
+
+
+@pytest.mark.parametrize("exclude_known", [True, False])
+def test_flat_index_equals_brute_force_both_directions(bundle, predictor, exclude_known):
+    for head, relation, tail in _queries(bundle, 150):
+        for k in (1, 10):
+            assert predictor.predict_tails(head, relation, k, exclude_known=exclude_known) == \
+                predictor.brute_force_tails(head, relation, k, exclude_known=exclude_known)
+            assert predictor.predict_heads(tail, relation, k, exclude_known=exclude_known) == \
+                predictor.brute_force_heads(tail, relation, k, exclude_known=exclude_known)
+
+
+def test_scores_are_rotate_scores(bundle, predictor):
+    """score = gamma - sum_i |h_i r_i - t_i|, as the training scorer computes it."""
+    import torch
+
+    head, relation, _ = _queries(bundle, 1, seed=3)[0]
+    ent, rel = bundle.entity_embeddings(), bundle.relation_embeddings()
+    h, r = bundle.entities.id(head), bundle.relations.id(relation)
+    for tail, score in predictor.predict_tails(head, relation, 5):
+        t = bundle.entities.id(tail)
+        expected = float(bundle.scorer.score(ent[h][None], rel[r][None], ent[t][None]))
+        assert score == pytest.approx(expected, abs=1e-4)
+        # The head direction scores the same triple identically (|h o r - t| = |h - conj(r) o t|).
+        heads = dict(predictor.predict_heads(tail, relation, len(bundle.entities), exclude_known=False))
+        assert heads[head] == pytest.approx(score, abs=1e-4)
+    assert torch.is_tensor(ent)
+
+
+def test_exclude_known_drops_exactly_the_known_answers(bundle, predictor):
+    head, relation, _ = _queries(bundle, 1, seed=5)[0]
+    known = set(predictor.known_answers("tail", head, relation))
+    assert known
+    everything = predictor.predict_tails(head, relation, len(bundle.entities), exclude_known=False)
+    filtered = predictor.predict_tails(head, relation, len(bundle.entities))
+    assert [p for p in everything if p[0] not in known] == filtered
+    assert len(filtered) == len(bundle.entities) - len(known)
+
+
+def test_unknown_names_raise_with_suggestions(bundle, predictor):
+    head, relation, _ = _queries(bundle, 1)[0]
+    with pytest.raises(UnknownEntityError) as err:
+        predictor.predict_tails(head + "x", relation)
+    assert head in err.value.suggestions
+    with pytest.raises(UnknownRelationError) as err:
+        predictor.predict_heads(head, relation.lower())
+    assert relation in err.value.suggestions
+    with pytest.raises(ValueError):
+        predictor.predict_tails(head, relation, 0)
+
+
+def test_hnsw_index_agrees_on_most_queries(bundle):
+    """HNSW is approximate; on CoDEx-S it still returns the exact top-10 for nearly every query."""
+    hnsw = LinkPredictor.from_bundle(bundle, index="hnsw")
+    assert hnsw.index_kind == "hnsw"
+    queries = _queries(bundle, 100, seed=1)
+    same = sum(hnsw.predict_tails(h, r) == hnsw.brute_force_tails(h, r) for h, r, _ in queries)
+    assert same >= 90
+
+
+def test_lifted_l1_brackets_the_rotate_distance():
+    """D <= L1(lift(q) - lift(e)) <= ratio * D for random complex vectors (the shortlist certificate)."""
+    rng = np.random.default_rng(0)
+    dim = 8
+    q, e = rng.normal(size=(2, 500, 2 * dim)).astype(np.float32)
+    z = q - e
+    exact = np.sqrt(z[:, :dim] ** 2 + z[:, dim:] ** 2).sum(1)
+    proxy = np.abs(lift(q, dim, PROXY_ROTATIONS) - lift(e, dim, PROXY_ROTATIONS)).sum(1)
+    g_min, g_max = proxy_bounds(PROXY_ROTATIONS)
+    assert np.all(proxy >= exact * (1 - 1e-5)) and np.all(proxy <= exact * g_max / g_min * (1 + 1e-5))
+
+
+def test_from_arrays_small_graph_scores_everything():
+    """A graph smaller than the shortlist is scored exhaustively; results are still names, best first."""
+    rng = np.random.default_rng(0)
+    ent = rng.uniform(-1, 1, (20, 8)).astype(np.float32)
+    rel = rng.uniform(-1, 1, (2, 4)).astype(np.float32)
+    pred = LinkPredictor(ent, rel, Vocab([f"e{i}" for i in range(20)]), Vocab(["a", "b"], kind="relation"),
+                         np.array([[0, 0, 1]]), gamma=6.0, epsilon=2.0)
+    out = pred.predict_tails("e0", "a", 5)
+    assert len(out) == 5 and "e1" not in dict(out)
+    assert [s for _, s in out] == sorted((s for _, s in out), reverse=True)
+    assert out == pred.brute_force_tails("e0", "a", 5)
+    with pytest.raises(ValueError, match="columns"):
+        LinkPredictor(ent[:, :6], rel, Vocab([f"e{i}" for i in range(20)]), Vocab(["a", "b"], kind="relation"),
+                      np.zeros((0, 3)), gamma=6.0, epsilon=2.0)
