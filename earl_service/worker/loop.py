@@ -1,0 +1,241 @@
+"""The worker: claim a queued job, train it, write its bundle atomically, record the outcome; repeat.
+
+Layout under the service home (shared with the API):
+    uploads/<job id>/train.txt (+ valid/test)   written by the API
+    runs/<job id>/                              the training run (checkpoints, metrics.json)
+    models/<model id>.safetensors               the bundle; the model id is the job id
+Torch uses `threads` (2 by default) intra-op threads, on CUDA when present (`device="auto"`).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..config import ABLATIONS, ModelConfig, TrainConfig
+from ..errors import EarlError
+from .store import Job, JobStore, ModelRecord, open_store, store_target
+
+log = logging.getLogger(__name__)
+
+MODEL_PARAMS = ("model", "dim", "reserved_ratio", "k", "layers", "gamma", "epsilon", *ABLATIONS)
+TRAIN_PARAMS = ("steps", "batch_size", "negatives", "lr", "eval_every", "patience", "seed")
+
+
+def default_worker_id() -> str:
+    return f"{socket.gethostname()}-{os.getpid()}"
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    """How a worker runs; `store` is 'sqlite' (HOME/earl.sqlite3), a path or a redis:// URL."""
+
+    home: Path = Path("artifacts")
+    store: str = "sqlite"
+    worker_id: str = field(default_factory=default_worker_id)
+    threads: int = 2
+    device: str = "auto"
+    poll_seconds: float = 1.0
+    heartbeat_seconds: float = 1.0  # also how often progress and the cancel flag are exchanged with the store
+    stale_after: float = 60.0  # a running job without heartbeat for this long is taken over
+    max_attempts: int = 3
+    max_jobs: int = 0  # stop after this many jobs (0: run until stopped)
+
+    @property
+    def store_target(self) -> str:
+        return store_target(self.home, self.store)
+
+
+def model_path(home: Path, model_id: str) -> Path:
+    return home / "models" / f"{model_id}.safetensors"
+
+
+def configs_from_params(params: dict[str, Any], cfg: WorkerConfig) -> tuple[ModelConfig, TrainConfig]:
+    """The job's form fields (named like the CLI options) as the library's configs."""
+    model = ModelConfig(**{k: params[k] for k in MODEL_PARAMS if k in params})
+    train = TrainConfig(**{k: params[k] for k in TRAIN_PARAMS if k in params},
+                        time_limit_minutes=float(params.get("time_limit", 0.0)), device=cfg.device,
+                        threads=cfg.threads, progress=False)
+    return model, train
+
+
+def record_for(model_id: str, path: Path, home: Path, *, job_id: str | None = None) -> ModelRecord:
+    """A registry entry for the bundle at `path`, with what load_bundle reports (verifies the file)."""
+    from ..bundle import load_bundle
+
+    bundle = load_bundle(path)
+    return ModelRecord(id=model_id, path=os.path.relpath(path, home), sha256=bundle.sha256, bytes=bundle.num_bytes,
+                       config=bundle.config.to_dict(), metrics=bundle.metrics, created=time.time(),
+                       parameters=bundle.trainable_parameters, precision=bundle.precision,
+                       entities=len(bundle.entities), relations=len(bundle.relations), job_id=job_id)
+
+
+class _Heartbeat(threading.Thread):
+    """Sends the latest progress every `interval` seconds and reads back the cancel flag and ownership.
+
+    A thread rather than the training callback, so heartbeats go on through validation and export.
+    """
+
+    def __init__(self, store: JobStore, job: Job, worker: str, interval: float) -> None:
+        super().__init__(name=f"heartbeat-{job.id[:8]}", daemon=True)
+        self.store, self.job_id, self.worker, self.interval = store, job.id, worker, interval
+        self.progress: dict[str, Any] | None = None
+        self.cancelled = job.cancel_requested
+        self.lost = False  # another worker took the job over (we were presumed dead)
+        self._done = threading.Event()
+
+    def beat(self) -> None:
+        try:
+            job = self.store.heartbeat(self.job_id, self.worker, self.progress)
+        except EarlError as exc:  # the store is briefly unreachable: keep training, try again
+            log.warning("heartbeat for job %s failed: %s", self.job_id, exc)
+            return
+        if job is None:
+            self.lost = True
+        else:
+            self.cancelled = job.cancel_requested
+
+    def run(self) -> None:
+        while not self._done.wait(self.interval):
+            self.beat()
+
+    def stop(self) -> None:
+        """End the thread, then send the final progress (and learn of a late cancel or takeover)."""
+        self._done.set()
+        self.join()
+        self.beat()
+
+
+class Worker:
+    """Claims and runs jobs until `stop()` (or max_jobs). `run_once()` handles at most one job."""
+
+    def __init__(self, config: WorkerConfig, store: JobStore | None = None) -> None:
+        self.config = config
+        self.home = Path(config.home)
+        for sub in ("uploads", "runs", "models"):
+            (self.home / sub).mkdir(parents=True, exist_ok=True)
+        self.store = store if store is not None else open_store(config.store_target)
+        self._stop = threading.Event()
+
+    def stop(self) -> None:
+        """Ask the loop to end; a job in progress stops at its next step, is checkpointed and requeued."""
+        self._stop.set()
+
+    @property
+    def stopping(self) -> bool:
+        return self._stop.is_set()
+
+    def run(self) -> int:
+        """Loop until stopped; returns the number of jobs handled."""
+        import torch
+
+        torch.set_num_threads(self.config.threads)
+        log.info("worker %s: home %s, store %s", self.config.worker_id, self.home, self.config.store_target)
+        handled = 0
+        while not self._stop.is_set():
+            try:
+                job = self.run_once()
+            except EarlError as exc:  # the store is unreachable: wait and retry
+                log.warning("worker %s: %s", self.config.worker_id, exc)
+                job = None
+            if job is None:
+                self._stop.wait(self.config.poll_seconds)
+                continue
+            handled += 1
+            if self.config.max_jobs and handled >= self.config.max_jobs:
+                break
+        return handled
+
+    def run_once(self) -> Job | None:
+        """Claim one job and run it to its end; None when the queue is empty."""
+        cfg = self.config
+        job = self.store.claim_job(cfg.worker_id, stale_after=cfg.stale_after, max_attempts=cfg.max_attempts)
+        if job is None:
+            return None
+        log.info("job %s: claimed (attempt %d)", job.id, job.attempts)
+        return self._run(job)
+
+    def _run(self, job: Job) -> Job:
+        cfg = self.config
+        beat = _Heartbeat(self.store, job, cfg.worker_id, cfg.heartbeat_seconds)
+        beat.start()
+        state, error, model_id = "failed", None, None
+        try:
+            model_id = self._train(job, beat)
+            state = "succeeded" if model_id else "cancelled"
+        except _Interrupted:
+            state = "interrupted"
+        except (EarlError, ValueError, FileNotFoundError) as exc:  # bad input: the message is for the user
+            error = str(exc)
+        except Exception as exc:  # a bug or resource problem: keep the worker alive, record what happened
+            log.exception("job %s failed", job.id)
+            error = f"internal error: {type(exc).__name__}: {exc}"
+        finally:
+            beat.stop()
+        if beat.lost:
+            log.warning("job %s was taken over by another worker; dropping this attempt", job.id)
+            return self.store.get_job(job.id) or job
+        if state == "interrupted":
+            log.info("job %s: worker stopping; checkpointed and requeued", job.id)
+            return self.store.release_job(job.id, cfg.worker_id) or job
+        if error:
+            log.warning("job %s failed: %s", job.id, error)
+        finished = self.store.finish_job(job.id, cfg.worker_id, state, error=error, model_id=model_id)
+        return finished or job
+
+    def _train(self, job: Job, beat: _Heartbeat) -> str | None:
+        """Train and export; returns the model id, or None if the job was cancelled."""
+        from ..bundle import export_bundle
+        from ..data import load_dataset
+        from ..train import CHECKPOINT, train
+
+        uploads = self.home / "uploads" / job.id
+        if "train" not in job.files:
+            raise ValueError("the job has no train file")
+        run_dir = self.home / "runs" / job.id
+        model_cfg, train_cfg = configs_from_params(job.params, self.config)
+        dataset = load_dataset(uploads)
+        last_report = 0.0
+
+        def on_progress(progress: dict[str, Any]) -> None:
+            nonlocal last_report
+            beat.progress = progress  # the heartbeat thread sends it; once a second at most
+            now = time.monotonic()
+            if now - last_report >= 1.0 or progress["step"] == progress["total"]:
+                last_report = now
+                log.debug("job %s: step %d/%d loss %.4f", job.id, progress["step"], progress["total"],
+                          progress["loss"])
+
+        def should_stop() -> bool:
+            return beat.cancelled or beat.lost or self._stop.is_set()
+
+        resume = (run_dir / CHECKPOINT).exists()  # a previous attempt (dead or stopped worker) left one
+        if resume:
+            log.info("job %s: resuming from %s", job.id, run_dir / CHECKPOINT)
+        metrics = train(dataset, model_cfg, train_cfg, run_dir, resume=resume, final_eval=True,
+                        on_progress=on_progress, should_stop=should_stop)
+        if beat.lost:
+            return None
+        if metrics.get("stopped") == "cancelled":
+            if beat.cancelled:
+                return None
+            raise _Interrupted
+        final = model_path(self.home, job.id)
+        tmp = final.with_name(f".{final.stem}.{self.config.worker_id}.tmp.safetensors")
+        export_bundle(run_dir, tmp, precision=job.params.get("precision", "fp32"))
+        os.replace(tmp, final)
+        self.store.add_model(record_for(job.id, final, self.home, job_id=job.id))
+        return job.id
+
+
+class _Interrupted(Exception):
+    """Training stopped because the worker is shutting down (not cancelled): requeue the job."""
+
+
+__all__ = ["Worker", "WorkerConfig", "configs_from_params", "model_path", "record_for"]
