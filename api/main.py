@@ -1,0 +1,51 @@
+"""The FastAPI application: `create_app(settings)` for tests and embedding, `app` for uvicorn api.main:app.
+
+The API process answers queries with one torch/FAISS thread (set in the lifespan): requests run
+concurrently in the threadpool, and one query cannot use more. Training happens only in workers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+
+from earl_service import __version__
+from earl_service.predict import configure_threads
+from earl_service.worker.store import open_store, store_target
+
+from .cache import PredictorCache
+from .metrics import Metrics, MetricsMiddleware
+from .routes import health, jobs, models, predict
+from .settings import Settings
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    settings = settings or Settings()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        configure_threads(1)
+        for sub in ("uploads", "runs", "models"):
+            (settings.home / sub).mkdir(parents=True, exist_ok=True)
+        app.state.store = open_store(store_target(settings.home, settings.store))
+        app.state.cache = PredictorCache(settings.cache_models)
+        try:
+            yield
+        finally:
+            app.state.store.close()
+
+    # max_body_size: FastAPI/Starlette count the bytes as they stream in and answer 413 past the limit
+    # (or at once from Content-Length), so an oversized upload is never spooled to disk in full.
+    app = FastAPI(title="EARL compression service", version=__version__, lifespan=lifespan,
+                  max_body_size=settings.max_body_bytes)
+    app.state.settings = settings
+    app.state.metrics = Metrics()
+    app.add_middleware(MetricsMiddleware, metrics=app.state.metrics)
+    for module in (jobs, models, predict, health):
+        app.include_router(module.router)
+    return app
+
+
+app = create_app()

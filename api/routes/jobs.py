@@ -1,0 +1,69 @@
+"""POST /jobs (upload + enqueue), GET /jobs, GET /jobs/{id}, POST /jobs/{id}/cancel."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from fastapi import APIRouter, Depends, Form, HTTPException, Query, Request, UploadFile
+
+from earl_service.errors import TripleFileError
+from earl_service.worker.store import STATES, TERMINAL, new_id
+
+from ..deps import JobId, SettingsDep, StoreDep, WriteAccess
+from ..schemas import JobCreated, JobOut, TrainForm
+from ..uploads import save_job_files
+
+router = APIRouter(prefix="/jobs", tags=["jobs"])
+FILES = ("train", "valid", "test")
+
+
+async def reject_unknown_fields(request: Request) -> None:
+    """422 for a form field that is neither a training option nor a file: a typo must not pass silently."""
+    unknown = sorted(set((await request.form()).keys()) - set(TrainForm.model_fields) - set(FILES))
+    if unknown:
+        raise HTTPException(422, f"unknown form field(s): {', '.join(unknown)}; expected the files "
+                                 f"{', '.join(FILES)} and options {', '.join(TrainForm.model_fields)}")
+
+
+def _not_found(job_id: str) -> HTTPException:
+    return HTTPException(404, {"message": f"job {job_id!r} not found", "kind": "job", "name": job_id,
+                               "suggestions": []})
+
+
+@router.post("", status_code=202, response_model=JobCreated,
+             dependencies=[WriteAccess, Depends(reject_unknown_fields)])
+def create_job(settings: SettingsDep, store: StoreDep, params: Annotated[TrainForm, Form()], train: UploadFile,
+               valid: UploadFile | None = None, test: UploadFile | None = None) -> JobCreated:
+    """Queue a training job; the files are checked (format, encoding, columns) before anything is queued."""
+    job_id = new_id()
+    try:
+        files = save_job_files(settings.home, job_id, {"train": train, "valid": valid, "test": test})
+    except TripleFileError as exc:
+        raise HTTPException(422, str(exc)) from None
+    job = store.create_job(params.model_dump(), files, job_id=job_id)
+    return JobCreated(id=job.id, state=job.state)
+
+
+@router.get("", response_model=list[JobOut])
+def list_jobs(store: StoreDep, state: Annotated[Literal[STATES] | None, Query()] = None,  # type: ignore[valid-type]
+              limit: Annotated[int, Query(ge=1, le=1000)] = 100) -> list[JobOut]:
+    return [JobOut(**j.to_dict()) for j in store.list_jobs(state=state, limit=limit)]
+
+
+@router.get("/{job_id}", response_model=JobOut)
+def get_job(job_id: JobId, store: StoreDep) -> JobOut:
+    job = store.get_job(job_id)
+    if job is None:
+        raise _not_found(job_id)
+    return JobOut(**job.to_dict())
+
+
+@router.post("/{job_id}/cancel", response_model=JobOut, dependencies=[WriteAccess])
+def cancel_job(job_id: JobId, store: StoreDep) -> JobOut:
+    """Cancel a queued job at once; a running one stops at its next step (state becomes cancelled)."""
+    job = store.request_cancel(job_id)
+    if job is None:
+        raise _not_found(job_id)
+    if job.state in TERMINAL and job.state != "cancelled":
+        raise HTTPException(409, f"job {job_id} already {job.state}; nothing to cancel")
+    return JobOut(**job.to_dict())

@@ -1,0 +1,29 @@
+"""Service settings from EARL_* environment variables; the only place the service reads the environment."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field, SecretStr, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    """EARL_HOME, EARL_STORE, EARL_API_TOKEN, EARL_MAX_UPLOAD_MB, EARL_CACHE_MODELS."""
+
+    model_config = SettingsConfigDict(env_prefix="EARL_", extra="ignore")
+
+    home: Path = Path("artifacts")  # uploads/, runs/, models/ and the SQLite store live here
+    store: str = "sqlite"  # 'sqlite' (HOME/earl.sqlite3), a path, or redis://host:port/db
+    api_token: SecretStr | None = None  # when set, every write endpoint needs 'Authorization: Bearer <token>'
+    max_upload_mb: float = Field(100.0, gt=0)  # bound on a whole request body, enforced while it streams in
+    cache_models: int = Field(4, ge=1)  # LinkPredictors kept in memory (LRU)
+
+    @field_validator("api_token", mode="before")
+    @classmethod
+    def _empty_token_is_none(cls, value: object) -> object:
+        return None if value in ("", None) else value
+
+    @property
+    def max_body_bytes(self) -> int:
+        return int(self.max_upload_mb * 1024 * 1024)
