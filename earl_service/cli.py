@@ -156,7 +156,94 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True)
     p.add_argument("--precision", choices=["fp32", "fp16", "int8"], default=None)
     p.set_defaults(func=cmd_extend)
+
+    add_worker_command(sub)
+    add_serve_command(sub)
     return parser
+
+
+# ---------------------------------------------------------------- service: `earl worker` and `earl serve`
+# The command line is the service's edge: EARL_HOME / EARL_STORE give the defaults, as for the API.
+
+
+def _add_service_options(p: argparse.ArgumentParser) -> None:
+    import os
+
+    p.add_argument("--home", default=os.environ.get("EARL_HOME", "artifacts"),
+                   help="service home: uploads/, runs/, models/, earl.sqlite3 (default $EARL_HOME or ./artifacts)")
+    p.add_argument("--store", default=os.environ.get("EARL_STORE", "sqlite"),
+                   help="'sqlite' (HOME/earl.sqlite3), a SQLite path or a redis:// URL (default $EARL_STORE or sqlite)")
+
+
+def add_worker_command(sub) -> None:
+    """`earl worker`: train queued jobs until SIGINT/SIGTERM (the running job is checkpointed and requeued)."""
+    p = sub.add_parser("worker", help="run training jobs from the service queue until stopped")
+    _add_service_options(p)
+    p.add_argument("--threads", type=int, default=2, help="torch threads per job")
+    p.add_argument("--device", default="auto", help="auto (CUDA when present) | cpu | cuda")
+    p.add_argument("--poll", type=float, default=1.0, help="seconds between looks at an empty queue")
+    p.add_argument("--stale-after", type=float, default=60.0,
+                   help="take over a running job whose worker sent no heartbeat for this many seconds")
+    p.add_argument("--max-attempts", type=int, default=3, help="give a job up after this many takeovers")
+    p.add_argument("--max-jobs", type=int, default=0, help="exit after this many jobs (0: never)")
+    p.add_argument("--id", dest="worker_id", default=None, help="worker name (default host-pid)")
+    p.set_defaults(func=cmd_worker)
+
+
+def cmd_worker(a: argparse.Namespace) -> int:
+    import signal
+
+    from .worker.loop import Worker, WorkerConfig, default_worker_id
+
+    logging.getLogger("earl_service.worker").setLevel(logging.INFO)
+    worker = Worker(WorkerConfig(home=Path(a.home), store=a.store, worker_id=a.worker_id or default_worker_id(),
+                                 threads=a.threads, device=a.device, poll_seconds=a.poll, stale_after=a.stale_after,
+                                 max_attempts=a.max_attempts, max_jobs=a.max_jobs))
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, lambda *_: worker.stop())
+    worker.run()
+    return 0
+
+
+def add_serve_command(sub) -> None:
+    """`earl serve`: the API (uvicorn) and one worker process for one machine, until SIGINT/SIGTERM."""
+    p = sub.add_parser("serve", help="run the HTTP API and one training worker on this machine")
+    _add_service_options(p)
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--worker-threads", type=int, default=2, help="torch threads of the worker")
+    p.add_argument("--no-worker", action="store_true", help="API only (workers run elsewhere)")
+    p.add_argument("--stop-timeout", type=float, default=60.0,
+                   help="seconds the worker gets to checkpoint its job on shutdown before it is killed")
+    p.set_defaults(func=cmd_serve)
+
+
+def cmd_serve(a: argparse.Namespace) -> int:
+    import signal
+    import subprocess
+
+    import uvicorn
+
+    from api.main import create_app
+    from api.settings import Settings
+
+    settings = Settings(home=Path(a.home), store=a.store)  # the token and limits still come from EARL_*
+    worker = None
+    if not a.no_worker:
+        worker = subprocess.Popen([sys.executable, "-m", "earl_service.cli", "worker", "--home", a.home,
+                                   "--store", a.store, "--threads", str(a.worker_threads)])
+    try:
+        # uvicorn handles SIGINT/SIGTERM itself: it drains requests and returns from run().
+        uvicorn.Server(uvicorn.Config(create_app(settings), host=a.host, port=a.port, log_level="info")).run()
+    finally:
+        if worker is not None and worker.poll() is None:
+            worker.send_signal(signal.SIGTERM)
+            try:
+                worker.wait(timeout=a.stop_timeout)
+            except subprocess.TimeoutExpired:
+                worker.kill()
+                worker.wait()
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
