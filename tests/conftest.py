@@ -58,3 +58,41 @@ def codex_bundle(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("codex_bundle")
     train(load_dataset(codex_s_path()), ModelConfig(dim=16), TrainConfig(**TINY_TRAIN), root / "run", final_eval=False)
     return export_bundle(root / "run", root / "codex-s.safetensors")
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def redis_url(tmp_path_factory):
+    """A throwaway redis-server on a free 127.0.0.1 port (skips when redis-server is not installed)."""
+    import shutil
+    import subprocess
+    import time
+
+    exe = shutil.which("redis-server")
+    if exe is None:
+        pytest.skip("redis-server not installed (apt-get install redis-server)")
+    port, folder = free_port(), tmp_path_factory.mktemp("redis")
+    proc = subprocess.Popen([exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+                             "--dir", str(folder)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    import redis
+
+    client = redis.Redis(port=port)
+    for _ in range(100):  # up to ~5 s
+        try:
+            client.ping()
+            break
+        except redis.ConnectionError:
+            time.sleep(0.05)
+    else:
+        proc.kill()
+        pytest.fail("redis-server did not start")
+    yield f"redis://127.0.0.1:{port}"
+    proc.terminate()
+    proc.wait(timeout=10)

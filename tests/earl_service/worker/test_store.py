@@ -1,0 +1,166 @@
+"""JobStore contract, run against SQLite and Redis: lifecycle, ownership, cancel, takeover, registry, races."""
+
+import json
+import subprocess
+import sys
+import time
+
+import pytest
+
+from earl_service.worker.store import STATES, ModelRecord, StoreError, open_store
+
+
+@pytest.fixture(params=["sqlite", "redis"])
+def store_url(request, tmp_path):
+    if request.param == "sqlite":
+        return str(tmp_path / "jobs.sqlite3")
+    import redis
+
+    url = request.getfixturevalue("redis_url")
+    db = 1 + len(request.node.name) % 14  # a fresh, flushed database per test
+    redis.Redis.from_url(f"{url}/{db}").flushdb()
+    return f"{url}/{db}"
+
+
+@pytest.fixture
+def store(store_url):
+    s = open_store(store_url)
+    yield s
+    s.close()
+
+
+def test_create_get_list_count(store):
+    a = store.create_job({"dim": 8, "lr": 0.001, "no_knn": True}, {"train": "uploads/x/train.txt"})
+    b = store.create_job({}, {}, job_id="fixed-id")
+    got = store.get_job(a.id)
+    assert got.state == "queued" and got.params == {"dim": 8, "lr": 0.001, "no_knn": True}
+    assert got.files == {"train": "uploads/x/train.txt"} and got.attempts == 0 and got.progress == {}
+    assert store.get_job("nope") is None
+    assert [j.id for j in store.list_jobs()] == [b.id, a.id]  # newest first
+    assert store.list_jobs(state="running") == []
+    assert store.count_jobs() == {s: (2 if s == "queued" else 0) for s in STATES}
+
+
+def test_claim_is_fifo_and_owned(store):
+    first = store.create_job({"n": 1}, {})
+    second = store.create_job({"n": 2}, {})
+    job = store.claim_job("w1")
+    assert (job.id, job.state, job.worker, job.attempts) == (first.id, "running", "w1", 1)
+    assert job.started is not None and job.heartbeat is not None
+    assert store.claim_job("w2").id == second.id
+    assert store.claim_job("w3") is None
+    # Only the owner may report progress or finish.
+    assert store.heartbeat(first.id, "w2", {"step": 1}) is None
+    beat = store.heartbeat(first.id, "w1", {"step": 3, "total": 10, "loss": 0.5, "valid_mrr": None})
+    assert beat.progress == {"step": 3, "total": 10, "loss": 0.5, "valid_mrr": None}
+    assert store.finish_job(first.id, "w2", "succeeded") is None
+    done = store.finish_job(first.id, "w1", "succeeded", model_id="m1")
+    assert (done.state, done.model_id, done.error) == ("succeeded", "m1", None) and done.finished >= done.started
+    assert store.heartbeat(first.id, "w1") is None  # finished: no longer running
+    with pytest.raises(ValueError):
+        store.finish_job(second.id, "w2", "running")
+    failed = store.finish_job(second.id, "w2", "failed", error="train.txt, line 2: bad")
+    assert failed.error == "train.txt, line 2: bad"
+
+
+def test_cancel(store):
+    queued = store.create_job({}, {})
+    running = store.create_job({}, {})
+    store.claim_job("w")  # takes `queued` (FIFO)
+    store.claim_job("w")
+    assert store.request_cancel("missing") is None
+    job = store.request_cancel(running.id)
+    assert job.state == "running" and job.cancel_requested
+    assert store.heartbeat(running.id, "w").cancel_requested  # the worker learns of it with its heartbeat
+    later = store.create_job({}, {})
+    cancelled = store.request_cancel(later.id)
+    assert cancelled.state == "cancelled" and cancelled.finished is not None
+    assert store.claim_job("w") is None  # a cancelled job is never claimed
+    assert store.finish_job(running.id, "w", "cancelled").state == "cancelled"
+    assert store.request_cancel(running.id).state == "cancelled"  # idempotent on finished jobs
+
+
+def test_stale_job_is_taken_over_then_given_up(store):
+    job = store.create_job({}, {})
+    assert store.claim_job("dead", stale_after=60).attempts == 1
+    assert store.claim_job("w2", stale_after=60) is None  # heartbeat is fresh
+    time.sleep(0.05)
+    taken = store.claim_job("w2", stale_after=0.01, max_attempts=3)
+    assert (taken.id, taken.worker, taken.attempts) == (job.id, "w2", 2)
+    assert store.heartbeat(job.id, "dead") is None  # the old worker has lost it
+    time.sleep(0.05)
+    assert store.claim_job("w3", stale_after=0.01, max_attempts=3).attempts == 3
+    time.sleep(0.05)
+    assert store.claim_job("w4", stale_after=0.01, max_attempts=3) is None
+    gone = store.get_job(job.id)
+    assert gone.state == "failed" and "stopped responding" in gone.error
+
+
+def test_stale_cancelled_job_ends_cancelled(store):
+    job = store.create_job({}, {})
+    store.claim_job("dead")
+    store.request_cancel(job.id)
+    time.sleep(0.05)
+    assert store.claim_job("w2", stale_after=0.01) is None
+    assert store.get_job(job.id).state == "cancelled"
+
+
+def test_release_requeues_for_resume(store):
+    job = store.create_job({}, {})
+    store.claim_job("w1")
+    assert store.release_job(job.id, "other") is None
+    released = store.release_job(job.id, "w1")
+    assert released.state == "queued" and released.worker is None
+    again = store.claim_job("w2")
+    assert again.id == job.id and again.attempts == 2
+
+
+def test_model_registry(store):
+    record = ModelRecord(id="m1", path="models/m1.safetensors", sha256="ab" * 32, bytes=123,
+                         config={"dim": 8}, metrics={"test": {"mrr": 0.3}}, created=time.time(), parameters=99)
+    store.add_model(record)
+    store.add_model(ModelRecord(id="m2", path="models/m2.safetensors", sha256="cd" * 32, bytes=1,
+                                created=time.time() + 1))
+    assert store.get_model("m1") == record
+    assert [m.id for m in store.list_models()] == ["m2", "m1"]
+    assert store.delete_model("m1") and not store.delete_model("m1")
+    assert store.get_model("m1") is None
+
+
+def test_open_store_rejects_unknown_urls(tmp_path):
+    with pytest.raises(StoreError):
+        open_store("postgres://x")
+    with pytest.raises(StoreError):
+        open_store("sqlite://relative.db")
+    with pytest.raises(StoreError, match="unreachable"):
+        open_store("redis://127.0.0.1:1/0").ping()
+
+
+CLAIMER = """
+import json, os, sys, time
+from earl_service.worker.store import open_store
+store = open_store(sys.argv[1])
+while not os.path.exists(sys.argv[3]):  # start together
+    time.sleep(0.005)
+ids = []
+while (job := store.claim_job(sys.argv[2])) is not None:
+    ids.append(job.id)
+print(json.dumps(ids))
+"""
+
+
+def test_concurrent_workers_never_share_a_job(store, store_url, tmp_path):
+    """Four processes claim from one queue at once: every job is claimed exactly once."""
+    jobs = {store.create_job({"i": i}, {}).id for i in range(200)}
+    go = tmp_path / "go"
+    procs = [subprocess.Popen([sys.executable, "-c", CLAIMER, store_url, f"w{i}", str(go)], stdout=subprocess.PIPE,
+                              text=True) for i in range(4)]
+    time.sleep(0.5)  # let them import and open the store
+    go.touch()
+    claimed = [json.loads(p.communicate(timeout=60)[0]) for p in procs]
+    assert sum(1 for ids in claimed if ids) >= 2, "the claimers did not overlap; the race was not exercised"
+    flat = [job_id for ids in claimed for job_id in ids]
+    assert len(flat) == len(set(flat)) == len(jobs) and set(flat) == jobs
+    owners = {j.id: j.worker for j in store.list_jobs(limit=1000)}
+    for i, ids in enumerate(claimed):
+        assert all(owners[job_id] == f"w{i}" for job_id in ids)
