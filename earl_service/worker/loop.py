@@ -212,19 +212,22 @@ class Worker:
                 log.debug("job %s: step %d/%d loss %.4f", job.id, progress["step"], progress["total"],
                           progress["loss"])
 
+        asked_to_stop = False
+
         def should_stop() -> bool:
-            return beat.cancelled or beat.lost or self._stop.is_set()
+            nonlocal asked_to_stop
+            asked_to_stop = beat.cancelled or beat.lost or self._stop.is_set()
+            return asked_to_stop
 
         resume = (run_dir / CHECKPOINT).exists()  # a previous attempt (dead or stopped worker) left one
         if resume:
             log.info("job %s: resuming from %s", job.id, run_dir / CHECKPOINT)
-        metrics = train(dataset, model_cfg, train_cfg, run_dir, resume=resume, final_eval=True,
+        train(dataset, model_cfg, train_cfg, run_dir, resume=resume, final_eval=True,
                         on_progress=on_progress, should_stop=should_stop)
-        if beat.lost:
+        # Our own flag, not metrics["stopped"]: a resumed run may carry its predecessor's stop reason.
+        if beat.lost or (asked_to_stop and beat.cancelled):
             return None
-        if metrics.get("stopped") == "cancelled":
-            if beat.cancelled:
-                return None
+        if asked_to_stop:
             raise _Interrupted
         final = model_path(self.home, job.id)
         tmp = final.with_name(f".{final.stem}.{self.config.worker_id}.tmp.safetensors")
