@@ -232,8 +232,11 @@ def cmd_serve(a: argparse.Namespace) -> int:
     if not a.no_worker:
         worker = subprocess.Popen([sys.executable, "-m", "earl_service.cli", "worker", "--home", a.home,
                                    "--store", a.store, "--threads", str(a.worker_threads)])
+    # uvicorn handles SIGINT/SIGTERM itself (drains requests, returns from run()), then re-raises the signal
+    # into the handlers it found. Make those no-ops so that we get here, stop the worker, and exit 0.
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, lambda *_: None)
     try:
-        # uvicorn handles SIGINT/SIGTERM itself: it drains requests and returns from run().
         uvicorn.Server(uvicorn.Config(create_app(settings), host=a.host, port=a.port, log_level="info")).run()
     finally:
         if worker is not None and worker.poll() is None:
