@@ -105,13 +105,15 @@ def main() -> None:
               "rows": rows}
     args.out.mkdir(parents=True, exist_ok=True)
     data = "uniform" if args.uniform else "clustered"
+    command = f"python bench/predict_index.py{' --uniform' if args.uniform else ''}"
     lines = [f"# LinkPredictor: flat vs HNSW (METRIC_L1), 1 thread, synthetic {data} dim-{args.dim} embeddings", "",
-             f"Command: `python bench/predict_index.py{' --uniform' if args.uniform else ''}` "
-             f"on {result['machine']} ({time.strftime('%Y-%m-%d')})", "",
-             "Depth (0-based rank) of the exact top-10 in proxy order, 3000 uniform entities, 300 queries: "
-             f"L2 {proxy['l2']}, L1 {proxy['l1']}, L1 over {PROXY_ROTATIONS} rotated copies {proxy['lifted_l1']}.", "",
-             "| entities | flat build s | flat p50 ms | flat p95 ms | flat exact | HNSW build s | HNSW p50 ms "
-             "| HNSW p95 ms | HNSW exact |", "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             f"Command: `{command}` on {result['machine']} ({time.strftime('%Y-%m-%d')})", "",
+             ("Depth (0-based rank) of the exact top-10 in proxy order, 3000 uniform entities, 300 queries: "
+              f"L2 {proxy['l2']}, L1 {proxy['l1']}, L1 over {PROXY_ROTATIONS} rotated copies {proxy['lifted_l1']}."),
+             "",
+             ("| entities | flat build s | flat p50 ms | flat p95 ms | flat exact | HNSW build s | HNSW p50 ms "
+              "| HNSW p95 ms | HNSW exact |"),
+             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         f, h = r["flat"], r["hnsw"]
         lines.append(f"| {r['entities']} | {f['build_s']} | {f['p50_ms']} | {f['p95_ms']} | {f['exact_share']:.3f} "

@@ -69,7 +69,7 @@ def run(home: Path) -> None:
             model_id = job["model_id"]
             model = client.get(f"/models/{model_id}").json()
             test = model.get("metrics", {}).get("test", {})
-            print(f"model {model_id}: {model.get('trainable_parameters')} trainable parameters, "
+            print(f"model {model_id}: {model.get('parameters')} trainable parameters, "
                   f"{model.get('bytes')} bytes, test MRR {test.get('mrr', float('nan')):.3f}, "
                   f"Hits@10 {test.get('hits_at_10', float('nan')):.3f}")
             show_predictions(client, model_id, labels)

@@ -66,7 +66,7 @@ def configure_threads(threads: int) -> None:
 def _gpu_count(faiss: Any) -> int:
     try:
         return int(faiss.get_num_gpus())
-    except Exception:  # a CPU-only build may lack the symbol
+    except Exception:  # noqa: BLE001 - a CPU-only build may lack the symbol
         return 0
 
 
@@ -181,7 +181,7 @@ class LinkPredictor:
             try:
                 resources = faiss.StandardGpuResources()
                 return "gpu-flat", faiss.index_cpu_to_gpu(resources, 0, index)
-            except Exception as exc:  # a driver or memory problem: the CPU index still answers
+            except Exception as exc:  # noqa: BLE001 - a driver or memory problem: the CPU index still answers
                 log.warning("FAISS reports %d GPU(s) but the GPU index failed (%s); using the CPU index", gpus, exc)
         return "flat", index
 

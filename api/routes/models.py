@@ -5,7 +5,6 @@ from __future__ import annotations
 import difflib
 import os
 import threading
-from pathlib import Path
 
 from fastapi import APIRouter, Header, HTTPException, Response, UploadFile
 from fastapi.responses import FileResponse

@@ -5,7 +5,6 @@ import shutil
 import subprocess
 
 import pytest
-
 from conftest import REPO
 
 DOCKERFILES = sorted((REPO / "docker").glob("*.Dockerfile"))
@@ -16,7 +15,7 @@ def test_compose_file_validates():
     if exe is None:
         pytest.skip("docker-compose not installed (apt-get install docker-compose)")
     run = subprocess.run([exe, "-f", str(REPO / "docker-compose.yml"), "config", "-q"], cwd=REPO,
-                         capture_output=True, text=True, timeout=60)
+                         capture_output=True, text=True, timeout=60, check=False)
     assert run.returncode == 0, run.stderr
 
 

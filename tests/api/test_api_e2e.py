@@ -11,8 +11,8 @@ import time
 
 import httpx
 import pytest
-
 from conftest import REPO, codex_s_path, free_port
+
 from earl_service.bundle import load_bundle
 from earl_service.predict import LinkPredictor
 
@@ -53,7 +53,7 @@ def service(tmp_path):
     log = (tmp_path / "service.log").open("w")
     api = subprocess.Popen([sys.executable, "-m", "uvicorn", "api.main:app", "--host", "127.0.0.1", "--port",
                             str(port)], cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
-    worker = subprocess.Popen([sys.executable, "-m", "earl_service.cli", "worker", "--poll", "0.2", "--threads", "2"],
+    worker = subprocess.Popen([sys.executable, "-m", "earl_service.cli", "worker", "--poll", "0.2", "--threads", "1"],
                               cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
     base = f"http://127.0.0.1:{port}"
     try:
@@ -67,7 +67,7 @@ def service(tmp_path):
 
 
 def test_train_predict_download_over_http(service, tmp_path):
-    base, home = service
+    base, _ = service
     auth = {"Authorization": f"Bearer {TOKEN}"}
     with httpx.Client(base_url=base, timeout=30) as http:
         train = (codex_s_path() / "train.txt").read_bytes()
@@ -123,5 +123,6 @@ def test_earl_serve_stops_api_and_worker_on_sigint(tmp_path):
     # Nothing is left listening or running: the worker child exited with the server.
     with pytest.raises(httpx.TransportError):
         httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1)
-    children = subprocess.run(["pgrep", "-s", str(proc.pid)], capture_output=True, text=True).stdout.split()
+    children = subprocess.run(["pgrep", "-s", str(proc.pid)], capture_output=True, text=True,
+                              check=False).stdout.split()
     assert children == []

@@ -5,8 +5,8 @@ import time
 
 import numpy as np
 import pytest
-
 from conftest import random_triples
+
 from earl_service.bundle import load_bundle
 from earl_service.train import CHECKPOINT
 from earl_service.worker.loop import Worker, WorkerConfig, model_path

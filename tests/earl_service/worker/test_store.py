@@ -64,9 +64,9 @@ def test_claim_is_fifo_and_owned(store):
 
 
 def test_cancel(store):
-    queued = store.create_job({}, {})
+    store.create_job({}, {})
     running = store.create_job({}, {})
-    store.claim_job("w")  # takes `queued` (FIFO)
+    store.claim_job("w")  # the first job (FIFO)
     store.claim_job("w")
     assert store.request_cancel("missing") is None
     job = store.request_cancel(running.id)
