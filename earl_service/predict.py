@@ -37,7 +37,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 # Entities from which the index is HNSW. bench/results/predict_index.md (dim 150, 1 thread): the flat index is
-# always exact, p50 0.7 / 3 / 50 ms at 2k / 10k / 100k entities; HNSW answered in 4-8 ms but returned the exact
+# always exact, p50 0.7 / 3 / 50 ms at 2k / 10k / 100k entities; HNSW answered in 1-8 ms but returned the exact
 # top-10 for only 98% / 95% / 53% of queries. So exactness wins up to 100k entities (FB15k-237, WN18RR);
 # beyond, flat latency grows linearly and approximate answers are the price of staying interactive.
 HNSW_THRESHOLD = 100_000
