@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -9,6 +10,8 @@ from fastapi import UploadFile
 
 from earl_service.data import SPLIT_SUFFIXES, read_triples
 from earl_service.errors import TripleFileError
+
+LABELS_MAX_BYTES = 8 * 2**20
 
 
 def split_suffix(filename: str | None) -> str:
@@ -33,14 +36,35 @@ def check_triples(path: Path, shown_name: str | None) -> None:
         raise TripleFileError(shown_name or path.name, exc.line, exc.reason) from None
 
 
-def save_job_files(home: Path, job_id: str, uploads: dict[str, UploadFile | None]) -> dict[str, str]:
-    """Save train/valid/test as HOME/uploads/<job>/<split><suffix>, checked; paths returned relative to HOME.
+def save_labels(upload: UploadFile, dest: Path) -> Path:
+    """A relation-label JSON object (what data.relation_labels reads); ValueError with the reason if not."""
+    upload.file.seek(0)
+    raw = upload.file.read(LABELS_MAX_BYTES + 1)
+    if len(raw) > LABELS_MAX_BYTES:
+        raise ValueError(f"relation_labels: larger than {LABELS_MAX_BYTES // 2**20} MiB")
+    try:
+        labels = json.loads(raw.decode("utf-8-sig"))
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise ValueError(f"relation_labels: not a UTF-8 JSON document ({exc})") from None
+    if not isinstance(labels, dict):
+        raise ValueError('relation_labels: expected a JSON object such as {"P27": "country of citizenship"}')
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    dest.write_bytes(raw)
+    return dest
 
-    On a bad file the job's upload folder is removed and the TripleFileError propagates.
+
+def save_job_files(home: Path, job_id: str, uploads: dict[str, UploadFile | None],
+                   labels: UploadFile | None = None) -> dict[str, str]:
+    """Save train/valid/test as HOME/uploads/<job>/<split><suffix>, checked; paths returned relative to HOME.
+    Relation labels, if given, go to relations.en.json beside them (where load_dataset's folder reader looks).
+
+    On a bad file the job's upload folder is removed and the TripleFileError (or ValueError) propagates.
     """
     folder = home / "uploads" / job_id
     files: dict[str, str] = {}
     try:
+        if labels is not None:
+            files["relation_labels"] = str(save_labels(labels, folder / "relations.en.json").relative_to(home))
         for split, upload in uploads.items():
             if upload is None:
                 continue

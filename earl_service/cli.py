@@ -213,6 +213,8 @@ def add_serve_command(sub) -> None:
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--worker-threads", type=int, default=2, help="torch threads of the worker")
     p.add_argument("--no-worker", action="store_true", help="API only (workers run elsewhere)")
+    p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"],
+                   help="uvicorn's log level (warning hides the per-request access log)")
     p.add_argument("--stop-timeout", type=float, default=60.0,
                    help="seconds the worker gets to checkpoint its job on shutdown before it is killed")
     p.set_defaults(func=cmd_serve)
@@ -237,7 +239,7 @@ def cmd_serve(a: argparse.Namespace) -> int:
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, lambda *_: None)
     try:
-        uvicorn.Server(uvicorn.Config(create_app(settings), host=a.host, port=a.port, log_level="info")).run()
+        uvicorn.Server(uvicorn.Config(create_app(settings), host=a.host, port=a.port, log_level=a.log_level)).run()
     finally:
         if worker is not None and worker.poll() is None:
             worker.send_signal(signal.SIGTERM)

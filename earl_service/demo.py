@@ -6,7 +6,6 @@ Each wait is bounded; any failure exits non-zero with the reason.
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import socket
@@ -47,9 +46,8 @@ def run(home: Path) -> None:
     port = free_port()
     env = {**os.environ, "EARL_HOME": str(home)}
     server = subprocess.Popen([sys.executable, "-m", "earl_service.cli", "serve", "--host", "127.0.0.1",
-                               "--port", str(port)], env=env)
+                               "--port", str(port), "--log-level", "warning"], env=env)
     base = f"http://127.0.0.1:{port}"
-    labels = {k: v["label"] for k, v in json.loads((DATA / "relations.en.json").read_text()).items()}
     try:
         with httpx.Client(base_url=base, timeout=30) as client:
             wait_ready(client, server)
@@ -59,9 +57,6 @@ def run(home: Path) -> None:
             files["relation_labels"] = ("relations.en.json", (DATA / "relations.en.json").read_bytes(),
                                         "application/json")
             resp = client.post("/jobs", data=PARAMS, files=files)
-            if resp.status_code == 422 and "relation_labels" in resp.text:  # an API without label uploads
-                files.pop("relation_labels")
-                resp = client.post("/jobs", data=PARAMS, files=files)
             resp.raise_for_status()
             job_id = resp.json()["id"]
             print(f"job {job_id} queued with {PARAMS}")
@@ -72,7 +67,7 @@ def run(home: Path) -> None:
             print(f"model {model_id}: {model.get('parameters')} trainable parameters, "
                   f"{model.get('bytes')} bytes, test MRR {test.get('mrr', float('nan')):.3f}, "
                   f"Hits@10 {test.get('hits_at_10', float('nan')):.3f}")
-            show_predictions(client, model_id, labels)
+            show_predictions(client, model_id)
             out = home / "demo-bundle.safetensors"
             resp = client.get(f"/models/{model_id}/bundle")
             resp.raise_for_status()
@@ -110,16 +105,17 @@ def wait_for_job(client: httpx.Client, job_id: str) -> dict:
     raise TimeoutError(f"job {job_id} did not finish within {TRAIN_TIMEOUT_S} s")
 
 
-def show_predictions(client: httpx.Client, model_id: str, labels: dict[str, str]) -> None:
+def show_predictions(client: httpx.Client, model_id: str) -> None:
     lines = (DATA / "test.txt").read_text().splitlines()[:3]
     for line in lines:
         head, rel, tail = line.split("\t")
-        name = labels.get(rel, rel)
-        for params, asked, answer in (({"head": head}, f"({head}, {name}, ?)", tail),
-                                      ({"tail": tail}, f"(?, {name}, {tail})", head)):
+        for params, answer in (({"head": head}, tail), ({"tail": tail}, head)):
             resp = client.get("/predict", params={"model": model_id, "relation": rel, "k": 5, **params})
             resp.raise_for_status()
-            preds = resp.json()["predictions"]
+            body = resp.json()
+            name = f"{rel} '{body['relation_label']}'" if body.get("relation_label") else rel
+            asked = f"({head}, {name}, ?)" if "head" in params else f"(?, {name}, {tail})"
+            preds = body["predictions"]
             shown = ", ".join(f"{p['entity']}{'*' if p['entity'] == answer else ''} ({p['score']:.2f})" for p in preds)
             print(f"{asked}  true: {answer}\n    top-5: {shown}")
     print("(* marks the held-out true answer; entity ids are Wikidata items, e.g. https://www.wikidata.org/wiki/Q188)")

@@ -224,7 +224,7 @@ def train(
         optimizer.load_state_dict(ckpt["optimizer"])
         gen.set_state(ckpt["generator"])
         torch.set_rng_state(ckpt["torch_rng"])
-        state = ckpt["state"]
+        state = {**ckpt["state"], "stopped": "steps"}  # why the previous attempt stopped is not this run's
         history = History(**ckpt["history"])
         log.info("resumed from step %d", state["step"])
 

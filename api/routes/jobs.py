@@ -14,7 +14,7 @@ from ..schemas import JobCreated, JobOut, TrainForm
 from ..uploads import save_job_files
 
 router = APIRouter(prefix="/jobs", tags=["jobs"])
-FILES = ("train", "valid", "test")
+FILES = ("train", "valid", "test", "relation_labels")
 
 
 async def reject_unknown_fields(request: Request) -> None:
@@ -33,12 +33,18 @@ def _not_found(job_id: str) -> HTTPException:
 @router.post("", status_code=202, response_model=JobCreated,
              dependencies=[WriteAccess, Depends(reject_unknown_fields)])
 def create_job(settings: SettingsDep, store: StoreDep, params: Annotated[TrainForm, Form()], train: UploadFile,
-               valid: UploadFile | None = None, test: UploadFile | None = None) -> JobCreated:
-    """Queue a training job; the files are checked (format, encoding, columns) before anything is queued."""
+               valid: UploadFile | None = None, test: UploadFile | None = None,
+               relation_labels: UploadFile | None = None) -> JobCreated:
+    """Queue a training job; the files are checked (format, encoding, columns) before anything is queued.
+
+    `relation_labels` (optional) is a JSON object mapping relation names to readable labels
+    ({"P27": "country of citizenship"} or CoDEx's {"P27": {"label": ...}}); predictions then carry them.
+    """
     job_id = new_id()
     try:
-        files = save_job_files(settings.home, job_id, {"train": train, "valid": valid, "test": test})
-    except TripleFileError as exc:
+        files = save_job_files(settings.home, job_id, {"train": train, "valid": valid, "test": test},
+                               labels=relation_labels)
+    except (TripleFileError, ValueError) as exc:
         raise HTTPException(422, str(exc)) from None
     job = store.create_job(params.model_dump(), files, job_id=job_id)
     return JobCreated(id=job.id, state=job.state)

@@ -192,7 +192,7 @@ class Worker:
     def _train(self, job: Job, beat: _Heartbeat) -> str | None:
         """Train and export; returns the model id, or None if the job was cancelled."""
         from ..bundle import export_bundle
-        from ..data import load_dataset
+        from ..data import load_dataset, relation_labels
         from ..train import CHECKPOINT, train
 
         uploads = self.home / "uploads" / job.id
@@ -223,7 +223,7 @@ class Worker:
         if resume:
             log.info("job %s: resuming from %s", job.id, run_dir / CHECKPOINT)
         train(dataset, model_cfg, train_cfg, run_dir, resume=resume, final_eval=True,
-                        on_progress=on_progress, should_stop=should_stop)
+              on_progress=on_progress, should_stop=should_stop, relation_labels=relation_labels(uploads))
         # Our own flag, not metrics["stopped"]: a resumed run may carry its predecessor's stop reason.
         if beat.lost or (asked_to_stop and beat.cancelled):
             return None

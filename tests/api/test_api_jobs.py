@@ -111,3 +111,22 @@ def test_cancel(client):
 def test_list_bounds(client):
     assert client.get("/jobs", params={"limit": 0}).status_code == 422
     assert client.get("/jobs", params={"state": "done"}).status_code == 422
+
+
+def test_relation_labels_are_stored_beside_the_triples(client, tmp_path):
+    labels = b'{"r": {"label": "related to"}}'
+    r = client.post("/jobs", files={"train": ("train.txt", GOOD), "relation_labels": ("rel.json", labels)},
+                    headers=AUTH)
+    assert r.status_code == 202, r.text
+    job = client.get(f"/jobs/{r.json()['id']}").json()
+    from earl_service.data import relation_labels
+
+    folder = tmp_path / job["files"]["train"]
+    assert relation_labels(folder.parent) == {"r": "related to"}
+
+
+@pytest.mark.parametrize("labels", [b"not json", b"[1, 2]", b"\xff\xfe"])
+def test_bad_relation_labels_are_422(client, labels):
+    r = client.post("/jobs", files={"train": ("train.txt", GOOD), "relation_labels": ("rel.json", labels)},
+                    headers=AUTH)
+    assert r.status_code == 422 and "relation_labels" in r.json()["detail"]

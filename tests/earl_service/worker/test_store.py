@@ -140,6 +140,8 @@ CLAIMER = """
 import json, os, sys, time
 from earl_service.worker.store import open_store
 store = open_store(sys.argv[1])
+store.ping()
+open(sys.argv[3] + "." + sys.argv[2], "w").close()  # ready
 while not os.path.exists(sys.argv[3]):  # start together
     time.sleep(0.005)
 ids = []
@@ -155,7 +157,9 @@ def test_concurrent_workers_never_share_a_job(store, store_url, tmp_path):
     go = tmp_path / "go"
     procs = [subprocess.Popen([sys.executable, "-c", CLAIMER, store_url, f"w{i}", str(go)], stdout=subprocess.PIPE,
                               text=True) for i in range(4)]
-    time.sleep(0.5)  # let them import and open the store
+    deadline = time.monotonic() + 60  # wait (bounded) until all have imported and opened the store
+    while not all((tmp_path / f"go.w{i}").exists() for i in range(4)) and time.monotonic() < deadline:
+        time.sleep(0.01)
     go.touch()
     claimed = [json.loads(p.communicate(timeout=60)[0]) for p in procs]
     assert sum(1 for ids in claimed if ids) >= 2, "the claimers did not overlap; the race was not exercised"
