@@ -1,16 +1,18 @@
 """Latency of top-10 predictions from a bundle: in the library, and over HTTP through uvicorn on 127.0.0.1.
 
-    python bench/predict_latency.py BUNDLE [--queries 300]     # writes bench/results/predict_latency.{json,md}
+    python bench/predict_latency.py BUNDLE [--queries 300] [--concurrency 32 --requests 3000]
+    # writes bench/results/predict_latency.{json,md}
 
 The API runs as `uvicorn api.main:app` in a subprocess (1 torch/FAISS thread, as deployed) with a throwaway
 EARL_HOME; the bundle is registered through POST /models. Queries are (head, relation) and (tail, relation)
-pairs drawn from the bundle's own triples, sent one after another (no concurrency).
+pairs drawn from the bundle's own triples: first sent one after another (one client), then by `--concurrency`
+client threads at once for `--requests` requests (throughput). The library's top-10 is also checked against
+exact brute force (recall@10).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import socket
@@ -24,11 +26,13 @@ from pathlib import Path
 import httpx
 import numpy as np
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import write_results  # noqa: E402
+
 from earl_service.bundle import load_bundle
 from earl_service.predict import LinkPredictor, configure_threads
 
 ROOT = Path(__file__).resolve().parents[1]
-OUT = ROOT / "bench" / "results"
 
 
 def percentiles(ms: list[float]) -> dict[str, float]:
@@ -47,7 +51,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("bundle", type=Path)
     parser.add_argument("--queries", type=int, default=300)
-    parser.add_argument("--out", type=Path, default=OUT)
+    parser.add_argument("--concurrency", type=int, default=32)
+    parser.add_argument("--requests", type=int, default=3000)
     args = parser.parse_args()
     configure_threads(1)
     bundle = load_bundle(args.bundle)
@@ -59,12 +64,16 @@ def main() -> None:
     picked = bundle.triples[rng.choice(len(bundle.triples), args.queries, replace=len(bundle.triples) < args.queries)]
     queries = [(names[h], rels[r], names[t]) for h, r, t in picked]
 
-    library = []
+    library, hits, total = [], 0, 0
     for head, rel, tail in queries:
-        for call, anchor in ((predictor.predict_tails, head), (predictor.predict_heads, tail)):
+        for call, exact, anchor in ((predictor.predict_tails, predictor.brute_force_tails, head),
+                                    (predictor.predict_heads, predictor.brute_force_heads, tail)):
             t0 = time.perf_counter()
-            call(anchor, rel, 10)
+            got = call(anchor, rel, 10)
             library.append((time.perf_counter() - t0) * 1e3)
+            truth = {name for name, _ in exact(anchor, rel, 10)}
+            hits += len(truth & {name for name, _ in got})
+            total += len(truth)
 
     home, port = Path(tempfile.mkdtemp()), free_port()
     env = {**os.environ, "EARL_HOME": str(home), "EARL_API_TOKEN": ""}
@@ -90,27 +99,60 @@ def main() -> None:
                     r = http.get("/predict", params={"model": model, side: anchor, "relation": rel, "k": 10})
                     http_ms.append((time.perf_counter() - t0) * 1e3)
                     r.raise_for_status()
+        load = concurrent_load(f"http://127.0.0.1:{port}", model, queries, args.concurrency, args.requests)
     finally:
         server.terminate()
         server.wait(timeout=30)
 
     result = {"bundle": args.bundle.name, "entities": len(names), "dim": bundle.config.dim,
-              "index": predictor.index_kind, "queries": len(library), "machine": platform.machine(),
-              "library": percentiles(library), "http": percentiles(http_ms),
-              "predictor_build_s": round(load_s, 3), "first_http_query_s": round(first_s, 3)}
-    print(json.dumps(result, indent=2))
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "predict_latency.json").write_text(json.dumps(result, indent=2) + "\n")
-    lib, web = result["library"], result["http"]
-    (args.out / "predict_latency.md").write_text(
-        f"# Top-10 prediction latency ({result['entities']} entities, dim {result['dim']}, {result['index']} index)\n\n"
-        f"Command: `python bench/predict_latency.py {args.bundle.name}`, {len(library)} sequential queries "
-        f"(tails and heads), 1 thread, {time.strftime('%Y-%m-%d')}.\n\n"
-        "| path | p50 ms | p95 ms | p99 ms |\n|---|---:|---:|---:|\n"
-        f"| library (LinkPredictor) | {lib['p50_ms']} | {lib['p95_ms']} | {lib['p99_ms']} |\n"
-        f"| HTTP GET /predict (uvicorn, 127.0.0.1) | {web['p50_ms']} | {web['p95_ms']} | {web['p99_ms']} |\n\n"
-        f"Building the predictor (rebuild embeddings + index): {result['predictor_build_s']} s; first HTTP query "
-        f"(cache miss, includes that): {result['first_http_query_s']} s.\n")
+              "index": predictor.index_kind, "queries": len(library), "arch": platform.machine(),
+              "library": percentiles(library), "http": percentiles(http_ms), "recall_at_10": hits / max(total, 1),
+              "predictor_build_s": round(load_s, 3), "first_http_query_s": round(first_s, 3), "concurrent": load}
+    lib, web, con = result["library"], result["http"], result["concurrent"]
+    md = (f"# Top-10 prediction latency ({result['entities']} entities, dim {result['dim']}, {result['index']} "
+          f"index)\n\n{len(library)} sequential queries (tails and heads) from one client, then {con['requests']} "
+          f"requests from {con['concurrency']} concurrent clients; API with 1 thread.\n\n"
+          "| path | p50 ms | p95 ms | p99 ms | requests/s |\n|---|---:|---:|---:|---:|\n"
+          f"| library (LinkPredictor) | {lib['p50_ms']} | {lib['p95_ms']} | {lib['p99_ms']} | |\n"
+          f"| HTTP GET /predict, 1 client | {web['p50_ms']} | {web['p95_ms']} | {web['p99_ms']} | |\n"
+          f"| HTTP GET /predict, {con['concurrency']} clients | {con['p50_ms']} | {con['p95_ms']} | {con['p99_ms']} | "
+          f"{con['requests_per_s']:.1f} |\n\n"
+          f"Errors under load: {con['errors']}. Recall@10 of the library's top-10 against exact brute force: "
+          f"{result['recall_at_10']:.4f}. Building the predictor (rebuild embeddings + index): "
+          f"{result['predictor_build_s']} s; first HTTP query (cache miss, includes that): "
+          f"{result['first_http_query_s']} s.\n")
+    write_results("predict_latency", result, md)
+    print(md)
+
+
+def concurrent_load(base: str, model: str, queries: list, concurrency: int, requests: int) -> dict:
+    """`requests` GET /predict calls spread over `concurrency` threads, each with its own connection."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    per_thread = [requests // concurrency + (i < requests % concurrency) for i in range(concurrency)]
+
+    def client(i: int) -> tuple[list[float], int]:
+        ms, errors = [], 0
+        with httpx.Client(base_url=base, timeout=60) as http:
+            for j in range(per_thread[i]):
+                head, rel, tail = queries[(i * 7919 + j) % len(queries)]
+                params = {"model": model, "relation": rel, "k": 10, **({"head": head} if j % 2 else {"tail": tail})}
+                t0 = time.perf_counter()
+                try:
+                    ok = http.get("/predict", params=params).status_code == 200
+                except httpx.HTTPError:
+                    ok = False
+                ms.append((time.perf_counter() - t0) * 1e3)
+                errors += not ok
+        return ms, errors
+
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(concurrency) as pool:
+        results = list(pool.map(client, range(concurrency)))
+    wall = time.perf_counter() - t0
+    ms = [x for r, _ in results for x in r]
+    return {"concurrency": concurrency, "requests": len(ms), "errors": sum(e for _, e in results),
+            "seconds": round(wall, 3), "requests_per_s": len(ms) / wall, **percentiles(ms)}
 
 
 if __name__ == "__main__":

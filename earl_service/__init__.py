@@ -1,3 +1,12 @@
 """EARL: entity-agnostic knowledge-graph embeddings (AAAI 2023) with RotatE scoring, as a library."""
 
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str):
+    # Lazy, so that `earl_service.edge` (numpy only) never imports torch through this package.
+    if name in ("load_bundle", "Bundle"):
+        from . import bundle
+
+        return getattr(bundle, name)
+    raise AttributeError(f"module 'earl_service' has no attribute {name!r}")
