@@ -185,8 +185,12 @@ def _check_shapes(bundle: Bundle) -> None:
     from .model import build_model
 
     cfg = bundle.config
-    expected = build_model(cfg, len(bundle.entities), len(bundle.relations),
-                           torch.from_numpy(bundle.reserved)).state_dict()
+    if cfg.gnn_layers > len(bundle.params):  # every layer has weights; refuse before building a huge module list
+        raise BundleError(f"bundle config asks for {cfg.gnn_layers} GNN layers but holds {len(bundle.params)} tensors")
+    # On the meta device: shapes without storage, so a config claiming dim=10**6 costs nothing to check.
+    with torch.device("meta"):
+        expected = build_model(cfg, len(bundle.entities), len(bundle.relations),
+                               torch.from_numpy(bundle.reserved)).state_dict()
     expected.pop("reserved", None)
     for name, tensor in expected.items():
         got = bundle.params.get(name)

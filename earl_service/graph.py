@@ -203,7 +203,12 @@ def build_graph(
 
 
 def choose_reserved(num_entities: int, ratio: float, seed: int) -> torch.Tensor:
-    """int(ratio * N) entity ids drawn uniformly without replacement, sorted."""
+    """int(ratio * N) entity ids drawn uniformly without replacement, sorted; at least one when ratio > 0.
+
+    At least one, so that a tiny graph (2 entities at ratio 0.1) still has what the kNResEnt encoder reads.
+    """
     count = int(ratio * num_entities)
+    if ratio > 0 and num_entities > 0:
+        count = max(count, 1)
     gen = torch.Generator().manual_seed(seed)
     return torch.randperm(num_entities, generator=gen)[:count].sort().values

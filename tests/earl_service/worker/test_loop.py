@@ -120,3 +120,24 @@ def test_dead_workers_job_is_taken_over(worker):
     taker = Worker(WorkerConfig(home=worker.home, worker_id="taker", stale_after=0.01, threads=1))
     done = taker.run_once()
     assert (done.id, done.state, done.attempts) == (job.id, "succeeded", 2)
+
+
+@pytest.mark.parametrize("text,params", [
+    ("a\tr\tb\n", {}),  # two entities, one relation: int(0.1 * 2) = 0 reserved, rounded up to 1
+    ("a\tr\ta\n", {}),  # one entity, a self-loop: every negative is the positive
+    ("a\tr\tb\nb\tr\tc\nc\ts\ta\n", {"k": 100, "reserved_ratio": 0.5}),  # k larger than N_res
+    ("a\tr\tb\nb\tr\tc\n", {"reserved_ratio": 0.0}),  # no reserved entities at all
+], ids=["two-entities", "one-entity", "k-above-reserved", "no-reserved"])
+def test_tiny_graphs_train_into_a_bundle(worker, text, params):
+    from earl_service.predict import LinkPredictor
+
+    job_id = new_id()
+    folder = worker.home / "uploads" / job_id
+    folder.mkdir(parents=True)
+    (folder / "train.txt").write_text(text)
+    worker.store.create_job({**TINY, "eval_every": 0, **params}, {"train": f"uploads/{job_id}/train.txt"},
+                            job_id=job_id)
+    done = worker.run_once()
+    assert done.state == "succeeded", done.error
+    predictor = LinkPredictor.from_bundle(load_bundle(model_path(worker.home, job_id)))
+    assert len(predictor.predict_tails("a", "r", 5, exclude_known=False)) == len(predictor.entities)
