@@ -1,11 +1,12 @@
-"""Typed dependencies for the routes: settings, store, predictor cache, the write token, id parameters."""
+"""Typed dependencies for the routes: settings, store, predictor cache, id parameters, and the access check."""
 
 from __future__ import annotations
 
 import hmac
 from typing import Annotated
 
-from fastapi import Depends, Header, HTTPException, Path, Request
+from fastapi import Depends, HTTPException, Path, Request
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from earl_service.worker.store import JobStore
 
@@ -40,15 +41,29 @@ JobId = Annotated[str, Path(pattern=ID_PATTERN, description="job id")]
 ModelId = Annotated[str, Path(pattern=ID_PATTERN, description="model id")]
 
 
-def require_token(settings: SettingsDep, authorization: Annotated[str | None, Header()] = None) -> None:
-    """With EARL_API_TOKEN set, the request must carry 'Authorization: Bearer <token>' (constant-time compare)."""
+SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+OPEN_PATHS = frozenset({"/healthz", "/readyz"})  # probes answer without a token, even with EARL_PROTECT_READS
+bearer = HTTPBearer(auto_error=False, description="EARL_API_TOKEN; needed for writes, and for reads with "
+                                                  "EARL_PROTECT_READS=true")
+
+
+def token_matches(settings: Settings, credentials: HTTPAuthorizationCredentials | None) -> bool:
+    """Constant-time comparison of the presented bearer token with EARL_API_TOKEN (bytes: any characters)."""
+    assert settings.api_token is not None
+    presented = credentials.credentials.strip().encode() if credentials is not None else b""
+    return hmac.compare_digest(presented, settings.api_token.get_secret_value().encode())
+
+
+def check_access(request: Request, settings: SettingsDep,
+                 credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)] = None) -> None:
+    """App-wide dependency, so a new route is covered without remembering to add it: with EARL_API_TOKEN set,
+    every method but GET/HEAD/OPTIONS needs 'Authorization: Bearer <token>', and with EARL_PROTECT_READS every
+    route but the health probes does."""
     if settings.api_token is None:
         return
-    scheme, _, token = (authorization or "").partition(" ")
-    expected = settings.api_token.get_secret_value().encode()
-    if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), expected):
+    route = getattr(request.scope.get("route"), "path", request.url.path)
+    if request.method in SAFE_METHODS and (not settings.protect_reads or route in OPEN_PATHS):
+        return
+    if not token_matches(settings, credentials):
         raise HTTPException(401, "missing or wrong API token: send 'Authorization: Bearer <token>'",
                             headers={"WWW-Authenticate": "Bearer"})
-
-
-WriteAccess = Depends(require_token)

@@ -9,16 +9,25 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-from fastapi import FastAPI
+from fastapi import Depends, FastAPI
+from starlette.types import ASGIApp
 
 from earl_service import __version__
 from earl_service.predict import configure_threads
 from earl_service.worker.store import open_store, store_target
 
 from .cache import PredictorCache
+from .deps import check_access
+from .errors import BodyLimitMessage, storage_error
 from .metrics import Metrics, MetricsMiddleware
 from .routes import health, jobs, models, predict
 from .settings import Settings
+
+
+class EarlAPI(FastAPI):
+    def build_middleware_stack(self) -> ASGIApp:
+        # Outermost: FastAPI puts its body limiter outside every user middleware, and its 413 should say more.
+        return BodyLimitMessage(super().build_middleware_stack(), self.max_body_size or 0)
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
@@ -38,10 +47,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     # max_body_size: FastAPI/Starlette count the bytes as they stream in and answer 413 past the limit
     # (or at once from Content-Length), so an oversized upload is never spooled to disk in full.
-    app = FastAPI(title="EARL compression service", version=__version__, lifespan=lifespan,
-                  max_body_size=settings.max_body_bytes)
+    # check_access: one app-wide dependency, so every route (new ones too) is behind the token rules.
+    app = EarlAPI(title="EARL compression service", version=__version__, lifespan=lifespan,
+                  max_body_size=settings.max_body_bytes, dependencies=[Depends(check_access)])
     app.state.settings = settings
     app.state.metrics = Metrics()
+    app.add_exception_handler(OSError, storage_error)
     app.add_middleware(MetricsMiddleware, metrics=app.state.metrics)
     for module in (jobs, models, predict, health):
         app.include_router(module.router)

@@ -45,6 +45,8 @@ class TrainForm(BaseModel):
 class JobCreated(BaseModel):
     id: str
     state: str
+    triples: dict[str, dict[str, int]] = Field(
+        default_factory=dict, description="per uploaded split: triples kept and duplicates_dropped")
 
 
 class JobOut(BaseModel):

@@ -4,19 +4,23 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import Field, SecretStr, field_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
 class Settings(BaseSettings):
-    """EARL_HOME, EARL_STORE, EARL_API_TOKEN, EARL_MAX_UPLOAD_MB, EARL_CACHE_MODELS."""
+    """EARL_HOME, EARL_STORE, EARL_API_TOKEN, EARL_PROTECT_READS, EARL_MAX_UPLOAD_MB, EARL_MAX_UNPACKED_MB,
+    EARL_CACHE_MODELS."""
 
     model_config = SettingsConfigDict(env_prefix="EARL_", extra="ignore")
 
     home: Path = Path("artifacts")  # uploads/, runs/, models/ and the SQLite store live here
     store: str = "sqlite"  # 'sqlite' (HOME/earl.sqlite3), a path, or redis://host:port/db
     api_token: SecretStr | None = None  # when set, every write endpoint needs 'Authorization: Bearer <token>'
+    protect_reads: bool = False  # with a token: reads need it too (all but /healthz and /readyz)
     max_upload_mb: float = Field(100.0, gt=0)  # bound on a whole request body, enforced while it streams in
+    # Bound on what a .gz triple upload may decompress to (a gzip bomb is refused at this size, not read to the end).
+    max_unpacked_mb: float = Field(1024.0, gt=0)
     cache_models: int = Field(4, ge=1)  # LinkPredictors kept in memory (LRU)
 
     @field_validator("api_token", mode="before")
@@ -24,6 +28,16 @@ class Settings(BaseSettings):
     def _empty_token_is_none(cls, value: object) -> object:
         return None if value in ("", None) else value
 
+    @model_validator(mode="after")
+    def _reads_need_a_token(self) -> Settings:
+        if self.protect_reads and self.api_token is None:
+            raise ValueError("EARL_PROTECT_READS=true needs EARL_API_TOKEN: without a token nothing can be read")
+        return self
+
     @property
     def max_body_bytes(self) -> int:
         return int(self.max_upload_mb * 1024 * 1024)
+
+    @property
+    def max_unpacked_bytes(self) -> int:
+        return int(self.max_unpacked_mb * 1024 * 1024)

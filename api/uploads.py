@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import json
 import shutil
+from itertools import chain
 from pathlib import Path
 
 from fastapi import UploadFile
 
-from earl_service.data import SPLIT_SUFFIXES, read_triples
+from earl_service.data import DEFAULT_MAX_BYTES, SPLIT_SUFFIXES, read_triples
 from earl_service.errors import TripleFileError
 
 LABELS_MAX_BYTES = 8 * 2**20
+MAX_NAME_CHARS = 1000  # as the /predict query parameters
 
 
 def split_suffix(filename: str | None) -> str:
@@ -28,12 +30,22 @@ def save_upload(upload: UploadFile, dest: Path) -> Path:
     return dest
 
 
-def check_triples(path: Path, shown_name: str | None) -> None:
-    """read_triples on the saved file; a TripleFileError names the client's file, not the server path."""
+def check_triples(path: Path, shown_name: str | None, *, max_bytes: int = DEFAULT_MAX_BYTES) -> dict[str, int]:
+    """read_triples on the saved file (a .gz at most `max_bytes` unpacked); returns its counts.
+
+    A TripleFileError names the client's file, not the server path. Names longer than MAX_NAME_CHARS are
+    refused here: /predict could never ask about them, and one 10 MB "entity" is a mistake, not a graph.
+    """
+    shown = shown_name or path.name
     try:
-        read_triples(path)
+        triples, duplicates = read_triples(path, max_bytes=max_bytes)
     except TripleFileError as exc:
-        raise TripleFileError(shown_name or path.name, exc.line, exc.reason) from None
+        raise TripleFileError(shown, exc.line, exc.reason) from None
+    longest = max(map(len, chain.from_iterable(triples)))
+    if longest > MAX_NAME_CHARS:
+        raise TripleFileError(shown, None, f"a name is {longest:,} characters long; entity and relation names "
+                                           f"are limited to {MAX_NAME_CHARS:,} (is a separator missing?)")
+    return {"triples": len(triples), "duplicates_dropped": duplicates}
 
 
 def save_labels(upload: UploadFile, dest: Path) -> Path:
@@ -54,14 +66,17 @@ def save_labels(upload: UploadFile, dest: Path) -> Path:
 
 
 def save_job_files(home: Path, job_id: str, uploads: dict[str, UploadFile | None],
-                   labels: UploadFile | None = None) -> dict[str, str]:
-    """Save train/valid/test as HOME/uploads/<job>/<split><suffix>, checked; paths returned relative to HOME.
-    Relation labels, if given, go to relations.en.json beside them (where load_dataset's folder reader looks).
+                   labels: UploadFile | None = None, *, max_bytes: int = DEFAULT_MAX_BYTES,
+                   ) -> tuple[dict[str, str], dict[str, dict[str, int]]]:
+    """Save train/valid/test as HOME/uploads/<job>/<split><suffix>, checked; paths returned relative to HOME,
+    with each split's counts (triples kept, duplicates dropped). Relation labels, if given, go to
+    relations.en.json beside them (where load_dataset's folder reader looks).
 
     On a bad file the job's upload folder is removed and the TripleFileError (or ValueError) propagates.
     """
     folder = home / "uploads" / job_id
     files: dict[str, str] = {}
+    counts: dict[str, dict[str, int]] = {}
     try:
         if labels is not None:
             files["relation_labels"] = str(save_labels(labels, folder / "relations.en.json").relative_to(home))
@@ -69,9 +84,9 @@ def save_job_files(home: Path, job_id: str, uploads: dict[str, UploadFile | None
             if upload is None:
                 continue
             path = save_upload(upload, folder / f"{split}{split_suffix(upload.filename)}")
-            check_triples(path, upload.filename)
+            counts[split] = check_triples(path, upload.filename, max_bytes=max_bytes)
             files[split] = str(path.relative_to(home))
     except BaseException:
         shutil.rmtree(folder, ignore_errors=True)
         raise
-    return files
+    return files, counts

