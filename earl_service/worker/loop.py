@@ -173,6 +173,11 @@ class Worker:
             state = "interrupted"
         except (EarlError, ValueError, FileNotFoundError) as exc:  # bad input: the message is for the user
             error = str(exc)
+        except OSError as exc:  # disk full, unwritable home: the job fails, the worker lives on
+            log.error("job %s: storage error: %s", job.id, exc)
+            target = exc.filename2 or exc.filename  # os.replace(src, dst) fails for want of dst's folder
+            where = f" ({os.path.relpath(target, self.home)})" if isinstance(target, str) else ""
+            error = f"storage error: cannot write the run or the bundle{where}: {exc.strerror or exc}"
         except Exception as exc:  # a bug or resource problem: keep the worker alive, record what happened
             log.exception("job %s failed", job.id)
             error = f"internal error: {type(exc).__name__}: {exc}"
@@ -202,10 +207,15 @@ class Worker:
         model_cfg, train_cfg = configs_from_params(job.params, self.config)
         dataset = load_dataset(uploads)
         last_report = 0.0
+        resumed_from: int | None = None  # the step the checkpoint held; 0 for a fresh run
 
         def on_progress(progress: dict[str, Any]) -> None:
-            nonlocal last_report
-            beat.progress = progress  # the heartbeat thread sends it; once a second at most
+            nonlocal last_report, resumed_from
+            if resumed_from is None:
+                resumed_from = progress["step"] - 1
+                if resumed_from:
+                    log.info("job %s: resumed at step %d (attempt %d)", job.id, resumed_from, job.attempts)
+            beat.progress = {**progress, "resumed_from": resumed_from}  # the heartbeat thread sends it
             now = time.monotonic()
             if now - last_report >= 1.0 or progress["step"] == progress["total"]:
                 last_report = now
@@ -229,10 +239,15 @@ class Worker:
             return None
         if asked_to_stop:
             raise _Interrupted
+        # Exported inside the run directory, then one os.replace into models/ (same file system: HOME), so
+        # models/ never holds a partial bundle, whenever this process dies.
         final = model_path(self.home, job.id)
-        tmp = final.with_name(f".{final.stem}.{self.config.worker_id}.tmp.safetensors")
-        export_bundle(run_dir, tmp, precision=job.params.get("precision", "fp32"))
-        os.replace(tmp, final)
+        tmp = run_dir / f"export.{self.config.worker_id}.tmp.safetensors"
+        try:
+            export_bundle(run_dir, tmp, precision=job.params.get("precision", "fp32"))
+            os.replace(tmp, final)
+        finally:
+            tmp.unlink(missing_ok=True)
         self.store.add_model(record_for(job.id, final, self.home, job_id=job.id))
         return job.id
 
