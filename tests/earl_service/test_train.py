@@ -96,3 +96,21 @@ def test_cli_reports_bad_data_with_file_and_line(tmp_path, capsys):
     assert main(["train", str(tmp_path), "--out", str(tmp_path / "run"), "--steps", "1"]) == 2
     err = capsys.readouterr().err
     assert "train.txt" in err and "line 2" in err
+
+
+def test_protocols_seen_and_all(tmp_path):
+    """`seen` drops test triples with an entity unseen in train; `all` ranks them against an isolated node."""
+    base = tiny_dataset()
+    names = base.entities.names + ["only_in_test"]
+    unseen = np.array([[40, 0, 1], [2, 1, 40]])
+    ds = Dataset(entities=Vocab(names), relations=base.relations, num_train_entities=40, train=base.train,
+                 valid=base.valid, test=np.concatenate([base.test, unseen]))
+    train(ds, ModelConfig(dim=4, k=3, reserved_ratio=0.2), TrainConfig(steps=3, **FAST), tmp_path, final_eval=False)
+    from earl_service.train import load_run
+
+    run = load_run(tmp_path, ds, device="cpu")
+    seen, everything = run.evaluate("test", "seen"), run.evaluate("test", "all")
+    assert seen["count"] == 2 * len(base.test)
+    assert everything["count"] == 2 * (len(base.test) + 2)
+    # The extra entity is a candidate only under `all`: 41 entities, and its embedding is the empty-context one.
+    assert run.graph_for("all").num_entities == 41 and run.graph_for("seen").num_entities == 40
