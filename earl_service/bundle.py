@@ -172,7 +172,7 @@ def load_bundle(path: str | os.PathLike) -> Bundle:
     n, num_rel = len(entities), len(relations)
     if triples.size and (triples[:, [0, 2]].max() >= n or triples[:, 1].max() >= num_rel):
         raise BundleError(f"{path}: the graph refers to entities or relations outside the vocabulary")
-    if reserved.size and reserved.max() >= n:
+    if reserved.size and (reserved.max() >= n or reserved.min() < 0):
         raise BundleError(f"{path}: reserved entity ids outside the vocabulary")
     bundle = Bundle(config, params, reserved, entities, relations, triples, metrics, meta.get("precision", "fp32"),
                     labels, meta["payload_sha256"], size, Path(path))

@@ -88,7 +88,7 @@ def upload_model(bundle: UploadFile, settings: SettingsDep, store: StoreDep) -> 
     try:
         save_upload(bundle, tmp)
         try:
-            record = record_for(model_id, tmp, settings.home)
+            record = record_for(model_id, tmp, settings.home, rebuild=True)
         except BundleError as exc:
             raise HTTPException(422, str(exc).replace(str(tmp), bundle.filename or "upload")) from None
         os.replace(tmp, final)

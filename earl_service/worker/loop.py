@@ -65,11 +65,27 @@ def configs_from_params(params: dict[str, Any], cfg: WorkerConfig) -> tuple[Mode
     return model, train
 
 
-def record_for(model_id: str, path: Path, home: Path, *, job_id: str | None = None) -> ModelRecord:
-    """A registry entry for the bundle at `path`, with what load_bundle reports (verifies the file)."""
+def record_for(model_id: str, path: Path, home: Path, *, job_id: str | None = None,
+               rebuild: bool = False) -> ModelRecord:
+    """A registry entry for the bundle at `path`, with what load_bundle reports (verifies the file).
+
+    `rebuild` (for bundles from outside) also rebuilds every embedding once, so a file that passes the format
+    checks but cannot be served (a negative reserved id, NaN weights) is refused now, not at its first query.
+    """
+    import torch
+
     from ..bundle import load_bundle
+    from ..errors import BundleError
 
     bundle = load_bundle(path)
+    if rebuild:
+        try:
+            finite = bool(torch.isfinite(bundle.entity_embeddings()).all())
+        except Exception as exc:  # noqa: BLE001 - whatever the encoder trips on, the file is the cause
+            raise BundleError(f"{path}: its encoder cannot rebuild the embeddings ({type(exc).__name__}: {exc})"
+                              ) from None
+        if not finite:
+            raise BundleError(f"{path}: the rebuilt embeddings hold NaN or infinite values")
     return ModelRecord(id=model_id, path=os.path.relpath(path, home), sha256=bundle.sha256, bytes=bundle.num_bytes,
                        config=bundle.config.to_dict(), metrics=bundle.metrics, created=time.time(),
                        parameters=bundle.trainable_parameters, precision=bundle.precision,

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
+import numpy as np
 import pytest
 from conftest import api_operations
 from fastapi.testclient import TestClient
@@ -24,6 +25,7 @@ from fastapi.testclient import TestClient
 from api.main import create_app
 from api.settings import Settings
 from earl_service.bundle import load_bundle
+from earl_service.bundle_format import read_safetensors, write_safetensors
 
 TOKEN = "bad-inputs-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -103,6 +105,24 @@ def with_metadata(data: bytes, **changes) -> bytes:
     raw = json.dumps(header).encode()
     raw += b" " * (-len(raw) % 8)
     return struct.pack("<Q", len(raw)) + raw + data[8 + n:]
+
+
+def with_tensor(name: str, change: Callable[[np.ndarray], np.ndarray]) -> Callable[[bytes], bytes]:
+    """The bundle with one tensor replaced and its payload checksum recomputed (a well-formed, lying file)."""
+    def make(data: bytes) -> bytes:
+        meta, tensors, _ = read_safetensors(_scratch(data))
+        tensors[name] = change(tensors[name])
+        meta.pop("payload_sha256")
+        return write_safetensors(_scratch(b""), tensors, meta).read_bytes()
+    return make
+
+
+def _scratch(data: bytes) -> Path:
+    import tempfile
+
+    path = Path(tempfile.mkdtemp()) / "bundle.safetensors"
+    path.write_bytes(data)
+    return path
 
 
 def config(**changes):
@@ -224,6 +244,11 @@ CASES = [
          "missing or malformed content"),
     Case("bundle config with a bad model", upload_bundle(lambda d: with_metadata(d, config=config(model="x"))),
          422, "malformed content"),
+    Case("bundle with NaN weights", upload_bundle(with_tensor("param.relations", lambda t: t * np.nan)), 422,
+         "the rebuilt embeddings hold NaN or infinite values"),
+    Case("bundle with a negative reserved id",
+         upload_bundle(with_tensor("buffer.reserved", lambda t: -t.astype(np.int64) - 1)), 422,
+         "reserved entity ids outside the vocabulary"),
     Case("streamed bundle over the limit (no Content-Length)",
          lambda c: c.client.post("/models", content=(b"\0" * MB for _ in range(LIMIT_MB + 2)), headers={
              **AUTH, "Content-Type": "multipart/form-data; boundary=xyz"}), 413, "EARL_MAX_UPLOAD_MB"),
