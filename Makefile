@@ -26,6 +26,16 @@ test: venv
 serve: venv
 	$(BIN)/earl serve
 
+# schemathesis against a live uvicorn (bench/fuzz.py): 100 examples per operation and phase, at most 10 minutes;
+# fails on any 5xx. The test suite runs a 25-second version (tests/api/test_fuzz.py).
+FUZZ_BUNDLE := runs/fuzz/bundle.safetensors
+$(FUZZ_BUNDLE): | venv
+	$(BIN)/earl train earl_service/demo_data/codex-s --out runs/fuzz --dim 16 --steps 30 --batch-size 256 \
+		--negatives 16 --eval-every 0 --no-final-eval --threads 1 --no-progress
+
+fuzz: venv $(FUZZ_BUNDLE)
+	$(BIN)/python bench/fuzz.py $(FUZZ_BUNDLE) --examples 100 --max-time 600
+
 bench-speed: venv
 	$(BIN)/python bench/speed.py --datasets $(DATASETS)
 

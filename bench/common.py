@@ -5,9 +5,12 @@ from __future__ import annotations
 import json
 import os
 import platform
+import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -71,3 +74,57 @@ def md_table(headers: list[str], rows: list[list]) -> str:
     lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
     lines += ["| " + " | ".join(fmt(x) for x in row) + " |" for row in rows]
     return "\n".join(lines)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextmanager
+def api_server(home: Path, *, token: str = "", log: Path | None = None, env: dict[str, str] | None = None,
+               timeout: float = 120.0) -> Iterator[tuple[str, subprocess.Popen]]:
+    """`uvicorn api.main:app` on a free 127.0.0.1 port over `home` (SQLite store); yields (base URL, process)
+    once /readyz answers 200, and stops it (SIGTERM) afterwards. Its output goes to `log` if given."""
+    import httpx
+
+    port = free_port()
+    env = {**os.environ, "EARL_HOME": str(home), "EARL_STORE": "sqlite", "EARL_API_TOKEN": token, **(env or {})}
+    out = log.open("w") if log else subprocess.DEVNULL
+    proc = subprocess.Popen([sys.executable, "-m", "uvicorn", "api.main:app", "--host", "127.0.0.1", "--port",
+                             str(port), "--log-level", "warning"], cwd=REPO, env=env, stdout=out,
+                            stderr=subprocess.STDOUT)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"uvicorn exited with {proc.returncode} before it was ready")
+            try:
+                if httpx.get(f"{base}/readyz", timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"uvicorn not ready after {timeout} s")
+            time.sleep(0.1)
+        yield base, proc
+    finally:
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        if log:
+            out.close()
+
+
+def rss_mib(pid: int) -> float:
+    """Resident set size of a process (VmRSS in /proc/<pid>/status), MiB."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise RuntimeError(f"no VmRSS for process {pid}")

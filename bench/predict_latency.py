@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import os
 import platform
-import socket
 import statistics
 import subprocess
 import sys
@@ -27,7 +26,7 @@ import httpx
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import write_results  # noqa: E402
+from common import free_port, write_results  # noqa: E402
 
 from earl_service.bundle import load_bundle
 from earl_service.predict import LinkPredictor, configure_threads
@@ -39,12 +38,6 @@ def percentiles(ms: list[float]) -> dict[str, float]:
     ms = sorted(ms)
     return {"p50_ms": round(statistics.median(ms), 3), "p95_ms": round(ms[int(0.95 * (len(ms) - 1))], 3),
             "p99_ms": round(ms[int(0.99 * (len(ms) - 1))], 3)}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def main() -> None:
@@ -125,16 +118,21 @@ def main() -> None:
     print(md)
 
 
-def concurrent_load(base: str, model: str, queries: list, concurrency: int, requests: int) -> dict:
-    """`requests` GET /predict calls spread over `concurrency` threads, each with its own connection."""
+def concurrent_load(base: str, model: str, queries: list, concurrency: int, requests: int,
+                    max_seconds: float = 0.0) -> dict:
+    """`requests` GET /predict calls spread over `concurrency` threads, each with its own connection; with
+    `max_seconds`, clients stop sending when that much time has passed (`requests` then reports what was sent)."""
     from concurrent.futures import ThreadPoolExecutor
 
     per_thread = [requests // concurrency + (i < requests % concurrency) for i in range(concurrency)]
+    stop_at = time.perf_counter() + max_seconds if max_seconds else float("inf")
 
     def client(i: int) -> tuple[list[float], int]:
         ms, errors = [], 0
         with httpx.Client(base_url=base, timeout=60) as http:
             for j in range(per_thread[i]):
+                if time.perf_counter() > stop_at:
+                    break
                 head, rel, tail = queries[(i * 7919 + j) % len(queries)]
                 params = {"model": model, "relation": rel, "k": 10, **({"head": head} if j % 2 else {"tail": tail})}
                 t0 = time.perf_counter()

@@ -1,0 +1,17 @@
+"""A short schemathesis run against a live uvicorn (bench/fuzz.py; `make fuzz` runs the long one): no 5xx."""
+
+import sys
+
+import pytest
+from conftest import REPO
+
+pytest.importorskip("schemathesis")
+sys.path.insert(0, str(REPO / "bench"))
+from fuzz import fuzz  # noqa: E402
+
+
+def test_no_server_errors_under_fuzzing(codex_bundle, tmp_path):
+    result = fuzz(codex_bundle, examples=5, max_time=25, seed=0, workdir=tmp_path)
+    assert result["exit_code"] == 0, result["output_tail"]
+    assert result["test_cases"] > 200 and result["test_cases_with_failures"] == 0, result["output_tail"]
+    assert result["server_5xx"] == 0 and result["server_requests"] >= result["test_cases"]
