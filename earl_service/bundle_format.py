@@ -25,8 +25,18 @@ def pack_strings(names: list[str]) -> np.ndarray:
     return np.frombuffer(lzma.compress("\0".join(names).encode("utf-8"), preset=9), dtype=np.uint8)
 
 
+def _decompress(blob: np.ndarray, what: str) -> bytes:
+    """xz-decompress with a ratio cap: honest graphs and names shrink 2-4x, a decompression bomb 1000x."""
+    limit = max(64 * blob.size, 16 << 20)
+    decompressor = lzma.LZMADecompressor()
+    raw = decompressor.decompress(blob.tobytes(), max_length=limit)
+    if not decompressor.eof:
+        raise BundleError(f"the bundle's {what} decompresses to more than {limit} bytes: refusing a possible bomb")
+    return raw
+
+
 def unpack_strings(blob: np.ndarray) -> list[str]:
-    text = lzma.decompress(blob.tobytes()).decode("utf-8")
+    text = _decompress(blob, "vocabulary").decode("utf-8")
     return text.split("\0") if text else []
 
 
@@ -56,7 +66,7 @@ def pack_graph(triples: np.ndarray, num_entities: int, num_relations: int) -> np
 
 
 def unpack_graph(blob: np.ndarray) -> np.ndarray:
-    raw = lzma.decompress(blob.tobytes())
+    raw = _decompress(blob, "graph")
     n, num_rel, e, count_size = (int(x) for x in np.frombuffer(raw[:32], dtype=np.uint64))
     count_type = np.dtype(f"uint{8 * count_size}")
     pos = 32

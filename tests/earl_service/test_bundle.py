@@ -180,3 +180,16 @@ def test_extend_embeds_new_entities_without_parameter_changes(trained_run, tmp_p
     bad = tmp_path / "bad.tsv"
     bad.write_text(f"NEW_3\tno_such_relation\t{names[0]}\n")
     assert main(["extend", str(out / BUNDLE), "--triples", str(bad), "--out", str(tmp_path / "y.safetensors")]) == 2
+
+
+def test_decompression_bomb_inside_a_bundle_is_refused(trained_run, tmp_path):
+    import lzma
+
+    from earl_service.bundle_format import write_safetensors
+
+    out, _ = trained_run
+    tensors, meta = load_bundle(out / BUNDLE).to_tensors()
+    tensors["vocab.entities"] = np.frombuffer(lzma.compress(b"\0" * (200 << 20), preset=9), dtype=np.uint8)
+    write_safetensors(tmp_path / "bomb.safetensors", tensors, meta)
+    with pytest.raises(BundleError, match="bomb"):
+        load_bundle(tmp_path / "bomb.safetensors")
