@@ -87,12 +87,25 @@ class TrainConfig:
     threads: int = 0  # torch intra-op threads (0: leave torch's default)
     seed: int = 0
     progress: bool = True
+    # Sampled (mini-batch) training: each batch encodes only its entities and negatives through sampled
+    # neighbourhoods (earl_service/sampling.py) instead of the whole graph.
+    sampled: bool = False
+    fanout: tuple[int, ...] = (10, 10)  # edges drawn per entity at hop 0 (the batch), 1, ...; 0: all of them
+    negative_chunk: int = 0  # sampled: this many positives share one draw of negatives (0: the whole batch)
 
     def __post_init__(self) -> None:
         if self.batch_size < 1 or self.negatives < 1 or self.steps < 0 or self.lr <= 0:
             raise ValueError("batch_size, negatives >= 1, steps >= 0 and lr > 0 are required")
         if self.device not in ("auto", "cpu", "cuda") and not self.device.startswith("cuda:"):
             raise ValueError(f"device must be auto, cpu or cuda, not {self.device!r}")
+        object.__setattr__(self, "fanout", tuple(int(x) for x in self.fanout))  # JSON gives a list
+        if not self.fanout or any(x < 0 for x in self.fanout) or self.negative_chunk < 0:
+            raise ValueError("fanout needs at least one value, each >= 0 (0: every edge); negative_chunk >= 0")
+
+    def fanout_for(self, layers: int) -> list[int | None]:
+        """One fan-out per GNN layer: extra values are ignored, missing ones repeat the last; 0 -> None (all)."""
+        values = [self.fanout[min(i, len(self.fanout) - 1)] for i in range(layers)]
+        return [x or None for x in values]
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

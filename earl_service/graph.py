@@ -121,6 +121,11 @@ class Graph:
       in-message / self transforms of entity j, so sum_j (W_out h_j + W_in h_j) / c_e + W_self h_e is one spmm
       over the rows of X [W_out; W_in; W_self]^T. The relation part reuses `conrel` (same 1/c_e weights).
     - knn_ids / knn_weights (N, k): nearest reserved entities (positions in `reserved`) and weights.
+
+    Sampled training (earl_service/sampling.py) builds small local graphs of the same class: one holds the
+    encoder inputs of the sampled entities (no `message`; `reserved` and the `knn` columns then address only the
+    reserved rows named by `reserved_rows` / `knn_rows`), and one per GNN layer holds a rectangular message
+    matrix (n_out, 3 n_in) whose n_out outputs are the first n_out of its n_in inputs.
     """
 
     num_entities: int
@@ -128,11 +133,15 @@ class Graph:
     triples: torch.Tensor  # (E, 3) int64, the edges the encoder reads
     reserved: torch.Tensor  # (N_res,) entity ids with their own embedding rows
     conrel: SparsePair
-    message: SparsePair
+    message: SparsePair | None  # None in the input graph of a sampled batch (no GNN layer reads it)
     knn: SparsePair | None  # (N, N_res) weights, the kNResEnt aggregation as a sparse matrix
     knn_ids: torch.Tensor | None
     knn_weights: torch.Tensor | None
     degree: torch.Tensor  # (N,) c_e
+    # Local graphs only (None: every reserved row, in order): the reserved_embeddings row of each entity in
+    # `reserved`, and the reserved_embeddings row behind each column of `knn`.
+    reserved_rows: torch.Tensor | None = None
+    knn_rows: torch.Tensor | None = None
 
     @property
     def non_reserved(self) -> torch.Tensor:
@@ -150,11 +159,13 @@ class Graph:
             self.triples.to(device),
             self.reserved.to(device),
             self.conrel.to(device),
-            self.message.to(device),
+            move(self.message),
             move(self.knn),
             move(self.knn_ids),
             move(self.knn_weights),
             self.degree.to(device),
+            move(self.reserved_rows),
+            move(self.knn_rows),
         )
 
 

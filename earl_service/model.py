@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
@@ -66,7 +67,7 @@ class GNNLayer(nn.Module):
 
     def forward(self, x: torch.Tensor, rel: torch.Tensor, graph: Graph) -> tuple[torch.Tensor, torch.Tensor]:
         """x (N, 2d), rel (R, d) -> same shapes. Transform first, then aggregate with two spmm (see Graph)."""
-        n, width = x.shape
+        n, width = x.shape  # a layer graph of sampled training has fewer output rows than inputs (see Graph)
         ent_weight = torch.cat([self.out_ent.weight, self.in_ent.weight, self.self_loop.weight])  # (3*2d, 2d)
         ent_rows = (x @ ent_weight.T).reshape(3 * n, width)  # rows 3j, 3j+1, 3j+2: out, in, self of entity j
         # Relation transforms act on the |R| rows before aggregation; both message biases ride along, since
@@ -74,6 +75,7 @@ class GNNLayer(nn.Module):
         # per-entity relation counts / c_e (out-edges in columns r, in-edges in R + r): the same weights.
         rel_out = F.linear(rel, self.out_rel.weight, self.out_rel.bias + self.out_ent.bias)  # (R, 2d)
         rel_in = F.linear(rel, self.in_rel.weight, self.in_rel.bias + self.in_ent.bias)  # (R, 2d)
+        assert graph.message is not None
         h = graph.message @ ent_rows + graph.conrel @ torch.cat([rel_out, rel_in]) + self.self_loop.bias  # (N, 2d)
         r = self.rel_update(rel)  # (R, d)
         if self.activation:
@@ -167,18 +169,29 @@ class EARL(nn.Module):
             if self.config.uses_knn:
                 assert self.reserved_embeddings is not None and graph.knn is not None
                 # Likewise the f_m map of the kNResEnt half runs on the N_res reserved rows, then aggregates.
-                res = self.reserved_embeddings @ first.weight[:, offset : offset + width].T  # (N_res, 2d)
+                rows = self.reserved_embeddings if graph.knn_rows is None else self.reserved_embeddings[graph.knn_rows]
+                res = rows @ first.weight[:, offset : offset + width].T  # (N_res, 2d), or the rows a batch uses
                 pre = pre + graph.knn @ res
             h0 = second(F.relu(pre))  # (N, 2d)
         if self.reserved_embeddings is not None:
-            h0 = h0.index_copy(0, graph.reserved, self.reserved_embeddings.to(h0.dtype))
+            own = self.reserved_embeddings
+            if graph.reserved_rows is not None:
+                own = own[graph.reserved_rows]  # (n_res_local, 2d)
+            h0 = h0.index_copy(0, graph.reserved, own.to(h0.dtype))
         return h0
 
-    def forward(self, graph: Graph) -> tuple[torch.Tensor, torch.Tensor]:
-        """Embeddings of every entity of `graph` (N, 2d) and of every relation (R, d)."""
+    def forward(self, graph: Graph, layers: Sequence[Graph] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Embeddings of every entity of `graph` (N, 2d) and of every relation (R, d).
+
+        Sampled training passes `layers`, one local graph per GNN layer (input side first): `graph` then holds
+        the inputs of all n_0 sampled entities, layer l maps n_l rows to its first n_{l+1} <= n_l, and the
+        result has the rows of the last layer's outputs (the batch's entities).
+        """
+        if layers is not None and len(layers) != len(self.gnn):
+            raise ValueError(f"{len(layers)} layer graphs for {len(self.gnn)} GNN layers")
         h, rel = self.initial(graph), self.relations
-        for layer in self.gnn:
-            h, rel = layer(h, rel, graph)
+        for i, layer in enumerate(self.gnn):
+            h, rel = layer(h, rel, graph if layers is None else layers[i])
         return h, rel
 
 

@@ -22,9 +22,11 @@ from .config import ModelConfig, TrainConfig
 from .bundle import bundle_from_model
 from .data import Dataset, Vocab
 from .evaluate import KnownAnswers, rank_triples, summarize
+from .distributed import Ranks, wrap
 from .graph import Graph, build_graph, choose_reserved
 from .kernels import rotate_distance
 from .model import RotatE, build_model, trainable_parameters
+from .sampling import NeighborIndex, embed_all
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +48,24 @@ def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0  # Linux reports KiB
 
 
+def current_rss_mb() -> float | None:
+    """Resident memory now (Linux /proc; None elsewhere)."""
+    try:
+        return int(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def reset_peak_rss() -> bool:
+    """Restart the peak-RSS count from the current RSS (Linux >= 4.0), so that the training steps' peak can
+    be told apart from the graph build's. False where the kernel does not allow it."""
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+        return True
+    except OSError:
+        return False
+
+
 class NegativeSampler:
     """Uniform corruptions with replacement, resampled where they hit a known true answer from train."""
 
@@ -61,6 +81,13 @@ class NegativeSampler:
         probe = query * self.n + candidates
         pos = torch.searchsorted(keys, probe).clamp(max=keys.numel() - 1)
         return keys[pos] == probe
+
+    def known_masks(
+        self, h: torch.Tensor, r: torch.Tensor, t: torch.Tensor, neg_heads: torch.Tensor, neg_tails: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(B,) positives and (B, K) candidates -> (B, K) bool each: the candidate makes a known true triple."""
+        return (self._known(self.head_keys, (t * self.r + r)[:, None], neg_heads),
+                self._known(self.tail_keys, (h * self.r + r)[:, None], neg_tails))
 
     def sample(
         self, h: torch.Tensor, r: torch.Tensor, t: torch.Tensor, k: int, gen: torch.Generator, max_rounds: int = 20
@@ -84,11 +111,13 @@ class NegativeSampler:
 def loss_fn(
     scorer: RotatE, entities: torch.Tensor, relations: torch.Tensor, batch: torch.Tensor,
     neg_heads: torch.Tensor, neg_tails: torch.Tensor, adversarial_temperature: float,
+    *, ignore: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """Self-adversarial negative-sampling loss over both corruption sides.
 
     loss = -(mean_b log s(g - d_pos) + mean_{b,side} sum_j w_j log s(d_neg_j - g)) / 2, w = softmax(a (g - d_neg))
-    detached, taken within each side's K negatives.
+    detached, taken within each side's K negatives. `ignore` (head mask, tail mask), each (B, K) bool, drops
+    negatives that are true triples (sampled training shares negatives, so they cannot be redrawn per row).
     """
     h, r, t = batch[:, 0], batch[:, 1], batch[:, 2]
     rel = relations[r]  # (B, d)
@@ -98,7 +127,12 @@ def loss_fn(
     # Tail corruptions compare h o r with t'; head corruptions compare h' with conj(r) o t (|r_i| = 1).
     query = torch.cat([head_rot, tail_rot])  # (2B, 2d)
     neg = scorer.gamma - rotate_distance(query, entities, torch.cat([neg_tails, neg_heads]))  # (2B, K)
-    weights = torch.softmax(adversarial_temperature * neg, dim=1).detach()
+    if ignore is None:
+        weights = torch.softmax(adversarial_temperature * neg, dim=1).detach()
+    else:
+        skip = torch.cat([ignore[1], ignore[0]])  # (2B, K), ordered like `query`
+        logits = (adversarial_temperature * neg).masked_fill(skip, float("-inf"))
+        weights = torch.softmax(logits, dim=1).nan_to_num(0.0).detach()  # a row with nothing left adds 0
     neg_term = (weights * F.logsigmoid(-neg)).sum(1).mean()
     return -(F.logsigmoid(pos).mean() + neg_term) / 2
 
@@ -116,39 +150,69 @@ class History:
 
 @dataclass
 class Run:
-    """Everything built once for a dataset and model config."""
+    """Everything built once for a dataset and model config.
+
+    Full-graph training holds the training `graph`; sampled training holds a `NeighborIndex` instead (and
+    evaluates with exact layer-wise inference over it, never materialising the full-graph encoder).
+    """
 
     dataset: Dataset
     model_config: ModelConfig
-    graph: Graph  # training graph over the training entities
+    graph: Graph | None  # training graph over the training entities (None for sampled training)
     model: torch.nn.Module
     scorer: RotatE
-    known: KnownAnswers
+    known: KnownAnswers | None = None  # every true triple, for filtered ranking; built on first evaluation
+    index: NeighborIndex | None = None  # sampled training: neighbourhoods and encoder inputs of every entity
 
     @classmethod
-    def build(cls, dataset: Dataset, model_config: ModelConfig, device: torch.device) -> Run:
+    def build(cls, dataset: Dataset, model_config: ModelConfig, device: torch.device, *, sampled: bool = False) -> Run:
         n, num_rel = dataset.num_train_entities, dataset.num_relations
         reserved = (
             choose_reserved(n, model_config.reserved_ratio, model_config.seed)
             if model_config.model == "earl" and model_config.uses_reserved
             else torch.zeros(0, dtype=torch.long)
         )
-        graph = build_graph(dataset.train, n, num_rel, reserved, k=model_config.k, temperature=model_config.knn_temperature)
         model = build_model(model_config, n, num_rel, reserved).to(device)
-        known = KnownAnswers(_all_triples(dataset), num_rel)
-        return cls(dataset, model_config, graph.to(device), model, RotatE(model_config), known)
+        cfg = model_config
+        if sampled:
+            index = NeighborIndex(dataset.train, n, num_rel, reserved, k=cfg.k, temperature=cfg.knn_temperature)
+            return cls(dataset, model_config, None, model, RotatE(model_config), index=index)
+        graph = build_graph(dataset.train, n, num_rel, reserved, k=cfg.k, temperature=cfg.knn_temperature)
+        return cls(dataset, model_config, graph.to(device), model, RotatE(model_config))
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    def _reserved(self) -> torch.Tensor:
+        graph_or_index = self.graph if self.graph is not None else self.index
+        assert graph_or_index is not None
+        return graph_or_index.reserved.cpu()
 
     def graph_for(self, protocol: str) -> Graph:
         """`seen`: the training graph. `all`: the same graph plus valid/test-only entities as isolated nodes."""
-        if protocol == "seen" or self.dataset.num_entities == self.dataset.num_train_entities:
+        if self.graph is not None and (protocol == "seen" or self.dataset.num_entities == self.dataset.num_train_entities):
             return self.graph
         cfg = self.model_config
-        device = self.graph.triples.device
-        g = build_graph(
-            self.dataset.train, self.dataset.num_entities, self.dataset.num_relations, self.graph.reserved.cpu(),
-            k=cfg.k, temperature=cfg.knn_temperature,
-        )
-        return g.to(device)
+        n = self.dataset.num_train_entities if protocol == "seen" else self.dataset.num_entities
+        g = build_graph(self.dataset.train, n, self.dataset.num_relations, self._reserved(), k=cfg.k,
+                        temperature=cfg.knn_temperature)
+        return g.to(self.device)
+
+    def index_for(self, protocol: str) -> NeighborIndex:
+        assert self.index is not None
+        if protocol == "seen" or self.dataset.num_entities == self.dataset.num_train_entities:
+            return self.index
+        cfg = self.model_config
+        return NeighborIndex(self.dataset.train, self.dataset.num_entities, self.dataset.num_relations,
+                             self._reserved(), k=cfg.k, temperature=cfg.knn_temperature)
+
+    @torch.no_grad()
+    def embed(self, protocol: str = "seen") -> tuple[torch.Tensor, torch.Tensor]:
+        """Every entity's embedding (N, 2d) and the relations' (R, d) under `protocol`."""
+        if self.index is not None and self.model_config.model == "earl":
+            return embed_all(self.model, self.index_for(protocol))
+        return self.model(self.graph_for(protocol))
 
     @torch.no_grad()
     def evaluate(self, split: str, protocol: str = "seen", *, batch_size: int = 256, limit: int = 0) -> dict:
@@ -159,8 +223,10 @@ class Run:
             raise ValueError(f"protocol must be 'seen' or 'all', not {protocol!r}")
         if limit and len(triples) > limit:
             triples = triples[np.random.default_rng(0).choice(len(triples), limit, replace=False)]
+        if self.known is None:
+            self.known = KnownAnswers(_all_triples(self.dataset), self.dataset.num_relations)
         self.model.eval()
-        entities, relations = self.model(self.graph_for(protocol))
+        entities, relations = self.embed(protocol)
         result = summarize(rank_triples(entities.float(), relations.float(), self.scorer, triples, self.known,
                                         batch_size=batch_size))
         self.model.train()
@@ -199,19 +265,30 @@ def train(
     on_progress: ProgressCallback | None = None,
     should_stop: Callable[[], bool] | None = None,
     relation_labels: dict[str, str] | None = None,
+    write_bundle: bool = True,
 ) -> dict[str, Any]:
-    """Train, keep the best checkpoint by valid MRR, evaluate it, write metrics.json; returns the metrics."""
+    """Train, keep the best checkpoint by valid MRR, evaluate it, write metrics.json; returns the metrics.
+
+    Under an initialised torch.distributed process group of several ranks (`earl train --nproc-per-node`),
+    every rank calls this: each takes its slice of every global batch, DDP all-reduces the gradients, and rank 0
+    alone validates, decides when to stop and writes the run directory (the other ranks return a short dict).
+    """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     cfg = train_config
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     device = resolve_device(cfg.device)
+    ranks = Ranks.current(device)
+    _check_sampled(cfg, model_config)
     torch.manual_seed(cfg.seed)
-    run = Run.build(dataset, model_config, device)
+    build_start = time.perf_counter()
+    run = Run.build(dataset, model_config, device, sampled=cfg.sampled)
     model = run.model
     optimizer = torch.optim.Adam(model.parameters(), lr=cfg.lr)
     sampler = NegativeSampler(dataset.train, dataset.num_train_entities, dataset.num_relations, device)
+    memory = {"graph_build_seconds": time.perf_counter() - build_start, "build_peak_rss_mb": peak_rss_mb(),
+              "after_build_rss_mb": current_rss_mb(), "index_mb": run.index.nbytes() / 2**20 if run.index else None}
     gen = torch.Generator().manual_seed(cfg.seed)
     train_ids = torch.as_tensor(dataset.train, dtype=torch.long)
     has_valid = dataset.valid is not None and len(dataset.valid) > 0
@@ -227,12 +304,14 @@ def train(
         state = {**ckpt["state"], "stopped": "steps"}  # why the previous attempt stopped is not this run's
         history = History(**ckpt["history"])
         log.info("resumed from step %d", state["step"])
+    net = wrap(model, ranks, device)  # DDP over several ranks; it broadcasts rank 0's weights once
 
     def save_checkpoint() -> None:
-        _atomic_torch_save({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
-                            "generator": gen.get_state(), "torch_rng": torch.get_rng_state(),
-                            "state": state, "history": history.__dict__, "model_config": model_config.to_dict(),
-                            "train_config": cfg.to_dict()}, out / CHECKPOINT)
+        if ranks.is_main:
+            _atomic_torch_save({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                                "generator": gen.get_state(), "torch_rng": torch.get_rng_state(),
+                                "state": state, "history": history.__dict__, "model_config": model_config.to_dict(),
+                                "train_config": cfg.to_dict()}, out / CHECKPOINT)
 
     def next_batch() -> torch.Tensor:
         if state["epoch_order"] is None or state["epoch_pos"] >= len(train_ids):
@@ -242,39 +321,50 @@ def train(
         state["epoch_pos"] += cfg.batch_size
         return train_ids[ids].to(device)
 
-    if state["best_mrr"] < 0 and not (out / BEST).exists():
+    if ranks.is_main and state["best_mrr"] < 0 and not (out / BEST).exists():
         _atomic_torch_save(model.state_dict(), out / BEST)
     autocast = cfg.bf16 and device.type == "cpu"
-    progress = _progress_bar(cfg, state["step"])
+    fanout = cfg.fanout_for(model_config.gnn_layers)
+    progress = _progress_bar(cfg, state["step"]) if ranks.is_main else None
+    peak_reset = reset_peak_rss()  # from here on the peak is the training steps' own
     start = time.perf_counter() - state["elapsed"]
     model.train()
     while state["step"] < cfg.steps:
+        reason = None
         if cfg.time_limit_minutes and time.perf_counter() - start > cfg.time_limit_minutes * 60:
-            state["stopped"] = "time_limit"
-            break
-        if should_stop is not None and should_stop():
-            state["stopped"] = "cancelled"
+            reason = "time_limit"
+        elif should_stop is not None and should_stop():
+            reason = "cancelled"
+        if (reason := ranks.agree(reason)) is not None:
+            state["stopped"] = reason
             break
         t0 = time.perf_counter()
-        batch = next_batch()
-        neg_heads, neg_tails = sampler.sample(batch[:, 0], batch[:, 1], batch[:, 2], cfg.negatives, gen)
+        batch = next_batch()  # the global batch: the same rows on every rank
+        rows, share = ranks.shard(len(batch))
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
-            entities, relations = model(run.graph)
-        loss = loss_fn(run.scorer, entities.float(), relations.float(), batch, neg_heads, neg_tails,
-                       cfg.adversarial_temperature)
+            if cfg.sampled:
+                rng = np.random.default_rng([cfg.seed, state["step"], ranks.rank])
+                loss = _sampled_loss(net, run, sampler, batch, rows, cfg, fanout, gen, rng)
+            else:
+                neg_heads, neg_tails = sampler.sample(batch[:, 0], batch[:, 1], batch[:, 2], cfg.negatives, gen)
+                entities, relations = net(run.graph)
+                loss = loss_fn(run.scorer, entities.float(), relations.float(), batch[rows], neg_heads[rows],
+                               neg_tails[rows], cfg.adversarial_temperature)
+        # DDP averages gradients over ranks: weigh each rank's mean by its share of the global batch.
+        scaled = loss if ranks.world == 1 else loss * (share * ranks.world)
         optimizer.zero_grad(set_to_none=True)
-        loss.backward()
+        scaled.backward()
         optimizer.step()
         state["step"] += 1
         step = state["step"]
-        loss_value = float(loss.detach())
+        loss_value = float(loss.detach()) if ranks.world == 1 else ranks.sum(loss.detach() * share)
         if not math.isfinite(loss_value):
             raise FloatingPointError(f"loss became {loss_value} at step {step}; lower the learning rate")
         history.step_times.append(time.perf_counter() - t0)
         history.steps.append(step)
         history.losses.append(loss_value)
         history.seconds.append(time.perf_counter() - start)
-        if has_valid and cfg.eval_every and step % cfg.eval_every == 0:
+        if ranks.is_main and has_valid and cfg.eval_every and step % cfg.eval_every == 0:
             mrr = run.evaluate("valid", batch_size=cfg.eval_batch_size, limit=cfg.eval_max_triples)["mrr"]
             history.eval_steps.append(step)
             history.eval_seconds.append(time.perf_counter() - start)
@@ -288,17 +378,23 @@ def train(
         if progress is not None:
             progress.update(1)
             progress.set_postfix(loss=f"{loss_value:.4f}", mrr=f"{history.eval_mrr[-1]:.4f}" if history.eval_mrr else "-")
-        if on_progress is not None:
+        if on_progress is not None and ranks.is_main:
             on_progress({"step": step, "total": cfg.steps, "loss": loss_value, "elapsed": state["elapsed"],
                          "valid_mrr": history.eval_mrr[-1] if history.eval_mrr else None})
         if cfg.checkpoint_every and step % cfg.checkpoint_every == 0:
             save_checkpoint()
-        if has_valid and cfg.eval_every and state["bad_evals"] >= cfg.patience:
+        early = has_valid and bool(cfg.eval_every) and state["bad_evals"] >= cfg.patience
+        if ranks.world > 1 and cfg.eval_every and step % cfg.eval_every == 0:
+            early = ranks.agree("early_stopping" if early else None) is not None  # only rank 0 validated
+        if early:
             state["stopped"] = "early_stopping"
             break
     if progress is not None:
         progress.close()
+    memory["train_peak_rss_mb"] = peak_rss_mb() if peak_reset else None
     save_checkpoint()
+    if not ranks.is_main:
+        return {"rank": ranks.rank, "world_size": ranks.world, "steps": state["step"], "stopped": state["stopped"]}
     if not history.eval_mrr:  # never validated: the final weights are the best we know
         _atomic_torch_save(model.state_dict(), out / BEST)
 
@@ -314,8 +410,10 @@ def train(
         "median_step_seconds": statistics.median(history.step_times[3:]) if len(history.step_times) > 3 else None,
         "train_seconds": state["elapsed"],
         "device": str(device),
+        "world_size": ranks.world,
         "threads": torch.get_num_threads(),
         "extension": _extension_state(),
+        "memory": memory,
         "config": {"model": model_config.to_dict(), "train": cfg.to_dict()},
     }
     model.load_state_dict(torch.load(out / BEST, map_location=device, weights_only=True))
@@ -323,14 +421,58 @@ def train(
         for split in ("valid", "test"):
             if getattr(dataset, split) is not None and len(getattr(dataset, split)):
                 metrics[split] = run.evaluate(split, protocol, batch_size=cfg.eval_batch_size)
-    metrics["peak_rss_mb"] = peak_rss_mb()
-    bundle = bundle_from_model(model, model_config, Vocab(dataset.entities.names[: dataset.num_train_entities]),
-                               dataset.relations, dataset.train, metrics=metrics, relation_labels=relation_labels)
-    metrics["bundle_bytes"] = bundle.save(out / BUNDLE).stat().st_size
+    metrics["peak_rss_mb"] = max(peak_rss_mb(), memory["build_peak_rss_mb"])
+    if write_bundle:
+        bundle = bundle_from_model(model, model_config, Vocab(dataset.entities.names[: dataset.num_train_entities]),
+                                   dataset.relations, dataset.train, metrics=metrics, relation_labels=relation_labels)
+        metrics["bundle_bytes"] = bundle.save(out / BUNDLE).stat().st_size
     write_json_atomic(out / METRICS, metrics)
     write_json_atomic(out / "history.json", history.__dict__)
     _plot_curves(history, out / "curves.png")
     return metrics
+
+
+def _check_sampled(cfg: TrainConfig, model_config: ModelConfig) -> None:
+    if not cfg.sampled:
+        return
+    if model_config.model != "earl":
+        raise ValueError("sampled training is for the EARL encoder; RotatE has no graph encoding to sample")
+    if model_config.no_conrel_knn:
+        raise ValueError("sampled training needs ConRel or kNResEnt inputs; --no-conrel-knn draws one random "
+                         "input row per entity of the whole graph")
+
+
+def _sampled_loss(
+    net: torch.nn.Module, run: Run, sampler: NegativeSampler, batch: torch.Tensor, rows: slice, cfg: TrainConfig,
+    fanout: list[int | None], gen: torch.Generator, rng: np.random.Generator,
+) -> torch.Tensor:
+    """This rank's rows of the global batch, encoded through sampled neighbourhoods; the mean loss over them.
+
+    Each chunk of `negative_chunk` consecutive positives shares K head and K tail corruptions (drawn for the
+    whole global batch from `gen`, so every rank and a single process see the same ones). The entities to
+    encode are then the rows' heads and tails plus 2K per chunk, whatever the size of the graph.
+    """
+    assert run.index is not None
+    device = batch.device
+    size, k = len(batch), cfg.negatives
+    chunk = cfg.negative_chunk or size
+    chunks = -(-size // chunk)
+    negatives = torch.randint(0, run.index.num_entities, (2, chunks, k), generator=gen)  # heads, tails
+    mine = batch[rows].cpu()  # (b, 3)
+    b = len(mine)
+    row_chunk = torch.arange(rows.start, rows.start + b) // chunk  # (b,) global chunk of each row
+    first = int(row_chunk[0])
+    used = negatives[:, first : int(row_chunk[-1]) + 1]  # (2, c, K) the chunks these rows touch
+    seeds, local = torch.unique(torch.cat([mine[:, 0], mine[:, 2], used.reshape(-1)]), return_inverse=True)
+    sub = run.index.sample(seeds.numpy(), fanout, rng).to(device)
+    local_batch = torch.stack([local[:b], mine[:, 1], local[b : 2 * b]], 1).to(device)  # (b, 3) local entity ids
+    local_neg = local[2 * b :].reshape(used.shape)[:, row_chunk - first].to(device)  # (2, b, K)
+    global_neg = used[:, row_chunk - first].to(device)  # (2, b, K)
+    h, r, t = (mine[:, i].to(device) for i in range(3))
+    ignore = sampler.known_masks(h, r, t, global_neg[0], global_neg[1])  # shared negatives that are true triples
+    entities, relations = net(sub.inputs, sub.layers)  # (n_seeds, 2d), (R, d)
+    return loss_fn(run.scorer, entities.float(), relations.float(), local_batch, local_neg[0], local_neg[1],
+                   cfg.adversarial_temperature, ignore=ignore)
 
 
 def _extension_state() -> str:
@@ -375,6 +517,7 @@ def load_run(run_dir: str | os.PathLike, dataset: Dataset, *, device: str = "aut
         raise FileNotFoundError(f"{run_dir} holds no {CHECKPOINT}: is it a run directory written by `earl train`?")
     dev = resolve_device(device)
     ckpt = torch.load(run_dir / CHECKPOINT, map_location="cpu", weights_only=True)
-    run = Run.build(dataset, ModelConfig.from_dict(ckpt["model_config"]), dev)
+    sampled = bool(ckpt.get("train_config", {}).get("sampled", False))  # evaluate a big graph layer by layer too
+    run = Run.build(dataset, ModelConfig.from_dict(ckpt["model_config"]), dev, sampled=sampled)
     run.model.load_state_dict(torch.load(run_dir / BEST, map_location=dev, weights_only=True))
     return run
