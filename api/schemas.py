@@ -40,6 +40,11 @@ class TrainForm(BaseModel):
     time_limit: float = Field(0.0, ge=0.0, le=7 * 24 * 60, description="minutes; 0: no limit")
     seed: int = Field(0, ge=0, le=2**31 - 1)
     precision: Literal["fp32", "fp16", "int8"] = "fp32"
+    sampled: bool = False  # sampled (mini-batch) training for graphs whose full-graph encoding does not fit
+    fanout: str = Field(",".join(map(str, _T.fanout)), pattern=r"^(\d+|all)(,(\d+|all)){0,7}$",
+                        description="edges drawn per entity at hop 1, 2, ... ('all' or 0: every edge)")
+    negative_chunk: int = Field(_T.negative_chunk, ge=0, le=65_536)
+    nproc_per_node: int = Field(0, ge=0, le=64, description="> 0: the worker trains with this many DDP processes")
 
 
 class JobCreated(BaseModel):

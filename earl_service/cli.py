@@ -44,27 +44,156 @@ def _add_train_options(p: argparse.ArgumentParser) -> None:
     t.add_argument("--threads", type=int, default=D_TRAIN.threads, help="torch threads (0: torch default)")
     t.add_argument("--seed", type=int, default=0)
     t.add_argument("--no-progress", action="store_true")
+    s = p.add_argument_group("sampled training (graphs whose full-graph encoding does not fit)")
+    s.add_argument("--sampled", action="store_true",
+                   help="encode each batch's entities and negatives through sampled neighbourhoods only")
+    s.add_argument("--fanout", type=_fanout, default=D_TRAIN.fanout, metavar="N,N",
+                   help="edges drawn per entity at hop 1, 2, ... (0 or 'all': every edge; default 10,10)")
+    s.add_argument("--negative-chunk", type=int, default=D_TRAIN.negative_chunk, metavar="C",
+                   help="this many positives share one draw of negatives (0: the whole batch)")
+    d = p.add_argument_group("distributed (torch.distributed DDP through torchrun)")
+    d.add_argument("--nproc-per-node", type=int, default=0, metavar="N",
+                   help="run N data-parallel processes on this machine (gloo on CPU, NCCL on CUDA)")
+    d.add_argument("--nnodes", default="1", help="machines taking part (torchrun's --nnodes)")
+    d.add_argument("--rdzv-endpoint", default=None, metavar="HOST:PORT",
+                   help="rendezvous address shared by all machines (default: a free local port, one machine)")
+    d.add_argument("--rdzv-backend", default="c10d")
+    d.add_argument("--rdzv-id", default=None, help="job id shared by all machines")
+    d.add_argument("--node-rank", type=int, default=None)
+
+
+LAUNCHER_OPTIONS = ("--nproc-per-node", "--nnodes", "--rdzv-endpoint", "--rdzv-backend", "--rdzv-id", "--node-rank")
+
+
+def _fanout(text: str) -> tuple[int, ...]:
+    try:
+        values = tuple(0 if x.strip() == "all" else int(x) for x in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers like 10,10, not {text!r}") from None
+    if any(v < 0 for v in values):
+        raise argparse.ArgumentTypeError("fan-outs must be >= 0 (0: every edge)")
+    return values
 
 
 def _configs(a: argparse.Namespace) -> tuple[ModelConfig, TrainConfig]:
+    if getattr(a, "config", None):
+        return _configs_from_file(a.config)
     model = ModelConfig(model=a.model, dim=a.dim, reserved_ratio=a.reserved_ratio, k=a.k, layers=a.layers,
                         gamma=a.gamma, epsilon=a.epsilon, seed=a.seed, **{n: getattr(a, n) for n in ABLATIONS})
     train = TrainConfig(steps=a.steps, batch_size=a.batch_size, negatives=a.negatives, lr=a.lr,
                         adversarial_temperature=a.adversarial_temperature, eval_every=a.eval_every,
                         patience=a.patience, eval_batch_size=a.eval_batch_size, eval_max_triples=a.eval_max_triples,
                         checkpoint_every=a.checkpoint_every, time_limit_minutes=a.time_limit_minutes, bf16=a.bf16,
-                        device=a.device, threads=a.threads, seed=a.seed, progress=not a.no_progress)
+                        device=a.device, threads=a.threads, seed=a.seed, progress=not a.no_progress,
+                        sampled=a.sampled, fanout=a.fanout, negative_chunk=a.negative_chunk)
     return model, train
 
 
+def _configs_from_file(path: str) -> tuple[ModelConfig, TrainConfig]:
+    """{"model": {...}, "train": {...}}, or a run's metrics.json (which holds them under "config")."""
+    try:
+        values = json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ValueError(f"--config {path}: {exc}") from None
+    values = values.get("config", values)
+    if not isinstance(values, dict) or not isinstance(values.get("model"), dict) or not isinstance(values.get("train"), dict):
+        raise ValueError(f"--config {path}: expected an object with 'model' and 'train' objects")  # noqa: TRY004
+    return ModelConfig.from_dict(values["model"]), TrainConfig.from_dict(values["train"])
+
+
+def _without_launcher_options(argv: list[str]) -> list[str]:
+    """argv minus the torchrun options (so that the processes torchrun starts do not launch again)."""
+    out, skip = [], False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg in LAUNCHER_OPTIONS:
+            skip = True
+        elif not arg.startswith(tuple(f"{o}=" for o in LAUNCHER_OPTIONS)):
+            out.append(arg)
+    return out
+
+
+def launch_torchrun(a: argparse.Namespace) -> int:
+    """Re-run this `earl train` command under torchrun; SIGINT/SIGTERM are passed on (ranks checkpoint, exit)."""
+    import signal
+    import subprocess
+
+    from .distributed import torchrun_command
+
+    cmd = torchrun_command(_without_launcher_options(a.argv), nproc_per_node=a.nproc_per_node, nnodes=a.nnodes,
+                           rdzv_endpoint=a.rdzv_endpoint, rdzv_backend=a.rdzv_backend, rdzv_id=a.rdzv_id,
+                           node_rank=a.node_rank)
+    proc = subprocess.Popen(cmd)
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, lambda sig, _frame: proc.send_signal(sig))
+    return proc.wait()
+
+
+def _under_torchrun() -> bool:
+    import os
+
+    return int(os.environ.get("WORLD_SIZE", "1")) > 1 and "LOCAL_RANK" in os.environ
+
+
+def _progress_writer(path: str | None):
+    """A progress callback that keeps PATH holding the latest progress as JSON (at most twice a second)."""
+    if not path:
+        return None
+    import time
+
+    from .train import write_json_atomic
+
+    last = [0.0]
+
+    def write(progress: dict) -> None:
+        now = time.monotonic()
+        if now - last[0] >= 0.5 or progress["step"] == progress["total"]:
+            last[0] = now
+            write_json_atomic(Path(path), progress)
+
+    return write
+
+
 def cmd_train(a: argparse.Namespace) -> int:
+    import os
+    import signal
+    import threading
+    from dataclasses import replace
+
+    if a.nproc_per_node and not _under_torchrun():
+        return launch_torchrun(a)
+
     from .data import load_dataset, relation_labels
-    from .train import train
+    from .train import resolve_device, train
 
     model_cfg, train_cfg = _configs(a)
-    dataset = load_dataset(a.data)
-    metrics = train(dataset, model_cfg, train_cfg, a.out, resume=a.resume, final_eval=not a.no_final_eval,
-                    protocol=a.protocol, relation_labels=relation_labels(a.data))
+    distributed = _under_torchrun()
+    if distributed:
+        import torch
+        import torch.distributed as dist
+
+        from .distributed import init_process_group
+
+        device = resolve_device(train_cfg.device)
+        if device.type == "cuda":  # one GPU per process
+            device = torch.device(f"cuda:{os.environ.get('LOCAL_RANK', '0')}")
+        train_cfg = replace(train_cfg, device=str(device), progress=train_cfg.progress and os.environ["RANK"] == "0")
+        init_process_group(device)
+    # SIGTERM (a stopping worker, torchrun passing one on) ends training at the next step with a checkpoint.
+    stop = threading.Event()
+    if distributed or a.progress_file:
+        signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    try:
+        dataset = load_dataset(a.data)
+        metrics = train(dataset, model_cfg, train_cfg, a.out, resume=a.resume, final_eval=not a.no_final_eval,
+                        protocol=a.protocol, relation_labels=relation_labels(a.data), should_stop=stop.is_set,
+                        on_progress=_progress_writer(a.progress_file))
+    finally:
+        if distributed:
+            dist.destroy_process_group()
+    if "rank" in metrics:  # not rank 0: rank 0 reports
+        return 0
     keys = ("trainable_parameters", "steps", "median_step_seconds", "peak_rss_mb", "bundle_bytes")
     summary = {k: metrics.get(k) for k in keys}
     for split in ("valid", "test"):
@@ -128,6 +257,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--resume", action="store_true", help="continue from RUN_DIR's last checkpoint")
     p.add_argument("--protocol", choices=["seen", "all"], default="seen", help="protocol of the final evaluation")
     p.add_argument("--no-final-eval", action="store_true", help="skip the final valid/test evaluation")
+    p.add_argument("--config", default=None, metavar="FILE",
+                   help="take every model and training setting from FILE ({'model': ..., 'train': ...} or a "
+                        "run's metrics.json); the model/training options below are then ignored")
+    p.add_argument("--progress-file", default=None, metavar="FILE", help="keep FILE holding the latest progress (JSON)")
     _add_train_options(p)
     p.set_defaults(func=cmd_train)
 
@@ -253,7 +386,9 @@ def cmd_serve(a: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
     args = parser.parse_args(argv)
+    args.argv = argv  # `earl train --nproc-per-node` re-runs the same command under torchrun
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(message)s")
     try:
         return args.func(args)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import datetime
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
@@ -27,7 +27,7 @@ class Ranks:
 
     rank: int = 0
     world: int = 1
-    device: torch.device = torch.device("cpu")  # where collectives put their tensors (CUDA for NCCL)
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))  # collectives' tensors (CUDA for NCCL)
 
     @classmethod
     def current(cls, device: torch.device) -> Ranks:
@@ -119,4 +119,4 @@ def torchrun_command(
     return [*cmd, "-m", "earl_service.cli", *args]
 
 
-__all__ = ["Ranks", "STOP_REASONS", "init_process_group", "torchrun_command", "wrap"]
+__all__ = ["STOP_REASONS", "Ranks", "init_process_group", "torchrun_command", "wrap"]

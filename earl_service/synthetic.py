@@ -112,7 +112,7 @@ def generate(config: SyntheticConfig) -> SyntheticKG:
     tail_type[:cover] = rng.permutation(live)[:cover]
     rel_perm = rng.permutation(num_rel)  # relation ids do not reveal frequency rank
 
-    target = int(round(n * cfg.triples_per_entity)) + cfg.valid + cfg.test
+    target = round(n * cfg.triples_per_entity) + cfg.valid + cfg.test
     shares = _zipf_shares(num_rel, cfg.relation_zipf)
     triples = np.zeros((0, 3), dtype=np.int64)
     for _ in range(20):  # popular (hub, relation) pairs repeat: draw more until enough distinct triples remain

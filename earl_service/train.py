@@ -9,20 +9,21 @@ import os
 import resource
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
 from . import __version__
-from .config import ModelConfig, TrainConfig
 from .bundle import bundle_from_model
+from .config import ModelConfig, TrainConfig
 from .data import Dataset, Vocab
-from .evaluate import KnownAnswers, rank_triples, summarize
 from .distributed import Ranks, wrap
+from .evaluate import KnownAnswers, rank_triples, summarize
 from .graph import Graph, build_graph, choose_reserved
 from .kernels import rotate_distance
 from .model import RotatE, build_model, trainable_parameters
@@ -403,7 +404,7 @@ def train(
         "trainable_parameters": trainable_parameters(model),
         "entities": dataset.num_train_entities,
         "relations": dataset.num_relations,
-        "train_triples": int(len(dataset.train)),
+        "train_triples": len(dataset.train),
         "steps": state["step"],
         "stopped": state["stopped"],
         "best_step": state["best_step"],

@@ -25,7 +25,8 @@ from .store import Job, JobStore, ModelRecord, open_store, store_target
 log = logging.getLogger(__name__)
 
 MODEL_PARAMS = ("model", "dim", "reserved_ratio", "k", "layers", "gamma", "epsilon", *ABLATIONS)
-TRAIN_PARAMS = ("steps", "batch_size", "negatives", "lr", "eval_every", "patience", "seed")
+TRAIN_PARAMS = ("steps", "batch_size", "negatives", "lr", "eval_every", "patience", "seed", "sampled", "fanout",
+                "negative_chunk")
 
 
 def default_worker_id() -> str:
@@ -46,6 +47,7 @@ class WorkerConfig:
     stale_after: float = 60.0  # a running job without heartbeat for this long is taken over
     max_attempts: int = 3
     max_jobs: int = 0  # stop after this many jobs (0: run until stopped)
+    nproc_per_node: int = 0  # > 0: train through torchrun with this many DDP processes (a job's own value wins)
 
     @property
     def store_target(self) -> str:
@@ -59,7 +61,10 @@ def model_path(home: Path, model_id: str) -> Path:
 def configs_from_params(params: dict[str, Any], cfg: WorkerConfig) -> tuple[ModelConfig, TrainConfig]:
     """The job's form fields (named like the CLI options) as the library's configs."""
     model = ModelConfig(**{k: params[k] for k in MODEL_PARAMS if k in params})
-    train = TrainConfig(**{k: params[k] for k in TRAIN_PARAMS if k in params},
+    values = {k: params[k] for k in TRAIN_PARAMS if k in params}
+    if isinstance(values.get("fanout"), str):  # "10,10" as typed on the command line
+        values["fanout"] = tuple(0 if x.strip() == "all" else int(x) for x in values["fanout"].split(","))
+    train = TrainConfig(**values,
                         time_limit_minutes=float(params.get("time_limit", 0.0)), device=cfg.device,
                         threads=cfg.threads, progress=False)
     return model, train
@@ -248,8 +253,13 @@ class Worker:
         resume = (run_dir / CHECKPOINT).exists()  # a previous attempt (dead or stopped worker) left one
         if resume:
             log.info("job %s: resuming from %s", job.id, run_dir / CHECKPOINT)
-        train(dataset, model_cfg, train_cfg, run_dir, resume=resume, final_eval=True,
-              on_progress=on_progress, should_stop=should_stop, relation_labels=relation_labels(uploads))
+        nproc = int(job.params.get("nproc_per_node") or self.config.nproc_per_node)
+        if nproc > 0:
+            _train_torchrun(uploads, run_dir, model_cfg, train_cfg, nproc, resume=resume, beat=beat,
+                            should_stop=should_stop)
+        else:
+            train(dataset, model_cfg, train_cfg, run_dir, resume=resume, final_eval=True,
+                  on_progress=on_progress, should_stop=should_stop, relation_labels=relation_labels(uploads))
         # Our own flag, not metrics["stopped"]: a resumed run may carry its predecessor's stop reason.
         if beat.lost or (asked_to_stop and beat.cancelled):
             return None
@@ -266,6 +276,46 @@ class Worker:
             tmp.unlink(missing_ok=True)
         self.store.add_model(record_for(job.id, final, self.home, job_id=job.id))
         return job.id
+
+
+def _train_torchrun(uploads: Path, run_dir: Path, model_cfg: ModelConfig, train_cfg: TrainConfig, nproc: int, *,
+                    resume: bool, beat: _Heartbeat, should_stop) -> None:
+    """`earl train --nproc-per-node N` in a subprocess: progress comes back through a file, a stop request goes
+    out as SIGTERM (every rank checkpoints at its next step), the command's error message becomes the job's."""
+    import json
+    import signal
+    import subprocess
+    import sys
+    from dataclasses import replace
+
+    from ..train import write_json_atomic
+
+    run_dir.mkdir(parents=True, exist_ok=True)
+    threads = max(1, train_cfg.threads // nproc) if train_cfg.threads else 0  # the worker's threads, shared
+    config = run_dir / "job_config.json"
+    write_json_atomic(config, {"model": model_cfg.to_dict(), "train": replace(train_cfg, threads=threads).to_dict()})
+    progress, log_path = run_dir / "progress.json", run_dir / "train.log"
+    cmd = [sys.executable, "-m", "earl_service.cli", "train", str(uploads), "--out", str(run_dir), "--config",
+           str(config), "--progress-file", str(progress), "--nproc-per-node", str(nproc),
+           *(["--resume"] if resume else [])]
+    with log_path.open("w") as log_file:
+        proc = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT)
+        signalled = False
+        while proc.poll() is None:
+            try:
+                beat.progress = json.loads(progress.read_text())
+            except (OSError, ValueError):
+                pass
+            if not signalled and should_stop():
+                proc.send_signal(signal.SIGTERM)
+                signalled = True
+            time.sleep(0.2)
+    if proc.returncode != 0 and not signalled:  # after SIGTERM torchrun exits non-zero by design
+        lines = log_path.read_text(errors="replace").splitlines()
+        said = [line.split("earl: error: ", 1)[1] for line in lines if "earl: error: " in line]
+        if said:
+            raise ValueError(said[-1])
+        raise RuntimeError(f"distributed training exited with status {proc.returncode}: {' | '.join(lines[-5:])}")
 
 
 class _Interrupted(Exception):

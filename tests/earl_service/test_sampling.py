@@ -4,8 +4,8 @@ bias, layer-wise inference is exact, and sampled training learns on CoDEx-S."""
 import numpy as np
 import pytest
 import torch
-
 from conftest import codex_s_path, random_triples
+
 from earl_service.config import ModelConfig, TrainConfig
 from earl_service.data import load_dataset
 from earl_service.graph import build_graph, choose_reserved
@@ -116,7 +116,8 @@ def test_sampled_training_learns_on_codex(tmp_path):
     far above the untrained model's; validation and the final evaluation use exact layer-wise inference."""
     ds = load_dataset(codex_s_path())
     mcfg = ModelConfig(dim=32)
-    fast = dict(batch_size=256, negatives=32, progress=False, sampled=True, fanout=(5, 5), negative_chunk=32)
+    fast = {"batch_size": 256, "negatives": 32, "progress": False, "sampled": True, "fanout": (5, 5),
+            "negative_chunk": 32}
     untrained = train(ds, mcfg, TrainConfig(steps=0, **fast), tmp_path / "untrained", write_bundle=False)
     trained = train(ds, mcfg, TrainConfig(steps=150, lr=5e-3, eval_every=75, eval_max_triples=300, **fast),
                     tmp_path / "trained")
