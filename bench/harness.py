@@ -1,0 +1,363 @@
+"""Train one configuration under a wall-clock budget and collect what the paper tables report.
+
+Two trainers share one contract: `run_earl` (this repository's `earl_service.train`, EARL or plain RotatE) and
+`run_pykeen` (PyKEEN 1.11's RotatE or NodePiece+RotatE). Both take the same `Budget` (wall-clock minutes that
+include periodic validation, a step cap, validation cadence and early-stopping patience), keep the best
+checkpoint by validation MRR, and return one flat record: parameters, steps done, why training stopped
+(`early_stopping` = converged, `time_limit`, `steps`), wall-clock, test metrics per protocol (filtered,
+realistic ranks), saved-artifact bytes and the validation curve (MRR against wall-clock).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import logging
+import os
+import time
+import warnings
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from earl_service.config import ModelConfig, TrainConfig
+from earl_service.data import Dataset
+from earl_service.model import build_model, trainable_parameters
+
+THREADS = 2  # the machine's cores; every run in every table uses the same
+
+
+@dataclass(frozen=True)
+class Budget:
+    """How long one run may train and how it validates. Validation time counts against `minutes`."""
+
+    minutes: float
+    max_steps: int = 1_000_000
+    eval_every: int = 100  # steps between validations
+    eval_max_triples: int = 0  # validate on a fixed random subset of this many valid triples (0: all)
+    patience: int = 20  # validations without improvement before early stopping
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Optim:
+    """The optimisation settings shared by both trainers (the paper's defaults)."""
+
+    batch_size: int = 1024
+    negatives: int = 256  # per side: this many head and this many tail corruptions per positive
+    lr: float = 1e-3
+    margin: float = 10.0
+    adversarial_temperature: float = 1.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _seen_subset(ds: Dataset, split: str, limit: int) -> np.ndarray:
+    """The triples `Run.evaluate(split, "seen", limit=...)` ranks: seen-entity filter, then the same fixed subset."""
+    triples = ds.split(split)
+    triples = triples[ds.seen_mask(triples)]
+    if limit and len(triples) > limit:
+        triples = triples[np.random.default_rng(0).choice(len(triples), limit, replace=False)]
+    return triples
+
+
+def _metrics(m: dict) -> dict:
+    return {k: m[k] for k in ("mrr", "mr", "hits_at_1", "hits_at_3", "hits_at_10", "count") if k in m}
+
+
+def _stopped(budget: Budget, stopped: str, load_start: tuple[float, ...]) -> dict:
+    """Why training stopped, the budget, and the 1-minute load average before/after (other work on the machine)."""
+    return {"stopped": stopped, "converged": stopped == "early_stopping", "budget": budget.to_dict(),
+            "load_average_1min": {"start": round(load_start[0], 2), "end": round(os.getloadavg()[0], 2)}}
+
+
+# ---------------------------------------------------------------- earl_service (EARL and plain RotatE)
+
+
+def earl_parameters(ds: Dataset, cfg: ModelConfig) -> int:
+    """Trainable parameters of a model config on this dataset, without training it."""
+    from earl_service.graph import choose_reserved
+
+    n = ds.num_train_entities
+    reserved = (choose_reserved(n, cfg.reserved_ratio, cfg.seed) if cfg.model == "earl" and cfg.uses_reserved
+                else torch.zeros(0, dtype=torch.long))
+    return trainable_parameters(build_model(cfg, n, ds.num_relations, reserved))
+
+
+def dim_for_parameters(ds: Dataset, base: ModelConfig, target: int, *, lo: int = 1, hi: int = 2000) -> int:
+    """The dim whose parameter count is closest to `target` (counts grow with dim, so bisect)."""
+    from dataclasses import replace
+
+    def count(d: int) -> int:
+        return earl_parameters(ds, replace(base, dim=d))
+
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if count(mid) < target:
+            lo = mid + 1
+        else:
+            hi = mid
+    return min((d for d in (lo - 1, lo) if d >= 1), key=lambda d: abs(count(d) - target))
+
+
+def run_earl(ds: Dataset, cfg: ModelConfig, budget: Budget, out_dir: Path, *, optim: Optim = Optim(),
+             protocols: tuple[str, ...] = ("seen",), bf16: bool = False, seed: int = 0, final_eval: bool = True) -> dict:
+    """Train with `earl_service.train` under the budget; test the best checkpoint under each protocol."""
+    from dataclasses import replace
+
+    from earl_service.train import load_run, train
+
+    cfg = replace(cfg, gamma=optim.margin)
+    tcfg = TrainConfig(steps=budget.max_steps, batch_size=optim.batch_size, negatives=optim.negatives, lr=optim.lr,
+                       adversarial_temperature=optim.adversarial_temperature, eval_every=budget.eval_every,
+                       patience=budget.patience, eval_max_triples=budget.eval_max_triples,
+                       time_limit_minutes=budget.minutes, bf16=bf16, threads=THREADS, progress=False, seed=seed,
+                       checkpoint_every=0)
+    t0, load = time.perf_counter(), os.getloadavg()
+    m = train(ds, cfg, tcfg, out_dir, protocol="seen", final_eval=final_eval)
+    test = {"seen": _metrics(m["test"])} if "test" in m else {}
+    if "all" in protocols and "seen" in test:
+        if ds.seen_mask(ds.test).all():
+            test["all"] = dict(test["seen"])  # no test triple has an unseen entity: the two protocols coincide
+        else:
+            test["all"] = _metrics(load_run(out_dir, ds, device="cpu").evaluate("test", "all"))
+    history = json.loads((Path(out_dir) / "history.json").read_text())
+    return {
+        "implementation": "earl_service",
+        "model": cfg.model,
+        "dim": cfg.dim,
+        "parameters": m["trainable_parameters"],
+        "steps": m["steps"],
+        "best_step": m["best_step"],
+        **_stopped(budget, m["stopped"], load),
+        "train_seconds": m["train_seconds"],
+        "wall_seconds": time.perf_counter() - t0,
+        "median_step_seconds": m["median_step_seconds"],
+        "valid": _metrics(m.get("valid", {})),
+        "test": test,
+        "artifact_bytes": m["bundle_bytes"],
+        "artifact": "bundle.safetensors (fp32 weights, graph, vocabularies)",
+        "history": {"eval_steps": history["eval_steps"], "eval_seconds": history["eval_seconds"],
+                    "eval_mrr": history["eval_mrr"]},
+        "config": {"model": cfg.to_dict(), "optim": optim.to_dict(), "bf16": bf16, "seed": seed},
+        "threads": THREADS,
+    }
+
+
+# ---------------------------------------------------------------- PyKEEN
+
+
+@dataclass(frozen=True)
+class NodePieceSpec:
+    """NodePiece tokenisation as in PyKEEN's galkin2022 configs: anchors per entity, relations per entity.
+
+    Those configs search anchors with CSGraphAnchorSearcher, which in PyKEEN 1.11.1 sizes its graph from the
+    largest entity id in train and fails when valid/test hold entities absent from train; run_pykeen uses the
+    BFS ScipySparseAnchorSearcher (also nearest anchors by hops), which takes the entity count.
+    """
+
+    anchors: int
+    anchor_tokens: int
+    relation_tokens: int
+
+    @property
+    def tokens(self) -> int:
+        return self.anchor_tokens + self.relation_tokens
+
+
+def pykeen_rotate_parameters(ds: Dataset, dim: int) -> int:
+    """PyKEEN's RotatE stores complex entities and relations: 2*dim reals each."""
+    return 2 * dim * (ds.num_entities + ds.num_relations)
+
+
+def pykeen_nodepiece_parameters(ds: Dataset, width: int, spec: NodePieceSpec) -> int:
+    """NodePiece+RotatE parameters at real width `width` (complex dim width/2), MLP aggregation, inverse relations.
+
+    anchors (A+1) x w, relation tokens (2R+1) x w, ConcatMLP (T*w -> 2w -> w) with biases. Checked against the
+    built model in run_pykeen (the record keeps the counted number).
+    """
+    t = spec.tokens
+    return 2 * t * width * width + 2 * width * width + width * (spec.anchors + 1 + 2 * ds.num_relations + 1 + 3)
+
+
+def nodepiece_width_for(ds: Dataset, target: int, spec: NodePieceSpec) -> int:
+    """The even real width whose NodePiece parameter count is closest to `target`."""
+    return min(range(2, 4001, 2), key=lambda w: abs(pykeen_nodepiece_parameters(ds, w, spec) - target))
+
+
+def pykeen_rotate_dim_for(ds: Dataset, target: int) -> int:
+    return max(1, round(target / (2 * (ds.num_entities + ds.num_relations))))
+
+
+class _BudgetSpent(Exception):
+    """Raised from a callback to leave PyKEEN's loop mid-epoch (its own stop flag is read only between epochs)."""
+
+    def __init__(self, reason: str):
+        super().__init__(reason)
+        self.reason = reason
+
+
+def run_pykeen(ds: Dataset, kind: str, budget: Budget, out_dir: Path, *, dim: int = 0, width: int = 0,
+               spec: NodePieceSpec | None = None, optim: Optim = Optim(), negatives_per_positive: int = 0,
+               protocols: tuple[str, ...] = ("seen",), seed: int = 0, final_eval: bool = True) -> dict:
+    """Train PyKEEN's RotatE (`kind="rotate"`, complex `dim`) or NodePiece+RotatE (`kind="nodepiece"`, real `width`).
+
+    Same conditions as run_earl: sLCWA with the self-adversarial NSSA loss (margin, temperature), batch size,
+    Adam and learning rate from `optim`, `negatives_per_positive` corruptions per positive (0: 2*optim.negatives,
+    what run_earl draws; PyKEEN corrupts one side per negative; filtered against train), THREADS threads, the same wall-clock budget with validation counted in it,
+    validation every `eval_every` steps on the same valid subset with filtered realistic MRR, early stopping with
+    the same patience, best checkpoint tested. PyKEEN's own components are wired as its `pipeline()` would; the
+    loop is driven directly so that a callback can stop it mid-epoch when the budget is spent.
+    """
+    from pykeen.evaluation import RankBasedEvaluator
+    from pykeen.losses import NSSALoss
+    from pykeen.models import NodePiece, RotatE
+    from pykeen.training import SLCWATrainingLoop
+    from pykeen.training.callbacks import TrainingCallback
+    from pykeen.triples import CoreTriplesFactory
+
+    warnings.filterwarnings("ignore", module=r"pykeen\..*")
+    warnings.filterwarnings("ignore", message=r".*is not complex, but will be viewed as such")
+    warnings.filterwarnings("ignore", message=r".*does not comply with the canonical complex tensor shape")
+    logging.getLogger("pykeen").setLevel(logging.ERROR)
+    torch.set_num_threads(THREADS)
+    torch.manual_seed(seed)
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    wall0, load = time.perf_counter(), os.getloadavg()
+
+    def as_ids(x: np.ndarray) -> torch.Tensor:
+        return torch.as_tensor(x, dtype=torch.long)
+
+    # Every entity of every split gets an id (valid/test-only ones never occur in a training triple), so that the
+    # `all` protocol can rank them; the `seen` protocol restricts candidates to training entities, as run_earl does.
+    factory = CoreTriplesFactory.create(mapped_triples=as_ids(ds.train), num_entities=ds.num_entities,
+                                        num_relations=ds.num_relations, create_inverse_triples=kind == "nodepiece")
+    if kind == "rotate":
+        model = RotatE(triples_factory=factory, embedding_dim=dim, loss=NSSALoss(
+            margin=optim.margin, adversarial_temperature=optim.adversarial_temperature), random_seed=seed)
+        shape = {"dim": dim}
+    elif kind == "nodepiece":
+        assert spec is not None and width % 2 == 0, "NodePiece needs a spec and an even real width"
+        model = NodePiece(
+            triples_factory=factory, embedding_dim=width, interaction="rotate", aggregation="mlp",
+            entity_initializer="xavier_uniform_", relation_initializer="init_phases",
+            relation_constrainer="complex_normalize", tokenizers=["AnchorTokenizer", "RelationTokenizer"],
+            num_tokens=[spec.anchor_tokens, spec.relation_tokens],
+            tokenizers_kwargs=[dict(selection="MixtureAnchorSelection", searcher="ScipySparseAnchorSearcher",
+                                    selection_kwargs=dict(selections=["Degree", "PageRank", "Random"],
+                                                          ratios=[0.4, 0.4, 0.2], num_anchors=spec.anchors)), {}],
+            loss=NSSALoss(margin=optim.margin, adversarial_temperature=optim.adversarial_temperature),
+            random_seed=seed)
+        shape = {"dim": width // 2, "real_width": width, **asdict(spec)}
+    else:
+        raise ValueError(f"kind must be 'rotate' or 'nodepiece', not {kind!r}")
+    parameters = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    setup_seconds = time.perf_counter() - wall0
+
+    filter_triples = [as_ids(x) for x in (ds.train, ds.valid, ds.test) if x is not None and len(x)]
+    # Restricting candidates costs time; only needed when some entity occurs outside train.
+    train_entities = list(range(ds.num_train_entities)) if ds.num_entities > ds.num_train_entities else None
+    evaluator = RankBasedEvaluator(filtered=True)
+
+    def evaluate(triples: np.ndarray, restrict: bool) -> dict:
+        res = evaluator.evaluate(model, as_ids(triples), additional_filter_triples=filter_triples, batch_size=256,
+                                 use_tqdm=False, restrict_entities_to=train_entities if restrict else None)
+        get = res.get_metric
+        return {"mrr": get("both.realistic.inverse_harmonic_mean_rank"), "mr": get("both.realistic.arithmetic_mean_rank"),
+                "hits_at_1": get("both.realistic.hits_at_1"), "hits_at_3": get("both.realistic.hits_at_3"),
+                "hits_at_10": get("both.realistic.hits_at_10"), "count": int(get("both.realistic.count"))}
+
+    valid_triples = _seen_subset(ds, "valid", budget.eval_max_triples) if ds.valid is not None else None
+    history: dict[str, list] = {"eval_steps": [], "eval_seconds": [], "eval_mrr": []}
+    state = {"step": 0, "best_mrr": -1.0, "best_step": 0, "bad": 0, "best": None, "step_times": []}
+    start = [0.0]
+
+    class BudgetCallback(TrainingCallback):
+        def pre_batch(self, **kwargs: Any) -> None:
+            self._t0 = time.perf_counter()
+
+        def post_batch(self, epoch: int, batch, **kwargs: Any) -> None:
+            state["step"] += 1
+            state["step_times"].append(time.perf_counter() - self._t0)
+            step = state["step"]
+            if valid_triples is not None and budget.eval_every and step % budget.eval_every == 0:
+                mrr = evaluate(valid_triples, restrict=True)["mrr"]
+                self.model.train()  # PyKEEN re-enables training mode only at epoch start
+                history["eval_steps"].append(step)
+                history["eval_seconds"].append(time.perf_counter() - start[0])
+                history["eval_mrr"].append(mrr)
+                if mrr > state["best_mrr"]:
+                    state.update(best_mrr=mrr, best_step=step, bad=0, best=copy.deepcopy(self.model.state_dict()))
+                else:
+                    state["bad"] += 1
+                if state["bad"] >= budget.patience:
+                    raise _BudgetSpent("early_stopping")
+            if step >= budget.max_steps:
+                raise _BudgetSpent("steps")
+            if time.perf_counter() - start[0] > budget.minutes * 60:
+                raise _BudgetSpent("time_limit")
+
+    negatives = negatives_per_positive or 2 * optim.negatives
+    optimizer = torch.optim.Adam(model.parameters(), lr=optim.lr)
+    loop = SLCWATrainingLoop(model=model, triples_factory=factory, optimizer=optimizer, negative_sampler="basic",
+                             negative_sampler_kwargs=dict(num_negs_per_pos=negatives, filtered=True))
+    start[0] = time.perf_counter()
+    stopped = "steps"
+    try:
+        loop.train(triples_factory=factory, num_epochs=10**9, batch_size=optim.batch_size, use_tqdm=False,
+                   use_tqdm_batch=False, callbacks=[BudgetCallback()])
+    except _BudgetSpent as stop:
+        stopped = stop.reason
+    train_seconds = time.perf_counter() - start[0]
+    if state["best"] is not None:
+        model.load_state_dict(state["best"])
+    model.eval()
+    valid = evaluate(_seen_subset(ds, "valid", 0), restrict=True) if final_eval and ds.valid is not None else {}
+    test: dict[str, dict] = {}
+    if final_eval and ds.test is not None:
+        test["seen"] = evaluate(_seen_subset(ds, "test", 0), restrict=True)
+        if "all" in protocols:
+            test["all"] = (dict(test["seen"]) if ds.seen_mask(ds.test).all()
+                           else evaluate(ds.test, restrict=False))
+    path = out_dir / "pykeen_state.pt"
+    torch.save(model.state_dict(), path)  # weights plus NodePiece's token assignment buffers
+    times = state["step_times"][3:]
+    return {
+        "implementation": f"pykeen {_pykeen_version()}",
+        "model": kind,
+        **shape,
+        "parameters": parameters,
+        "steps": state["step"],
+        "best_step": state["best_step"],
+        **_stopped(budget, stopped, load),
+        "train_seconds": train_seconds,
+        "setup_seconds": setup_seconds,
+        "wall_seconds": time.perf_counter() - wall0,
+        "median_step_seconds": float(np.median(times)) if times else None,
+        "valid": valid,
+        "test": test,
+        "artifact_bytes": path.stat().st_size,
+        "artifact": "torch.save(model.state_dict()) (weights; NodePiece also its token assignments)",
+        "history": history,
+        "config": {"optim": optim.to_dict(), "negatives_per_positive": negatives, "seed": seed},
+        "threads": THREADS,
+    }
+
+
+def _pykeen_version() -> str:
+    from importlib.metadata import version
+
+    return version("pykeen")
+
+
+def effi(record: dict, protocol: str = "seen") -> float | None:
+    """The paper's Effi: MRR per million parameters."""
+    mrr = record.get("test", {}).get(protocol, {}).get("mrr")
+    return None if mrr is None else mrr / (record["parameters"] / 1e6)
