@@ -24,6 +24,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # must precede the first to
 
 import argparse
 import json
+import shutil
 import sys
 import time
 import traceback
@@ -113,6 +114,7 @@ class Bench:
         """Run one training, tag and keep its record (or the error), save what we have so far."""
         slug = "".join(c if c.isalnum() else "-" for c in f"{dataset}-{label}").strip("-").lower()
         print(f"[{time.strftime('%H:%M:%S')}] {self.name}: {dataset} / {label}", flush=True)
+        shutil.rmtree(self.work / slug, ignore_errors=True)  # a stale best.pt must not stand in for this run's
         try:
             rec = fn(self.work / slug)
         except Exception as exc:  # one failed peer must not lose the other runs of a multi-hour table
