@@ -67,47 +67,217 @@ def nearest_reserved(
     k: int,
     temperature: float,
     *,
-    max_block_elements: int = 1 << 25,
+    max_block_elements: int = 1 << 24,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Top-k reserved entities by cosine similarity of relational features, with softmax(sim / T) weights.
 
     features: CSR (N, 2R) counts; reserved: (N_res,) entity ids. Returns ids (N, k) as positions in
-    `reserved` and weights (N, k). Rows are processed in blocks of at most `max_block_elements` similarity
-    entries, so memory stays bounded for any N. An entity without edges has similarity 0 to everything
-    and gets the first k reserved entities with equal weights.
+    `reserved` and weights (N, k). Ranking key: similarity rounded to 1e-9, ties broken by the lower reserved
+    position; rounding makes the choice independent of float summation order, so the numpy edge reader picks
+    the very same neighbours. An entity without edges has similarity 0 to everything and gets the first k
+    reserved entities with equal weights.
+
+    Exact, and fast enough for millions of entities (the exhaustive search is O(N x N_res x 2R)):
+    - entities with bit-identical unit feature vectors share one search (the long tail of low-degree
+      entities repeats a few patterns), and of identical reserved vectors only the first k positions can win;
+    - a float32 sparse product screens every reserved entity; the exact float64 key is then computed for the
+      k + 8 best only, which provably hold the top k when the 8th extra one falls below the k-th best by more
+      than twice the float32 error bound. Rows where it does not (many near-ties) take the exhaustive float64
+      path. Memory stays bounded by `max_block_elements` similarity entries per block.
+    Runs on one torch thread: its per-block operations are small, and OpenMP's fork/join on each of them cost
+    more than they saved (5x more on 2 shared cores).
     """
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return _nearest_reserved(features, reserved, k, temperature, max_block_elements)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _nearest_reserved(
+    features: torch.Tensor, reserved: torch.Tensor, k: int, temperature: float, max_block_elements: int
+) -> tuple[torch.Tensor, torch.Tensor]:
     num_entities, width = features.shape
     if reserved.numel() >= 1 << 24:
         raise ValueError("at most 2**24 - 1 reserved entities are supported")
+    k = min(k, reserved.numel())
+    crow, col, val = features.crow_indices(), features.col_indices(), features.values()
+    nnz = crow[1:] - crow[:-1]  # (N,)
+    row_of = torch.repeat_interleave(torch.arange(num_entities), nnz)  # (nnz,)
+    val = val.double()
+    norms = torch.zeros(num_entities, dtype=torch.float64).index_add_(0, row_of, val * val)
+    inv_norm = torch.where(norms > 0, 1.0 / norms.sqrt(), torch.zeros((), dtype=torch.float64))
+    unit = val * inv_norm[row_of]  # L2-normalised feature values, (nnz,)
+
+    group, representative = _identical_rows(crow, col, unit)  # (N,) pattern id, (G,) one entity per pattern
+    # Reserved candidates: the first k positions of each distinct reserved vector (the rest always lose ties).
+    res_group = group[reserved]
+    order = torch.argsort(res_group, stable=True)
+    first = torch.ones(order.numel(), dtype=torch.bool)
+    first[1:] = res_group[order][1:] != res_group[order][:-1]
+    start = torch.cummax(torch.where(first, torch.arange(order.numel()), 0), 0).values
+    keep = torch.zeros(reserved.numel(), dtype=torch.bool)
+    keep[order[torch.arange(order.numel()) - start < k]] = True
+    cand = keep.nonzero().squeeze(1)  # (M,) reserved positions, ascending
+    position = torch.full((num_entities,), -1, dtype=torch.long)
+    position[reserved[cand]] = torch.arange(cand.numel())
+    is_res = position[row_of] >= 0
+    res_unit = torch.zeros(cand.numel(), width, dtype=torch.float64)  # (M, 2R)
+    res_unit[position[row_of[is_res]], col[is_res]] = unit[is_res]
+    res_unit_t = res_unit.T.contiguous()  # (2R, M)
+    res_unit32_t = res_unit_t.float()
+    tiebreak = (1 << 24) - 1 - cand  # (M,) lower position wins
+    # Which candidates use each slot (CSC of res_unit): a block screens only the candidates sharing a slot with
+    # one of its rows; every other candidate has similarity exactly 0 there.
+    res_rows, res_slots = res_unit.nonzero(as_tuple=True)
+    by_slot = torch.argsort(res_slots, stable=True)
+    slot_members = res_rows[by_slot]
+    slot_count = torch.bincount(res_slots, minlength=width)
+    slot_start = torch.cumsum(slot_count, 0) - slot_count
+
+    ids_g = torch.empty(representative.numel(), k, dtype=torch.long)  # per pattern: positions in `reserved`
+    sims_g = torch.empty(representative.numel(), k, dtype=torch.float64)
+    extra = min(8, cand.numel() - k)
+    # Rows per block (at most 256, and at most max_block_elements similarities against all candidates), in an
+    # order that groups rows sharing their most common slots.
+    block = max(1, min(256, max_block_elements // max(1, cand.numel())))
+    order = _by_common_slots(crow, col, representative, slot_count)
+    for lo in range(0, representative.numel(), block):
+        todo = order[lo : lo + block]  # pattern ids
+        reps = representative[todo]
+        b = reps.numel()
+        counts = nnz[reps]
+        idx = _ranges(crow[reps], counts)  # (E,) this block's entries
+        entry_row = torch.repeat_interleave(torch.arange(b), counts)  # (E,)
+        ecol, eval_ = col[idx], unit[idx]
+        top_ids, top_sims = torch.empty(b, k, dtype=torch.long), torch.empty(b, k, dtype=torch.float64)
+        done = torch.zeros(b, dtype=torch.bool)
+        slots = torch.unique(ecol)  # (S,) the block's slots
+        sharing = torch.unique(slot_members[_ranges(slot_start[slots], slot_count[slots])])  # (C,) candidates
+        if extra > 0 and sharing.numel() >= k + extra:
+            dense = res_unit32_t.index_select(0, slots).index_select(1, sharing)  # (S, C)
+            rows32 = _csr_rows(counts, torch.searchsorted(slots, ecol), eval_.float(), slots.numel())
+            values, found = torch.topk(torch.sparse.mm(rows32, dense), k + extra, dim=1, sorted=True)  # (b, k+8)
+            found = sharing[found]
+            bound = (counts.double() + 2) * 2.0**-22  # twice the float32 error of a sum of nnz unit products
+            # Complete when the (k+8)-th falls clearly below the k-th: then no unscreened candidate can reach the
+            # top k, and the k-th is > 0, so the candidates sharing no slot (similarity 0) cannot either.
+            done = values[:, -1].double() < values[:, k - 1].double() - 2 * bound - 2e-9
+            # Exact float64 similarities of the candidates, summed over each row's nonzero features.
+            exact = torch.zeros(b, k + extra, dtype=torch.float64).index_add_(
+                0, entry_row, eval_[:, None] * res_unit[found[entry_row], ecol[:, None]])
+            top_ids[done], top_sims[done] = _rank(exact[done], found[done], tiebreak[found[done]], k)
+        if not done.all():  # near-ties, zeros in the top k, few candidates: every candidate, in float64
+            rest = (~done).nonzero().squeeze(1)
+            part = _ranges(crow[reps[rest]], counts[rest])
+            exact = torch.sparse.mm(_csr_rows(counts[rest], col[part], unit[part], width), res_unit_t)  # (b'', M)
+            columns = torch.arange(cand.numel()).expand(rest.numel(), -1)
+            top_ids[rest], top_sims[rest] = _rank(exact, columns, tiebreak.expand(rest.numel(), -1), k)
+        ids_g[todo], sims_g[todo] = cand[top_ids], top_sims
+    ids, sims = ids_g[group], sims_g[group]
+    return ids, torch.softmax(sims / temperature, dim=1).float()
+
+
+def _by_common_slots(crow: torch.Tensor, col: torch.Tensor, rows: torch.Tensor, popularity: torch.Tensor) -> torch.Tensor:
+    """An order of `rows` (positions into it) sorted by each row's three most popular columns, so that
+    consecutive rows share columns."""
+    counts = (crow[1:] - crow[:-1])[rows].numpy()
+    entries = _ranges(crow[rows], torch.from_numpy(counts)).numpy()
+    owner = np.repeat(np.arange(len(counts)), counts)
+    cols = col.numpy()[entries]
+    order = np.lexsort((-popularity.numpy()[cols], owner))  # by row, then most popular column first
+    starts = np.cumsum(counts) - counts
+    rank = np.arange(len(order)) - starts[owner[order]]
+    top = np.full((len(counts), 3), -1, dtype=np.int64)
+    keep = rank < 3
+    top[owner[order][keep], rank[keep]] = cols[order][keep]
+    return torch.from_numpy(np.lexsort((top[:, 2], top[:, 1], top[:, 0])))
+
+
+def _ranges(starts: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+    """cat(arange(s, s + c) for s, c in zip(starts, counts))."""
+    offsets = torch.repeat_interleave(starts - torch.cumsum(counts, 0) + counts, counts)
+    return offsets + torch.arange(int(counts.sum()))
+
+
+def _csr_rows(counts: torch.Tensor, cols: torch.Tensor, values: torch.Tensor, width: int) -> torch.Tensor:
+    crow = torch.zeros(counts.numel() + 1, dtype=torch.long)
+    crow[1:] = torch.cumsum(counts, 0)
+    return torch.sparse_csr_tensor(crow, cols, values, (counts.numel(), width), check_invariants=False)
+
+
+def _rank(sim: torch.Tensor, columns: torch.Tensor, tiebreak: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The k best of `columns` (b, c) by similarity (b, c) rounded to 1e-9, then by `tiebreak` (b, c).
+
+    Returns the chosen columns (b, k) and their rounded similarities (b, k)."""
+    steps = torch.round(sim * SIM_STEPS).to(torch.int64)  # (b, c) similarity in 1e-9 steps
+    top = torch.topk(steps * (1 << 24) + tiebreak, k, dim=1, sorted=True).indices
+    return torch.gather(columns, 1, top), torch.gather(steps, 1, top).double() / SIM_STEPS
+
+
+def _identical_rows(crow: torch.Tensor, col: torch.Tensor, unit: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Group rows of a CSR matrix whose (column, float64 value) entries are bit-identical.
+
+    Returns the group of every row (N,) and the lowest row of every group (G,). Rows are compared through two
+    independent 64-bit hashes of their entries (a collision would need ~2**64 rows)."""
+    n = crow.numel() - 1
+    nnz = (crow[1:] - crow[:-1]).numpy()
+    bits = unit.numpy().view(np.uint64)
+    entry = (col.numpy().astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15)) ^ bits
+    hashes = []
+    for salt in (0x632BE59BD9B4E019, 0x8CB92BA72F3D8DD7):
+        h = _splitmix64(entry ^ np.uint64(salt))
+        row = np.zeros(n, dtype=np.uint64)
+        nonempty = nnz > 0
+        if nonempty.any():
+            row[nonempty] = np.add.reduceat(h, crow[:-1].numpy()[nonempty])  # wraps mod 2**64: fine for a hash
+        hashes.append(row + _splitmix64(nnz.astype(np.uint64) ^ np.uint64(salt)))
+    order = np.lexsort((hashes[1], hashes[0]))  # stable: equal rows keep ascending ids
+    h0, h1 = hashes[0][order], hashes[1][order]
+    new = np.ones(n, dtype=bool)
+    new[1:] = (h0[1:] != h0[:-1]) | (h1[1:] != h1[:-1])
+    group = np.empty(n, dtype=np.int64)
+    group[order] = np.cumsum(new) - 1
+    return torch.from_numpy(group), torch.from_numpy(order[new].astype(np.int64))
+
+
+def _splitmix64(x: np.ndarray) -> np.ndarray:
+    with np.errstate(over="ignore"):
+        x = x + np.uint64(0x9E3779B97F4A7C15)
+        x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        return x ^ (x >> np.uint64(31))
+
+
+def nearest_reserved_exhaustive(
+    features: torch.Tensor, reserved: torch.Tensor, k: int, temperature: float, *, max_block_elements: int = 1 << 25
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The reference for `nearest_reserved`: every entity against every reserved entity in float64 (slow)."""
+    num_entities, width = features.shape
     k = min(k, reserved.numel())
     crow, col, val = features.crow_indices(), features.col_indices(), features.values()
     row_of = torch.repeat_interleave(torch.arange(num_entities), crow[1:] - crow[:-1])  # (nnz,)
     val = val.double()
     norms = torch.zeros(num_entities, dtype=torch.float64).index_add_(0, row_of, val * val)
     inv_norm = torch.where(norms > 0, 1.0 / norms.sqrt(), torch.zeros((), dtype=torch.float64))
-    unit = val * inv_norm[row_of]  # L2-normalised feature values, (nnz,)
-
+    unit = val * inv_norm[row_of]
     position = torch.full((num_entities,), -1, dtype=torch.long)
     position[reserved] = torch.arange(reserved.numel())
     is_res = position[row_of] >= 0
-    res_unit = torch.zeros(reserved.numel(), width, dtype=torch.float64)  # (N_res, 2R)
+    res_unit = torch.zeros(reserved.numel(), width, dtype=torch.float64)
     res_unit[position[row_of[is_res]], col[is_res]] = unit[is_res]
-
     block = max(1, max_block_elements // max(1, reserved.numel(), width))
+    tiebreak = (1 << 24) - 1 - torch.arange(reserved.numel(), dtype=torch.int64)
     ids = torch.empty(num_entities, k, dtype=torch.long)
     sims = torch.empty(num_entities, k, dtype=torch.float64)
-    # Ranking key: similarity rounded to 1e-9, ties broken by the lower reserved position. Rounding makes the
-    # choice independent of float summation order, so the numpy edge reader picks the very same neighbours.
-    tiebreak = (1 << 24) - 1 - torch.arange(reserved.numel(), dtype=torch.int64)  # lower position wins
     for start in range(0, num_entities, block):
         stop = min(num_entities, start + block)
         lo, hi = int(crow[start]), int(crow[stop])
-        rows = torch.zeros(stop - start, width, dtype=torch.float64)  # (b, 2R)
+        rows = torch.zeros(stop - start, width, dtype=torch.float64)
         rows[row_of[lo:hi] - start, col[lo:hi]] = unit[lo:hi]
-        sim = torch.round((rows @ res_unit.T) * SIM_STEPS).to(torch.int64)  # (b, N_res), similarity in 1e-9 steps
-        top = torch.topk(sim * (1 << 24) + tiebreak, k, dim=1, sorted=True).indices
-        ids[start:stop] = top
-        sims[start:stop] = torch.gather(sim, 1, top).double() / SIM_STEPS
+        everything = torch.arange(reserved.numel()).expand(stop - start, -1)
+        ids[start:stop], sims[start:stop] = _rank(rows @ res_unit.T, everything, tiebreak.expand(stop - start, -1), k)
     return ids, torch.softmax(sims / temperature, dim=1).float()
 
 

@@ -59,6 +59,22 @@ def _floyd_sample(sizes: np.ndarray, k: int, rng: np.random.Generator) -> np.nda
     return out
 
 
+def _csr(rows: np.ndarray, cols: np.ndarray, vals: np.ndarray, shape: tuple[int, int], dtype: torch.dtype) -> torch.Tensor:
+    """A CSR matrix from COO triplets, duplicates summed: numpy's sort-based unique, several times faster than
+    torch's COO coalesce on the ~10^5 entries a batch has."""
+    key = rows * shape[1] + cols
+    unique, inverse = np.unique(key, return_inverse=True)
+    summed = np.bincount(inverse, weights=vals, minlength=len(unique))
+    crow = np.zeros(shape[0] + 1, dtype=np.int64)
+    np.cumsum(np.bincount(unique // shape[1], minlength=shape[0]), out=crow[1:])
+    return torch.sparse_csr_tensor(torch.from_numpy(crow), torch.from_numpy(unique % shape[1]),
+                                   torch.from_numpy(summed).to(dtype), shape, check_invariants=False)
+
+
+def _pair(rows: np.ndarray, cols: np.ndarray, vals: np.ndarray, shape: tuple[int, int], dtype: torch.dtype) -> SparsePair:
+    return SparsePair(_csr(rows, cols, vals, shape, dtype), _csr(cols, rows, vals, (shape[1], shape[0]), dtype))
+
+
 class NeighborIndex:
     """Incident edges (CSR over entities), degrees, relational features and kNResEnt tables of one graph.
 
@@ -188,19 +204,16 @@ class NeighborIndex:
         return Subgraph(torch.from_numpy(nodes), len(seeds), self._input_graph(nodes), layers)
 
     def _layer_graph(self, owners, others, slots, weights, n_out: int, n_in: int) -> Graph:
-        rows = torch.from_numpy(np.concatenate(owners))
-        other = torch.from_numpy(np.concatenate(others))
-        slot = torch.from_numpy(np.concatenate(slots))
-        value = torch.from_numpy(np.concatenate(weights)).to(self.dtype)
+        rows, other, slot, value = (np.concatenate(x) for x in (owners, others, slots, weights))
         num_rel = self.num_relations
-        outputs = torch.arange(n_out)
-        message = SparsePair.from_coo(
-            torch.cat([rows, outputs]),
-            torch.cat([3 * other + (slot >= num_rel).long(), 3 * outputs + 2]),  # out: 3j, in: 3j+1, self: 3e+2
-            torch.cat([value, torch.ones(n_out, dtype=self.dtype)]),
-            (n_out, 3 * n_in),
+        outputs = np.arange(n_out, dtype=np.int64)
+        message = _pair(
+            np.concatenate([rows, outputs]),
+            np.concatenate([3 * other + (slot >= num_rel), 3 * outputs + 2]),  # out: 3j, in: 3j + 1, self: 3e + 2
+            np.concatenate([value, np.ones(n_out)]),
+            (n_out, 3 * n_in), self.dtype,
         )
-        conrel = SparsePair.from_coo(rows, slot, value, (n_out, 2 * num_rel))
+        conrel = _pair(rows, slot, value, (n_out, 2 * num_rel), self.dtype)
         empty = torch.zeros(0, dtype=torch.long)
         return Graph(n_out, num_rel, torch.zeros(0, 3, dtype=torch.long), empty, conrel, message, None, None, None,
                      torch.zeros(0))
@@ -214,21 +227,21 @@ class NeighborIndex:
         rows = np.repeat(np.arange(n, dtype=np.int64), count)
         degree = self.degree[nodes]
         inv = 1.0 / np.maximum(degree, 1)
-        conrel = SparsePair.from_coo(torch.from_numpy(rows), torch.from_numpy(self._feat_cols[idx].astype(np.int64)),
-                                     torch.from_numpy(self._feat_counts[idx] * inv[rows]).to(self.dtype),
-                                     (n, 2 * num_rel))
+        conrel = _pair(rows, self._feat_cols[idx].astype(np.int64), self._feat_counts[idx] * inv[rows],
+                       (n, 2 * num_rel), self.dtype)
         pos = self._reserved_pos[nodes]
         is_res = pos >= 0
         reserved = torch.from_numpy(np.flatnonzero(is_res))
         reserved_rows = torch.from_numpy(pos[is_res])
         knn = knn_rows = None
         if self.knn_ids is not None and self.knn_weights is not None:
-            ids = self.knn_ids[torch.from_numpy(nodes)]  # (n, k) positions in `reserved`
-            weights = self.knn_weights[torch.from_numpy(nodes)]
-            knn_rows, columns = torch.unique(ids, return_inverse=True)
+            ids = self.knn_ids[torch.from_numpy(nodes)].numpy()  # (n, k) positions in `reserved`
+            weights = self.knn_weights[torch.from_numpy(nodes)].numpy()
+            unique, columns = np.unique(ids, return_inverse=True)
             kk = ids.shape[1]
-            knn = SparsePair.from_coo(torch.arange(n).repeat_interleave(kk), columns.reshape(-1),
-                                      weights.reshape(-1).to(self.dtype), (n, knn_rows.numel()))
+            knn = _pair(np.repeat(np.arange(n, dtype=np.int64), kk), columns.reshape(-1),
+                        weights.reshape(-1).astype(np.float64), (n, len(unique)), self.dtype)
+            knn_rows = torch.from_numpy(unique)
         return Graph(n, num_rel, torch.zeros(0, 3, dtype=torch.long), reserved, conrel, None, knn, None, None,
                      torch.from_numpy(degree).float(), reserved_rows=reserved_rows, knn_rows=knn_rows)
 

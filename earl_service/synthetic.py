@@ -91,7 +91,7 @@ def generate(config: SyntheticConfig) -> SyntheticKG:
     cfg = config
     rng = np.random.default_rng(cfg.seed)
     n, num_rel = cfg.entities, cfg.relations
-    types = min(cfg.types, n)
+    types = min(cfg.types, n, num_rel)  # every type is then the head type and the tail type of some relation
     entity_type = rng.choice(types, size=n, p=_zipf_shares(types, cfg.type_zipf))
     weight = (rng.permutation(n) + 1.0) ** -cfg.degree_alpha  # (N,) popularity, a random rank per entity
     order = np.argsort(entity_type, kind="stable")

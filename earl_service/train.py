@@ -147,6 +147,7 @@ class History:
     eval_steps: list[int] = field(default_factory=list)
     eval_seconds: list[float] = field(default_factory=list)
     eval_mrr: list[float] = field(default_factory=list)
+    encoded: list[int] = field(default_factory=list)  # sampled training: entities encoded per step (this rank)
 
 
 @dataclass
@@ -345,7 +346,8 @@ def train(
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
             if cfg.sampled:
                 rng = np.random.default_rng([cfg.seed, state["step"], ranks.rank])
-                loss = _sampled_loss(net, run, sampler, batch, rows, cfg, fanout, gen, rng)
+                loss, encoded = _sampled_loss(net, run, sampler, batch, rows, cfg, fanout, gen, rng)
+                history.encoded.append(encoded)
             else:
                 neg_heads, neg_tails = sampler.sample(batch[:, 0], batch[:, 1], batch[:, 2], cfg.negatives, gen)
                 entities, relations = net(run.graph)
@@ -410,6 +412,7 @@ def train(
         "best_step": state["best_step"],
         "median_step_seconds": statistics.median(history.step_times[3:]) if len(history.step_times) > 3 else None,
         "train_seconds": state["elapsed"],
+        "median_encoded_entities": statistics.median(history.encoded) if history.encoded else None,
         "device": str(device),
         "world_size": ranks.world,
         "threads": torch.get_num_threads(),
@@ -446,8 +449,9 @@ def _check_sampled(cfg: TrainConfig, model_config: ModelConfig) -> None:
 def _sampled_loss(
     net: torch.nn.Module, run: Run, sampler: NegativeSampler, batch: torch.Tensor, rows: slice, cfg: TrainConfig,
     fanout: list[int | None], gen: torch.Generator, rng: np.random.Generator,
-) -> torch.Tensor:
-    """This rank's rows of the global batch, encoded through sampled neighbourhoods; the mean loss over them.
+) -> tuple[torch.Tensor, int]:
+    """This rank's rows of the global batch, encoded through sampled neighbourhoods: the mean loss over them
+    and the number of entities encoded.
 
     Each chunk of `negative_chunk` consecutive positives shares K head and K tail corruptions (drawn for the
     whole global batch from `gen`, so every rank and a single process see the same ones). The entities to
@@ -472,8 +476,9 @@ def _sampled_loss(
     h, r, t = (mine[:, i].to(device) for i in range(3))
     ignore = sampler.known_masks(h, r, t, global_neg[0], global_neg[1])  # shared negatives that are true triples
     entities, relations = net(sub.inputs, sub.layers)  # (n_seeds, 2d), (R, d)
-    return loss_fn(run.scorer, entities.float(), relations.float(), local_batch, local_neg[0], local_neg[1],
+    loss = loss_fn(run.scorer, entities.float(), relations.float(), local_batch, local_neg[0], local_neg[1],
                    cfg.adversarial_temperature, ignore=ignore)
+    return loss, sub.nodes.numel()
 
 
 def _extension_state() -> str:

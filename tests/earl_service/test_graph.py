@@ -1,7 +1,9 @@
 """Graph features against brute-force definitions."""
 
 import numpy as np
+import pytest
 import torch
+from conftest import random_triples
 
 from earl_service.graph import build_graph, choose_reserved, nearest_reserved, relational_features
 
@@ -66,3 +68,34 @@ def test_reserved_choice_is_seeded_and_ten_percent():
     a, b = choose_reserved(14505, 0.1, 0), choose_reserved(14505, 0.1, 0)
     assert torch.equal(a, b) and a.numel() == 1450 and a.unique().numel() == 1450
     assert not torch.equal(a, choose_reserved(14505, 0.1, 1))
+
+
+@pytest.mark.parametrize("case", ["ties", "few-reserved", "tiny-blocks", "codex", "synthetic"])
+def test_fast_nearest_reserved_equals_the_exhaustive_search(case, small_graph_triples):
+    """Deduplication, slot-restricted float32 screening and the float64 fallback pick exactly the neighbours
+    (and weights) of the exhaustive float64 search, ties included."""
+    from conftest import codex_s_path
+
+    from earl_service.data import load_dataset
+    from earl_service.graph import nearest_reserved_exhaustive
+    from earl_service.synthetic import SyntheticConfig, generate
+
+    k, ratio, block = 10, 0.2, 1 << 24
+    if case == "ties":  # 5 relations, low degrees: many identical and proportional feature vectors
+        triples, n, num_rel = random_triples(600, 5, 900, seed=2), 600, 5
+    elif case == "few-reserved":  # fewer reserved than k + 8: no screening, k clipped
+        triples, n, num_rel, ratio = small_graph_triples, 30, 4, 0.3
+    elif case == "tiny-blocks":
+        triples, n, num_rel, block = random_triples(300, 6, 1200, seed=5), 300, 6, 50
+    elif case == "codex":
+        ds = load_dataset(codex_s_path())
+        triples, n, num_rel = ds.train, ds.num_train_entities, ds.num_relations
+    else:
+        kg = generate(SyntheticConfig(entities=5000, relations=40, valid=0, test=0))
+        triples, n, num_rel, ratio = kg.train, 5000, 40, 0.1
+    feats = relational_features(triples, n, num_rel)
+    reserved = choose_reserved(n, ratio, seed=3)
+    fast = nearest_reserved(feats, reserved, k, 0.2, max_block_elements=block)
+    slow = nearest_reserved_exhaustive(feats, reserved, k, 0.2)
+    assert torch.equal(fast[0], slow[0])
+    assert torch.equal(fast[1], slow[1])
