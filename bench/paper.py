@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import RESULTS, default_datasets, md_table, write_results
+from common import RESULTS, default_datasets, environment, md_table, write_results
 from harness import (
     Budget,
     NodePieceSpec,
@@ -100,6 +100,8 @@ class Bench:
         self.work = args.work / self.name
         self.records: list[dict] = []
         self._datasets: dict[str, Dataset] = {}
+        # Others commit while a table runs for hours: the commit the code was loaded from, beside the one at write.
+        self.started = {"commit": environment()["commit"], "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
 
     def dataset(self, name: str) -> Dataset:
         if name not in self._datasets:
@@ -133,6 +135,7 @@ class Bench:
 
     def write(self, data: dict, markdown: str) -> None:
         meta = {"table": self.table, "quick": self.args.quick, "seed": self.args.seed, "threads": 2,
+                "started": self.started,
                 "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"), "runs": self.records}
         _, md = write_results(self.name, {**meta, **data}, markdown)
         print(md.read_text())
