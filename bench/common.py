@@ -48,6 +48,8 @@ def environment() -> dict:
         "commit": commit + ("-dirty" if dirty else ""),
         "command": " ".join([Path(sys.executable).name, *sys.argv]),
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        # Other work on the machine skews timings: the 1/5/15-minute load averages when results were written.
+        "load_average": list(os.getloadavg()),
     }
 
 
@@ -60,7 +62,7 @@ def write_results(name: str, data: dict, markdown: str) -> tuple[Path, Path]:
     machine = env["machine"]
     footer = (f"\n\nMachine: {machine['cpu']}, {machine['cores']} cores, {machine['memory_gib']} GiB"
               f"{', GPU ' + machine['gpu'] if machine['gpu'] else ''}; torch {env['torch']}; commit `{env['commit']}`; "
-              f"{env['date']}.\nCommand: `{env['command']}`\n")
+              f"{env['date']}; load average {env['load_average'][1]:.1f} (5 min).\nCommand: `{env['command']}`\n")
     md.write_text(markdown.rstrip() + footer)
     return js, md
 
