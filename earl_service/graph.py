@@ -154,10 +154,11 @@ def _nearest_reserved(
         top_ids, top_sims = torch.empty(b, k, dtype=torch.long), torch.empty(b, k, dtype=torch.float64)
         done = torch.zeros(b, dtype=torch.bool)
         slots = torch.unique(ecol)  # (S,) the block's slots
+        local_col = torch.searchsorted(slots, ecol)  # (E,) entries' columns among `slots`
         sharing = torch.unique(slot_members[_ranges(slot_start[slots], slot_count[slots])])  # (C,) candidates
         if extra > 0 and sharing.numel() >= k + extra:
             dense = res_unit32_t.index_select(0, slots).index_select(1, sharing)  # (S, C)
-            rows32 = _csr_rows(counts, torch.searchsorted(slots, ecol), eval_.float(), slots.numel())
+            rows32 = _csr_rows(counts, local_col, eval_.float(), slots.numel())
             values, found = torch.topk(torch.sparse.mm(rows32, dense), k + extra, dim=1, sorted=True)  # (b, k+8)
             found = sharing[found]
             bound = (counts.double() + 2) * 2.0**-22  # twice the float32 error of a sum of nnz unit products
@@ -168,12 +169,19 @@ def _nearest_reserved(
             exact = torch.zeros(b, k + extra, dtype=torch.float64).index_add_(
                 0, entry_row, eval_[:, None] * res_unit[found[entry_row], ecol[:, None]])
             top_ids[done], top_sims[done] = _rank(exact[done], found[done], tiebreak[found[done]], k)
-        if not done.all():  # near-ties, zeros in the top k, few candidates: every candidate, in float64
+        if not done.all():
+            # Near-ties or zeros in the top k: every candidate sharing a slot, in float64, and the k lowest
+            # positions among the others (they all have similarity 0, so only those can enter the top k).
             rest = (~done).nonzero().squeeze(1)
-            part = _ranges(crow[reps[rest]], counts[rest])
-            exact = torch.sparse.mm(_csr_rows(counts[rest], col[part], unit[part], width), res_unit_t)  # (b'', M)
-            columns = torch.arange(cand.numel()).expand(rest.numel(), -1)
-            top_ids[rest], top_sims[rest] = _rank(exact, columns, tiebreak.expand(rest.numel(), -1), k)
+            others = torch.ones(cand.numel(), dtype=torch.bool)
+            others[sharing] = False
+            columns = torch.cat([sharing, others.nonzero().squeeze(1)[:k]]).sort().values  # (C + k,)
+            dense = res_unit_t.index_select(0, slots).index_select(1, columns)  # (S, C + k) float64
+            part = torch.isin(entry_row, rest)
+            rows64 = _csr_rows(counts[rest], local_col[part], eval_[part], slots.numel())
+            exact = torch.sparse.mm(rows64, dense)  # (b'', C + k)
+            top_ids[rest], top_sims[rest] = _rank(exact, columns.expand(rest.numel(), -1),
+                                                  tiebreak[columns].expand(rest.numel(), -1), k)
         ids_g[todo], sims_g[todo] = cand[top_ids], top_sims
     ids, sims = ids_g[group], sims_g[group]
     return ids, torch.softmax(sims / temperature, dim=1).float()
