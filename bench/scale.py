@@ -146,6 +146,9 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--timeout", type=float, default=3600.0, help="seconds per configuration")
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--batch-sweep", default=None, metavar="B,B,...",
+                        help="instead: sampled training at the first size only, one run per batch size "
+                             "(negatives and chunk scaled alike), written to scale_batch.*")
     args = parser.parse_args()
     if args.quick:
         args.sizes, args.full_sizes, args.steps, args.full_steps = "20000,50000", "20000,50000", 6, 5
@@ -154,6 +157,9 @@ def main() -> None:
     base = {"triples_per_entity": 10.0, "relations": 200, "dim": args.dim, "batch_size": 1024, "negatives": 256,
             "fanout": [int(x) for x in args.fanout.split(",")], "negative_chunk": args.negative_chunk,
             "threads": args.threads}
+    if args.batch_sweep:
+        batch_sweep(base, sizes[0], [int(x) for x in args.batch_sweep.split(",")], args)
+        return
     rows = []
     for n in sizes:
         rows.append(run_child({**base, "entities": n, "mode": "sampled", "steps": args.steps}, args.timeout))
@@ -192,6 +198,24 @@ def main() -> None:
     write_results(name, {"results": rows, "extrapolated": extrapolated, "settings": base}, "\n".join(md))
     plot(rows, extrapolated, Path(__file__).resolve().parent / "results" / f"{name}.png")
     print((Path(__file__).resolve().parent / "results" / f"{name}.md").read_text())
+
+
+def batch_sweep(base: dict, entities: int, batches: list[int], args: argparse.Namespace) -> None:
+    """Per-step memory and time against the batch at a fixed graph: chunks keep 256 positives sharing 256
+    negatives per side, so the entities to encode grow with the batch."""
+    rows = [run_child({**base, "entities": entities, "mode": "sampled", "steps": args.steps, "batch_size": b},
+                      args.timeout) for b in batches]
+    table = [[r["batch_size"], r["median_encoded_entities"], r["after_build_rss_mb"], r["train_peak_rss_mb"],
+              r["step_working_set_mb"], r["median_step_seconds"], r["steps"]] for r in rows]
+    fanout = ",".join(map(str, base["fanout"]))
+    title = f"# Sampled training: per-step memory against the batch ({entities:,} entities, {entities * 10:,} triples)"
+    md = [title, "",
+          (f"EARL dim {args.dim}, fan-out {fanout}, chunks of {args.negative_chunk} positives sharing 256 negatives "
+           "per side. Memory in MB (RSS)."), "",
+          md_table(["batch", "encoded", "after build", "step peak", "step working set", "s/step (median)", "steps"],
+                   table)]
+    write_results("scale_batch", {"results": rows, "settings": base}, "\n".join(md))
+    print((Path(__file__).resolve().parent / "results" / "scale_batch.md").read_text())
 
 
 if __name__ == "__main__":
