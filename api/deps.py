@@ -1,4 +1,7 @@
-"""Typed dependencies for the routes: settings, store, predictor cache, id parameters, and the access check."""
+"""Typed dependencies for the routes: settings, store, predictor cache, id parameters, and the access check.
+
+They are `async def` on purpose: FastAPI runs a plain `def` dependency in the threadpool, one hop per
+dependency per request, and these only read app state or compare a token."""
 
 from __future__ import annotations
 
@@ -17,19 +20,19 @@ from .settings import Settings
 ID_PATTERN = r"^[A-Za-z0-9_-]{1,64}$"  # uuid4 hex in practice; never a path separator or '..'
 
 
-def get_settings(request: Request) -> Settings:
+async def get_settings(request: Request) -> Settings:
     return request.app.state.settings
 
 
-def get_store(request: Request) -> JobStore:
+async def get_store(request: Request) -> JobStore:
     return request.app.state.store
 
 
-def get_cache(request: Request) -> PredictorCache:
+async def get_cache(request: Request) -> PredictorCache:
     return request.app.state.cache
 
 
-def get_metrics(request: Request) -> Metrics:
+async def get_metrics(request: Request) -> Metrics:
     return request.app.state.metrics
 
 
@@ -54,7 +57,7 @@ def token_matches(settings: Settings, credentials: HTTPAuthorizationCredentials 
     return hmac.compare_digest(presented, settings.api_token.get_secret_value().encode())
 
 
-def check_access(request: Request, settings: SettingsDep,
+async def check_access(request: Request, settings: SettingsDep,
                  credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)] = None) -> None:
     """App-wide dependency, so a new route is covered without remembering to add it: with EARL_API_TOKEN set,
     every method but GET/HEAD/OPTIONS needs 'Authorization: Bearer <token>', and with EARL_PROTECT_READS every

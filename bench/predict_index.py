@@ -45,12 +45,12 @@ def synthetic(n: int, num_rel: int, dim: int, *, clustered: bool = True, seed: i
 def depth(pred: LinkPredictor, queries: int, rng: np.random.Generator) -> dict[str, list[int]]:
     """Worst rank (0-based) of the exact top-10 in L2, L1 and lifted-L1 (the index's proxy) order, per query."""
     x = pred.entity_embeddings
-    lifted = lift(x, pred.dim, PROXY_ROTATIONS)
+    lifted = lift(x, pred.dim, PROXY_ROTATIONS["hnsw"])
     out: dict[str, list[int]] = {"l2": [], "l1": [], "lifted_l1": []}
     for _ in range(queries):
         q = pred.query_vector("tail", int(rng.integers(pred.num_entities)), int(rng.integers(len(pred.relations))))
         top = np.argsort(pred.distances(q))[:10]
-        lq = lift(q, pred.dim, PROXY_ROTATIONS)
+        lq = lift(q, pred.dim, PROXY_ROTATIONS["hnsw"])
         for name, proxy in (("l2", np.linalg.norm(x - q, axis=1)), ("l1", np.abs(x - q).sum(1)),
                             ("lifted_l1", np.abs(lifted - lq).sum(1))):
             rank = np.empty(len(proxy), dtype=np.int64)
@@ -109,7 +109,7 @@ def main() -> None:
     lines = [f"# LinkPredictor: flat vs HNSW (METRIC_L1), 1 thread, synthetic {data} dim-{args.dim} embeddings", "",
              f"Command: `{command}` on {result['machine']} ({time.strftime('%Y-%m-%d')})", "",
              ("Depth (0-based rank) of the exact top-10 in proxy order, 3000 uniform entities, 300 queries: "
-              f"L2 {proxy['l2']}, L1 {proxy['l1']}, L1 over {PROXY_ROTATIONS} rotated copies {proxy['lifted_l1']}."),
+              f"L2 {proxy['l2']}, L1 {proxy['l1']}, L1 over {PROXY_ROTATIONS["hnsw"]} rotated copies {proxy['lifted_l1']}."),
              "",
              ("| entities | flat build s | flat p50 ms | flat p95 ms | flat exact | HNSW build s | HNSW p50 ms "
               "| HNSW p95 ms | HNSW exact |"),

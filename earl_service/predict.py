@@ -6,16 +6,23 @@ with moduli m_i = |z_i|. RotatE ranks by D = sum_i m_i. FAISS has no such metric
   the dimension: on trained CoDEx-S embeddings the exact top-10 sat as deep as L2 rank ~220 (see
   bench/results/predict_index.md), beyond a 100-candidate shortlist.
 - L1 over the 2d reals bounds each term: m_i <= |re_i| + |im_i| <= sqrt(2) m_i, whatever d is.
-- L1 over P rotated copies of every complex coordinate (angles j * pi / (2P), j < P; `PROXY_ROTATIONS`)
+- L1 over P rotated copies of every complex coordinate (angles j * pi / (2P), j < P; P = 1 is plain L1)
   sums |projection| over 2P equally spaced directions, a polygon approximation of the circle:
-  g_min m_i <= term_i <= g_max m_i with g_max / g_min = 1 / cos(pi / 4P) (1.082 for P = 2). Scaled by
-  1 / g_min, the proxy L satisfies D <= L <= ratio * D.
-The shortlist is the max(10k, 100) L-nearest entities plus the known answers that will be dropped, re-ranked
-by the exact D. It is exact whenever the k-th best D in the shortlist is below rho / ratio, rho being the
-largest L in the shortlist: every entity outside it has L >= rho, hence D >= rho / ratio. With a flat index
-(exact L) an uncertified query doubles its shortlist until certified or the whole graph is scored, so flat
-results always equal `brute_force_tails`/`brute_force_heads`; HNSW (approximate L) is best effort with the
-same check, doubling at most `HNSW_MAX_DOUBLINGS` times.
+  g_min m_i <= term_i <= g_max m_i with g_max / g_min = 1 / cos(pi / 4P) (sqrt 2 for P = 1, 1.082 for P = 2).
+  Scaled by 1 / g_min, the proxy L satisfies D <= L <= ratio * D.
+The shortlist is the L-nearest `shortlist_size(k)` entities plus the known answers that will be dropped,
+re-ranked by the exact D. Let D_k be the k-th best exact distance in it. Every true top-k entity has
+D <= D_k, hence L <= ratio * D_k, so:
+- flat index (exact L): when the shortlist's largest L already exceeds ratio * D_k nothing outside can
+  qualify; otherwise one FAISS range search for L < ratio * D_k returns a superset of the true top-k. Flat
+  results therefore always equal `brute_force_tails`/`brute_force_heads`, in at most two scans.
+- HNSW (approximate L) and GPU indexes (no range search): the shortlist doubles until the same certificate
+  holds, at most `HNSW_MAX_DOUBLINGS` times for HNSW (best effort).
+
+Proxy per index (bench/results/predict_index.md, bench/results/predict_latency.md): the flat index scans
+plain L1 over the embeddings themselves (P = 1: no lifted copy, half the bytes of P = 2, and 1.2 ms instead
+of 4.3 ms per FB15k-237 scan on one core); its looser ratio only means the range search runs more often
+(~15% of FB15k-237 queries). HNSW keeps P = 2, whose tight ratio lets the doubling certificate succeed.
 
 Index choice: IndexFlat(METRIC_L1), O(N d) per query, below `HNSW_THRESHOLD` entities; IndexHNSWFlat
 (METRIC_L1) above it; a GPU flat index whenever FAISS reports a GPU. The threshold and the latencies come
@@ -45,7 +52,8 @@ HNSW_M = 32  # graph degree: higher recall per visited node at a modest memory c
 HNSW_EF_CONSTRUCTION = 80
 HNSW_EF_SEARCH = 128  # at least; a query explores 2x its shortlist (recall 0.97 -> 0.99 on hard data)
 HNSW_MAX_DOUBLINGS = 3
-PROXY_ROTATIONS = 2  # P: the index holds 2P * d reals per entity; P = 4 tightens the ratio to 1.020 at 2x memory
+# P per index kind (module doc): the index holds 2P * d reals per entity; P = 4 would tighten the ratio to 1.020
+PROXY_ROTATIONS = {"flat": 1, "hnsw": 2, "gpu-flat": 2}
 IndexKind = Literal["auto", "flat", "hnsw", "exact"]
 Prediction = tuple[str, float]
 
@@ -84,6 +92,8 @@ def lift(x: np.ndarray, dim: int, rotations: int) -> np.ndarray:
 
     The L1 distance between lifted vectors lies in [D, D * g_max / g_min], D the RotatE distance.
     """
+    if rotations == 1:  # g_min = 1 and no rotation: the [re | im] vector itself
+        return np.ascontiguousarray(x, dtype=np.float32)
     g_min, _ = proxy_bounds(rotations)
     re, im = x[..., :dim], x[..., dim:]
     parts = []
@@ -95,8 +105,12 @@ def lift(x: np.ndarray, dim: int, rotations: int) -> np.ndarray:
 
 
 def shortlist_size(k: int, excluded: int = 0) -> int:
-    """Candidates fetched from the L1 index for a top-k query that will drop `excluded` known answers."""
-    return max(10 * k, 100) + excluded
+    """Candidates fetched from the L1 index for a top-k query that will drop `excluded` known answers.
+
+    40k (at least 400): a flat scan costs about the same for 100 or 400 results (1.2 / 1.3 ms on FB15k-237),
+    and the larger shortlist certifies 85% of FB15k-237 queries at once instead of 49%, sparing a second scan.
+    """
+    return max(40 * k, 400) + excluded
 
 
 class LinkPredictor:
@@ -105,8 +119,8 @@ class LinkPredictor:
     entity_embeddings (N, 2d) float32 [re | im]; relation_embeddings (R, d) raw relation values, mapped to
     phases by value * pi / ((gamma + epsilon) / d) as in training; known_triples (E, 3) int64 ids whose
     answers `exclude_known` drops. `index` is "auto" (flat / HNSW by size, GPU when available), "flat",
-    "hnsw" or "exact" (no index: score every entity). `faiss_threads` sets FAISS's process-wide OpenMP
-    threads: 1 by default, since one query cannot use more and idle OpenMP threads spinning on busy cores
+    "hnsw" or "exact" (no index: score every entity). `faiss_threads` sets FAISS's OpenMP threads in
+    every thread that queries (OpenMP keeps the setting per thread): 1 by default, since one query cannot use more and idle OpenMP threads spinning on busy cores
     made a 2k-entity search 18x slower (12 ms instead of 0.65 ms); None leaves the setting alone.
     """
 
@@ -141,13 +155,12 @@ class LinkPredictor:
         triples = np.asarray(known_triples, dtype=np.int64).reshape(-1, 3)
         h, r, t = triples[:, 0], triples[:, 1], triples[:, 2]
         self._answers = {"tail": _answer_index(h * num_rel + r, t), "head": _answer_index(t * num_rel + r, h)}
-        g_min, g_max = proxy_bounds(PROXY_ROTATIONS)
-        self._ratio = g_max / g_min
-        if faiss_threads is not None and index != "exact":
-            import faiss
-
-            faiss.omp_set_num_threads(faiss_threads)
+        self.faiss_threads = faiss_threads if index != "exact" else None
+        self._set_faiss_threads()
         self.index_kind, self._index = self._build_index(index, hnsw_threshold)
+        self.rotations = PROXY_ROTATIONS.get(self.index_kind, 1)
+        g_min, g_max = proxy_bounds(self.rotations)
+        self._ratio = g_max / g_min
 
     @classmethod
     def from_bundle(cls, bundle: Bundle, **kwargs: Any) -> LinkPredictor:
@@ -166,24 +179,35 @@ class LinkPredictor:
             return "exact", None
         import faiss
 
-        x = lift(self.entity_embeddings, self.dim, PROXY_ROTATIONS)  # (N, 2Pd)
         gpus = _gpu_count(faiss)
         if kind == "auto":
             kind = "flat" if gpus or self.num_entities < hnsw_threshold else "hnsw"
         if kind == "hnsw":
+            x = lift(self.entity_embeddings, self.dim, PROXY_ROTATIONS["hnsw"])  # (N, 2Pd)
             index = faiss.IndexHNSWFlat(x.shape[1], HNSW_M, faiss.METRIC_L1)
             index.hnsw.efConstruction = HNSW_EF_CONSTRUCTION
             index.add(x)
             return "hnsw", index
-        index = faiss.IndexFlat(x.shape[1], faiss.METRIC_L1)
-        index.add(x)
         if gpus:
+            x = lift(self.entity_embeddings, self.dim, PROXY_ROTATIONS["gpu-flat"])
             try:
                 resources = faiss.StandardGpuResources()
-                return "gpu-flat", faiss.index_cpu_to_gpu(resources, 0, index)
+                cpu_index = faiss.IndexFlat(x.shape[1], faiss.METRIC_L1)
+                cpu_index.add(x)
+                return "gpu-flat", faiss.index_cpu_to_gpu(resources, 0, cpu_index)
             except Exception as exc:  # noqa: BLE001 - a driver or memory problem: the CPU index still answers
                 log.warning("FAISS reports %d GPU(s) but the GPU index failed (%s); using the CPU index", gpus, exc)
+        x = lift(self.entity_embeddings, self.dim, PROXY_ROTATIONS["flat"])
+        index = faiss.IndexFlat(x.shape[1], faiss.METRIC_L1)
+        index.add(x)
         return "flat", index
+
+    def _set_faiss_threads(self) -> None:
+        """OpenMP thread counts are per calling thread: set ours in whichever thread (API threadpool) queries."""
+        if self.faiss_threads is not None:
+            import faiss
+
+            faiss.omp_set_num_threads(self.faiss_threads)
 
     # ------------------------------------------------------------------ queries
 
@@ -221,13 +245,15 @@ class LinkPredictor:
 
     def distances(self, query: np.ndarray, ids: np.ndarray | None = None) -> np.ndarray:
         """Exact RotatE distance sum_i |q_i - e_i| from query (2d,) to entities `ids` (all when None)."""
-        table = self.entity_embeddings if ids is None else self.entity_embeddings[ids]  # (M, 2d)
-        out = np.empty(table.shape[0], dtype=np.float32)
+        out = np.empty(self.num_entities if ids is None else len(ids), dtype=np.float32)
         step = 8192  # rows per block: bounds the temporaries for large graphs
-        for start in range(0, table.shape[0], step):
-            diff = table[start : start + step] - query  # (b, 2d)
-            re, im = diff[:, : self.dim], diff[:, self.dim :]
-            out[start : start + step] = np.sqrt(re * re + im * im).sum(1)
+        for start in range(0, len(out), step):
+            rows = slice(start, start + step) if ids is None else ids[start : start + step]
+            diff = self.entity_embeddings[rows] - query  # (b, 2d), a fresh block we may overwrite
+            np.square(diff, out=diff)
+            moduli = diff[:, : self.dim] + diff[:, self.dim :]
+            np.sqrt(moduli, out=moduli)
+            out[start : start + step] = moduli.sum(1)
         return out
 
     def _known(self, side: str, anchor: int, relation: int) -> np.ndarray:
@@ -258,22 +284,31 @@ class LinkPredictor:
         return np.arange(self.num_entities), self.distances(query)
 
     def _certified_shortlist(self, query: np.ndarray, k: int, excluded: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Shortlist ids and their exact distances, grown until the top-k is provably inside (module doc)."""
+        """Shortlist ids and their exact distances, a provable superset of the top-k (module doc)."""
+        self._set_faiss_threads()
         size = shortlist_size(k, len(excluded))
-        lifted = lift(query, self.dim, PROXY_ROTATIONS)[None]  # (1, 2Pd)
+        lifted = lift(query, self.dim, self.rotations)[None]  # (1, 2Pd)
         doublings = 0
         while size < self.num_entities:
             proxy, ids = self._search(lifted, size)
             dist = self.distances(query, ids)
             kept = dist[~np.isin(ids, excluded)] if len(excluded) else dist
             if len(ids) and len(kept) >= k:
-                kth = np.partition(kept, k - 1)[k - 1]
+                kth = float(np.partition(kept, k - 1)[k - 1])
                 if kth < float(proxy.max()) / self._ratio * (1 - 1e-4):  # margin for float32 rounding
                     return ids, dist
+                if self.index_kind == "flat":  # one more scan: every entity that could beat kth
+                    ids = self._range(lifted, kth * self._ratio * (1 + 1e-4))
+                    return ids, self.distances(query, ids)
             if self.index_kind == "hnsw" and doublings >= HNSW_MAX_DOUBLINGS:
                 return ids, dist  # approximate index: best effort
             size, doublings = 2 * size, doublings + 1
         return self._score_all(query)
+
+    def _range(self, lifted: np.ndarray, radius: float) -> np.ndarray:
+        """Ids of every entity whose proxy distance is below `radius` (exact flat index only)."""
+        _, _, ids = self._index.range_search(lifted, radius)
+        return ids.astype(np.int64)
 
     def _search(self, lifted: np.ndarray, size: int) -> tuple[np.ndarray, np.ndarray]:
         """The `size` nearest entities by the L1 proxy: (proxy distances, ids), without -1 padding."""

@@ -5,6 +5,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from api.main import create_app
+from api.schemas import PredictionOut
 from api.settings import Settings
 from earl_service.bundle import load_bundle
 from earl_service.predict import LinkPredictor
@@ -56,6 +57,7 @@ def test_predict_tails_and_heads_match_the_library(client, model_id, codex_bundl
     for h, r, t in bundle.triples[rng.choice(len(bundle.triples), 10, replace=False)]:
         head, rel, tail = bundle.entities.names[h], bundle.relations.names[r], bundle.entities.names[t]
         got = client.get("/predict", params={"model": model_id, "head": head, "relation": rel, "k": 5}).json()
+        assert PredictionOut.model_validate(got).model_dump() == got  # the documented schema, field for field
         assert got["direction"] == "tail" and got["head"] == head and got["tail"] is None
         assert [(p["entity"], pytest.approx(p["score"])) for p in got["predictions"]] == \
             reference.brute_force_tails(head, rel, 5)

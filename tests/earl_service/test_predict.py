@@ -6,7 +6,7 @@ import pytest
 from earl_service.bundle import load_bundle
 from earl_service.data import Vocab
 from earl_service.errors import UnknownEntityError, UnknownRelationError
-from earl_service.predict import PROXY_ROTATIONS, LinkPredictor, lift, proxy_bounds
+from earl_service.predict import LinkPredictor, lift, proxy_bounds
 
 
 @pytest.fixture(scope="module")
@@ -34,6 +34,23 @@ def test_flat_index_equals_brute_force_both_directions(bundle, predictor, exclud
                 predictor.brute_force_tails(head, relation, k, exclude_known=exclude_known)
             assert predictor.predict_heads(tail, relation, k, exclude_known=exclude_known) == \
                 predictor.brute_force_heads(tail, relation, k, exclude_known=exclude_known)
+
+
+def test_range_search_certificate_is_exact(bundle, monkeypatch):
+    """A shortlist of only k (+ known answers) rarely certifies itself; the flat index then range-searches every
+    entity whose L1 proxy could beat the k-th distance, and the answer still equals brute force."""
+    import earl_service.predict as predict_module
+
+    monkeypatch.setattr(predict_module, "shortlist_size", lambda k, excluded=0: k + excluded)
+    predictor = LinkPredictor.from_bundle(bundle, index="flat")
+    ranged = []
+    search = predictor._range
+    monkeypatch.setattr(predictor, "_range", lambda lifted, radius: ranged.append(radius) or search(lifted, radius))
+    for head, relation, tail in _queries(bundle, 60, seed=7):
+        for k in (1, 10):
+            assert predictor.predict_tails(head, relation, k) == predictor.brute_force_tails(head, relation, k)
+            assert predictor.predict_heads(tail, relation, k) == predictor.brute_force_heads(tail, relation, k)
+    assert len(ranged) > 100  # the path under test really ran
 
 
 def test_scores_are_rotate_scores(bundle, predictor):
@@ -84,15 +101,16 @@ def test_hnsw_index_agrees_on_most_queries(bundle):
     assert same >= 90
 
 
-def test_lifted_l1_brackets_the_rotate_distance():
+@pytest.mark.parametrize("rotations", [1, 2, 4])
+def test_lifted_l1_brackets_the_rotate_distance(rotations):
     """D <= L1(lift(q) - lift(e)) <= ratio * D for random complex vectors (the shortlist certificate)."""
     rng = np.random.default_rng(0)
     dim = 8
     q, e = rng.normal(size=(2, 500, 2 * dim)).astype(np.float32)
     z = q - e
     exact = np.sqrt(z[:, :dim] ** 2 + z[:, dim:] ** 2).sum(1)
-    proxy = np.abs(lift(q, dim, PROXY_ROTATIONS) - lift(e, dim, PROXY_ROTATIONS)).sum(1)
-    g_min, g_max = proxy_bounds(PROXY_ROTATIONS)
+    proxy = np.abs(lift(q, dim, rotations) - lift(e, dim, rotations)).sum(1)
+    g_min, g_max = proxy_bounds(rotations)
     assert np.all(proxy >= exact * (1 - 1e-5)) and np.all(proxy <= exact * g_max / g_min * (1 + 1e-5))
 
 
