@@ -22,7 +22,9 @@ from .bundle_format import (
     FORMAT,
     FORMAT_VERSION,
     PRECISIONS,
+    default_coding,
     dequantize,
+    encode_weights,
     narrowest_uint,
     pack_graph,
     pack_strings,
@@ -53,6 +55,7 @@ class Bundle:
     sha256: str = ""
     num_bytes: int = 0
     path: Path | None = None
+    coding: str = "plain"  # how the file stored the weights (bundle_format.CODINGS)
     _cache: dict[str, Any] = field(default_factory=dict, repr=False)
 
     @property
@@ -102,7 +105,9 @@ class Bundle:
         """(R, dim) float32 relation values (phases are value * pi / embedding_range)."""
         return self._embed()[1]
 
-    def to_tensors(self, precision: str | None = None) -> tuple[dict[str, np.ndarray], dict[str, str]]:
+    def to_tensors(self, precision: str | None = None, coding: str | None = None,
+                   ) -> tuple[dict[str, np.ndarray], dict[str, str]]:
+        """Tensors and metadata of the bundle file; coding (CODINGS) defaults to default_coding(precision)."""
         precision = precision or self.precision
         if precision not in PRECISIONS:
             raise ValueError(f"precision must be one of {PRECISIONS}, not {precision!r}")
@@ -127,10 +132,10 @@ class Bundle:
             "triples": str(len(self.triples)),
             "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         }
-        return tensors, metadata
+        return encode_weights(tensors, metadata, coding or default_coding(precision))
 
-    def save(self, path: str | os.PathLike, *, precision: str | None = None) -> Path:
-        tensors, metadata = self.to_tensors(precision)
+    def save(self, path: str | os.PathLike, *, precision: str | None = None, coding: str | None = None) -> Path:
+        tensors, metadata = self.to_tensors(precision, coding)
         return write_safetensors(path, tensors, metadata)
 
     def extend(self, triples_path: str | os.PathLike) -> Bundle:
@@ -175,7 +180,7 @@ def load_bundle(path: str | os.PathLike) -> Bundle:
     if reserved.size and (reserved.max() >= n or reserved.min() < 0):
         raise BundleError(f"{path}: reserved entity ids outside the vocabulary")
     bundle = Bundle(config, params, reserved, entities, relations, triples, metrics, meta.get("precision", "fp32"),
-                    labels, meta["payload_sha256"], size, Path(path))
+                    labels, meta["payload_sha256"], size, Path(path), meta.get("weights_coding", "plain"))
     _check_shapes(bundle)
     return bundle
 
@@ -213,9 +218,11 @@ def bundle_from_model(
                   "fp32", relation_labels or {})
 
 
-def export_bundle(run_dir: str | os.PathLike, out_path: str | os.PathLike, *, precision: str = "fp32") -> Path:
-    """Re-export the bundle of a trained run (RUN_DIR/bundle.safetensors) at another precision."""
+def export_bundle(run_dir: str | os.PathLike, out_path: str | os.PathLike, *, precision: str = "fp32",
+                  coding: str | None = None) -> Path:
+    """Re-export the bundle of a trained run (RUN_DIR/bundle.safetensors) at another precision (and weight
+    coding: plain tensors, or byte planes + xz; default_coding(precision) when None)."""
     source = Path(run_dir) / "bundle.safetensors"
     if not source.exists():
         raise BundleError(f"{run_dir} holds no bundle.safetensors: is it a run directory written by `earl train`?")
-    return load_bundle(source).save(out_path, precision=precision)
+    return load_bundle(source).save(out_path, precision=precision, coding=coding)

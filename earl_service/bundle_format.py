@@ -15,8 +15,12 @@ from . import __version__
 from .errors import BundleError
 
 FORMAT = "earl-bundle"
-FORMAT_VERSION = 1
+# 1: weights as plain safetensors tensors. 2: weights may be entropy-coded into one "weights.packed" blob
+# (see pack_weights); a version-1 reader meeting one says "newer format" instead of "missing tensor".
+FORMAT_VERSION = 2
 PRECISIONS = ("fp32", "fp16", "int8")
+CODINGS = ("plain", "planes-xz")
+_CODED_DTYPES = {"float32": np.float32, "float16": np.float16, "int8": np.int8}
 _HEADER_LIMIT = 100 * 1024 * 1024  # a sane bundle header is a few KB
 
 
@@ -80,6 +84,67 @@ def unpack_graph(blob: np.ndarray) -> np.ndarray:
     return np.stack([heads, rel, tail], 1)
 
 
+def default_coding(precision: str) -> str:
+    """fp32 bundles keep plain tensors (any safetensors tool reads them, nothing to decode); the fp16 and
+    int8 bundles are the small download, so their weights are entropy-coded."""
+    return "plain" if precision == "fp32" else "planes-xz"
+
+
+def pack_weights(tensors: dict[str, np.ndarray]) -> tuple[np.ndarray, str]:
+    """Losslessly code every `param.*` tensor into one xz blob: (blob, JSON manifest of names, dtypes, shapes).
+
+    Byte planes first (byte 0 of every value, then byte 1, ...): a float's high byte holds its sign and
+    exponent, which trained weights use sparsely (5.3 bits of entropy per byte on FB15k-237 fp16 weights)
+    while the low mantissa byte is noise (8.0 bits). Kept apart, xz shrinks the high plane by a third; mixed,
+    it barely finds the pattern. Decoding gives back the exact bytes.
+    """
+    names = sorted(n for n in tensors if n.startswith("param."))
+    raws = [np.ascontiguousarray(tensors[n]).reshape(-1).view(np.uint8).reshape(-1, tensors[n].dtype.itemsize)
+            for n in names]
+    width = max((r.shape[1] for r in raws), default=0)
+    planes = b"".join(np.ascontiguousarray(r[:, b]).tobytes() for b in range(width) for r in raws if r.shape[1] > b)
+    manifest = [[n, str(tensors[n].dtype), list(tensors[n].shape)] for n in names]
+    return np.frombuffer(lzma.compress(planes, preset=9), dtype=np.uint8), json.dumps(manifest)
+
+
+def unpack_weights(blob: np.ndarray, manifest_json: str) -> dict[str, np.ndarray]:
+    """Inverse of pack_weights. The manifest fixes the decoded size, so no decompression bomb gets through."""
+    try:
+        manifest = [(str(n), _CODED_DTYPES[d], tuple(int(x) for x in shape)) for n, d, shape in json.loads(manifest_json)]
+    except (ValueError, KeyError, TypeError) as exc:
+        raise BundleError(f"the bundle's weight manifest is malformed: {exc}") from exc
+    counts = [int(np.prod(shape, dtype=np.int64)) for _, _, shape in manifest]
+    sizes = [np.dtype(dt).itemsize for _, dt, _ in manifest]
+    if any(c < 0 for c in counts):
+        raise BundleError("the bundle's weight manifest has a negative shape")
+    expected = sum(c * w for c, w in zip(counts, sizes, strict=True))
+    decompressor = lzma.LZMADecompressor()
+    raw = decompressor.decompress(blob.tobytes(), max_length=expected + 1)
+    if len(raw) != expected or not decompressor.eof:
+        raise BundleError(f"the bundle's coded weights decode to {len(raw)}+ bytes, the manifest says {expected}")
+    cols = [np.empty((c, w), dtype=np.uint8) for c, w in zip(counts, sizes, strict=True)]
+    pos = 0
+    for b in range(max(sizes, default=0)):
+        for col, c, w in zip(cols, counts, sizes, strict=True):
+            if w > b:
+                col[:, b] = np.frombuffer(raw, dtype=np.uint8, count=c, offset=pos)
+                pos += c
+    return {name: col.view(dt).reshape(shape) for (name, dt, shape), col in zip(manifest, cols, strict=True)}
+
+
+def encode_weights(tensors: dict[str, np.ndarray], metadata: dict[str, str], coding: str,
+                   ) -> tuple[dict[str, np.ndarray], dict[str, str]]:
+    """Apply a weight coding (CODINGS) to a bundle's tensors and metadata before writing."""
+    if coding not in CODINGS:
+        raise ValueError(f"weight coding must be one of {CODINGS}, not {coding!r}")
+    if coding == "plain":
+        return tensors, {**metadata, "format_version": "1", "weights_coding": "plain"}
+    blob, manifest = pack_weights(tensors)
+    rest = {n: t for n, t in tensors.items() if not n.startswith("param.")}
+    return {**rest, "weights.packed": blob}, {**metadata, "format_version": "2", "weights_coding": coding,
+                                              "weights_manifest": manifest}
+
+
 def quantize(name: str, value: np.ndarray, precision: str) -> dict[str, np.ndarray]:
     """fp32 as is; fp16 halves; int8 keeps per-row scales (max |x| / 127) for matrices, fp16 for vectors."""
     value = np.ascontiguousarray(value, dtype=np.float32)
@@ -140,6 +205,19 @@ def read_safetensors(path: str | os.PathLike) -> tuple[dict[str, str], dict[str,
         tensors = st_load(data)
     except Exception as exc:  # safetensors raises its own error types for malformed files
         raise BundleError(f"{path} is corrupted: {exc}") from exc
+    coding = meta.get("weights_coding", "plain")
+    if coding not in CODINGS:
+        raise BundleError(f"{path} uses weight coding {coding!r}, unknown to earl_service {__version__}")
+    if coding != "plain":
+        if "weights.packed" not in tensors or "weights_manifest" not in meta:
+            raise BundleError(f"{path} says its weights are {coding}-coded but holds no coded weights")
+        try:
+            decoded = unpack_weights(tensors.pop("weights.packed"), meta["weights_manifest"])
+        except lzma.LZMAError as exc:
+            raise BundleError(f"{path} is corrupted: its coded weights do not decompress ({exc})") from exc
+        if set(decoded) & set(tensors):
+            raise BundleError(f"{path} holds weights both coded and plain")
+        tensors.update(decoded)
     return meta, tensors, len(data)
 
 

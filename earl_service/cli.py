@@ -215,7 +215,7 @@ def cmd_evaluate(a: argparse.Namespace) -> int:
 def cmd_export(a: argparse.Namespace) -> int:
     from .bundle import export_bundle
 
-    path = export_bundle(a.run_dir, a.out, precision=a.precision)
+    path = export_bundle(a.run_dir, a.out, precision=a.precision, coding=a.coding)
     print(json.dumps({"path": str(path), "bytes": path.stat().st_size, "precision": a.precision}))
     return 0
 
@@ -227,7 +227,7 @@ def bundle_info(path: str) -> dict:
     return {"path": str(path), "bytes": b.num_bytes, "precision": b.precision, "sha256": b.sha256,
             "trainable_parameters": b.trainable_parameters, "entities": len(b.entities),
             "relations": len(b.relations), "triples": int(len(b.triples)), "model": b.config.model,
-            "dim": b.config.dim, "metrics": b.metrics}
+            "dim": b.config.dim, "weights_coding": b.coding, "metrics": b.metrics}
 
 
 def cmd_info(a: argparse.Namespace) -> int:
@@ -240,7 +240,7 @@ def cmd_extend(a: argparse.Namespace) -> int:
 
     before = load_bundle(a.bundle)
     after = before.extend(a.triples)
-    path = after.save(a.out, precision=a.precision or before.precision)
+    path = after.save(a.out, precision=a.precision or before.precision, coding=a.coding)
     print(json.dumps({"path": str(path), "entities_added": len(after.entities) - len(before.entities),
                       "triples_added": int(len(after.triples) - len(before.triples)), "bytes": path.stat().st_size}))
     return 0
@@ -277,6 +277,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("run_dir")
     p.add_argument("--out", required=True)
     p.add_argument("--precision", choices=["fp32", "fp16", "int8"], default="fp32")
+    p.add_argument("--coding", choices=["plain", "planes-xz"], default=None,
+                   help="weights as plain tensors, or byte planes + xz (lossless, ~15%% smaller); default: plain "
+                        "for fp32, planes-xz for fp16/int8")
     p.set_defaults(func=cmd_export)
 
     p = sub.add_parser("info", help="print a bundle's size, precision, counts and stored metrics as JSON")
@@ -288,6 +291,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--triples", required=True, help="triple file to add")
     p.add_argument("--out", required=True)
     p.add_argument("--precision", choices=["fp32", "fp16", "int8"], default=None)
+    p.add_argument("--coding", choices=["plain", "planes-xz"], default=None,
+                   help="weights as plain tensors, or byte planes + xz (lossless, ~15%% smaller); default: plain "
+                        "for fp32, planes-xz for fp16/int8")
     p.set_defaults(func=cmd_extend)
 
     add_worker_command(sub)

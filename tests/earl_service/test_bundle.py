@@ -105,13 +105,55 @@ def test_lower_precisions(trained_run, tmp_path, precision, atol, saved):
     assert err < atol
 
 
+@pytest.mark.parametrize("precision", ["fp32", "fp16", "int8"])
+def test_weight_coding_is_lossless_and_smaller(trained_run, tmp_path, precision):
+    out, _ = trained_run
+    plain = export_bundle(out, tmp_path / "plain.safetensors", precision=precision, coding="plain")
+    coded = export_bundle(out, tmp_path / "coded.safetensors", precision=precision, coding="planes-xz")
+    a, b = load_bundle(plain), load_bundle(coded)
+    assert set(a.params) == set(b.params)
+    for name, value in a.params.items():
+        np.testing.assert_array_equal(b.params[name], value)  # bit for bit after decoding
+    assert b.num_bytes < a.num_bytes
+    from safetensors import safe_open
+
+    with safe_open(str(coded), "np") as f:
+        assert not any(k.startswith("param.") for k in f.keys()) and f.metadata()["format_version"] == "2"
+    with safe_open(str(plain), "np") as f:
+        assert f.metadata()["format_version"] == "1"  # readable by version-1 readers
+    default = export_bundle(out, tmp_path / "default.safetensors", precision=precision)
+    assert load_bundle(default).num_bytes == (a.num_bytes if precision == "fp32" else b.num_bytes)
+
+
+def test_damaged_coded_weights_are_refused(trained_run, tmp_path):
+    """Checksums consistent, content wrong: a flipped byte in the xz stream, a manifest that lies about sizes,
+    an unknown coding. Each is a BundleError, never a crash or a silently wrong model."""
+    from earl_service.bundle_format import write_safetensors
+
+    out, _ = trained_run
+    tensors, meta = load_bundle(out / BUNDLE).to_tensors("fp16")
+    blob = tensors["weights.packed"].copy()
+    blob[len(blob) // 2] ^= 0xFF
+    manifest = json.loads(meta["weights_manifest"])
+    manifest[0][2] = [x * 2 for x in manifest[0][2]]
+    cases = {"flipped": ({**tensors, "weights.packed": blob}, meta),
+             "lying manifest": (tensors, {**meta, "weights_manifest": json.dumps(manifest)}),
+             "bad dtype": (tensors, {**meta, "weights_manifest": meta["weights_manifest"].replace("float16", "object")}),
+             "unknown coding": (tensors, {**meta, "weights_coding": "zstd"})}
+    for name, (t, m) in cases.items():
+        write_safetensors(tmp_path / "x.safetensors", t, m)
+        with pytest.raises(BundleError):
+            load_bundle(tmp_path / "x.safetensors")
+            pytest.fail(name)
+
+
 def test_info_cli(trained_run, capsys):
     out, _ = trained_run
     assert main(["info", str(out / BUNDLE)]) == 0
     info = json.loads(capsys.readouterr().out)
     assert info["precision"] == "fp32" and info["entities"] == 2034 and info["relations"] == 42
     assert info["triples"] == 32888 and info["bytes"] == (out / BUNDLE).stat().st_size
-    assert "test" in info["metrics"]
+    assert "test" in info["metrics"] and info["weights_coding"] == "plain"
 
 
 EDGE_SCRIPT = """
@@ -125,21 +167,29 @@ builtins.__import__ = guarded
 from earl_service import edge
 m = edge.load(sys.argv[1])
 queries = json.loads(sys.argv[2])
-out = {"tails": [m.predict_tails(h, r, 10) for h, r in queries], "heads": [m.predict_heads(t, r, 10) for t, r in queries]}
+out = {"tails": [m.predict_tails(h, r, 10) for h, r in queries], "heads": [m.predict_heads(t, r, 10) for t, r in queries],
+       "scipy": edge._sparse is not None}
 import numpy as np
 np.save(sys.argv[3], m.entity_embeddings)
 print(json.dumps(out))
 """
 
 
-def test_edge_reader_without_torch(trained_run, tmp_path):
+@pytest.mark.parametrize("precision,scipy", [("fp32", True), ("fp32", False), ("fp16", True)])
+def test_edge_reader_without_torch(trained_run, tmp_path, precision, scipy, monkeypatch):
+    """fp32: plain tensors; fp16: weights byte-plane + xz coded (the default for the small bundles); with and
+    without the optional scipy sparse products."""
+    if not scipy:
+        monkeypatch.setenv("EARL_EDGE_NO_SCIPY", "1")
     out, ds = trained_run
-    bundle = load_bundle(out / BUNDLE)
+    path = out / BUNDLE if precision == "fp32" else export_bundle(out, tmp_path / "b.safetensors", precision=precision)
+    bundle = load_bundle(path)
     queries = [(ds.entities.name(int(h)), ds.relations.name(int(r))) for h, r, _ in ds.test[:15]]
-    result = subprocess.run([sys.executable, "-c", EDGE_SCRIPT, str(out / BUNDLE), json.dumps(queries),
+    result = subprocess.run([sys.executable, "-c", EDGE_SCRIPT, str(path), json.dumps(queries),
                              str(tmp_path / "emb.npy")], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     got = json.loads(result.stdout)
+    assert got["scipy"] == scipy  # the path under test really ran (scipy is a dev dependency)
     np.testing.assert_allclose(np.load(tmp_path / "emb.npy"), bundle.entity_embeddings().numpy(), atol=1e-4)
     # The same top-10 as the torch path (in-process edge model fed torch's embeddings ranks identically).
     ent, rel = bundle.entity_embeddings(), bundle.relation_embeddings()
