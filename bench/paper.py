@@ -96,7 +96,7 @@ class Bench:
 
     def __init__(self, table: str, args: argparse.Namespace):
         self.table, self.args = table, args
-        self.name = f"paper_{table}" + ("_quick" if args.quick else "")
+        self.name = f"paper_{table}" + ("_quick" if args.quick else "") + (f"_{args.tag}" if args.tag else "")
         self.work = args.work / self.name
         self.records: list[dict] = []
         self._datasets: dict[str, Dataset] = {}
@@ -173,6 +173,11 @@ def _status(rec: dict) -> str:
 
 
 def _quick_note(args: argparse.Namespace) -> str:
+    if args.tag:
+        cut = [what for flag, what in ((args.no_search, "no settings search"), (args.no_rotate, "no RotatE curve"))
+               if flag]
+        return (f"\n**Partial run `{args.tag}`** (not the full mode): {', '.join(cut) or 'custom budget'}; "
+                f"{args.minutes or 'default'} min per run; see the command below.\n")
     if not args.quick:
         return ""
     return ("\n**Quick mode**: CoDEx-S, a few minutes per run on a shared 2-core machine. A check that the whole "
@@ -422,7 +427,7 @@ def cmd_convergence(args: argparse.Namespace) -> None:
     # 1. The search, on the first dataset, EARL at the paper's dim; selection by validation MRR.
     ds, st = b.dataset(search_on), SETTINGS[search_on]
     base_budget = b.budget(search_on, search_minutes)
-    for label, opt, bud in SEARCH:
+    for label, opt, bud in [] if args.no_search else SEARCH:
         optim, budget = Optim(**opt), _search_budget(base_budget, bud)
         b.run(f"search: {label}", search_on,
               partial(run_earl, ds, ModelConfig(dim=st.earl_dim, seed=args.seed), budget, optim=optim, seed=args.seed),
@@ -442,6 +447,8 @@ def cmd_convergence(args: argparse.Namespace) -> None:
             b.run(f"EARL, best searched ({best['setting']})", name,
                   partial(run_earl, ds, earl_cfg, _search_budget(budget, best_bud), optim=Optim(**best_opt),
                           seed=args.seed), phase="curve", model_kind="earl")
+        if args.no_rotate:
+            continue
         target = earl_parameters(ds, earl_cfg)
         rdim = st.rotate_dim or dim_for_parameters(ds, ModelConfig(model="rotate"), target)
         b.run(f"RotatE dim {rdim}, paper settings", name,
@@ -526,6 +533,9 @@ def main() -> None:
     parser.add_argument("--converge-minutes", type=float, default=180.0,
                         help="cap for 'to convergence' runs in full mode (early stopping normally ends them)")
     parser.add_argument("--search-minutes", type=float, help="budget per settings-search run (convergence)")
+    parser.add_argument("--no-search", action="store_true", help="convergence: skip the settings search")
+    parser.add_argument("--no-rotate", action="store_true", help="convergence: EARL curves only")
+    parser.add_argument("--tag", default="", help="suffix for the results files of a partial or custom run")
     parser.add_argument("--targets", type=float, nargs="+", help="budget: parameter targets in millions")
     parser.add_argument("--ks", type=int, nargs="+", help="ksweep: values of k")
     parser.add_argument("--pykeen-negatives", type=int, default=64,
