@@ -326,6 +326,8 @@ def add_worker_command(sub) -> None:
     p.add_argument("--max-attempts", type=int, default=3, help="give a job up after this many takeovers")
     p.add_argument("--max-jobs", type=int, default=0, help="exit after this many jobs (0: never)")
     p.add_argument("--id", dest="worker_id", default=None, help="worker name (default host-pid)")
+    p.add_argument("--nproc-per-node", type=int, default=0, metavar="N",
+                   help="train every job with N DDP processes through torchrun (a job's own nproc_per_node wins)")
     p.set_defaults(func=cmd_worker)
 
 
@@ -337,7 +339,8 @@ def cmd_worker(a: argparse.Namespace) -> int:
     logging.getLogger("earl_service.worker").setLevel(logging.INFO)
     worker = Worker(WorkerConfig(home=Path(a.home), store=a.store, worker_id=a.worker_id or default_worker_id(),
                                  threads=a.threads, device=a.device, poll_seconds=a.poll, stale_after=a.stale_after,
-                                 max_attempts=a.max_attempts, max_jobs=a.max_jobs))
+                                 max_attempts=a.max_attempts, max_jobs=a.max_jobs,
+                                 nproc_per_node=a.nproc_per_node))
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, lambda *_: worker.stop())
     worker.run()
