@@ -12,11 +12,11 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import default_datasets, md_table, write_results  # noqa: E402
+from common import default_datasets, md_table, write_results
 
-from earl_service.config import ModelConfig, TrainConfig  # noqa: E402
-from earl_service.data import load_dataset  # noqa: E402
-from earl_service.train import train  # noqa: E402
+from earl_service.config import ModelConfig, TrainConfig
+from earl_service.data import load_dataset
+from earl_service.train import train
 
 
 def main() -> None:

@@ -27,15 +27,15 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import default_datasets, md_table, write_results  # noqa: E402
+from common import default_datasets, md_table, write_results
 
-from earl_service.bundle import bundle_from_model, load_bundle  # noqa: E402
-from earl_service.config import ModelConfig, TrainConfig  # noqa: E402
-from earl_service.data import Vocab, load_dataset  # noqa: E402
-from earl_service.evaluate import KnownAnswers, rank_triples, summarize  # noqa: E402
-from earl_service.graph import nearest_reserved, relational_features  # noqa: E402
-from earl_service.model import RotatEModel  # noqa: E402
-from earl_service.train import BUNDLE, train  # noqa: E402
+from earl_service.bundle import bundle_from_model, load_bundle
+from earl_service.config import ModelConfig, TrainConfig
+from earl_service.data import Vocab, load_dataset
+from earl_service.evaluate import KnownAnswers, rank_triples, summarize
+from earl_service.graph import nearest_reserved, relational_features
+from earl_service.model import RotatEModel
+from earl_service.train import BUNDLE, train
 
 
 def test_mrr(bundle, ds) -> float:

@@ -22,14 +22,14 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import default_datasets, md_table, write_results  # noqa: E402
+from common import default_datasets, md_table, write_results
 
-from earl_service.bundle import bundle_from_model, load_bundle  # noqa: E402
-from earl_service.config import ModelConfig, TrainConfig  # noqa: E402
-from earl_service.data import Dataset, Vocab, load_dataset  # noqa: E402
-from earl_service.evaluate import KnownAnswers, rank_triples, summarize  # noqa: E402
-from earl_service.model import EARL  # noqa: E402
-from earl_service.train import BUNDLE, train  # noqa: E402
+from earl_service.bundle import bundle_from_model, load_bundle
+from earl_service.config import ModelConfig, TrainConfig
+from earl_service.data import Dataset, Vocab, load_dataset
+from earl_service.evaluate import KnownAnswers, rank_triples, summarize
+from earl_service.model import EARL
+from earl_service.train import BUNDLE, train
 
 
 def names_of(ds: Dataset, triples: np.ndarray) -> list[tuple[str, str, str]]:
@@ -63,7 +63,7 @@ def main() -> None:
     held = rng.choice(ds.num_train_entities, int(args.holdout * ds.num_train_entities), replace=False)
     is_held = np.zeros(ds.num_entities, dtype=bool)
     is_held[held] = True
-    mentions = lambda t: is_held[t[:, 0]] | is_held[t[:, 2]]  # noqa: E731
+    mentions = lambda t: is_held[t[:, 0]] | is_held[t[:, 2]]
     kept_train, new_train = ds.train[~mentions(ds.train)], ds.train[mentions(ds.train)]
     # Test triples about a held-out entity whose other end is known (or also held out and introduced).
     test = ds.test[mentions(ds.test)]
@@ -91,8 +91,8 @@ def main() -> None:
         train(ds, cfg, tcfg, tmp / "full", final_eval=False)
         full = load_bundle(tmp / "full" / BUNDLE)
         result["fully_trained"] = mrr(full, to_ids(full, test_named), to_ids(full, all_named))
-    counts = {"held_out_entities": int(len(held)), "held_out_train_triples": int(len(new_train)),
-              "test_triples": int(len(test)), "steps": steps, "dim": args.dim}
+    counts = {"held_out_entities": len(held), "held_out_train_triples": len(new_train),
+              "test_triples": len(test), "steps": steps, "dim": args.dim}
     rows = [[label, result[key]["mrr"], result[key]["hits_at_10"], result[key]["count"]] for key, label in (
         ("extended", "extended bundle (trained encoders, entities unseen in training)"),
         ("untrained_encoder", "same graph, untrained encoder"), ("fully_trained", "trained on all entities"))]

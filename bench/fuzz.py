@@ -45,7 +45,7 @@ def _config(ids: dict[str, list[str]], path: Path) -> Path:
 def server_errors(metrics: str) -> tuple[int, int]:
     """(requests, requests answered 5xx) from the server's earl_http_requests_total counters."""
     total = errors = 0
-    for status, n in re.findall(r'^earl_http_requests_total\{.*status="(\d+)"\} (\d+)$', metrics, re.M):
+    for status, n in re.findall(r'^earl_http_requests_total\{.*status="(\d+)"\} (\d+)$', metrics, re.MULTILINE):
         total += int(n)
         errors += int(n) * (int(status) >= 500)
     return total, errors

@@ -109,7 +109,7 @@ def main() -> None:
     lines = [f"# LinkPredictor: flat vs HNSW (METRIC_L1), 1 thread, synthetic {data} dim-{args.dim} embeddings", "",
              f"Command: `{command}` on {result['machine']} ({time.strftime('%Y-%m-%d')})", "",
              ("Depth (0-based rank) of the exact top-10 in proxy order, 3000 uniform entities, 300 queries: "
-              f"L2 {proxy['l2']}, L1 {proxy['l1']}, L1 over {PROXY_ROTATIONS["hnsw"]} rotated copies {proxy['lifted_l1']}."),
+              f"L2 {proxy['l2']}, L1 {proxy['l1']}, L1 over {PROXY_ROTATIONS['hnsw']} rotated copies {proxy['lifted_l1']}."),
              "",
              ("| entities | flat build s | flat p50 ms | flat p95 ms | flat exact | HNSW build s | HNSW p50 ms "
               "| HNSW p95 ms | HNSW exact |"),

@@ -26,7 +26,7 @@ import httpx
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import free_port, write_results  # noqa: E402
+from common import free_port, write_results
 
 from earl_service.bundle import load_bundle
 from earl_service.predict import LinkPredictor, configure_threads

@@ -15,10 +15,10 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import md_table, write_results  # noqa: E402
+from common import md_table, write_results
 
-from earl_service import edge  # noqa: E402
-from earl_service.bundle import load_bundle  # noqa: E402
+from earl_service import edge
+from earl_service.bundle import load_bundle
 
 
 def timed(fn, repeats: int) -> float:
@@ -54,7 +54,7 @@ def main() -> None:
         rows.append({
             "bundle": path.name, "bytes": b.num_bytes, "precision": b.precision, "coding": b.coding,
             "entities": len(b.entities), "dim": b.config.dim, "threads": args.threads,
-            "torch_load_and_rebuild_s": timed(lambda: load_bundle(path).entity_embeddings(), args.repeats),
+            "torch_load_and_rebuild_s": timed(lambda p=path: load_bundle(p).entity_embeddings(), args.repeats),
             "edge_scipy_load_and_rebuild_s": edge_seconds(path, args.repeats, scipy=True),
             "edge_numpy_load_and_rebuild_s": edge_seconds(path, args.repeats, scipy=False),
         })

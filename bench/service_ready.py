@@ -17,9 +17,9 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import md_table, write_results  # noqa: E402
+from common import md_table, write_results
 
-from earl_service.demo import DATA, PARAMS, free_port, wait_ready  # noqa: E402
+from earl_service.demo import DATA, PARAMS, free_port, wait_ready
 
 
 def main() -> None:

@@ -14,10 +14,6 @@ import numpy as np
 import torch
 
 from . import __version__
-from .config import ModelConfig
-from .data import Vocab, load_triples_file
-from .errors import BundleError
-
 from .bundle_format import (
     FORMAT,
     FORMAT_VERSION,
@@ -34,7 +30,9 @@ from .bundle_format import (
     unpack_strings,
     write_safetensors,
 )
-
+from .config import ModelConfig
+from .data import Vocab, load_triples_file
+from .errors import BundleError
 
 # ---------------------------------------------------------------- the torch-side bundle
 

@@ -226,7 +226,7 @@ def bundle_info(path: str) -> dict:
     b = load_bundle(path)
     return {"path": str(path), "bytes": b.num_bytes, "precision": b.precision, "sha256": b.sha256,
             "trainable_parameters": b.trainable_parameters, "entities": len(b.entities),
-            "relations": len(b.relations), "triples": int(len(b.triples)), "model": b.config.model,
+            "relations": len(b.relations), "triples": len(b.triples), "model": b.config.model,
             "dim": b.config.dim, "weights_coding": b.coding, "metrics": b.metrics}
 
 

@@ -79,8 +79,7 @@ def _decode(path: Path, data: bytes) -> str:
     if nul >= 0:
         raise TripleFileError(path, _line_of(data, nul), "contains a NUL byte; looks like a binary file, "
                               "not a text file of triples")
-    if data.startswith(codecs.BOM_UTF8):
-        data = data[len(codecs.BOM_UTF8):]
+    data = data.removeprefix(codecs.BOM_UTF8)
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as e:

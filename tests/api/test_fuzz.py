@@ -7,7 +7,7 @@ from conftest import REPO
 
 pytest.importorskip("schemathesis")
 sys.path.insert(0, str(REPO / "bench"))
-from fuzz import fuzz  # noqa: E402
+from fuzz import fuzz
 
 
 def test_no_server_errors_under_fuzzing(codex_bundle, tmp_path):

@@ -8,8 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-
 from conftest import codex_s_path
+
 from earl_service import edge
 from earl_service.bundle import export_bundle, load_bundle
 from earl_service.bundle_format import pack_graph, unpack_graph

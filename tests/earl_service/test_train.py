@@ -5,8 +5,8 @@ import json
 import numpy as np
 import pytest
 import torch
-
 from conftest import codex_s_path, random_triples
+
 from earl_service.cli import main
 from earl_service.config import ModelConfig, TrainConfig
 from earl_service.data import Dataset, Vocab, load_dataset
