@@ -19,10 +19,12 @@ D <= D_k, hence L <= ratio * D_k, so:
 - HNSW (approximate L) and GPU indexes (no range search): the shortlist doubles until the same certificate
   holds, at most `HNSW_MAX_DOUBLINGS` times for HNSW (best effort).
 
-Proxy per index (bench/results/predict_index.md, bench/results/predict_latency.md): the flat index scans
-plain L1 over the embeddings themselves (P = 1: no lifted copy, half the bytes of P = 2, and 1.2 ms instead
-of 4.3 ms per FB15k-237 scan on one core); its looser ratio only means the range search runs more often
-(~15% of FB15k-237 queries). HNSW keeps P = 2, whose tight ratio lets the doubling certificate succeed.
+Proxy per index: plain L1 (P = 1) needs no lifted copy and scans half the bytes of P = 2 (FB15k-237: 1.2
+vs 4.3 ms per scan on one core), but its looser ratio makes the range search return more: on trained bundles
+(whose answers stand out from the bulk) P = 1 is faster, on embeddings whose distances concentrate (random
+clustered vectors, bench/predict_index.py) the range search returns most of the graph and P = 2 is 3x faster.
+So the flat index times both on a few of the graph's own queries when it is built and keeps the faster
+(`flat_rotations` forces one). HNSW uses P = 2, whose tight ratio lets the doubling certificate succeed.
 
 Index choice: IndexFlat(METRIC_L1), O(N d) per query, below `HNSW_THRESHOLD` entities; IndexHNSWFlat
 (METRIC_L1) above it; a GPU flat index whenever FAISS reports a GPU. The threshold and the latencies come
@@ -52,8 +54,11 @@ HNSW_M = 32  # graph degree: higher recall per visited node at a modest memory c
 HNSW_EF_CONSTRUCTION = 80
 HNSW_EF_SEARCH = 128  # at least; a query explores 2x its shortlist (recall 0.97 -> 0.99 on hard data)
 HNSW_MAX_DOUBLINGS = 3
-# P per index kind (module doc): the index holds 2P * d reals per entity; P = 4 would tighten the ratio to 1.020
-PROXY_ROTATIONS = {"flat": 1, "hnsw": 2, "gpu-flat": 2}
+# P per index kind (module doc): the index holds 2P * d reals per entity; P = 4 would tighten the ratio to 1.020.
+# The flat index picks among FLAT_ROTATIONS by timing CALIBRATION_QUERIES queries when it is built.
+PROXY_ROTATIONS = {"hnsw": 2, "gpu-flat": 2}
+FLAT_ROTATIONS = (1, 2)
+CALIBRATION_QUERIES = 24
 IndexKind = Literal["auto", "flat", "hnsw", "exact"]
 Prediction = tuple[str, float]
 
@@ -138,6 +143,7 @@ class LinkPredictor:
         hnsw_threshold: int = HNSW_THRESHOLD,
         relation_labels: dict[str, str] | None = None,
         faiss_threads: int | None = 1,
+        flat_rotations: int | None = None,
     ) -> None:
         self.entity_embeddings = np.ascontiguousarray(entity_embeddings, dtype=np.float32)  # (N, 2d)
         self.relation_embeddings = np.ascontiguousarray(relation_embeddings, dtype=np.float32)  # (R, d)
@@ -157,10 +163,52 @@ class LinkPredictor:
         self._answers = {"tail": _answer_index(h * num_rel + r, t), "head": _answer_index(t * num_rel + r, h)}
         self.faiss_threads = faiss_threads if index != "exact" else None
         self._set_faiss_threads()
+        self._known_triples = triples
         self.index_kind, self._index = self._build_index(index, hnsw_threshold)
-        self.rotations = PROXY_ROTATIONS.get(self.index_kind, 1)
-        g_min, g_max = proxy_bounds(self.rotations)
+        self._use_rotations(PROXY_ROTATIONS.get(self.index_kind, 1))
+        if self.index_kind == "flat":
+            self._calibrate_flat(flat_rotations)
+
+    def _use_rotations(self, rotations: int, index: Any = None) -> None:
+        self.rotations = rotations
+        g_min, g_max = proxy_bounds(rotations)
         self._ratio = g_max / g_min
+        if index is not None:
+            self._index = index
+
+    def _calibrate_flat(self, forced: int | None) -> None:
+        """Keep the flat index's proxy (P in FLAT_ROTATIONS) that answers a sample of the graph's own queries
+        fastest (module doc); both are exact, so the choice only moves latency."""
+        import time
+
+        import faiss
+
+        options = [forced] if forced else list(FLAT_ROTATIONS)
+        indexes = {}
+        for rotations in options:
+            x = lift(self.entity_embeddings, self.dim, rotations)
+            indexes[rotations] = faiss.IndexFlat(x.shape[1], faiss.METRIC_L1)
+            indexes[rotations].add(x)
+        self.calibration_ms: dict[int, float] = {}
+        if len(options) > 1 and self.num_entities > shortlist_size(10):
+            rng = np.random.default_rng(0)
+            triples = self._known_triples
+            picks = (triples[rng.integers(len(triples), size=CALIBRATION_QUERIES)] if len(triples) else
+                     np.stack([rng.integers(self.num_entities, size=CALIBRATION_QUERIES),
+                               rng.integers(len(self.relations), size=CALIBRATION_QUERIES),
+                               rng.integers(self.num_entities, size=CALIBRATION_QUERIES)], 1))
+            for rotations in options:
+                self._use_rotations(rotations, indexes[rotations])
+                start = time.perf_counter()
+                for h, r, t in picks:
+                    for side, anchor in (("tail", h), ("head", t)):
+                        query = self.query_vector(side, int(anchor), int(r))  # type: ignore[arg-type]
+                        self._certified_shortlist(query, 10, self._known(side, int(anchor), int(r)))
+                self.calibration_ms[rotations] = (time.perf_counter() - start) * 1e3 / (2 * len(picks))
+            best = min(self.calibration_ms, key=self.calibration_ms.__getitem__)
+        else:
+            best = options[0]
+        self._use_rotations(best, indexes[best])
 
     @classmethod
     def from_bundle(cls, bundle: Bundle, **kwargs: Any) -> LinkPredictor:
@@ -197,10 +245,7 @@ class LinkPredictor:
                 return "gpu-flat", faiss.index_cpu_to_gpu(resources, 0, cpu_index)
             except Exception as exc:  # noqa: BLE001 - a driver or memory problem: the CPU index still answers
                 log.warning("FAISS reports %d GPU(s) but the GPU index failed (%s); using the CPU index", gpus, exc)
-        x = lift(self.entity_embeddings, self.dim, PROXY_ROTATIONS["flat"])
-        index = faiss.IndexFlat(x.shape[1], faiss.METRIC_L1)
-        index.add(x)
-        return "flat", index
+        return "flat", None  # built by _calibrate_flat
 
     def _set_faiss_threads(self) -> None:
         """OpenMP thread counts are per calling thread: set ours in whichever thread (API threadpool) queries."""

@@ -36,13 +36,15 @@ def test_flat_index_equals_brute_force_both_directions(bundle, predictor, exclud
                 predictor.brute_force_heads(tail, relation, k, exclude_known=exclude_known)
 
 
-def test_range_search_certificate_is_exact(bundle, monkeypatch):
+@pytest.mark.parametrize("rotations", [1, 2])
+def test_range_search_certificate_is_exact(bundle, monkeypatch, rotations):
     """A shortlist of only k (+ known answers) rarely certifies itself; the flat index then range-searches every
     entity whose L1 proxy could beat the k-th distance, and the answer still equals brute force."""
     import earl_service.predict as predict_module
 
     monkeypatch.setattr(predict_module, "shortlist_size", lambda k, excluded=0: k + excluded)
-    predictor = LinkPredictor.from_bundle(bundle, index="flat")
+    predictor = LinkPredictor.from_bundle(bundle, index="flat", flat_rotations=rotations)
+    assert predictor.rotations == rotations
     ranged = []
     search = predictor._range
     monkeypatch.setattr(predictor, "_range", lambda lifted, radius: ranged.append(radius) or search(lifted, radius))
@@ -51,6 +53,12 @@ def test_range_search_certificate_is_exact(bundle, monkeypatch):
             assert predictor.predict_tails(head, relation, k) == predictor.brute_force_tails(head, relation, k)
             assert predictor.predict_heads(tail, relation, k) == predictor.brute_force_heads(tail, relation, k)
     assert len(ranged) > 100  # the path under test really ran
+
+
+def test_flat_index_times_both_proxies_and_keeps_one(predictor):
+    """The flat index measured P = 1 and P = 2 on the graph's own queries and kept the faster (module doc)."""
+    assert set(predictor.calibration_ms) == {1, 2} and all(ms > 0 for ms in predictor.calibration_ms.values())
+    assert predictor.rotations == min(predictor.calibration_ms, key=predictor.calibration_ms.get)
 
 
 def test_scores_are_rotate_scores(bundle, predictor):
