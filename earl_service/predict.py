@@ -45,10 +45,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-# Entities from which the index is HNSW. bench/results/predict_index.md (dim 150, 1 thread): the flat index is
-# always exact, p50 0.7 / 3 / 50 ms at 2k / 10k / 100k entities; HNSW answered in 1-8 ms but returned the exact
-# top-10 for only 98% / 95% / 53% of queries. So exactness wins up to 100k entities (FB15k-237, WN18RR);
-# beyond, flat latency grows linearly and approximate answers are the price of staying interactive.
+# Entities from which the index is HNSW. bench/results/predict_index.md (dim 150, 1 thread, clustered synthetic):
+# the flat index is always exact, p50 0.7 / 3.0 / 25 ms at 2k / 10k / 100k entities; HNSW answered in 1.4-12 ms
+# but returned the exact top-10 for only 100% / 100% / 92% of queries. So exactness wins up to 100k entities.
 HNSW_THRESHOLD = 100_000
 HNSW_M = 32  # graph degree: higher recall per visited node at a modest memory cost (N * 2M ids)
 HNSW_EF_CONSTRUCTION = 80
