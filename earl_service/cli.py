@@ -246,6 +246,14 @@ def cmd_extend(a: argparse.Namespace) -> int:
     return 0
 
 
+def _add_coding_option(p: argparse.ArgumentParser) -> None:
+    from .bundle_format import CODINGS
+
+    p.add_argument("--coding", choices=CODINGS, default=None,
+                   help="weights as plain tensors, or byte planes + xz (lossless, ~15%% smaller); default: plain "
+                        "for fp32, planes-xz for fp16/int8")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="earl", description="Entity-agnostic knowledge-graph embeddings (EARL).")
     parser.add_argument("-v", "--verbose", action="store_true")
@@ -277,9 +285,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("run_dir")
     p.add_argument("--out", required=True)
     p.add_argument("--precision", choices=["fp32", "fp16", "int8"], default="fp32")
-    p.add_argument("--coding", choices=["plain", "planes-xz"], default=None,
-                   help="weights as plain tensors, or byte planes + xz (lossless, ~15%% smaller); default: plain "
-                        "for fp32, planes-xz for fp16/int8")
+    _add_coding_option(p)
     p.set_defaults(func=cmd_export)
 
     p = sub.add_parser("info", help="print a bundle's size, precision, counts and stored metrics as JSON")
@@ -291,9 +297,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--triples", required=True, help="triple file to add")
     p.add_argument("--out", required=True)
     p.add_argument("--precision", choices=["fp32", "fp16", "int8"], default=None)
-    p.add_argument("--coding", choices=["plain", "planes-xz"], default=None,
-                   help="weights as plain tensors, or byte planes + xz (lossless, ~15%% smaller); default: plain "
-                        "for fp32, planes-xz for fp16/int8")
+    _add_coding_option(p)
     p.set_defaults(func=cmd_extend)
 
     add_worker_command(sub)

@@ -124,8 +124,9 @@ class LinkPredictor:
     phases by value * pi / ((gamma + epsilon) / d) as in training; known_triples (E, 3) int64 ids whose
     answers `exclude_known` drops. `index` is "auto" (flat / HNSW by size, GPU when available), "flat",
     "hnsw" or "exact" (no index: score every entity). `faiss_threads` sets FAISS's OpenMP threads in
-    every thread that queries (OpenMP keeps the setting per thread): 1 by default, since one query cannot use more and idle OpenMP threads spinning on busy cores
-    made a 2k-entity search 18x slower (12 ms instead of 0.65 ms); None leaves the setting alone.
+    every thread that queries (OpenMP keeps the setting per thread): 1 by default, since one query cannot use
+    more and idle OpenMP threads spinning on busy cores made a 2k-entity search 18x slower (12 ms instead of
+    0.65 ms); None leaves the setting alone. `flat_rotations` forces the flat index's proxy (module doc).
     """
 
     def __init__(
@@ -162,11 +163,10 @@ class LinkPredictor:
         self._answers = {"tail": _answer_index(h * num_rel + r, t), "head": _answer_index(t * num_rel + r, h)}
         self.faiss_threads = faiss_threads if index != "exact" else None
         self._set_faiss_threads()
-        self._known_triples = triples
         self.index_kind, self._index = self._build_index(index, hnsw_threshold)
         self._use_rotations(PROXY_ROTATIONS.get(self.index_kind, 1))
         if self.index_kind == "flat":
-            self._calibrate_flat(flat_rotations)
+            self._calibrate_flat(flat_rotations, triples)
 
     def _use_rotations(self, rotations: int, index: Any = None) -> None:
         self.rotations = rotations
@@ -175,7 +175,7 @@ class LinkPredictor:
         if index is not None:
             self._index = index
 
-    def _calibrate_flat(self, forced: int | None) -> None:
+    def _calibrate_flat(self, forced: int | None, triples: np.ndarray) -> None:
         """Keep the flat index's proxy (P in FLAT_ROTATIONS) that answers a sample of the graph's own queries
         fastest (module doc); both are exact, so the choice only moves latency."""
         import time
@@ -191,7 +191,6 @@ class LinkPredictor:
         self.calibration_ms: dict[int, float] = {}
         if len(options) > 1 and self.num_entities > shortlist_size(10):
             rng = np.random.default_rng(0)
-            triples = self._known_triples
             picks = (triples[rng.integers(len(triples), size=CALIBRATION_QUERIES)] if len(triples) else
                      np.stack([rng.integers(self.num_entities, size=CALIBRATION_QUERIES),
                                rng.integers(len(self.relations), size=CALIBRATION_QUERIES),
