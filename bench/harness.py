@@ -14,6 +14,7 @@ import copy
 import json
 import logging
 import os
+import shutil
 import time
 import warnings
 from dataclasses import asdict, dataclass
@@ -108,19 +109,29 @@ def dim_for_parameters(ds: Dataset, base: ModelConfig, target: int, *, lo: int =
 
 def run_earl(ds: Dataset, cfg: ModelConfig, budget: Budget, out_dir: Path, *, optim: Optim = Optim(),
              protocols: tuple[str, ...] = ("seen",), bf16: bool = False, seed: int = 0, final_eval: bool = True) -> dict:
-    """Train with `earl_service.train` under the budget; test the best checkpoint under each protocol."""
+    """Train with `earl_service.train` under the budget; test the best checkpoint under each protocol.
+
+    Resumable: the training state is checkpointed at every validation, and a call on a directory holding a
+    checkpoint (an earlier attempt that was interrupted) continues from it; the budget counts the training
+    time of every attempt (`train_seconds`), not the time lost between them. Any other leftover is removed.
+    """
     from dataclasses import replace
 
-    from earl_service.train import load_run, train
+    from earl_service.train import CHECKPOINT, load_run, train
 
+    out_dir = Path(out_dir)
+    resume = (out_dir / CHECKPOINT).exists()
+    if not resume:
+        shutil.rmtree(out_dir, ignore_errors=True)  # a stale best.pt must not stand in for this run's
     cfg = replace(cfg, gamma=optim.margin)
     tcfg = TrainConfig(steps=budget.max_steps, batch_size=optim.batch_size, negatives=optim.negatives, lr=optim.lr,
                        adversarial_temperature=optim.adversarial_temperature, eval_every=budget.eval_every,
                        patience=budget.patience, eval_max_triples=budget.eval_max_triples,
                        time_limit_minutes=budget.minutes, bf16=bf16, threads=THREADS, progress=False, seed=seed,
-                       checkpoint_every=0)
+                       checkpoint_every=budget.eval_every)
     t0, load = time.perf_counter(), os.getloadavg()
-    m = train(ds, cfg, tcfg, out_dir, protocol="seen", final_eval=final_eval)
+    resumed_from = torch.load(out_dir / CHECKPOINT, weights_only=True)["state"]["step"] if resume else None
+    m = train(ds, cfg, tcfg, out_dir, resume=resume, protocol="seen", final_eval=final_eval)
     test = {"seen": _metrics(m["test"])} if "test" in m else {}
     if "all" in protocols and "seen" in test:
         if ds.seen_mask(ds.test).all():
@@ -137,7 +148,8 @@ def run_earl(ds: Dataset, cfg: ModelConfig, budget: Budget, out_dir: Path, *, op
         "best_step": m["best_step"],
         **_stopped(budget, m["stopped"], load),
         "train_seconds": m["train_seconds"],
-        "wall_seconds": time.perf_counter() - t0,
+        "wall_seconds": time.perf_counter() - t0,  # of the last attempt only, when resumed
+        "resumed_from_step": resumed_from,
         "median_step_seconds": m["median_step_seconds"],
         "valid": _metrics(m.get("valid", {})),
         "test": test,
@@ -229,6 +241,7 @@ def run_pykeen(ds: Dataset, kind: str, budget: Budget, out_dir: Path, *, dim: in
     torch.set_num_threads(THREADS)
     torch.manual_seed(seed)
     out_dir = Path(out_dir)
+    shutil.rmtree(out_dir, ignore_errors=True)  # not resumable: an interrupted PyKEEN run starts again
     out_dir.mkdir(parents=True, exist_ok=True)
     wall0, load = time.perf_counter(), os.getloadavg()
 

@@ -23,12 +23,13 @@ import os
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # must precede the first torch import (libgomp reads it once)
 
 import argparse
+import hashlib
+import inspect
 import json
 import shutil
 import sys
 import time
 import traceback
-from collections.abc import Callable
 from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
@@ -51,6 +52,7 @@ from harness import (
 
 from earl_service.config import ModelConfig
 from earl_service.data import Dataset, load_dataset
+from earl_service.train import write_json_atomic
 
 
 @dataclass(frozen=True)
@@ -84,6 +86,7 @@ PAPER_ABLATION = {
     "wn18rr": {"full": 0.440, "no_reserved": 0.347, "no_conrel": 0.432, "no_knn": 0.409, "no_conrel_knn": 0.350,
                "no_mulhop": 0.048},
 }
+PROTOCOLS = ("seen", "all")  # every run_earl call tests both, so that tables can share runs
 PAPER_TARGET = {"fb15k-237": (0.310, 1.8e6), "wn18rr": (0.440, 3.8e6)}  # the issue's goal: MRR >= x at <= #P
 FULL_MINUTES = 120.0  # the issue's budget per run on FB15k-237 / WN18RR
 FULL_SEARCH_MINUTES = 30.0  # per settings-search run in full mode
@@ -91,8 +94,27 @@ ABLATIONS = [("EARL (full)", "full"), ("w/o Reserved Entity", "no_reserved"), ("
              ("w/o kNResEnt", "no_knn"), ("w/o ConRel + kNResEnt", "no_conrel_knn"), ("w/o MulHop", "no_mulhop")]
 
 
+def run_key(dataset: str, fn: partial) -> str:
+    """What decides a run's outcome: the trainer, the dataset and every argument (defaults filled in), hashed.
+
+    Tables share runs through it (the main table's EARL row at the paper's settings is also the convergence
+    curve and the ablation's full model), and a table run again reuses every run already finished.
+    """
+    bound = inspect.signature(fn.func).bind_partial(*fn.args, **fn.keywords)
+    bound.apply_defaults()
+    args = {k: v for k, v in bound.arguments.items() if not isinstance(v, Dataset)}
+    text = f"{fn.func.__module__}.{fn.func.__qualname__}|{dataset}|{sorted(args.items())!r}"
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
 class Bench:
-    """One table's run: dataset cache, run directories, partial results saved after every run."""
+    """One table's run: dataset cache, a run cache shared by all tables, partial results saved after every run.
+
+    Every finished run is kept as `<work>/runs/<slug>-<key>/record.json` (see `run_key`); a table run again
+    loads those instead of training, and an EARL run that was interrupted resumes from its last checkpoint, so
+    a table of many 2-hour runs can be completed over several sittings by repeating its command. `--report`
+    trains nothing and writes the table from the finished runs; `--fresh` trains everything again.
+    """
 
     def __init__(self, table: str, args: argparse.Namespace):
         self.table, self.args = table, args
@@ -112,28 +134,46 @@ class Bench:
         st = SETTINGS[name]
         return Budget(minutes=minutes, eval_every=st.eval_every, eval_max_triples=st.eval_max_triples, **overrides)
 
-    def run(self, label: str, dataset: str, fn: Callable[[Path], dict], **extra: Any) -> dict:
-        """Run one training, tag and keep its record (or the error), save what we have so far."""
-        slug = "".join(c if c.isalnum() else "-" for c in f"{dataset}-{label}").strip("-").lower()
-        print(f"[{time.strftime('%H:%M:%S')}] {self.name}: {dataset} / {label}", flush=True)
-        shutil.rmtree(self.work / slug, ignore_errors=True)  # a stale best.pt must not stand in for this run's
-        try:
-            rec = fn(self.work / slug)
-        except Exception as exc:  # one failed peer must not lose the other runs of a multi-hour table
-            traceback.print_exc()
-            rec = {"error": f"{type(exc).__name__}: {exc}"}
+    def run(self, label: str, dataset: str, fn: partial, **extra: Any) -> dict:
+        """Run one training (or reuse its finished record), tag and keep its record or error, save what we have."""
+        key = run_key(dataset, fn)
+        run_dir = self.args.work / "runs" / f"{dataset}-{key}"  # by key alone: another table's label finds it
+        done = run_dir / "record.json"
+        print(f"[{time.strftime('%H:%M:%S')}] {self.name}: {dataset} / {label} ({run_dir.name})", flush=True)
+        if self.args.fresh:
+            shutil.rmtree(run_dir, ignore_errors=True)
+        if done.exists():
+            rec = {**json.loads(done.read_text()), "reused": True}
+        elif self.args.report:
+            rec = {"error": "not run yet", "pending": True}
+        else:
+            try:
+                rec = {**fn(run_dir / "train"), "run_key": key, "run_commit": environment()["commit"],
+                       "first_label": label}
+                run_dir.mkdir(parents=True, exist_ok=True)
+                write_json_atomic(done, rec)
+            except Exception as exc:  # one failed peer must not lose the other runs of a multi-hour table
+                traceback.print_exc()
+                rec = {"error": f"{type(exc).__name__}: {exc}"}
         rec = {"label": label, "dataset": dataset, **extra, **rec}
         self.records.append(rec)
         if "error" not in rec:
             seen = rec["test"].get("seen", {})
             print(f"    #P {rec['parameters']:,}  steps {rec['steps']}  {rec['stopped']}  "
                   f"test MRR {seen.get('mrr', float('nan')):.4f}  H@10 {seen.get('hits_at_10', float('nan')):.4f}  "
-                  f"train {rec['train_seconds']:.0f}s", flush=True)
+                  f"train {rec['train_seconds']:.0f}s" + ("  (finished earlier)" if rec.get("reused") else ""),
+                  flush=True)
         self.work.mkdir(parents=True, exist_ok=True)
         (self.work / "partial.json").write_text(json.dumps(self.records, indent=1, default=str))
         return rec
 
     def write(self, data: dict, markdown: str) -> None:
+        pending = sum(bool(r.get("pending")) for r in self.records)
+        if pending:
+            title, _, rest = markdown.partition("\n")
+            markdown = (f"{title}\n\n**Incomplete**: {len(self.records) - pending} of {len(self.records)} runs "
+                        "finished; the others show `not run yet`. Running the command without `--report` trains "
+                        "them (finished runs are reused, an interrupted one resumes).\n" + rest)
         meta = {"table": self.table, "quick": self.args.quick, "seed": self.args.seed, "threads": 2,
                 "started": self.started,
                 "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"), "runs": self.records}
@@ -167,6 +207,8 @@ def _row_metrics(rec: dict, protocol: str = "seen") -> tuple:
 
 
 def _status(rec: dict) -> str:
+    if rec.get("pending"):
+        return "not run yet"
     if "error" in rec:
         return "error: " + rec["error"][:80]
     return "yes (early stopping)" if rec["converged"] else f"no ({rec['stopped']})"
@@ -203,28 +245,27 @@ def cmd_main(args: argparse.Namespace) -> None:
     b = Bench("main", args)
     names = args.data or (["codex-s"] if args.quick else ["fb15k-237", "wn18rr"])
     minutes = args.minutes or (4.0 if args.quick else FULL_MINUTES)
-    protocols = ("seen", "all")
     for name in names:
         ds, st = b.dataset(name), SETTINGS[name]
         budget = b.budget(name, minutes)
         earl = b.run(f"EARL+RotatE dim {st.earl_dim}", name,
                      partial(run_earl, ds, ModelConfig(dim=st.earl_dim, seed=args.seed), budget,
-                             protocols=protocols, seed=args.seed), row="earl")
+                             protocols=PROTOCOLS, seed=args.seed), row="earl")
         target = earl.get("parameters") or earl_parameters(ds, ModelConfig(dim=st.earl_dim))
         rdim = st.rotate_dim or dim_for_parameters(ds, ModelConfig(model="rotate"), target)
         why = "paper's small dim" if st.rotate_dim else "#P matched to EARL"
         b.run(f"RotatE dim {rdim} ({why})", name,
               partial(run_earl, ds, ModelConfig(model="rotate", dim=rdim, seed=args.seed), budget,
-                      protocols=protocols, seed=args.seed), row="rotate")
+                      protocols=PROTOCOLS, seed=args.seed), row="rotate")
         if args.no_pykeen:
             continue
         pdim = pykeen_rotate_dim_for(ds, target)
         b.run(f"PyKEEN RotatE dim {pdim} (#P matched)", name,
-              partial(run_pykeen, ds, "rotate", budget, dim=pdim, protocols=protocols, seed=args.seed,
+              partial(run_pykeen, ds, "rotate", budget, dim=pdim, protocols=PROTOCOLS, seed=args.seed,
                       negatives_per_positive=args.pykeen_negatives), row="pykeen_rotate")
         width = nodepiece_width_for(ds, target, st.nodepiece)
         b.run(f"PyKEEN NodePiece+RotatE dim {width // 2} (#P matched)", name,
-              partial(run_pykeen, ds, "nodepiece", budget, width=width, spec=st.nodepiece, protocols=protocols,
+              partial(run_pykeen, ds, "nodepiece", budget, width=width, spec=st.nodepiece, protocols=PROTOCOLS,
                       seed=args.seed, negatives_per_positive=args.pykeen_negatives), row="pykeen_nodepiece")
 
     probe_md: list[str] = []
@@ -251,7 +292,7 @@ def cmd_main(args: argparse.Namespace) -> None:
     for name in names:
         recs = [r for r in b.records if r["dataset"] == name]
         rows = []
-        for protocol in protocols:
+        for protocol in PROTOCOLS:
             for r in recs:
                 if r.get("row") == "probe":
                     continue
@@ -303,7 +344,7 @@ def cmd_ablation(args: argparse.Namespace) -> None:
         for label, key in ABLATIONS:
             flags = {} if key == "full" else {key: True}
             cfg = ModelConfig(dim=st.earl_dim, seed=args.seed, **flags)
-            b.run(label, name, partial(run_earl, ds, cfg, budget, seed=args.seed), ablation=key)
+            b.run(label, name, partial(run_earl, ds, cfg, budget, protocols=PROTOCOLS, seed=args.seed), ablation=key)
 
     md = ["# Ablations (paper Tables 2 and 3, lower half)", _quick_note(args)]
     for name, _ in plan:
@@ -341,7 +382,7 @@ def cmd_budget(args: argparse.Namespace) -> None:
             dim = dim_for_parameters(ds, ModelConfig(model=model), int(target * 1e6))
             cfg = ModelConfig(model=model, dim=dim, seed=args.seed)
             b.run(f"{'EARL' if model == 'earl' else 'RotatE'} dim {dim}", name,
-                  partial(run_earl, ds, cfg, budget, seed=args.seed),
+                  partial(run_earl, ds, cfg, budget, protocols=PROTOCOLS, seed=args.seed),
                   model_kind=model, target_parameters=int(target * 1e6))
 
     plt = _plt()
@@ -379,7 +420,7 @@ def cmd_ksweep(args: argparse.Namespace) -> None:
     budget = b.budget(name, minutes)
     for k in ks:
         cfg = ModelConfig(dim=st.earl_dim, k=k, seed=args.seed)
-        b.run(f"EARL k={k}", name, partial(run_earl, ds, cfg, budget, seed=args.seed), k=k)
+        b.run(f"EARL k={k}", name, partial(run_earl, ds, cfg, budget, protocols=PROTOCOLS, seed=args.seed), k=k)
 
     plt = _plt()
     ok = [r for r in b.records if "error" not in r]
@@ -430,7 +471,8 @@ def cmd_convergence(args: argparse.Namespace) -> None:
     for label, opt, bud in [] if args.no_search else SEARCH:
         optim, budget = Optim(**opt), _search_budget(base_budget, bud)
         b.run(f"search: {label}", search_on,
-              partial(run_earl, ds, ModelConfig(dim=st.earl_dim, seed=args.seed), budget, optim=optim, seed=args.seed),
+              partial(run_earl, ds, ModelConfig(dim=st.earl_dim, seed=args.seed), budget, optim=optim,
+                      protocols=PROTOCOLS, seed=args.seed),
               phase="search", setting=label, optim_overrides=opt, budget_overrides=bud)
     searched = [r for r in b.records if r.get("phase") == "search" and "error" not in r]
     best = max(searched, key=lambda r: r["valid"].get("mrr", -1)) if searched else None
@@ -441,18 +483,20 @@ def cmd_convergence(args: argparse.Namespace) -> None:
         ds, st = b.dataset(name), SETTINGS[name]
         budget = b.budget(name, curve_minutes)
         earl_cfg = ModelConfig(dim=st.earl_dim, seed=args.seed)
-        b.run("EARL, paper settings", name, partial(run_earl, ds, earl_cfg, budget, seed=args.seed),
+        b.run("EARL, paper settings", name,
+              partial(run_earl, ds, earl_cfg, budget, protocols=PROTOCOLS, seed=args.seed),
               phase="curve", model_kind="earl")
         if best is not None and best["setting"] != "paper settings":
             b.run(f"EARL, best searched ({best['setting']})", name,
                   partial(run_earl, ds, earl_cfg, _search_budget(budget, best_bud), optim=Optim(**best_opt),
-                          seed=args.seed), phase="curve", model_kind="earl")
+                          protocols=PROTOCOLS, seed=args.seed), phase="curve", model_kind="earl")
         if args.no_rotate:
             continue
         target = earl_parameters(ds, earl_cfg)
         rdim = st.rotate_dim or dim_for_parameters(ds, ModelConfig(model="rotate"), target)
         b.run(f"RotatE dim {rdim}, paper settings", name,
-              partial(run_earl, ds, ModelConfig(model="rotate", dim=rdim, seed=args.seed), budget, seed=args.seed),
+              partial(run_earl, ds, ModelConfig(model="rotate", dim=rdim, seed=args.seed), budget,
+                      protocols=PROTOCOLS, seed=args.seed),
               phase="curve", model_kind="rotate")
 
     plt = _plt()
@@ -544,7 +588,11 @@ def main() -> None:
     parser.add_argument("--probe-steps", type=int, default=6,
                         help="main: steps timed at the paper's negatives for RotatE here and in PyKEEN (0: skip)")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--work", type=Path, default=Path("runs/bench_paper"), help="run directories")
+    parser.add_argument("--work", type=Path, default=Path("runs/bench_paper"),
+                        help="run directories; finished runs in WORK/runs are reused by every table")
+    parser.add_argument("--report", action="store_true",
+                        help="train nothing: write the table from the runs finished so far")
+    parser.add_argument("--fresh", action="store_true", help="train every run again, ignoring finished ones")
     args = parser.parse_args()
     import torch
 

@@ -37,6 +37,24 @@ def random_triples(num_entities: int, num_relations: int, num_edges: int, seed: 
     return triples.astype(np.int64)
 
 
+def tiny_dataset():
+    """40 entities, 3 relations: 250 train, 20 valid and the rest test triples of a random multigraph."""
+    from earl_service.data import Dataset, Vocab
+
+    triples = random_triples(40, 3, 300, seed=3)
+    triples = np.unique(triples, axis=0)
+    rng = np.random.default_rng(0)
+    rng.shuffle(triples)
+    return Dataset(
+        entities=Vocab([f"e{i}" for i in range(40)]),
+        relations=Vocab([f"r{i}" for i in range(3)], kind="relation"),
+        num_train_entities=40,
+        train=triples[:250],
+        valid=triples[250:270],
+        test=triples[270:],
+    )
+
+
 @pytest.fixture
 def small_graph_triples() -> np.ndarray:
     return random_triples(30, 4, 120)

@@ -5,28 +5,12 @@ import json
 import numpy as np
 import pytest
 import torch
-from conftest import codex_s_path, random_triples
+from conftest import codex_s_path, tiny_dataset
 
 from earl_service.cli import main
 from earl_service.config import ModelConfig, TrainConfig
 from earl_service.data import Dataset, Vocab, load_dataset
 from earl_service.train import CHECKPOINT, NegativeSampler, train
-
-
-def tiny_dataset() -> Dataset:
-    triples = random_triples(40, 3, 300, seed=3)
-    triples = np.unique(triples, axis=0)
-    rng = np.random.default_rng(0)
-    rng.shuffle(triples)
-    return Dataset(
-        entities=Vocab([f"e{i}" for i in range(40)]),
-        relations=Vocab([f"r{i}" for i in range(3)], kind="relation"),
-        num_train_entities=40,
-        train=triples[:250],
-        valid=triples[250:270],
-        test=triples[270:],
-    )
-
 
 FAST = dict(batch_size=32, negatives=8, eval_every=5, eval_batch_size=16, progress=False, checkpoint_every=5)
 

@@ -1,0 +1,107 @@
+"""bench/paper.py run cache: finished runs are reused across tables and sittings, interrupted ones resume."""
+
+import argparse
+import json
+import sys
+from functools import partial
+from pathlib import Path
+
+from conftest import REPO, tiny_dataset
+
+sys.path.insert(0, str(REPO / "bench"))
+import paper
+from harness import Budget, Optim, run_earl
+
+from earl_service.config import ModelConfig, TrainConfig
+from earl_service.train import CHECKPOINT, train
+
+
+def _args(work: Path, **flags) -> argparse.Namespace:
+    return argparse.Namespace(**{"work": work, "quick": True, "tag": "", "seed": 0, "report": False, "fresh": False,
+                                 **flags})
+
+
+class Calls(list):
+    """Where a fake trainer was called; its repr does not change, so it does not change the run's key."""
+
+    def __repr__(self) -> str:
+        return "Calls()"
+
+
+def fake_run(ds, cfg: ModelConfig, budget: Budget, out_dir: Path, *, calls: Calls, fail: bool = False) -> dict:
+    calls.append(out_dir)
+    if fail:
+        raise RuntimeError("boom")
+    return {"parameters": 1, "steps": 3, "stopped": "steps", "train_seconds": 1.0, "test": {"seen": {"mrr": 0.5}}}
+
+
+def test_run_key_fills_in_defaults_and_ignores_the_dataset_object():
+    ds, other = tiny_dataset(), tiny_dataset()
+    budget = Budget(minutes=1)
+    a = partial(run_earl, ds, ModelConfig(dim=8), budget, seed=0)
+    b = partial(run_earl, other, ModelConfig(dim=8), budget, optim=Optim(), seed=0)  # the default, spelled out
+    assert paper.run_key("d", a) == paper.run_key("d", b)
+    assert paper.run_key("d", a) != paper.run_key("e", a)  # the dataset's name is part of it
+    for changed in (partial(run_earl, ds, ModelConfig(dim=9), budget, seed=0),
+                    partial(run_earl, ds, ModelConfig(dim=8), Budget(minutes=2), seed=0),
+                    partial(run_earl, ds, ModelConfig(dim=8), budget, optim=Optim(lr=3e-3), seed=0),
+                    partial(run_earl, ds, ModelConfig(dim=8), budget, seed=1)):
+        assert paper.run_key("d", changed) != paper.run_key("d", a)
+
+
+def test_finished_runs_are_reused_errors_and_fresh_are_not(tmp_path):
+    ds, calls = tiny_dataset(), Calls()
+    fn = partial(fake_run, ds, ModelConfig(dim=8), Budget(minutes=1), calls=calls)
+    first = paper.Bench("t", _args(tmp_path)).run("EARL", "d", fn, row="x")
+    assert len(calls) == 1 and not first.get("reused")
+    # Another table, another label: the same run, loaded rather than trained; its own tags win.
+    again = paper.Bench("u", _args(tmp_path)).run("other label", "d", fn, row="y")
+    assert len(calls) == 1 and again["reused"] and again["row"] == "y" and again["label"] == "other label"
+    assert again["test"] == first["test"] and again["run_key"] == first["run_key"]
+    paper.Bench("t", _args(tmp_path, fresh=True)).run("EARL", "d", fn)
+    assert len(calls) == 2
+    # A failed run leaves no record behind: the next sitting tries it again.
+    broken = partial(fake_run, ds, ModelConfig(dim=9), Budget(minutes=1), calls=calls, fail=True)
+    assert "RuntimeError: boom" in paper.Bench("t", _args(tmp_path)).run("bad", "d", broken)["error"]
+    paper.Bench("t", _args(tmp_path)).run("bad", "d", broken)
+    assert len(calls) == 4
+
+
+def test_report_trains_nothing_and_marks_the_table_incomplete(tmp_path, monkeypatch):
+    written = {}
+
+    def write_results(name, data, markdown):
+        written.update(name=name, data=data, md=markdown)
+        (tmp_path / "t.md").write_text(markdown)
+        return tmp_path / "t.json", tmp_path / "t.md"
+
+    monkeypatch.setattr(paper, "write_results", write_results)
+    ds, calls = tiny_dataset(), Calls()
+    paper.Bench("t", _args(tmp_path)).run("done", "d", partial(fake_run, ds, ModelConfig(dim=8), Budget(1), calls=calls))
+    b = paper.Bench("t", _args(tmp_path, report=True))
+    b.run("done", "d", partial(fake_run, ds, ModelConfig(dim=8), Budget(1), calls=calls))
+    pending = b.run("todo", "d", partial(fake_run, ds, ModelConfig(dim=16), Budget(1), calls=calls))
+    assert len(calls) == 1 and pending["pending"] and paper._status(pending) == "not run yet"
+    b.write({}, "# Title\nbody")
+    assert written["md"].startswith("# Title\n\n**Incomplete**: 1 of 2 runs finished")
+    assert [r.get("pending", False) for r in written["data"]["runs"]] == [False, True]
+
+
+def test_an_interrupted_earl_run_resumes_from_its_checkpoint(tmp_path):
+    """A first sitting stops after 4 of 8 steps (checkpointed at a validation); run_earl continues it."""
+    interrupted_at = 4
+    ds, cfg = tiny_dataset(), ModelConfig(dim=4, k=3, reserved_ratio=0.2)
+    budget, optim = Budget(minutes=10, max_steps=8, eval_every=2), Optim(batch_size=32, negatives=8)
+    out = tmp_path / "run"
+    train(ds, cfg, TrainConfig(steps=interrupted_at, batch_size=32, negatives=8, eval_every=2, checkpoint_every=2,
+                               threads=2, progress=False), out, final_eval=False, write_bundle=False)
+    assert (out / CHECKPOINT).exists()
+    rec = run_earl(ds, cfg, budget, out, optim=optim)
+    assert rec["resumed_from_step"] == interrupted_at and rec["steps"] == 8
+    assert rec["history"]["eval_steps"] == [2, 4, 6, 8]  # the first sitting's validations are kept
+    assert json.loads((out / "metrics.json").read_text())["steps"] == 8
+    # Without a checkpoint, leftovers of an earlier attempt are cleared and training starts from step 0.
+    (out / CHECKPOINT).unlink()
+    (out / "stale.txt").write_text("x")
+    rec = run_earl(ds, cfg, budget, out, optim=optim)
+    assert rec["resumed_from_step"] is None and rec["steps"] == 8 and not (out / "stale.txt").exists()
