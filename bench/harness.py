@@ -72,10 +72,37 @@ def _metrics(m: dict) -> dict:
     return {k: m[k] for k in ("mrr", "mr", "hits_at_1", "hits_at_3", "hits_at_10", "count") if k in m}
 
 
-def _stopped(budget: Budget, stopped: str, load_start: tuple[float, ...]) -> dict:
-    """Why training stopped, the budget, and the 1-minute load average before/after (other work on the machine)."""
+class Machine:
+    """What else used the machine during a run: the load average, and the share of CPU time the hypervisor gave
+    to other guests (`steal` in /proc/stat; on a shared VM it slows a run without showing in the load)."""
+
+    def __init__(self):
+        self.load = os.getloadavg()
+        self.ticks = _cpu_ticks()
+
+    def summary(self) -> dict:
+        ticks = _cpu_ticks()
+        steal = None
+        if self.ticks and ticks:
+            delta = [b - a for a, b in zip(self.ticks, ticks)]
+            total = sum(delta[:8])  # user nice system idle iowait irq softirq steal (guest time is inside user)
+            steal = round(delta[7] / total, 4) if total > 0 else None
+        return {"load_average_1min": {"start": round(self.load[0], 2), "end": round(os.getloadavg()[0], 2)},
+                "cpu_steal_share": steal}
+
+
+def _cpu_ticks() -> list[int] | None:
+    try:
+        fields = Path("/proc/stat").read_text().splitlines()[0].split()
+    except (OSError, IndexError):
+        return None
+    return [int(x) for x in fields[1:]] if fields[0] == "cpu" and len(fields) > 8 else None
+
+
+def _stopped(budget: Budget, stopped: str, machine: Machine) -> dict:
+    """Why training stopped, the budget, and what else ran on the machine meanwhile."""
     return {"stopped": stopped, "converged": stopped == "early_stopping", "budget": budget.to_dict(),
-            "load_average_1min": {"start": round(load_start[0], 2), "end": round(os.getloadavg()[0], 2)}}
+            **machine.summary()}
 
 
 # ---------------------------------------------------------------- earl_service (EARL and plain RotatE)
@@ -129,7 +156,7 @@ def run_earl(ds: Dataset, cfg: ModelConfig, budget: Budget, out_dir: Path, *, op
                        patience=budget.patience, eval_max_triples=budget.eval_max_triples,
                        time_limit_minutes=budget.minutes, bf16=bf16, threads=THREADS, progress=False, seed=seed,
                        checkpoint_every=budget.eval_every)
-    t0, load = time.perf_counter(), os.getloadavg()
+    t0, machine = time.perf_counter(), Machine()
     resumed_from = torch.load(out_dir / CHECKPOINT, weights_only=True)["state"]["step"] if resume else None
     m = train(ds, cfg, tcfg, out_dir, resume=resume, protocol="seen", final_eval=final_eval)
     test = {"seen": _metrics(m["test"])} if "test" in m else {}
@@ -146,7 +173,7 @@ def run_earl(ds: Dataset, cfg: ModelConfig, budget: Budget, out_dir: Path, *, op
         "parameters": m["trainable_parameters"],
         "steps": m["steps"],
         "best_step": m["best_step"],
-        **_stopped(budget, m["stopped"], load),
+        **_stopped(budget, m["stopped"], machine),
         "train_seconds": m["train_seconds"],
         "wall_seconds": time.perf_counter() - t0,  # of the last attempt only, when resumed
         "resumed_from_step": resumed_from,
@@ -243,7 +270,7 @@ def run_pykeen(ds: Dataset, kind: str, budget: Budget, out_dir: Path, *, dim: in
     out_dir = Path(out_dir)
     shutil.rmtree(out_dir, ignore_errors=True)  # not resumable: an interrupted PyKEEN run starts again
     out_dir.mkdir(parents=True, exist_ok=True)
-    wall0, load = time.perf_counter(), os.getloadavg()
+    wall0, machine = time.perf_counter(), Machine()
 
     def as_ids(x: np.ndarray) -> torch.Tensor:
         return torch.as_tensor(x, dtype=torch.long)
@@ -353,7 +380,7 @@ def run_pykeen(ds: Dataset, kind: str, budget: Budget, out_dir: Path, *, dim: in
         "parameters": parameters,
         "steps": state["step"],
         "best_step": state["best_step"],
-        **_stopped(budget, stopped, load),
+        **_stopped(budget, stopped, machine),
         "train_seconds": train_seconds,
         "setup_seconds": setup_seconds,
         "wall_seconds": time.perf_counter() - wall0,

@@ -232,10 +232,13 @@ def _budget_line(recs: list[dict]) -> str:
         return ""
     b = ok[0]["budget"]
     loads = [r["load_average_1min"]["start"] for r in ok] + [r["load_average_1min"]["end"] for r in ok]
+    steal = [r["cpu_steal_share"] for r in ok if r.get("cpu_steal_share") is not None]
+    steal_note = (f"; CPU time taken by other guests of the VM (steal): {100 * min(steal):.0f}-{100 * max(steal):.0f}%"
+                  if steal else "")
     return (f"Budget per run: {b['minutes']:g} min wall-clock (validation included), validation every "
             f"{b['eval_every']} steps on {b['eval_max_triples'] or 'all'} valid triples, patience {b['patience']}; "
-            f"2 torch threads. 1-minute load average during these runs: {min(loads):.1f}-{max(loads):.1f} on 2 cores "
-            f"(other work shared the machine; wall-clock figures are noisy).")
+            f"2 torch threads. 1-minute load average at the start and end of these runs: {min(loads):.1f}-"
+            f"{max(loads):.1f} on 2 cores{steal_note}. Busy machines give fewer steps in the same wall-clock budget.")
 
 
 # ---------------------------------------------------------------- main table

@@ -98,6 +98,7 @@ def test_an_interrupted_earl_run_resumes_from_its_checkpoint(tmp_path):
     assert (out / CHECKPOINT).exists()
     rec = run_earl(ds, cfg, budget, out, optim=optim)
     assert rec["resumed_from_step"] == interrupted_at and rec["steps"] == 8
+    assert rec["cpu_steal_share"] is None or 0 <= rec["cpu_steal_share"] <= 1
     assert rec["history"]["eval_steps"] == [2, 4, 6, 8]  # the first sitting's validations are kept
     assert json.loads((out / "metrics.json").read_text())["steps"] == 8
     # Without a checkpoint, leftovers of an earlier attempt are cleared and training starts from step 0.
