@@ -86,6 +86,9 @@ PAPER_ABLATION = {
     "wn18rr": {"full": 0.440, "no_reserved": 0.347, "no_conrel": 0.432, "no_knn": 0.409, "no_conrel_knn": 0.350,
                "no_mulhop": 0.048},
 }
+# Finished runs, one JSON each, committed with the results: a full table is many 2-hour runs, more than one
+# sitting, and a new checkout has no runs/ folder. Checkpoints of unfinished runs stay under --work.
+RECORDS = RESULTS / "paper_runs"
 PROTOCOLS = ("seen", "all")  # every run_earl call tests both, so that tables can share runs
 PAPER_TARGET = {"fb15k-237": (0.310, 1.8e6), "wn18rr": (0.440, 3.8e6)}  # the issue's goal: MRR >= x at <= #P
 FULL_MINUTES = 120.0  # the issue's budget per run on FB15k-237 / WN18RR
@@ -110,7 +113,8 @@ def run_key(dataset: str, fn: partial) -> str:
 class Bench:
     """One table's run: dataset cache, a run cache shared by all tables, partial results saved after every run.
 
-    Every finished run is kept as `<work>/runs/<slug>-<key>/record.json` (see `run_key`); a table run again
+    Every finished run is kept as `bench/results/paper_runs/<dataset>-<key>.json` (see `run_key`), committed with
+    the results; checkpoints of unfinished runs live in `<work>/runs/<dataset>-<key>/`. A table run again
     loads those instead of training, and an EARL run that was interrupted resumes from its last checkpoint, so
     a table of many 2-hour runs can be completed over several sittings by repeating its command. `--report`
     trains nothing and writes the table from the finished runs; `--fresh` trains everything again.
@@ -138,10 +142,15 @@ class Bench:
         """Run one training (or reuse its finished record), tag and keep its record or error, save what we have."""
         key = run_key(dataset, fn)
         run_dir = self.args.work / "runs" / f"{dataset}-{key}"  # by key alone: another table's label finds it
-        done = run_dir / "record.json"
+        done = RECORDS / f"{dataset}-{key}.json"
+        legacy = run_dir / "record.json"  # where records lived before they were committed
         print(f"[{time.strftime('%H:%M:%S')}] {self.name}: {dataset} / {label} ({run_dir.name})", flush=True)
         if self.args.fresh:
             shutil.rmtree(run_dir, ignore_errors=True)
+            done.unlink(missing_ok=True)
+        if not done.exists() and legacy.exists():
+            RECORDS.mkdir(parents=True, exist_ok=True)
+            write_json_atomic(done, json.loads(legacy.read_text()))
         if done.exists():
             rec = {**json.loads(done.read_text()), "reused": True}
         elif self.args.report:
@@ -150,7 +159,7 @@ class Bench:
             try:
                 rec = {**fn(run_dir / "train"), "run_key": key, "run_commit": environment()["commit"],
                        "first_label": label}
-                run_dir.mkdir(parents=True, exist_ok=True)
+                RECORDS.mkdir(parents=True, exist_ok=True)
                 write_json_atomic(done, rec)
             except Exception as exc:  # one failed peer must not lose the other runs of a multi-hour table
                 traceback.print_exc()
