@@ -71,15 +71,28 @@ def main() -> None:
     parser.add_argument("--tag", default="")
     parser.add_argument("--work", type=Path, default=Path("runs/step_search"))
     parser.add_argument("--quick", action="store_true", help="CoDEx-S, 600 steps, validation every 100")
+    parser.add_argument("--include", type=Path, nargs="+", default=[],
+                        help="results JSON of earlier runs of this script (same data, steps and validation) whose "
+                             "settings join this table instead of training again (a GPU lease is shorter than a grid)")
     args = parser.parse_args()
     if args.quick:
         args.data, args.steps, args.eval_every, args.eval_max_triples = "codex-s", 600, 100, 500
-    grid = [g for g in GRID if not args.only or g[0] in args.only]
+    earlier = []
+    for path in args.include:
+        prev = json.loads(path.read_text())
+        same = {k: prev.get(k) for k in ("dataset", "steps", "eval_every", "eval_max_triples", "seed")}
+        want = {"dataset": args.data, "steps": args.steps, "eval_every": args.eval_every,
+                "eval_max_triples": args.eval_max_triples, "seed": args.seed}
+        if same != want:
+            parser.error(f"{path}: ran {same}, this run is {want}")
+        earlier += [{**r, "from": path.name, "commit": prev.get("commit")} for r in prev["runs"] if "error" not in r]
+    have = {r["setting"] for r in earlier}
+    grid = [g for g in GRID if (not args.only or g[0] in args.only) and g[0] not in have]
     name = f"step_search_{args.data}" + (f"_{args.tag}" if args.tag else "")
     work = args.work / name
 
     t0 = time.perf_counter()
-    pending, running, done = list(grid), [], []
+    pending, running, done = list(grid), [], list(earlier)
     while pending or running:
         while pending and len(running) < args.parallel:
             label, extra = pending.pop(0)
@@ -103,9 +116,12 @@ def main() -> None:
             else:
                 rec["error"] = (out / "train.log").read_text()[-2000:]
             done.append(rec)
-            print(f"[{time.strftime('%H:%M:%S')}] finished {label}: rc {proc.returncode}", flush=True)
+            work.mkdir(parents=True, exist_ok=True)
+            (work / "partial.json").write_text(json.dumps(done, indent=1))  # what a cut-off lease still returns
+            print(f"[{time.strftime('%H:%M:%S')}] finished {label}: rc {proc.returncode}, "
+                  f"valid MRR {rec.get('valid', {}).get('mrr')}", flush=True)
         time.sleep(1)
-    order = {label: i for i, (label, _) in enumerate(grid)}
+    order = {label: i for i, (label, _) in enumerate(GRID)}
     done.sort(key=lambda r: order[r["setting"]])
     ok = [r for r in done if "error" not in r]
     best = max(ok, key=lambda r: max(r["curve"]["eval_mrr"] or [-1])) if ok else None
@@ -150,6 +166,9 @@ def main() -> None:
           md_table(["setting", "flags", "best valid MRR (subset)", "valid MRR (all)", "test MRR", "test Hits@10",
                     "best step", "median step"], rows), "",
           f"Best by validation MRR: **{best['setting'] if best else 'none'}**.", "",
+          *([f"Settings trained by an earlier invocation and included here: "
+             + "; ".join(f"{r['setting']} ({r['from']}, commit {str(r['commit'])[:10]})" for r in earlier), ""]
+            if earlier else []),
           "None of these settings changes what a step computes, so on the CPU each costs the same per step: the "
           "ordering at this step count is the ordering within the CPU time those steps take. Step times above "
           "are the device's, with the settings sharing it, not CPU figures."]
