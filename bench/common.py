@@ -39,8 +39,10 @@ def environment() -> dict:
     commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
     dirty = bool(subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO,
                                 capture_output=True, text=True).stdout.strip())
-    if not commit:  # a copy of the tree without .git (a lent GPU machine): the caller says which commit it is
-        commit, dirty = os.environ.get("EARL_BENCH_COMMIT", "unknown (no git)"), False
+    if os.environ.get("EARL_BENCH_COMMIT"):  # a copy of the tree on a lent GPU machine, whose .git may be stale
+        commit, dirty = os.environ["EARL_BENCH_COMMIT"], False
+    elif not commit:
+        commit, dirty = "unknown (no git)", False
     return {
         "machine": {"cpu": cpu, "cores": os.cpu_count(), "memory_gib": round(mem_gb, 1) if mem_gb else None,
                     "platform": platform.platform(), "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available()

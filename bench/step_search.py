@@ -32,6 +32,7 @@ DIMS = {"fb15k-237": 150, "wn18rr": 200, "codex-s": 100}
 # One factor at a time around the paper's settings (lr 1e-3, margin 10, temperature 1); none changes a step's cost.
 GRID = [
     ("paper settings", []),
+    ("lr 5e-4", ["--lr", "5e-4"]),
     ("lr 2e-3", ["--lr", "2e-3"]),
     ("lr 3e-3", ["--lr", "3e-3"]),
     ("lr 5e-3", ["--lr", "5e-3"]),
