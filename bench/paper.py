@@ -142,14 +142,14 @@ class Bench:
         """Run one training (or reuse its finished record), tag and keep its record or error, save what we have."""
         key = run_key(dataset, fn)
         run_dir = self.args.work / "runs" / f"{dataset}-{key}"  # by key alone: another table's label finds it
-        done = RECORDS / f"{dataset}-{key}.json"
+        done = self.args.records / f"{dataset}-{key}.json"
         legacy = run_dir / "record.json"  # where records lived before they were committed
         print(f"[{time.strftime('%H:%M:%S')}] {self.name}: {dataset} / {label} ({run_dir.name})", flush=True)
         if self.args.fresh:
             shutil.rmtree(run_dir, ignore_errors=True)
             done.unlink(missing_ok=True)
         if not done.exists() and legacy.exists():
-            RECORDS.mkdir(parents=True, exist_ok=True)
+            done.parent.mkdir(parents=True, exist_ok=True)
             write_json_atomic(done, json.loads(legacy.read_text()))
         if done.exists():
             rec = {**json.loads(done.read_text()), "reused": True}
@@ -159,7 +159,7 @@ class Bench:
             try:
                 rec = {**fn(run_dir / "train"), "run_key": key, "run_commit": environment()["commit"],
                        "first_label": label}
-                RECORDS.mkdir(parents=True, exist_ok=True)
+                done.parent.mkdir(parents=True, exist_ok=True)
                 write_json_atomic(done, rec)
             except Exception as exc:  # one failed peer must not lose the other runs of a multi-hour table
                 traceback.print_exc()
@@ -602,6 +602,8 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--work", type=Path, default=Path("runs/bench_paper"),
                         help="run directories; finished runs in WORK/runs are reused by every table")
+    parser.add_argument("--records", type=Path, default=RECORDS,
+                        help="finished-run records (committed, so that tables accumulate across sittings)")
     parser.add_argument("--report", action="store_true",
                         help="train nothing: write the table from the runs finished so far")
     parser.add_argument("--fresh", action="store_true", help="train every run again, ignoring finished ones")

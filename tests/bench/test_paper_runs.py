@@ -17,7 +17,7 @@ from earl_service.train import CHECKPOINT, train
 
 
 def _args(work: Path, **flags) -> argparse.Namespace:
-    return argparse.Namespace(**{"work": work, "quick": True, "tag": "", "seed": 0, "report": False, "fresh": False,
+    return argparse.Namespace(**{"work": work, "records": work / "records", "quick": True, "tag": "", "seed": 0, "report": False, "fresh": False,
                                  **flags})
 
 
@@ -54,6 +54,9 @@ def test_finished_runs_are_reused_errors_and_fresh_are_not(tmp_path):
     fn = partial(fake_run, ds, ModelConfig(dim=8), Budget(minutes=1), calls=calls)
     first = paper.Bench("t", _args(tmp_path)).run("EARL", "d", fn, row="x")
     assert len(calls) == 1 and not first.get("reused")
+    # The record (committed with the results) sits apart from the run's scratch directory (not committed).
+    assert [p.name for p in (tmp_path / "records").iterdir()] == [f"d-{first['run_key']}.json"]
+    assert calls[0] == tmp_path / "runs" / f"d-{first['run_key']}" / "train"
     # Another table, another label: the same run, loaded rather than trained; its own tags win.
     again = paper.Bench("u", _args(tmp_path)).run("other label", "d", fn, row="y")
     assert len(calls) == 1 and again["reused"] and again["row"] == "y" and again["label"] == "other label"
@@ -106,3 +109,17 @@ def test_an_interrupted_earl_run_resumes_from_its_checkpoint(tmp_path):
     (out / "stale.txt").write_text("x")
     rec = run_earl(ds, cfg, budget, out, optim=optim)
     assert rec["resumed_from_step"] is None and rec["steps"] == 8 and not (out / "stale.txt").exists()
+
+
+def test_a_record_left_where_older_versions_kept_it_is_adopted(tmp_path):
+    """Records used to live in the run's scratch directory: a finished run there is moved, not trained again."""
+    ds, calls = tiny_dataset(), Calls()
+    fn = partial(fake_run, ds, ModelConfig(dim=8), Budget(minutes=1), calls=calls)
+    key = paper.run_key("d", fn)
+    legacy = tmp_path / "runs" / f"d-{key}" / "record.json"
+    legacy.parent.mkdir(parents=True)
+    legacy.write_text(json.dumps({"parameters": 1, "steps": 3, "stopped": "steps", "train_seconds": 1.0,
+                                  "test": {"seen": {"mrr": 0.25}}, "run_key": key}))
+    rec = paper.Bench("t", _args(tmp_path)).run("EARL", "d", fn)
+    assert calls == [] and rec["reused"] and rec["test"]["seen"]["mrr"] == 0.25
+    assert (tmp_path / "records" / f"d-{key}.json").exists()
