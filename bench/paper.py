@@ -601,7 +601,7 @@ def main() -> None:
                         help="main: steps timed at the paper's negatives for RotatE here and in PyKEEN (0: skip)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--work", type=Path, default=Path("runs/bench_paper"),
-                        help="run directories; finished runs in WORK/runs are reused by every table")
+                        help="scratch: checkpoints of unfinished runs (WORK/runs/<dataset>-<key>/train), partial tables")
     parser.add_argument("--records", type=Path, default=RECORDS,
                         help="finished-run records (committed, so that tables accumulate across sittings)")
     parser.add_argument("--report", action="store_true",
