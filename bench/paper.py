@@ -513,7 +513,9 @@ def cmd_convergence(args: argparse.Namespace) -> None:
 
     plt = _plt()
     curves = [r for r in b.records if r.get("phase") == "curve" and "error" not in r]
-    fig, axes = plt.subplots(1, len(names) + 1, figsize=(5.5 * (len(names) + 1), 4.2))
+    panels = len(names) + bool(searched)  # no empty search panel when the search was skipped
+    fig, axes = plt.subplots(1, panels, figsize=(5.5 * panels, 4.2), squeeze=False)
+    axes = axes[0]
     for ax, name in zip(axes, names):
         for r in (r for r in curves if r["dataset"] == name):
             h = r["history"]
@@ -523,13 +525,14 @@ def cmd_convergence(args: argparse.Namespace) -> None:
         ax.set(xlabel="wall-clock (min, validation included)", ylabel="valid MRR (filtered)", title=name)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
-    ax = axes[-1]
-    for r in searched:
-        h = r["history"]
-        ax.plot([s / 60 for s in h["eval_seconds"]], h["eval_mrr"], lw=1, label=r["setting"])
-    ax.set(xlabel="wall-clock (min)", ylabel="valid MRR", title=f"settings search, EARL on {search_on}")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
+    if searched:
+        ax = axes[-1]
+        for r in searched:
+            h = r["history"]
+            ax.plot([s / 60 for s in h["eval_seconds"]], h["eval_mrr"], lw=1, label=r["setting"])
+        ax.set(xlabel="wall-clock (min)", ylabel="valid MRR", title=f"settings search, EARL on {search_on}")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
     png = b.png(fig)
 
     search_rows = [[r["setting"], r.get("valid", {}).get("mrr"), *_row_metrics(r)[:2], r.get("steps"),
