@@ -36,13 +36,12 @@ def environment() -> dict:
         mem_gb = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
     except (ValueError, OSError):
         mem_gb = None
-    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
-    dirty = bool(subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO,
-                                capture_output=True, text=True).stdout.strip())
-    if os.environ.get("EARL_BENCH_COMMIT"):  # a copy of the tree on a lent GPU machine, whose .git may be stale
-        commit, dirty = os.environ["EARL_BENCH_COMMIT"], False
-    elif not commit:
-        commit, dirty = "unknown (no git)", False
+    commit, dirty = os.environ.get("EARL_BENCH_COMMIT", ""), False  # a copied tree (lent GPU) whose .git may be stale
+    if not commit:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
+        dirty = bool(subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO,
+                                    capture_output=True, text=True).stdout.strip())
+        commit = commit or "unknown (no git)"
     return {
         "machine": {"cpu": cpu, "cores": os.cpu_count(), "memory_gib": round(mem_gb, 1) if mem_gb else None,
                     "platform": platform.platform(), "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available()
@@ -69,6 +68,25 @@ def write_results(name: str, data: dict, markdown: str) -> tuple[Path, Path]:
               f"{env['date']}; load average {env['load_average'][1]:.1f} (5 min).\nCommand: `{env['command']}`\n")
     md.write_text(markdown.rstrip() + footer)
     return js, md
+
+
+def pyplot():
+    """matplotlib.pyplot on the Agg backend (these machines have no display)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def save_png(name: str, fig) -> str:
+    """Write `fig` as bench/results/<name>.png and close it; returns the file name for the markdown."""
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    fig.tight_layout()
+    fig.savefig(RESULTS / f"{name}.png", dpi=110)
+    pyplot().close(fig)
+    return f"{name}.png"
 
 
 def md_table(headers: list[str], rows: list[list]) -> str:

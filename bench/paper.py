@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import RESULTS, default_datasets, environment, md_table, write_results
+from common import RESULTS, default_datasets, environment, md_table, pyplot, save_png, write_results
 from harness import (
     Budget,
     NodePieceSpec,
@@ -190,20 +190,7 @@ class Bench:
         print(md.read_text())
 
     def png(self, fig) -> str:
-        path = RESULTS / f"{self.name}.png"
-        RESULTS.mkdir(parents=True, exist_ok=True)
-        fig.tight_layout()
-        fig.savefig(path, dpi=110)
-        return path.name
-
-
-def _plt():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
+        return save_png(self.name, fig)
 
 
 def _fmt_bytes(n: int | None) -> str:
@@ -397,7 +384,7 @@ def cmd_budget(args: argparse.Namespace) -> None:
                   partial(run_earl, ds, cfg, budget, protocols=PROTOCOLS, seed=args.seed),
                   model_kind=model, target_parameters=int(target * 1e6))
 
-    plt = _plt()
+    plt = pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(10, 4))
     for model, label in (("earl", "EARL+RotatE"), ("rotate", "RotatE")):
         recs = sorted((r for r in b.records if r["model_kind"] == model and "error" not in r),
@@ -434,7 +421,7 @@ def cmd_ksweep(args: argparse.Namespace) -> None:
         cfg = ModelConfig(dim=st.earl_dim, k=k, seed=args.seed)
         b.run(f"EARL k={k}", name, partial(run_earl, ds, cfg, budget, protocols=PROTOCOLS, seed=args.seed), k=k)
 
-    plt = _plt()
+    plt = pyplot()
     ok = [r for r in b.records if "error" not in r]
     fig, ax = plt.subplots(figsize=(6, 4))
     for key, label in (("mrr", "MRR"), ("hits_at_10", "Hits@10")):
@@ -511,7 +498,7 @@ def cmd_convergence(args: argparse.Namespace) -> None:
                       protocols=PROTOCOLS, seed=args.seed),
               phase="curve", model_kind="rotate")
 
-    plt = _plt()
+    plt = pyplot()
     curves = [r for r in b.records if r.get("phase") == "curve" and "error" not in r]
     panels = len(names) + bool(searched)  # no empty search panel when the search was skipped
     fig, axes = plt.subplots(1, panels, figsize=(5.5 * panels, 4.2), squeeze=False)
@@ -604,7 +591,7 @@ def main() -> None:
                         help="main: steps timed at the paper's negatives for RotatE here and in PyKEEN (0: skip)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--work", type=Path, default=Path("runs/bench_paper"),
-                        help="scratch: checkpoints of unfinished runs (WORK/runs/<dataset>-<key>/train), partial tables")
+                        help="scratch: unfinished runs' checkpoints (WORK/runs/<dataset>-<key>/train), partial tables")
     parser.add_argument("--records", type=Path, default=RECORDS,
                         help="finished-run records (committed, so that tables accumulate across sittings)")
     parser.add_argument("--report", action="store_true",

@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import md_table, write_results
+from common import md_table, pyplot, write_results
 
 CHILD = "--child"
 
@@ -105,11 +105,7 @@ def run_child(spec: dict, timeout: float) -> dict:
 
 
 def plot(rows: list[dict], extrapolated: list[dict], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     fig, (mem_ax, time_ax) = plt.subplots(1, 2, figsize=(11, 4.2))
     for mode, marker in (("sampled", "o"), ("full", "s")):
         part = sorted((r for r in rows if r["mode"] == mode), key=lambda r: r["entities"])

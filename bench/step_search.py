@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import REPO, RESULTS, default_datasets, md_table, write_results
+from common import REPO, default_datasets, md_table, pyplot, save_png, write_results
 
 DIMS = {"fb15k-237": 150, "wn18rr": 200, "codex-s": 100}
 # One factor at a time around the paper's settings (lr 1e-3, margin 10, temperature 1); none changes a step's cost.
@@ -127,39 +127,31 @@ def main() -> None:
     ok = [r for r in done if "error" not in r]
     best = max(ok, key=lambda r: max(r["curve"]["eval_mrr"] or [-1])) if ok else None
 
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    fig, ax = pyplot().subplots(figsize=(7, 4.5))
     for r in ok:
         ax.plot(r["curve"]["eval_steps"], r["curve"]["eval_mrr"], marker=".", ms=3, label=r["setting"])
     ax.set(xlabel="training step", ylabel=f"valid MRR ({args.eval_max_triples} triples, filtered)",
            title=f"{args.data}: settings at a fixed step budget")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    fig.savefig(RESULTS / f"{name}.png", dpi=110)
-
-    def cpu_hours(steps):
-        return None if not args.cpu_step_seconds else steps * args.cpu_step_seconds / 3600
+    png = save_png(name, fig)
 
     rows = []
     for r in done:
         if "error" in r:
-            rows.append([r["setting"], " ".join(r["flags"]), None, None, None, None, None, f"error rc {r['returncode']}"])
+            rows.append([r["setting"], " ".join(r["flags"]), *[None] * 5, f"error rc {r['returncode']}"])
             continue
         curve = r["curve"]["eval_mrr"]
         rows.append([r["setting"], " ".join(r["flags"]) or "-", max(curve) if curve else None,
                      r["valid"]["mrr"], r["test"]["mrr"], r["test"]["hits_at_10"], r["best_step"],
                      f"{r['median_step_seconds'] * 1000:.0f} ms"])
     devices = sorted({r["device"] for r in ok})
-    budget = (f"{args.steps} steps" + (f" (= {cpu_hours(args.steps):.2f} h of 2-core CPU at "
-                                       f"{args.cpu_step_seconds} s/step)" if args.cpu_step_seconds else ""))
+    budget = f"{args.steps} steps"
+    if args.cpu_step_seconds:
+        hours = args.steps * args.cpu_step_seconds / 3600
+        budget += f" (= {hours:.2f} h of 2-core CPU at {args.cpu_step_seconds} s/step)"
     md = [f"# Training settings at a fixed step budget: {args.data}", "",
-          f"![valid MRR against step]({name}.png)", "",
+          f"![valid MRR against step]({png})", "",
           f"EARL dim {DIMS[args.data]}, batch 1024, 256 negatives per side, {budget}; validation every "
           f"{args.eval_every} steps on {args.eval_max_triples} valid triples; best checkpoint tested (filtered, "
           f"realistic ranks, seen protocol). Device: {', '.join(devices) or 'n/a'}, {args.parallel} setting(s) "
@@ -167,18 +159,18 @@ def main() -> None:
           md_table(["setting", "flags", "best valid MRR (subset)", "valid MRR (all)", "test MRR", "test Hits@10",
                     "best step", "median step"], rows), "",
           f"Best by validation MRR: **{best['setting'] if best else 'none'}**.", "",
-          *([f"Settings trained by an earlier invocation and included here: "
+          *(["Settings trained by an earlier invocation and included here: "
              + "; ".join(f"{r['setting']} ({r['from']}, commit {str(r['commit'])[:10]})" for r in earlier), ""]
             if earlier else []),
           "None of these settings changes what a step computes, so on the CPU each costs the same per step: the "
           "ordering at this step count is the ordering within the CPU time those steps take. Step times above "
           "are the device's, with the settings sharing it, not CPU figures."]
-    write_results(name, {"dataset": args.data, "steps": args.steps, "eval_every": args.eval_every,
+    _, md_path = write_results(name, {"dataset": args.data, "steps": args.steps, "eval_every": args.eval_every,
                          "eval_max_triples": args.eval_max_triples, "device": args.device, "parallel": args.parallel,
                          "cpu_step_seconds": args.cpu_step_seconds, "seed": args.seed,
                          "wall_seconds": time.perf_counter() - t0, "best_setting": best["setting"] if best else None,
                          "runs": done}, "\n".join(md))
-    print((RESULTS / f"{name}.md").read_text())
+    print(md_path.read_text())
 
 
 if __name__ == "__main__":

@@ -17,8 +17,8 @@ from earl_service.train import CHECKPOINT, train
 
 
 def _args(work: Path, **flags) -> argparse.Namespace:
-    return argparse.Namespace(**{"work": work, "records": work / "records", "quick": True, "tag": "", "seed": 0, "report": False, "fresh": False,
-                                 **flags})
+    return argparse.Namespace(**{"work": work, "records": work / "records", "quick": True, "tag": "", "seed": 0,
+                                 "report": False, "fresh": False, **flags})
 
 
 class Calls(list):
