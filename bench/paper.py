@@ -138,6 +138,10 @@ class Bench:
         st = SETTINGS[name]
         return Budget(minutes=minutes, eval_every=st.eval_every, eval_max_triples=st.eval_max_triples, **overrides)
 
+    def wanted(self, label: str) -> bool:
+        """`--only`: train just the runs whose label contains one of the given strings (any case)."""
+        return not self.args.only or any(s.lower() in label.lower() for s in self.args.only)
+
     def run(self, label: str, dataset: str, fn: partial, **extra: Any) -> dict:
         """Run one training (or reuse its finished record), tag and keep its record or error, save what we have."""
         key = run_key(dataset, fn)
@@ -153,7 +157,7 @@ class Bench:
             write_json_atomic(done, json.loads(legacy.read_text()))
         if done.exists():
             rec = {**json.loads(done.read_text()), "reused": True}
-        elif self.args.report:
+        elif self.args.report or not self.wanted(label):
             rec = {"error": "not run yet", "pending": True}
         else:
             try:
@@ -597,6 +601,9 @@ def main() -> None:
     parser.add_argument("--report", action="store_true",
                         help="train nothing: write the table from the runs finished so far")
     parser.add_argument("--fresh", action="store_true", help="train every run again, ignoring finished ones")
+    parser.add_argument("--only", nargs="+", metavar="TEXT",
+                        help="train only the runs whose label contains one of these (e.g. NodePiece); the others "
+                             "are reported as finished earlier or not run yet, as with --report")
     args = parser.parse_args()
     import torch
 

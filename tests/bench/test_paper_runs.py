@@ -18,7 +18,8 @@ from earl_service.train import CHECKPOINT, train
 
 def _args(work: Path, **flags) -> argparse.Namespace:
     return argparse.Namespace(**{"work": work, "records": work / "records", "quick": True, "tag": "", "seed": 0,
-                                 "report": False, "fresh": False, **flags})
+                                 "report": False, "fresh": False, "only": None,
+                                 **flags})
 
 
 class Calls(list):
@@ -88,6 +89,18 @@ def test_report_trains_nothing_and_marks_the_table_incomplete(tmp_path, monkeypa
     b.write({}, "# Title\nbody")
     assert written["md"].startswith("# Title\n\n**Incomplete**: 1 of 2 runs finished")
     assert [r.get("pending", False) for r in written["data"]["runs"]] == [False, True]
+
+
+def test_only_trains_the_runs_it_names_and_reports_the_rest(tmp_path):
+    ds, calls = tiny_dataset(), Calls()
+    b = paper.Bench("t", _args(tmp_path, only=["nodepiece"]))
+    skipped = b.run("RotatE dim 100", "d", partial(fake_run, ds, ModelConfig(dim=8), Budget(1), calls=calls))
+    trained = b.run("PyKEEN NodePiece+RotatE", "d", partial(fake_run, ds, ModelConfig(dim=9), Budget(1), calls=calls))
+    assert len(calls) == 1 and skipped["pending"] and trained["test"]["seen"]["mrr"] == 0.5
+    # A run finished earlier is still loaded and shown, whatever --only says.
+    again = paper.Bench("t", _args(tmp_path, only=["RotatE dim 100"]))
+    assert again.run("NodePiece", "d", partial(fake_run, ds, ModelConfig(dim=9), Budget(1), calls=calls))["reused"]
+    assert len(calls) == 1
 
 
 def test_an_interrupted_earl_run_resumes_from_its_checkpoint(tmp_path):
