@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import platform
+import sys
 from pathlib import Path
 
 import torch
@@ -13,6 +15,7 @@ log = logging.getLogger(__name__)
 
 EPS = 1e-12  # keeps the modulus differentiable at 0; far below any distance that matters
 _SOURCE = Path(__file__).with_name("rotate_dist.cpp")
+_CFLAGS = ("-O3", "-march=native", "-fopenmp-simd", "-ffast-math")
 _extension = None
 _extension_failed = False
 
@@ -28,15 +31,26 @@ def _load_extension():
     try:
         from torch.utils import cpp_extension
 
-        # The name carries the CPU architecture and torch version: -march=native code must not be reused
-        # by another kind of machine sharing the cache directory.
-        tag = f"{platform.machine()}_{torch.__version__.replace('.', '_').replace('+', '_')}"
-        _extension = cpp_extension.load(
-            name=f"earl_rotate_dist_{tag}",
-            sources=[str(_SOURCE)],
-            extra_cflags=["-O3", "-march=native", "-fopenmp-simd", "-ffast-math"],
-            verbose=False,
-        )
+        # The name carries the CPU architecture and torch version (-march=native code must not be reused by
+        # another kind of machine sharing the cache directory) and a digest of the source and flags. The build
+        # compiles a copy of the source kept in its own directory: the build files name the source's path, so
+        # compiling each checkout's file in place would rebuild (~45 s) whenever another checkout of the same
+        # code had used the cache last.
+        source = _SOURCE.read_bytes()
+        tag = (f"{platform.machine()}_py{sys.version_info.major}{sys.version_info.minor}_"
+               f"{torch.__version__.replace('.', '_').replace('+', '_')}")
+        digest = hashlib.sha256(source + " ".join(_CFLAGS).encode()).hexdigest()[:12]
+        name = f"earl_rotate_dist_{tag}_{digest}"
+        root = os.environ.get("TORCH_EXTENSIONS_DIR") or cpp_extension.get_default_build_root()
+        build_dir = Path(root) / name
+        copy = build_dir / _SOURCE.name
+        if not copy.exists():
+            build_dir.mkdir(parents=True, exist_ok=True)
+            tmp = copy.with_suffix(f".{os.getpid()}.tmp")
+            tmp.write_bytes(source)
+            os.replace(tmp, copy)  # atomic: a concurrent loader never compiles a partial file
+        _extension = cpp_extension.load(name=name, sources=[str(copy)], extra_cflags=list(_CFLAGS),
+                                        build_directory=str(build_dir), verbose=False)
     except Exception as exc:  # no compiler, no headers, no ninja: fall back, but say so once
         log.warning("fused RotatE kernel unavailable (%s); using the slower pure-torch path", exc)
         _extension_failed = True

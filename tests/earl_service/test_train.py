@@ -1,6 +1,7 @@
 """Training: negatives avoid true answers, resume is bit-for-bit, a short CoDEx-S run learns, the CLI works."""
 
 import json
+import time
 
 import numpy as np
 import pytest
@@ -47,6 +48,24 @@ def test_training_is_deterministic(tmp_path):
         train(ds, cfg, TrainConfig(steps=5, **FAST), tmp_path / name, final_eval=False)
     for key, value in _params(tmp_path / "a").items():
         assert torch.equal(value, _params(tmp_path / "b")[key])
+
+
+def test_the_kernel_is_loaded_before_the_time_budget_starts(tmp_path, monkeypatch):
+    """A first build of the C++ kernel takes ~45 s: it must not be spent out of a run's wall-clock budget."""
+    from earl_service import train as train_module
+
+    events = []
+
+    def slow_load():
+        events.append("kernel")
+        time.sleep(0.3)
+        return "torch"
+
+    monkeypatch.setattr(train_module, "_extension_state", slow_load)
+    metrics = train(tiny_dataset(), ModelConfig(dim=4, k=3, reserved_ratio=0.2), TrainConfig(steps=3, **FAST),
+                    tmp_path, final_eval=False, on_progress=lambda p: events.append(p["step"]))
+    assert events == ["kernel", 1, 2, 3] and metrics["extension"] == "torch"
+    assert metrics["memory"]["kernel_load_seconds"] >= 0.3
 
 
 def test_steps_zero_writes_metrics(tmp_path):
