@@ -144,7 +144,7 @@ def run_earl(ds: Dataset, cfg: ModelConfig, budget: Budget, out_dir: Path, *, op
     """
     from dataclasses import replace
 
-    from earl_service.train import CHECKPOINT, load_run, train
+    from earl_service.train import CHECKPOINT, train
 
     out_dir = Path(out_dir)
     resume = (out_dir / CHECKPOINT).exists()
@@ -159,12 +159,7 @@ def run_earl(ds: Dataset, cfg: ModelConfig, budget: Budget, out_dir: Path, *, op
     t0, machine = time.perf_counter(), Machine()
     resumed_from = torch.load(out_dir / CHECKPOINT, weights_only=True)["state"]["step"] if resume else None
     m = train(ds, cfg, tcfg, out_dir, resume=resume, protocol="seen", final_eval=final_eval)
-    test = {"seen": _metrics(m["test"])} if "test" in m else {}
-    if "all" in protocols and "seen" in test:
-        if ds.seen_mask(ds.test).all():
-            test["all"] = dict(test["seen"])  # no test triple has an unseen entity: the two protocols coincide
-        else:
-            test["all"] = _metrics(load_run(out_dir, ds, device="cpu").evaluate("test", "all"))
+    test = test_earl(ds, out_dir, protocols, seen=m["test"]) if "test" in m else {}
     history = json.loads((Path(out_dir) / "history.json").read_text())
     return {
         "implementation": "earl_service",
@@ -187,6 +182,23 @@ def run_earl(ds: Dataset, cfg: ModelConfig, budget: Budget, out_dir: Path, *, op
         "config": {"model": cfg.to_dict(), "optim": optim.to_dict(), "bf16": bf16, "seed": seed},
         "threads": THREADS,
     }
+
+
+def test_earl(ds: Dataset, out_dir: Path, protocols: tuple[str, ...], *, seen: dict | None = None) -> dict:
+    """Test metrics of a finished run's best checkpoint under each protocol (`seen`: pass the trainer's own)."""
+    from earl_service.train import load_run
+
+    run = None
+    if seen is None:
+        run = load_run(out_dir, ds, device="cpu")
+        seen = run.evaluate("test", "seen")
+    test = {"seen": _metrics(seen)}
+    if "all" in protocols:
+        if ds.seen_mask(ds.test).all():
+            test["all"] = dict(test["seen"])  # no test triple has an unseen entity: the two protocols coincide
+        else:
+            test["all"] = _metrics((run or load_run(out_dir, ds, device="cpu")).evaluate("test", "all"))
+    return test
 
 
 # ---------------------------------------------------------------- PyKEEN

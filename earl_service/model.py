@@ -196,7 +196,14 @@ class EARL(nn.Module):
 
 
 class RotatEModel(nn.Module):
-    """Plain RotatE: one free embedding per training entity. Entities beyond the table embed as zeros."""
+    """Plain RotatE: one free embedding per training entity.
+
+    Entities beyond the table (first seen in valid/test, the `all` protocol) embed as untrained initial values, as
+    in RotatE's own code, whose table covers every entity of the dataset and leaves those rows as initialised:
+    drawn from the initial distribution with a seeded generator, so an evaluation is reproducible. (Zeros, the
+    earlier choice, sit near every query under RotatE's distance: on FB15k-237 the 36 zero candidates lowered the
+    test MRR of the *seen* triples from 0.301 to 0.269.)
+    """
 
     def __init__(self, config: ModelConfig, num_relations: int, num_entities: int):
         super().__init__()
@@ -214,8 +221,15 @@ class RotatEModel(nn.Module):
     def forward(self, graph: Graph) -> tuple[torch.Tensor, torch.Tensor]:
         extra = graph.num_entities - self.entities.shape[0]
         if extra > 0:
-            return torch.cat([self.entities, self.entities.new_zeros(extra, self.entities.shape[1])]), self.relations
+            return torch.cat([self.entities, self.untrained(extra)]), self.relations
         return self.entities[: graph.num_entities], self.relations
+
+    def untrained(self, n: int) -> torch.Tensor:
+        """Initial values for `n` entities the table does not hold (the same `n` rows at every call)."""
+        gen = torch.Generator().manual_seed(self.config.seed + 1)
+        bound = self.config.embedding_range
+        rows = torch.rand(n, self.entities.shape[1], generator=gen) * (2 * bound) - bound
+        return rows.to(self.entities)
 
 
 def build_model(config: ModelConfig, num_entities: int, num_relations: int, reserved: torch.Tensor) -> nn.Module:

@@ -19,7 +19,7 @@ from earl_service.train import CHECKPOINT, train
 def _args(work: Path, **flags) -> argparse.Namespace:
     return argparse.Namespace(**{"work": work, "records": work / "records", "quick": True, "tag": "", "seed": 0,
                                  "report": False, "fresh": False, "only": None,
-                                 **flags})
+                                 "retest": None, **flags})
 
 
 class Calls(list):
@@ -122,6 +122,21 @@ def test_an_interrupted_earl_run_resumes_from_its_checkpoint(tmp_path):
     (out / "stale.txt").write_text("x")
     rec = run_earl(ds, cfg, budget, out, optim=optim)
     assert rec["resumed_from_step"] is None and rec["steps"] == 8 and not (out / "stale.txt").exists()
+
+
+def test_retest_evaluates_a_finished_run_again_and_keeps_the_old_figures(tmp_path):
+    ds, cfg = tiny_dataset(), ModelConfig(dim=4, k=3, reserved_ratio=0.2)
+    fn = partial(run_earl, ds, cfg, Budget(minutes=10, max_steps=4, eval_every=2),
+                 optim=Optim(batch_size=32, negatives=8), protocols=("seen", "all"))
+    first = paper.Bench("t", _args(tmp_path)).run("EARL", "d", fn)
+    record = tmp_path / "records" / f"d-{first['run_key']}.json"
+    stale = json.loads(record.read_text())
+    stale["test"]["seen"]["mrr"] = -1.0  # as if the figure had come from older evaluation code
+    record.write_text(json.dumps(stale))
+    assert paper.Bench("t", _args(tmp_path, retest=["nothing"])).run("EARL", "d", fn)["test"]["seen"]["mrr"] == -1
+    again = paper.Bench("t", _args(tmp_path, retest=["earl"])).run("EARL", "d", fn)
+    assert again["test"] == first["test"] and again["retested"]["before"]["seen"]["mrr"] == -1
+    assert json.loads(record.read_text())["test"] == first["test"]  # kept for the next table
 
 
 def test_a_record_left_where_older_versions_kept_it_is_adopted(tmp_path):

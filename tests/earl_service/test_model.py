@@ -20,6 +20,18 @@ def test_rotate_baseline_parameter_count():
     assert trainable_parameters(model) == 14505 * 200 + 237 * 100
 
 
+def test_rotate_entities_unseen_in_training_embed_as_initial_values(small_graph_triples):
+    """Not zeros (a point near every query under RotatE's distance), but untrained draws, the same every call."""
+    cfg = ModelConfig(model="rotate", dim=3)
+    model = RotatEModel(cfg, 4, 25)
+    graph = build_graph(small_graph_triples, 30, 4, choose_reserved(30, 0.2, 0), k=2)
+    entities, _ = model(graph)
+    extra = entities[25:]
+    assert entities.shape == (30, 6) and torch.equal(entities[:25], model.entities)
+    assert extra.abs().min() > 0 and extra.abs().max() <= cfg.embedding_range
+    assert torch.equal(model(graph)[0][25:], extra)
+
+
 def test_fast_gnn_equals_naive_per_edge(small_graph_triples):
     torch.manual_seed(0)
     n, num_rel, dim = 30, 4, 3
