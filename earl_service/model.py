@@ -143,7 +143,7 @@ class EARL(nn.Module):
     def random_inputs(self, num_entities: int, device: torch.device) -> torch.Tensor:
         """Fixed random GNN inputs for the "w/o ConRel + kNResEnt" ablation, regenerated from the seed."""
         if num_entities not in self._random_inputs:
-            gen = torch.Generator().manual_seed(self.config.seed + 1)
+            gen = torch.Generator().manual_seed(self.config.seed + 1)  # a stream apart from the table's own draws
             bound = self.config.embedding_range
             values = torch.rand(num_entities, 2 * self.config.dim, generator=gen) * 2 * bound - bound
             self._random_inputs[num_entities] = values
@@ -226,7 +226,7 @@ class RotatEModel(nn.Module):
 
     def untrained(self, n: int) -> torch.Tensor:
         """Initial values for `n` entities the table does not hold (the same `n` rows at every call)."""
-        gen = torch.Generator().manual_seed(self.config.seed + 1)
+        gen = torch.Generator().manual_seed(self.config.seed + 1)  # a stream apart from the table's own draws
         bound = self.config.embedding_range
         rows = torch.rand(n, self.entities.shape[1], generator=gen) * (2 * bound) - bound
         return rows.to(self.entities)
