@@ -139,12 +139,9 @@ class Bench:
         st = SETTINGS[name]
         return Budget(minutes=minutes, eval_every=st.eval_every, eval_max_triples=st.eval_max_triples, **overrides)
 
-    def wanted(self, label: str) -> bool:
-        """`--only`: train just the runs whose label contains one of the given strings (any case)."""
-        return not self.args.only or self.matches(label, self.args.only)
-
     @staticmethod
     def matches(label: str, texts: list[str] | None) -> bool:
+        """Whether the label contains one of the strings (any case): `--only`, `--retest`."""
         return any(t.lower() in label.lower() for t in texts or ())
 
     def retest(self, rec: dict, fn: partial, train_dir: Path, done: Path) -> dict:
@@ -175,7 +172,7 @@ class Bench:
             if self.matches(label, self.args.retest) and fn.func is run_earl and (run_dir / "train").exists():
                 rec = self.retest(rec, fn, run_dir / "train", done)
             rec = {**rec, "reused": True}
-        elif self.args.report or not self.wanted(label):
+        elif self.args.report or (self.args.only and not self.matches(label, self.args.only)):
             rec = {"error": "not run yet", "pending": True}
         else:
             try:

@@ -165,11 +165,11 @@ def main() -> None:
           "None of these settings changes what a step computes, so on the CPU each costs the same per step: the "
           "ordering at this step count is the ordering within the CPU time those steps take. Step times above "
           "are the device's, with the settings sharing it, not CPU figures."]
-    _, md_path = write_results(name, {"dataset": args.data, "steps": args.steps, "eval_every": args.eval_every,
-                         "eval_max_triples": args.eval_max_triples, "device": args.device, "parallel": args.parallel,
-                         "cpu_step_seconds": args.cpu_step_seconds, "seed": args.seed,
-                         "wall_seconds": time.perf_counter() - t0, "best_setting": best["setting"] if best else None,
-                         "runs": done}, "\n".join(md))
+    data = {"dataset": args.data, "steps": args.steps, "eval_every": args.eval_every,
+            "eval_max_triples": args.eval_max_triples, "device": args.device, "parallel": args.parallel,
+            "cpu_step_seconds": args.cpu_step_seconds, "seed": args.seed, "wall_seconds": time.perf_counter() - t0,
+            "best_setting": best["setting"] if best else None, "runs": done}
+    _, md_path = write_results(name, data, "\n".join(md))
     print(md_path.read_text())
 
 

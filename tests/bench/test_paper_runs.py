@@ -18,8 +18,7 @@ from earl_service.train import CHECKPOINT, train
 
 def _args(work: Path, **flags) -> argparse.Namespace:
     return argparse.Namespace(**{"work": work, "records": work / "records", "quick": True, "tag": "", "seed": 0,
-                                 "report": False, "fresh": False, "only": None,
-                                 "retest": None, **flags})
+                                 "report": False, "fresh": False, "only": None, "retest": None, **flags})
 
 
 class Calls(list):
