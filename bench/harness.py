@@ -246,6 +246,9 @@ def pykeen_rotate_dim_for(ds: Dataset, target: int) -> int:
     return max(1, round(target / (2 * (ds.num_entities + ds.num_relations))))
 
 
+PYKEEN_CHECKPOINT = "pykeen_checkpoint.pt"
+
+
 class _BudgetSpent(Exception):
     """Raised from a callback to leave PyKEEN's loop mid-epoch (its own stop flag is read only between epochs)."""
 
@@ -265,6 +268,11 @@ def run_pykeen(ds: Dataset, kind: str, budget: Budget, out_dir: Path, *, dim: in
     validation every `eval_every` steps on the same valid subset with filtered realistic MRR, early stopping with
     the same patience, best checkpoint tested. PyKEEN's own components are wired as its `pipeline()` would; the
     loop is driven directly so that a callback can stop it mid-epoch when the budget is spent.
+
+    Resumable like run_earl: at every validation the callback checkpoints the model, Adam, the early-stopping state,
+    the validation curve, the RNG and the training seconds spent (`PYKEEN_CHECKPOINT`, written atomically); a call on
+    a directory holding one continues from it and the budget counts the training time of every attempt. PyKEEN's
+    loop has no mid-epoch resume, so the resumed attempt starts a freshly shuffled epoch.
     """
     from pykeen.evaluation import RankBasedEvaluator
     from pykeen.losses import NSSALoss
@@ -280,7 +288,9 @@ def run_pykeen(ds: Dataset, kind: str, budget: Budget, out_dir: Path, *, dim: in
     torch.set_num_threads(THREADS)
     torch.manual_seed(seed)
     out_dir = Path(out_dir)
-    shutil.rmtree(out_dir, ignore_errors=True)  # not resumable: an interrupted PyKEEN run starts again
+    checkpoint_path = out_dir / PYKEEN_CHECKPOINT
+    if not checkpoint_path.exists():
+        shutil.rmtree(out_dir, ignore_errors=True)  # a leftover without a checkpoint is not this run's
     out_dir.mkdir(parents=True, exist_ok=True)
     wall0, machine = time.perf_counter(), Machine()
 
@@ -333,7 +343,24 @@ def run_pykeen(ds: Dataset, kind: str, budget: Budget, out_dir: Path, *, dim: in
     valid_triples = _seen_subset(ds, "valid", budget.eval_max_triples) if ds.valid is not None else None
     history: dict[str, list] = {"eval_steps": [], "eval_seconds": [], "eval_mrr": []}
     state = {"step": 0, "best_mrr": -1.0, "best_step": 0, "bad": 0, "best": None, "step_times": []}
+    negatives = negatives_per_positive or 2 * optim.negatives
+    optimizer = torch.optim.Adam(model.parameters(), lr=optim.lr)
+    elapsed_before, resumed_from = 0.0, None
+    if checkpoint_path.exists():
+        saved = torch.load(checkpoint_path, weights_only=True)
+        model.load_state_dict(saved["model"])  # NodePiece's token assignments are buffers: restored too
+        optimizer.load_state_dict(saved["optimizer"])
+        torch.set_rng_state(saved["rng"])
+        state.update(saved["state"])
+        history = saved["history"]
+        elapsed_before, resumed_from = saved["train_seconds"], state["step"]
     start = [0.0]
+
+    def checkpoint() -> None:
+        tmp = checkpoint_path.with_suffix(".tmp")
+        torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(), "rng": torch.get_rng_state(),
+                    "state": state, "history": history, "train_seconds": time.perf_counter() - start[0]}, tmp)
+        os.replace(tmp, checkpoint_path)
 
     class BudgetCallback(TrainingCallback):
         def pre_batch(self, **kwargs: Any) -> None:
@@ -353,6 +380,7 @@ def run_pykeen(ds: Dataset, kind: str, budget: Budget, out_dir: Path, *, dim: in
                     state.update(best_mrr=mrr, best_step=step, bad=0, best=copy.deepcopy(self.model.state_dict()))
                 else:
                     state["bad"] += 1
+                checkpoint()
                 if state["bad"] >= budget.patience:
                     raise _BudgetSpent("early_stopping")
             if step >= budget.max_steps:
@@ -360,17 +388,19 @@ def run_pykeen(ds: Dataset, kind: str, budget: Budget, out_dir: Path, *, dim: in
             if time.perf_counter() - start[0] > budget.minutes * 60:
                 raise _BudgetSpent("time_limit")
 
-    negatives = negatives_per_positive or 2 * optim.negatives
-    optimizer = torch.optim.Adam(model.parameters(), lr=optim.lr)
     loop = SLCWATrainingLoop(model=model, triples_factory=factory, optimizer=optimizer, negative_sampler="basic",
                              negative_sampler_kwargs=dict(num_negs_per_pos=negatives, filtered=True))
-    start[0] = time.perf_counter()
-    stopped = "steps"
-    try:
-        loop.train(triples_factory=factory, num_epochs=10**9, batch_size=optim.batch_size, use_tqdm=False,
-                   use_tqdm_batch=False, callbacks=[BudgetCallback()])
-    except _BudgetSpent as stop:
-        stopped = stop.reason
+    start[0] = time.perf_counter() - elapsed_before  # the budget counts every attempt's training time
+    # An attempt interrupted after its last checkpoint but before its record trains no further.
+    stopped = ("early_stopping" if state["bad"] >= budget.patience else "steps" if state["step"] >= budget.max_steps
+               else "time_limit" if elapsed_before > budget.minutes * 60 else None)
+    if stopped is None:
+        try:
+            loop.train(triples_factory=factory, num_epochs=10**9, batch_size=optim.batch_size, use_tqdm=False,
+                       use_tqdm_batch=False, callbacks=[BudgetCallback()])
+            stopped = "steps"
+        except _BudgetSpent as stop:
+            stopped = stop.reason
     train_seconds = time.perf_counter() - start[0]
     if state["best"] is not None:
         model.load_state_dict(state["best"])
@@ -395,7 +425,8 @@ def run_pykeen(ds: Dataset, kind: str, budget: Budget, out_dir: Path, *, dim: in
         **_stopped(budget, stopped, machine),
         "train_seconds": train_seconds,
         "setup_seconds": setup_seconds,
-        "wall_seconds": time.perf_counter() - wall0,
+        "wall_seconds": time.perf_counter() - wall0,  # of the last attempt only, when resumed
+        "resumed_from_step": resumed_from,
         "median_step_seconds": float(np.median(times)) if times else None,
         "valid": valid,
         "test": test,

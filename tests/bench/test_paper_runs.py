@@ -10,7 +10,8 @@ from conftest import REPO, tiny_dataset
 
 sys.path.insert(0, str(REPO / "bench"))
 import paper
-from harness import Budget, Optim, run_earl
+import pytest
+from harness import PYKEEN_CHECKPOINT, Budget, NodePieceSpec, Optim, run_earl, run_pykeen
 
 from earl_service.config import ModelConfig, TrainConfig
 from earl_service.train import CHECKPOINT, train
@@ -121,6 +122,32 @@ def test_an_interrupted_earl_run_resumes_from_its_checkpoint(tmp_path):
     (out / "stale.txt").write_text("x")
     rec = run_earl(ds, cfg, budget, out, optim=optim)
     assert rec["resumed_from_step"] is None and rec["steps"] == 8 and not (out / "stale.txt").exists()
+
+
+@pytest.mark.parametrize("kind", ["rotate", "nodepiece"])
+def test_an_interrupted_pykeen_run_resumes_from_its_checkpoint(tmp_path, kind):
+    """A PyKEEN run checkpoints at every validation; a run with a larger budget on its directory continues it."""
+    pytest.importorskip("pykeen")
+    ds, optim, out = tiny_dataset(), Optim(batch_size=32, negatives=4), tmp_path / "run"
+    shape = dict(dim=4) if kind == "rotate" else dict(width=8, spec=NodePieceSpec(anchors=5, anchor_tokens=3,
+                                                                                  relation_tokens=2))
+    first = run_pykeen(ds, kind, Budget(minutes=10, max_steps=4, eval_every=2), out, optim=optim, final_eval=False,
+                       **shape)
+    assert first["steps"] == 4 and first["resumed_from_step"] is None and (out / PYKEEN_CHECKPOINT).exists()
+    budget = Budget(minutes=10, max_steps=8, eval_every=2)
+    rec = run_pykeen(ds, kind, budget, out, optim=optim, **shape)
+    assert rec["resumed_from_step"] == 4 and rec["steps"] == 8 and rec["stopped"] == "steps"
+    assert rec["history"]["eval_steps"] == [2, 4, 6, 8]  # the first sitting's validations are kept
+    assert rec["train_seconds"] >= first["train_seconds"]  # the budget counts both sittings
+    assert 0 <= rec["test"]["seen"]["mrr"] <= 1
+    # Stopped after its last checkpoint but before its record: no step more, the same best weights tested.
+    again = run_pykeen(ds, kind, budget, out, optim=optim, **shape)
+    assert again["resumed_from_step"] == 8 and again["steps"] == 8 and again["test"] == rec["test"]
+    # Without a checkpoint, leftovers are cleared and training starts from step 0.
+    (out / PYKEEN_CHECKPOINT).unlink()
+    (out / "stale.txt").write_text("x")
+    fresh = run_pykeen(ds, kind, budget, out, optim=optim, final_eval=False, **shape)
+    assert fresh["resumed_from_step"] is None and fresh["steps"] == 8 and not (out / "stale.txt").exists()
 
 
 def test_retest_evaluates_a_finished_run_again_and_keeps_the_old_figures(tmp_path):
