@@ -8,11 +8,12 @@ DATASETS ?= ../shared/datasets
 
 # torch==2.13.0 first: on these machines pip takes the CPU wheel from local disk; any other version
 # (or a bare `torch`) would pull a multi-GB CUDA build.
-$(BIN)/earl: pyproject.toml
+# The bench extra (PyKEEN, the paper tables' peers) too: the suite tests the benchmark harness's PyKEEN runs.
+$(BIN)/earl: pyproject.toml Makefile
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e '.[serve,dev]'
+	$(BIN)/pip install -q -e '.[serve,dev,bench]'
 	@touch $@
 
 venv: $(BIN)/earl
