@@ -245,15 +245,20 @@ def _budget_line(recs: list[dict]) -> str:
     ok = [r for r in recs if "error" not in r]
     if not ok:
         return ""
-    b = ok[0]["budget"]
+    def describe(b: dict) -> str:
+        return (f"{b['minutes']:g} min wall-clock (validation included), validation every {b['eval_every']} steps on "
+                f"{b['eval_max_triples'] or 'all'} valid triples, patience {b['patience']}")
+
+    per_dataset = {r.get("dataset"): describe(r["budget"]) for r in ok}
+    budgets = (next(iter(per_dataset.values())) if len(set(per_dataset.values())) == 1
+               else "; ".join(f"{name}: {text}" for name, text in per_dataset.items()))
     loads = [r["load_average_1min"]["start"] for r in ok] + [r["load_average_1min"]["end"] for r in ok]
     steal = [r["cpu_steal_share"] for r in ok if r.get("cpu_steal_share") is not None]
     steal_note = (f"; CPU time taken by other guests of the VM (steal): {100 * min(steal):.0f}-{100 * max(steal):.0f}%"
                   if steal else "")
-    return (f"Budget per run: {b['minutes']:g} min wall-clock (validation included), validation every "
-            f"{b['eval_every']} steps on {b['eval_max_triples'] or 'all'} valid triples, patience {b['patience']}; "
-            f"2 torch threads. 1-minute load average at the start and end of these runs: {min(loads):.1f}-"
-            f"{max(loads):.1f} on 2 cores{steal_note}. Busy machines give fewer steps in the same wall-clock budget.")
+    return (f"Budget per run: {budgets}; 2 torch threads. 1-minute load average at the start and end of these runs: "
+            f"{min(loads):.1f}-{max(loads):.1f} on 2 cores{steal_note}. Busy machines give fewer steps in the same "
+            "wall-clock budget.")
 
 
 # ---------------------------------------------------------------- main table
@@ -306,7 +311,7 @@ def cmd_main(args: argparse.Namespace) -> None:
         probe_md = ["", f"Step-cost probe on {name} at the paper's negatives ({args.probe_steps} steps each, median over "
                     "steps 4+):", "", md_table(["run", "steps", "median s/step"], probe_rows)]
     md = ["# Main table (paper Tables 2 and 3): link prediction at a small parameter budget, same time budget",
-          _quick_note(args)]
+          _quick_note(args), f"![test MRR against parameters]({_main_png(b, names)})", ""]
     for name in names:
         recs = [r for r in b.records if r["dataset"] == name]
         rows = []
@@ -344,6 +349,32 @@ def cmd_main(args: argparse.Namespace) -> None:
            "the budget (time_limit) or the step cap ended it and the best validation checkpoint so far was tested."]
     b.write({"datasets": names, "minutes_per_run": minutes, "pykeen_negatives_per_positive": args.pykeen_negatives},
             "\n".join(md))
+
+
+def _main_png(b: Bench, names: list[str]) -> str:
+    """Test MRR (seen) against #P per dataset: the finished runs here, filled, beside the paper's, hollow."""
+    plt = pyplot()
+    colour = {"earl": "C0", "rotate": "C1", "pykeen_rotate": "C2", "pykeen_nodepiece": "C3"}
+    paper_colour = {"EARL+RotatE": "C0", "RotatE": "C1", "NodePiece+RotatE": "C3"}
+    fig, axes = plt.subplots(1, len(names), figsize=(5.5 * len(names), 4.2), squeeze=False)
+    for ax, name in zip(axes[0], names):
+        for r in b.records:
+            mrr = _row_metrics(r)[0] if r["dataset"] == name and r.get("row") in colour else None
+            if mrr is not None:
+                ax.scatter(r["parameters"] / 1e6, mrr, c=colour[r["row"]], zorder=3)
+                ax.annotate(r["label"], (r["parameters"] / 1e6, mrr), fontsize=7, xytext=(4, 3),
+                            textcoords="offset points")
+        for model, dim, params, mrr, _ in (x for x in PAPER_MAIN.get(name, []) if x[2] < 10):  # large dims: off-scale
+            ax.scatter(params, mrr, facecolors="none", edgecolors=paper_colour[model], zorder=2)
+            ax.annotate(f"paper: {model} {dim}", (params, mrr), fontsize=7, color="grey", xytext=(4, -9),
+                        textcoords="offset points")
+        ax.scatter([], [], c="grey", label="filled: this table's runs (CPU budget)")
+        ax.scatter([], [], facecolors="none", edgecolors="grey", label="hollow: paper (GPU, to convergence)")
+        ax.legend(fontsize=7, loc="best")
+        ax.margins(x=0.3, y=0.15)
+        ax.set(xlabel="trainable parameters (M)", ylabel="test MRR (filtered, seen)", title=name)
+        ax.grid(alpha=0.3)
+    return b.png(fig)
 
 
 # ---------------------------------------------------------------- ablation
@@ -526,7 +557,8 @@ def cmd_convergence(args: argparse.Namespace) -> None:
     for ax, name in zip(axes, names):
         for r in (r for r in curves if r["dataset"] == name):
             h = r["history"]
-            ax.plot([s / 60 for s in h["eval_seconds"]], h["eval_mrr"], marker=".", ms=3, label=r["label"])
+            colour = "C1" if r["model_kind"] == "rotate" else "C2" if "best searched" in r["label"] else "C0"
+            ax.plot([s / 60 for s in h["eval_seconds"]], h["eval_mrr"], marker=".", ms=3, c=colour, label=r["label"])
         if name in PAPER_TARGET:
             ax.axhline(PAPER_TARGET[name][0], ls="--", c="grey", lw=1, label="paper EARL (test MRR)")
         ax.set(xlabel="wall-clock (min, validation included)", ylabel="valid MRR (filtered)", title=name)

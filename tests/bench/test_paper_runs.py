@@ -177,3 +177,37 @@ def test_a_record_left_where_older_versions_kept_it_is_adopted(tmp_path):
     rec = paper.Bench("t", _args(tmp_path)).run("EARL", "d", fn)
     assert calls == [] and rec["reused"] and rec["test"]["seen"]["mrr"] == 0.25
     assert (tmp_path / "records" / f"d-{key}.json").exists()
+
+
+def _finished(dataset: str, row: str, eval_every: int) -> dict:
+    return {"label": f"{row} run", "dataset": dataset, "row": row, "parameters": 2_000_000, "converged": False,
+            "stopped": "time_limit", "test": {"seen": {"mrr": 0.3, "hits_at_10": 0.5}},
+            "budget": Budget(minutes=120, eval_every=eval_every).to_dict(), "cpu_steal_share": 0.0,
+            "load_average_1min": {"start": 0.5, "end": 1.5}}
+
+
+def test_the_budget_line_names_each_dataset_when_their_budgets_differ():
+    same = paper._budget_line([_finished("a", "earl", 100), _finished("b", "earl", 100), {"error": "not run yet"}])
+    assert same.startswith("Budget per run: 120 min") and "a:" not in same and "0.5-1.5 on 2 cores" in same
+    mixed = paper._budget_line([_finished("a", "earl", 250), _finished("b", "rotate", 100)])
+    assert "a: 120 min wall-clock (validation included), validation every 250 steps" in mixed
+    assert "b: 120 min wall-clock (validation included), validation every 100 steps" in mixed
+
+
+def test_the_main_figure_plots_finished_runs_and_skips_pending_ones(tmp_path, monkeypatch):
+    saved = {}
+
+    def save_png(name, fig):
+        saved["points"] = [len(c.get_offsets()) for ax in fig.axes for c in ax.collections]
+        fig.savefig(tmp_path / f"{name}.png")
+        return f"{name}.png"
+
+    monkeypatch.setattr(paper, "save_png", save_png)
+    b = paper.Bench("t", _args(tmp_path))
+    b.records = [_finished("fb15k-237", "earl", 100), {"label": "todo", "dataset": "fb15k-237", "row": "rotate",
+                                                       "error": "not run yet", "pending": True},
+                 _finished("fb15k-237", "probe", 100)]
+    assert paper._main_png(b, ["fb15k-237"]) == "paper_t_quick.png"
+    assert (tmp_path / "paper_t_quick.png").stat().st_size > 0
+    # One point of this table (the probe is no row of it), three of the paper's small-dim rows, two legend keys.
+    assert sorted(saved["points"]) == [0, 0, 1, 1, 1, 1]
