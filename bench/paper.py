@@ -245,6 +245,7 @@ def _budget_line(recs: list[dict]) -> str:
     ok = [r for r in recs if "error" not in r]
     if not ok:
         return ""
+
     def describe(b: dict) -> str:
         return (f"{b['minutes']:g} min wall-clock (validation included), validation every {b['eval_every']} steps on "
                 f"{b['eval_max_triples'] or 'all'} valid triples, patience {b['patience']}")

@@ -11,7 +11,16 @@ from conftest import REPO, tiny_dataset
 sys.path.insert(0, str(REPO / "bench"))
 import paper
 import pytest
-from harness import PYKEEN_CHECKPOINT, Budget, NodePieceSpec, Optim, run_earl, run_pykeen
+from harness import (
+    PYKEEN_CHECKPOINT,
+    Budget,
+    NodePieceSpec,
+    Optim,
+    build_pykeen_model,
+    pykeen_rotate_ranks,
+    run_earl,
+    run_pykeen,
+)
 
 from earl_service.config import ModelConfig, TrainConfig
 from earl_service.train import CHECKPOINT, train
@@ -148,6 +157,40 @@ def test_an_interrupted_pykeen_run_resumes_from_its_checkpoint(tmp_path, kind):
     (out / "stale.txt").write_text("x")
     fresh = run_pykeen(ds, kind, budget, out, optim=optim, final_eval=False, **shape)
     assert fresh["resumed_from_step"] is None and fresh["steps"] == 8 and not (out / "stale.txt").exists()
+
+
+@pytest.mark.parametrize("kind", ["rotate", "nodepiece"])
+def test_pykeen_models_are_ranked_as_pykeens_own_evaluator_ranks_them(kind):
+    """The harness ranks PyKEEN models by a matmul form of their RotatE distance; PyKEEN's evaluator agrees."""
+    pytest.importorskip("pykeen")
+    import numpy as np
+    import torch
+    from pykeen.evaluation import RankBasedEvaluator
+
+    from earl_service.evaluate import KnownAnswers, summarize
+
+    ds = tiny_dataset()
+    shape = {"dim": 6} if kind == "rotate" else {"width": 12, "spec": NodePieceSpec(anchors=5, anchor_tokens=3,
+                                                                                   relation_tokens=2)}
+    model, _, _ = build_pykeen_model(ds, kind, seed=1, **shape)
+    with torch.no_grad():  # move the relations off their initial phases, as training would
+        for weight in model.relation_representations.parameters():
+            weight.add_(0.3 * torch.randn_like(weight))
+        model.post_parameter_update()  # PyKEEN's constrainers: relations back to unit modulus
+    everything = np.concatenate([ds.train, ds.valid, ds.test])
+    known = KnownAnswers(everything, ds.num_relations)
+    filters = [torch.as_tensor(x) for x in (ds.train, ds.valid, ds.test)]
+    inside = ds.test[(ds.test[:, 0] < 30) & (ds.test[:, 2] < 30)]  # answers among the first 30 entities
+    for triples, candidates in ((ds.test, ds.num_entities), (inside, 30)):
+        ours = summarize(pykeen_rotate_ranks(model, triples, known, candidates, batch_size=7))["both"]
+        theirs = RankBasedEvaluator(filtered=True).evaluate(
+            model, torch.as_tensor(triples), additional_filter_triples=filters, batch_size=16, use_tqdm=False,
+            restrict_entities_to=list(range(candidates)) if candidates < ds.num_entities else None)
+        assert ours["count"] == int(theirs.get_metric("both.realistic.count")) == 2 * len(triples)
+        assert ours["mrr"] == pytest.approx(theirs.get_metric("both.realistic.inverse_harmonic_mean_rank"), abs=1e-6)
+        assert ours["mr"] == pytest.approx(theirs.get_metric("both.realistic.arithmetic_mean_rank"), abs=1e-5)
+        assert ours["hits_at_10"] == pytest.approx(theirs.get_metric("both.realistic.hits_at_10"), abs=1e-9)
+        assert 0.05 < ours["mrr"] < 1  # a ranking with some spread, not all ties
 
 
 def test_retest_evaluates_a_finished_run_again_and_keeps_the_old_figures(tmp_path):
