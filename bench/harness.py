@@ -431,7 +431,7 @@ def run_pykeen(ds: Dataset, kind: str, budget: Budget, out_dir: Path, *, dim: in
                 raise _BudgetSpent("time_limit")
 
     loop = SLCWATrainingLoop(model=model, triples_factory=factory, optimizer=optimizer, negative_sampler="basic",
-                             negative_sampler_kwargs=dict(num_negs_per_pos=negatives, filtered=True))
+                             negative_sampler_kwargs={"num_negs_per_pos": negatives, "filtered": True})
     start[0] = time.perf_counter() - elapsed_before  # the budget counts every attempt's training time
     # An attempt interrupted after its last checkpoint but before its record trains no further.
     stopped = ("early_stopping" if state["bad"] >= budget.patience else "steps" if state["step"] >= budget.max_steps

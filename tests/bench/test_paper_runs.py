@@ -138,8 +138,8 @@ def test_an_interrupted_pykeen_run_resumes_from_its_checkpoint(tmp_path, kind):
     """A PyKEEN run checkpoints at every validation; a run with a larger budget on its directory continues it."""
     pytest.importorskip("pykeen")
     ds, optim, out = tiny_dataset(), Optim(batch_size=32, negatives=4), tmp_path / "run"
-    shape = dict(dim=4) if kind == "rotate" else dict(width=8, spec=NodePieceSpec(anchors=5, anchor_tokens=3,
-                                                                                  relation_tokens=2))
+    shape = {"dim": 4} if kind == "rotate" else {"width": 8, "spec": NodePieceSpec(anchors=5, anchor_tokens=3,
+                                                                                   relation_tokens=2)}
     first = run_pykeen(ds, kind, Budget(minutes=10, max_steps=4, eval_every=2), out, optim=optim, final_eval=False,
                        **shape)
     assert first["steps"] == 4 and first["resumed_from_step"] is None and (out / PYKEEN_CHECKPOINT).exists()
