@@ -174,6 +174,7 @@ def run_earl(ds: Dataset, cfg: ModelConfig, budget: Budget, out_dir: Path, *, op
         "wall_seconds": time.perf_counter() - t0,  # of the last attempt only, when resumed
         "resumed_from_step": resumed_from,
         "median_step_seconds": m["median_step_seconds"],
+        "step_seconds_total": float(sum(history["step_times"])),  # train_seconds less validation and checkpoints
         "valid": _metrics(m.get("valid", {})),
         "test": test,
         "artifact_bytes": m["bundle_bytes"],
@@ -470,6 +471,7 @@ def run_pykeen(ds: Dataset, kind: str, budget: Budget, out_dir: Path, *, dim: in
         "wall_seconds": time.perf_counter() - wall0,  # of the last attempt only, when resumed
         "resumed_from_step": resumed_from,
         "median_step_seconds": float(np.median(times)) if times else None,
+        "step_seconds_total": float(sum(state["step_times"])),  # pre_batch to post_batch: no validation, no loading
         "valid": valid,
         "test": test,
         "artifact_bytes": path.stat().st_size,

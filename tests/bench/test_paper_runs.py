@@ -125,6 +125,8 @@ def test_an_interrupted_earl_run_resumes_from_its_checkpoint(tmp_path):
     assert rec["resumed_from_step"] == interrupted_at and rec["steps"] == 8
     assert rec["cpu_steal_share"] is None or 0 <= rec["cpu_steal_share"] <= 1
     assert rec["history"]["eval_steps"] == [2, 4, 6, 8]  # the first sitting's validations are kept
+    assert 0 < rec["step_seconds_total"] < rec["train_seconds"]  # both sittings' steps; validation is outside
+    assert 0 < paper._validation_share(rec) < 1
     assert json.loads((out / "metrics.json").read_text())["steps"] == 8
     # Without a checkpoint, leftovers of an earlier attempt are cleared and training starts from step 0.
     (out / CHECKPOINT).unlink()
@@ -147,6 +149,8 @@ def test_an_interrupted_pykeen_run_resumes_from_its_checkpoint(tmp_path, kind):
     rec = run_pykeen(ds, kind, budget, out, optim=optim, **shape)
     assert rec["resumed_from_step"] == 4 and rec["steps"] == 8 and rec["stopped"] == "steps"
     assert rec["history"]["eval_steps"] == [2, 4, 6, 8]  # the first sitting's validations are kept
+    assert 0 < rec["step_seconds_total"] < rec["train_seconds"]  # both sittings' steps; validation is outside
+    assert 0 < paper._validation_share(rec) < 1
     assert rec["train_seconds"] >= first["train_seconds"]  # the budget counts both sittings
     assert 0 <= rec["test"]["seen"]["mrr"] <= 1
     # Stopped after its last checkpoint but before its record: no step more, the same best weights tested.
@@ -254,3 +258,16 @@ def test_the_main_figure_plots_finished_runs_and_skips_pending_ones(tmp_path, mo
     assert (tmp_path / "paper_t_quick.png").stat().st_size > 0
     # One point of this table (the probe is no row of it), three of the paper's small-dim rows, two legend keys.
     assert sorted(saved["points"]) == [0, 0, 1, 1, 1, 1]
+
+
+def test_every_search_entry_is_its_own_run_and_passes_its_overrides():
+    ds, cfg, budget = tiny_dataset(), ModelConfig(dim=4), Budget(minutes=1, eval_every=10)
+    runs = {label: paper._searched_run(ds, cfg, budget, opt, bud, 0) for label, opt, bud in paper.SEARCH}
+    assert len({paper.run_key("d", fn) for fn in runs.values()}) == len(paper.SEARCH)
+    assert runs["bf16 autocast"].keywords["bf16"] and not runs["paper settings"].keywords["bf16"]
+    assert runs["batch 4096, lr 2e-3"].keywords["optim"] == Optim(batch_size=4096, lr=2e-3)
+    # The paper-settings entry is the very run the curves and the main table train with default arguments.
+    plain = partial(run_earl, ds, cfg, budget, protocols=paper.PROTOCOLS, seed=0)
+    assert paper.run_key("d", runs["paper settings"]) == paper.run_key("d", plain)
+    assert paper._validation_share({"train_seconds": 100.0, "step_seconds_total": 96.0}) == pytest.approx(0.04)
+    assert paper._validation_share({"train_seconds": 100.0}) is None  # records older than the field
