@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
@@ -304,6 +304,9 @@ class Graph:
     encoder inputs of the sampled entities (no `message`; `reserved` and the `knn` columns then address only the
     reserved rows named by `reserved_rows` / `knn_rows`), and one per GNN layer holds a rectangular message
     matrix (n_out, 3 n_in) whose n_out outputs are the first n_out of its n_in inputs.
+
+    `compact` (full graphs with many repeated input rows, see `compact_inputs`) lets the encoder compute the
+    initial embeddings and the first layer's transforms once per distinct input row instead of once per entity.
     """
 
     num_entities: int
@@ -320,6 +323,7 @@ class Graph:
     # `reserved`, and the reserved_embeddings row behind each column of `knn`.
     reserved_rows: torch.Tensor | None = None
     knn_rows: torch.Tensor | None = None
+    compact: CompactInputs | None = None
 
     @property
     def non_reserved(self) -> torch.Tensor:
@@ -344,7 +348,79 @@ class Graph:
             self.degree.to(device),
             move(self.reserved_rows),
             move(self.knn_rows),
+            move(self.compact),
         )
+
+
+@dataclass
+class CompactInputs:
+    """The encoder's inputs once per distinct input row, and a first GNN layer that reads them.
+
+    h^0_e = f_m([ConRel(conrel_e); kNResEnt(knn_e)]) is a function of e's input rows alone, so entities whose
+    ConRel and kNResEnt rows are bit-identical (the long tail of low-degree entities shares a few relation
+    patterns) have the same h^0, and so the same first-layer transforms [W_out; W_in; W_self] h^0. `inputs`
+    holds one row per distinct pattern of the non-reserved entities, then every reserved entity (own rows);
+    `first_layer` is the full graph with its message matrix (N, 3 G) addressing those G rows (edges to entities
+    of one pattern summed). sum_j W x_j over neighbours j is unchanged, so the layer's output is the full-graph
+    one up to float summation order. WN18RR's 40,559 training entities give 7,035 rows (2,980 patterns
+    and 4,055 reserved entities); FB15k-237's 237 relations leave too few repeats to group.
+    """
+
+    inputs: Graph  # G rows; `reserved` = its last N_res rows, in the order of the full graph's `reserved`
+    first_layer: Graph  # the full graph with message (N, 3G)
+    index: torch.Tensor  # (N,) each entity's row in `inputs`
+
+    def to(self, device: torch.device) -> CompactInputs:
+        return CompactInputs(self.inputs.to(device), self.first_layer.to(device), self.index.to(device))
+
+
+def compact_inputs(graph: Graph, message: tuple[torch.Tensor, torch.Tensor, torch.Tensor], *,
+                   min_saving: float = 0.1) -> CompactInputs | None:
+    """Group `graph`'s entities by bit-identical (ConRel, kNResEnt) input rows; None when that saves less than
+    `min_saving` of the rows (FB15k-237's 237 relations leave few repeats). `message`: the (rows, cols, values)
+    triplets that built graph.message."""
+    n, num_rel = graph.num_entities, graph.num_relations
+    crow, col, val = graph.conrel.mat.crow_indices(), graph.conrel.mat.col_indices(), graph.conrel.mat.values()
+    counts = crow[1:] - crow[:-1]
+    rows, cols, vals = torch.repeat_interleave(torch.arange(n), counts), col, val.double()
+    if graph.knn_ids is not None and graph.knn_weights is not None:
+        k = graph.knn_ids.shape[1]
+        rows = torch.cat([rows, torch.arange(n).repeat_interleave(k)])
+        cols = torch.cat([cols, 2 * num_rel + graph.knn_ids.reshape(-1)])
+        vals = torch.cat([vals, graph.knn_weights.reshape(-1).double()])
+        counts = counts + k
+    order = torch.argsort(rows, stable=True)
+    entry_crow = torch.zeros(n + 1, dtype=torch.long)
+    entry_crow[1:] = torch.cumsum(counts, 0)
+    group, _ = _identical_rows(entry_crow, cols[order], vals[order])
+
+    is_res = torch.zeros(n, dtype=torch.bool)
+    is_res[graph.reserved] = True
+    patterns, pattern_of = torch.unique(group[~is_res], return_inverse=True)
+    g, n_res = patterns.numel(), graph.reserved.numel()
+    if g + n_res > (1 - min_saving) * n:
+        return None
+    index = torch.empty(n, dtype=torch.long)
+    index[~is_res] = pattern_of
+    index[graph.reserved] = torch.arange(g, g + n_res)
+    size = g + n_res
+    rep = torch.full((size,), n, dtype=torch.long).scatter_reduce(0, index, torch.arange(n), "amin")  # lowest id
+
+    rep_counts = (crow[1:] - crow[:-1])[rep]
+    picked = _ranges(crow[rep], rep_counts)
+    conrel = SparsePair.from_coo(torch.arange(size).repeat_interleave(rep_counts), col[picked], val[picked],
+                                 (size, 2 * num_rel))
+    knn = knn_ids = knn_weights = None
+    if graph.knn_ids is not None and graph.knn_weights is not None:
+        knn_ids, knn_weights = graph.knn_ids[rep], graph.knn_weights[rep]
+        k = knn_ids.shape[1]
+        knn = SparsePair.from_coo(torch.arange(size).repeat_interleave(k), knn_ids.reshape(-1),
+                                  knn_weights.reshape(-1).to(val.dtype), (size, n_res))
+    inputs = Graph(size, num_rel, torch.zeros(0, 3, dtype=torch.long), torch.arange(g, g + n_res), conrel, None,
+                   knn, knn_ids, knn_weights, graph.degree[rep])
+    m_rows, m_cols, m_vals = message
+    first = SparsePair.from_coo(m_rows, 3 * index[m_cols // 3] + m_cols % 3, m_vals, (n, 3 * size))
+    return CompactInputs(inputs, replace(graph, message=first, compact=None), index)
 
 
 def build_graph(
@@ -357,10 +433,12 @@ def build_graph(
     temperature: float = 0.2,
     knn: tuple[torch.Tensor, torch.Tensor] | None = None,
     dtype: torch.dtype = torch.float32,
+    compact: bool = True,
 ) -> Graph:
     """Precompute the graph features of `triples` (E, 3) over `num_entities` nodes.
 
     `knn` passes stored (ids, weights) tables instead of recomputing them (a bundle may carry them).
+    `compact`: also group repeated input rows (`compact_inputs`), when that saves at least 10% of them.
     """
     n, num_rel = num_entities, num_relations
     edges = torch.as_tensor(np.asarray(triples), dtype=torch.long).reshape(-1, 3)
@@ -388,7 +466,10 @@ def build_graph(
         knn_pair = SparsePair.from_coo(
             torch.arange(n).repeat_interleave(kk), knn_ids.reshape(-1), knn_weights.reshape(-1).to(dtype), (n, reserved.numel())
         )
-    return Graph(n, num_rel, edges, reserved, conrel, message, knn_pair, knn_ids, knn_weights, degree.float())
+    graph = Graph(n, num_rel, edges, reserved, conrel, message, knn_pair, knn_ids, knn_weights, degree.float())
+    if compact:
+        graph.compact = compact_inputs(graph, (rows, cols, vals))
+    return graph
 
 
 def choose_reserved(num_entities: int, ratio: float, seed: int) -> torch.Tensor:

@@ -153,7 +153,7 @@ class EARL(nn.Module):
         """h^0 (N, 2d): f_m([ConRel; kNResEnt]) for every entity, own rows for reserved entities."""
         width = 2 * self.config.dim
         if self.combine is None:
-            h0 = self.random_inputs(graph.num_entities, self.relations.device)
+            h0 = self.random_inputs(graph.num_entities, self.relations.device).to(self.relations.dtype)
         else:
             first, second = self.combine[0], self.combine[2]
             pre = first.bias
@@ -185,10 +185,15 @@ class EARL(nn.Module):
 
         Sampled training passes `layers`, one local graph per GNN layer (input side first): `graph` then holds
         the inputs of all n_0 sampled entities, layer l maps n_l rows to its first n_{l+1} <= n_l, and the
-        result has the rows of the last layer's outputs (the batch's entities).
+        result has the rows of the last layer's outputs (the batch's entities). A full graph with `compact`
+        inputs runs the same way: G distinct input rows, a first layer mapping them to all N entities.
         """
         if layers is not None and len(layers) != len(self.gnn):
             raise ValueError(f"{len(layers)} layer graphs for {len(self.gnn)} GNN layers")
+        if layers is None and graph.compact is not None and self.combine is not None and self.gnn:
+            # h^0 depends on an entity's input rows only: compute it, and the first layer's transforms, once per
+            # distinct input row (see CompactInputs); the first layer's messages then reach every entity.
+            graph, layers = graph.compact.inputs, [graph.compact.first_layer, *[graph] * (len(self.gnn) - 1)]
         h, rel = self.initial(graph), self.relations
         for i, layer in enumerate(self.gnn):
             h, rel = layer(h, rel, graph if layers is None else layers[i])

@@ -1,7 +1,11 @@
 """EARL modules: the exact parameter count, fast GNN == the paper's per-edge equations, ablation switches."""
 
+from dataclasses import replace
+
+import numpy as np
 import pytest
 import torch
+from conftest import random_triples
 
 from earl_service.config import ABLATIONS, ModelConfig
 from earl_service.graph import build_graph, choose_reserved
@@ -50,6 +54,48 @@ def test_fast_gnn_equals_naive_per_edge(small_graph_triples):
         naive_grads = torch.autograd.grad((naive_h * g_h).sum() + (naive_r * g_r).sum(), params)
         for a, b in zip(fast_grads, naive_grads):
             torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
+
+
+def _star_triples(leaves: int = 60) -> np.ndarray:
+    """A hub with `leaves` leaves on relation 0 (all alike), plus a random core among entities 0-19."""
+    core = random_triples(20, 3, 80, seed=5)
+    star = np.array([[0, 0, leaf] for leaf in range(20, 20 + leaves)])
+    return np.concatenate([core, star])
+
+
+@pytest.mark.parametrize("ablation", [None, *ABLATIONS])
+def test_repeated_input_rows_are_encoded_once_with_the_same_result(ablation):
+    cfg = ModelConfig(dim=3, k=2, reserved_ratio=0.1, **({ablation: True} if ablation else {}))
+    n, num_rel = 80, 3
+    reserved = choose_reserved(n, cfg.reserved_ratio, cfg.seed) if cfg.uses_reserved else torch.zeros(0, dtype=torch.long)
+    graph = build_graph(_star_triples(), n, num_rel, reserved, k=cfg.k, dtype=torch.float64)
+    assert graph.compact is not None and graph.compact.inputs.num_entities < 40  # the leaves share one row or few
+    index = graph.compact.index
+    assert torch.equal(index[reserved], torch.arange(graph.compact.inputs.num_entities - reserved.numel(),
+                                                        graph.compact.inputs.num_entities))
+    model = EARL(cfg, num_rel, reserved).double()
+
+    def run(g):
+        model.zero_grad()
+        ent, rel = model(g)
+        weights = torch.linspace(-1, 1, ent.numel(), dtype=ent.dtype).reshape(ent.shape)
+        ((ent * weights).sum() + rel.square().sum()).backward()
+        return ent.detach(), [None if p.grad is None else p.grad.clone() for p in model.parameters()]
+
+    compact_ent, compact_grads = run(graph)
+    full_ent, full_grads = run(replace(graph, compact=None))
+    assert compact_ent.shape == (n, 6)
+    torch.testing.assert_close(compact_ent, full_ent, rtol=1e-10, atol=1e-10)
+    for a, b in zip(compact_grads, full_grads):
+        assert (a is None) == (b is None)
+        if a is not None:
+            torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
+
+
+def test_input_rows_are_not_grouped_when_that_saves_little(small_graph_triples):
+    graph = build_graph(small_graph_triples, 30, 4, choose_reserved(30, 0.2, 0), k=2)
+    assert graph.compact is None  # 30 entities of a random graph: almost every row is its own
+    assert build_graph(_star_triples(), 80, 3, choose_reserved(80, 0.1, 0), k=2, compact=False).compact is None
 
 
 def _graph(triples, cfg: ModelConfig, n=30, num_rel=4):
