@@ -335,7 +335,7 @@ class Graph:
         def move(x):
             return None if x is None else x.to(device)
 
-        return Graph(
+        moved = Graph(
             self.num_entities,
             self.num_relations,
             self.triples.to(device),
@@ -348,8 +348,12 @@ class Graph:
             self.degree.to(device),
             move(self.reserved_rows),
             move(self.knn_rows),
-            move(self.compact),
         )
+        if self.compact is not None:  # its first layer shares every tensor but `message` with this graph
+            c = self.compact
+            moved.compact = CompactInputs(c.inputs.to(device), replace(moved, message=c.first_layer.message.to(device)),
+                                          c.index.to(device))
+        return moved
 
 
 @dataclass
@@ -392,7 +396,8 @@ def compact_inputs(graph: Graph, message: tuple[torch.Tensor, torch.Tensor, torc
     order = torch.argsort(rows, stable=True)
     entry_crow = torch.zeros(n + 1, dtype=torch.long)
     entry_crow[1:] = torch.cumsum(counts, 0)
-    group, _ = _identical_rows(entry_crow, cols[order], vals[order])
+    entry_cols, entry_vals = cols[order], vals[order]
+    group, _ = _identical_rows(entry_crow, entry_cols, entry_vals)
 
     is_res = torch.zeros(n, dtype=torch.bool)
     is_res[graph.reserved] = True
@@ -405,6 +410,13 @@ def compact_inputs(graph: Graph, message: tuple[torch.Tensor, torch.Tensor, torc
     index[graph.reserved] = torch.arange(g, g + n_res)
     size = g + n_res
     rep = torch.full((size,), n, dtype=torch.long).scatter_reduce(0, index, torch.arange(n), "amin")  # lowest id
+    # The grouping compares hashes: confirm that every entity's entries equal its representative's, entry by entry.
+    mate = rep[index]
+    if not torch.equal(counts, counts[mate]):
+        return None
+    mine, theirs = _ranges(entry_crow[:-1], counts), _ranges(entry_crow[mate], counts)
+    if not (torch.equal(entry_cols[mine], entry_cols[theirs]) and torch.equal(entry_vals[mine], entry_vals[theirs])):
+        return None
 
     rep_counts = (crow[1:] - crow[:-1])[rep]
     picked = _ranges(crow[rep], rep_counts)
@@ -416,6 +428,7 @@ def compact_inputs(graph: Graph, message: tuple[torch.Tensor, torch.Tensor, torc
         k = knn_ids.shape[1]
         knn = SparsePair.from_coo(torch.arange(size).repeat_interleave(k), knn_ids.reshape(-1),
                                   knn_weights.reshape(-1).to(val.dtype), (size, n_res))
+    # degree: the representative's (entities of a row may differ in degree; nothing that builds h0 reads it).
     inputs = Graph(size, num_rel, torch.zeros(0, 3, dtype=torch.long), torch.arange(g, g + n_res), conrel, None,
                    knn, knn_ids, knn_weights, graph.degree[rep])
     m_rows, m_cols, m_vals = message

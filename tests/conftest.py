@@ -37,6 +37,14 @@ def random_triples(num_entities: int, num_relations: int, num_edges: int, seed: 
     return triples.astype(np.int64)
 
 
+def star_triples(leaves: int = 60) -> np.ndarray:
+    """80 entities, 3 relations: a hub with `leaves` alike leaves on relation 0, plus a random core among 0-19
+    (repeated input rows, for graph.CompactInputs)."""
+    core = random_triples(20, 3, 80, seed=5)
+    star = np.array([[0, 0, leaf] for leaf in range(20, 20 + leaves)])
+    return np.concatenate([core, star])
+
+
 def tiny_dataset():
     """40 entities, 3 relations: 250 train, 20 valid and the rest test triples of a random multigraph."""
     from earl_service.data import Dataset, Vocab

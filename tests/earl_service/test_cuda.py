@@ -8,7 +8,7 @@ Skipped where torch sees no CUDA device (CI and the development machines); run o
 import numpy as np
 import pytest
 import torch
-from conftest import codex_s_path, tiny_dataset
+from conftest import codex_s_path, star_triples, tiny_dataset
 
 from earl_service.bundle import load_bundle
 from earl_service.config import ModelConfig, TrainConfig
@@ -55,6 +55,20 @@ def test_training_step_cuda_matches_cpu(model):
     assert grads_cpu.keys() == grads_gpu.keys() and grads_cpu
     for name in grads_cpu:
         torch.testing.assert_close(grads_gpu[name], grads_cpu[name], rtol=1e-4, atol=1e-5, msg=name)
+
+
+def test_compact_inputs_on_cuda_give_the_full_graph_embeddings():
+    """A graph whose repeated input rows are grouped (graph.CompactInputs), moved to the GPU, encodes as on the CPU."""
+    from earl_service.graph import build_graph, choose_reserved
+    from earl_service.model import EARL
+
+    cfg, reserved = ModelConfig(dim=8, k=2), choose_reserved(80, 0.1, 0)
+    graph = build_graph(star_triples(), 80, 3, reserved, k=cfg.k)
+    assert graph.compact is not None
+    model = EARL(cfg, 3, reserved)
+    cpu_ent, _ = model(graph)
+    gpu_ent, _ = model.to(CUDA)(graph.to(CUDA))
+    torch.testing.assert_close(gpu_ent.cpu(), cpu_ent.detach(), rtol=1e-5, atol=1e-5)
 
 
 def test_negative_sampler_on_cuda_avoids_true_answers():

@@ -2,10 +2,9 @@
 
 from dataclasses import replace
 
-import numpy as np
 import pytest
 import torch
-from conftest import random_triples
+from conftest import star_triples
 
 from earl_service.config import ABLATIONS, ModelConfig
 from earl_service.graph import build_graph, choose_reserved
@@ -56,19 +55,12 @@ def test_fast_gnn_equals_naive_per_edge(small_graph_triples):
             torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
 
 
-def _star_triples(leaves: int = 60) -> np.ndarray:
-    """A hub with `leaves` leaves on relation 0 (all alike), plus a random core among entities 0-19."""
-    core = random_triples(20, 3, 80, seed=5)
-    star = np.array([[0, 0, leaf] for leaf in range(20, 20 + leaves)])
-    return np.concatenate([core, star])
-
-
 @pytest.mark.parametrize("ablation", [None, *ABLATIONS])
 def test_repeated_input_rows_are_encoded_once_with_the_same_result(ablation):
     cfg = ModelConfig(dim=3, k=2, reserved_ratio=0.1, **({ablation: True} if ablation else {}))
     n, num_rel = 80, 3
     reserved = choose_reserved(n, cfg.reserved_ratio, cfg.seed) if cfg.uses_reserved else torch.zeros(0, dtype=torch.long)
-    graph = build_graph(_star_triples(), n, num_rel, reserved, k=cfg.k, dtype=torch.float64)
+    graph = build_graph(star_triples(), n, num_rel, reserved, k=cfg.k, dtype=torch.float64)
     assert graph.compact is not None and graph.compact.inputs.num_entities < 40  # the leaves share one row or few
     index = graph.compact.index
     assert torch.equal(index[reserved], torch.arange(graph.compact.inputs.num_entities - reserved.numel(),
@@ -95,7 +87,26 @@ def test_repeated_input_rows_are_encoded_once_with_the_same_result(ablation):
 def test_input_rows_are_not_grouped_when_that_saves_little(small_graph_triples):
     graph = build_graph(small_graph_triples, 30, 4, choose_reserved(30, 0.2, 0), k=2)
     assert graph.compact is None  # 30 entities of a random graph: almost every row is its own
-    assert build_graph(_star_triples(), 80, 3, choose_reserved(80, 0.1, 0), k=2, compact=False).compact is None
+    assert build_graph(star_triples(), 80, 3, choose_reserved(80, 0.1, 0), k=2, compact=False).compact is None
+
+
+def test_a_hash_collision_cannot_group_different_rows(monkeypatch):
+    """Rows are grouped by hash, then checked entry by entry: a (simulated) collision turns grouping off."""
+    from earl_service import graph as graph_module
+
+    def collide(crow, col, unit):
+        n = crow.numel() - 1
+        return torch.zeros(n, dtype=torch.long), torch.zeros(1, dtype=torch.long)
+
+    monkeypatch.setattr(graph_module, "_identical_rows", collide)
+    assert build_graph(star_triples(), 80, 3, choose_reserved(80, 0.1, 0), k=2).compact is None
+
+
+def test_a_moved_graph_shares_its_tensors_with_its_compact_first_layer():
+    graph = build_graph(star_triples(), 80, 3, choose_reserved(80, 0.1, 0), k=2).to(torch.device("cpu"))
+    first = graph.compact.first_layer
+    assert first.conrel is graph.conrel and first.triples is graph.triples and first.compact is None
+    assert first.message.mat.shape == (80, 3 * graph.compact.inputs.num_entities)
 
 
 def _graph(triples, cfg: ModelConfig, n=30, num_rel=4):
