@@ -176,8 +176,8 @@ class Bench:
             rec = {"error": "not run yet", "pending": True}
         else:
             try:
-                rec = {**fn(run_dir / "train"), "run_key": key, "run_commit": environment()["commit"],
-                       "first_label": label}
+                commit = environment()["commit"]  # the code this attempt runs: taken before a multi-hour run
+                rec = {**fn(run_dir / "train"), "run_key": key, "run_commit": commit, "first_label": label}
                 done.parent.mkdir(parents=True, exist_ok=True)
                 write_json_atomic(done, rec)
             except Exception as exc:  # one failed peer must not lose the other runs of a multi-hour table
