@@ -53,7 +53,7 @@ from harness import (
 
 from earl_service.config import ModelConfig
 from earl_service.data import Dataset, load_dataset
-from earl_service.train import write_json_atomic
+from earl_service.train import cpu_has_native_bf16, write_json_atomic
 
 
 @dataclass(frozen=True)
@@ -538,7 +538,12 @@ def cmd_convergence(args: argparse.Namespace) -> None:
     # 1. The search, on the first dataset, EARL at the paper's dim; selection by validation MRR.
     ds, st = b.dataset(search_on), SETTINGS[search_on]
     base_budget = b.budget(search_on, search_minutes)
+    skipped: list[str] = []
     for label, opt, bud in [] if args.no_search else SEARCH:
+        if bud.get("bf16") and not cpu_has_native_bf16():
+            print(f"    skipping '{label}': this CPU has no native bfloat16 matmul (emulated, several times slower)")
+            skipped.append(label)
+            continue
         b.run(f"search: {label}", search_on,
               _searched_run(ds, ModelConfig(dim=st.earl_dim, seed=args.seed), base_budget, opt, bud, args.seed),
               phase="search", setting=label, optim_overrides=opt, budget_overrides=bud)
@@ -634,6 +639,8 @@ def cmd_convergence(args: argparse.Namespace) -> None:
            "margin do not, and `bench/step_search.py` compares them at a fixed step count on any device."), "",
           md_table(["setting", "valid MRR", "test MRR", "test Hits@10", "steps", "median s/step", "validations",
                     "validation share", "converged?"], search_rows), "", cadence, "",
+          *([f"Not run on this machine: {', '.join(skipped)} (its CPU has no native bfloat16 matmul, so autocast "
+             "is emulated and several times slower than float32).", ""] if skipped else []),
           f"Best by validation MRR: **{best['setting'] if best else 'none'}**.", "",
           f"## Curves ({curve_minutes:g} min per run)", "",
           md_table(["dataset", "run", "#P", "test MRR", "test Hits@10", "steps", "train s", "converged?"], curve_rows),

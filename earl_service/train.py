@@ -138,6 +138,14 @@ def loss_fn(
     return -(F.logsigmoid(pos).mean() + neg_term) / 2
 
 
+def cpu_has_native_bf16() -> bool:
+    """Whether oneDNN runs bfloat16 matmuls natively on this CPU (AVX512-BF16 or AMX); False where unknown."""
+    try:
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (AttributeError, RuntimeError):
+        return False
+
+
 @dataclass
 class History:
     steps: list[int] = field(default_factory=list)
@@ -326,6 +334,9 @@ def train(
     if ranks.is_main and state["best_mrr"] < 0 and not (out / BEST).exists():
         _atomic_torch_save(model.state_dict(), out / BEST)
     autocast = cfg.bf16 and device.type == "cpu"
+    if autocast and not cpu_has_native_bf16():
+        log.warning("--bf16: this CPU has no native bfloat16 matmul (no AVX512-BF16 / AMX); autocast emulates it and "
+                    "is several times slower than float32 here (bench/results/speed.md)")
     fanout = cfg.fanout_for(model_config.gnn_layers)
     progress = _progress_bar(cfg, state["step"]) if ranks.is_main else None
     # Build or load the fused CPU kernel now (a first build takes ~45 s), so that a time budget is spent on steps.

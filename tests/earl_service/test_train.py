@@ -76,6 +76,18 @@ def test_steps_zero_writes_metrics(tmp_path):
     assert metrics["config"]["model"]["dim"] == 8
 
 
+@pytest.mark.parametrize("native", [True, False])
+def test_bf16_trains_and_warns_where_the_cpu_only_emulates_it(tmp_path, monkeypatch, caplog, native):
+    from earl_service import train as train_module
+
+    monkeypatch.setattr(train_module, "cpu_has_native_bf16", lambda: native)
+    cfg = TrainConfig(steps=2, batch_size=32, negatives=4, eval_every=0, bf16=True, progress=False)
+    with caplog.at_level("WARNING", logger="earl_service.train"):
+        metrics = train(tiny_dataset(), ModelConfig(dim=4, k=3), cfg, tmp_path, final_eval=False, write_bundle=False)
+    assert metrics["steps"] == 2
+    assert ("no native bfloat16" in caplog.text) is (not native)
+
+
 @pytest.mark.parametrize("model", ["earl", "rotate"])
 def test_short_codex_run_learns(tmp_path, model, capsys):
     """A couple of hundred CPU steps on CoDEx-S lift test MRR far above the untrained model's."""
