@@ -374,9 +374,6 @@ class CompactInputs:
     first_layer: Graph  # the full graph with message (N, 3G)
     index: torch.Tensor  # (N,) each entity's row in `inputs`
 
-    def to(self, device: torch.device) -> CompactInputs:
-        return CompactInputs(self.inputs.to(device), self.first_layer.to(device), self.index.to(device))
-
 
 def compact_inputs(graph: Graph, message: tuple[torch.Tensor, torch.Tensor, torch.Tensor], *,
                    min_saving: float = 0.1) -> CompactInputs | None:
