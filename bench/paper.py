@@ -343,9 +343,9 @@ def cmd_main(args: argparse.Namespace) -> None:
            "parameter counts matched to EARL's. PyKEEN models are ranked by the harness from PyKEEN's own score "
            "(-||h o r - t||, in a matmul form checked against PyKEEN's `RankBasedEvaluator` in the tests): PyKEEN's "
            "evaluator took 100 s per FB15k-237 validation, which would have spent most of the budget. PyKEEN "
-           "materialises every negative's embedding, so its steps cost more than this repository's fused kernel: `s/step` above, and the probe below at the paper's 256+256 "
-           "negatives. Saved bytes: EARL/RotatE the fp32 safetensors bundle (weights + graph + vocabularies); PyKEEN "
-           "`torch.save(state_dict)`.",
+           "materialises every negative's embedding, so its steps cost more than this repository's fused kernel: "
+           "`s/step` above, and the probe below at the paper's 256+256 negatives. Saved bytes: EARL/RotatE the fp32 "
+           "safetensors bundle (weights + graph + vocabularies); PyKEEN `torch.save(state_dict)`.",
            *probe_md,
            "",
            "`converged?`: yes when early stopping ended training (patience exhausted) within the budget; otherwise "

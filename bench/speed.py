@@ -3,7 +3,8 @@
 Each configuration trains in its own process (so peak RSS is its own) with the library's `earl train`:
 EARL (float32 and bf16 autocast), EARL encoding every entity's input rows (no grouping of repeated ones,
 `graph.CompactInputs`), the matched-budget RotatE, and EARL with the paper's GNN computed edge by edge plus
-unfused RotatE negative scoring (the reference code's approach) so the speed-up is one ratio measured in one run. Then the full filtered test evaluation (both directions) is timed.
+unfused RotatE negative scoring (the reference code's approach) so the speed-up is one ratio measured in one
+run. Then the full filtered test evaluation (both directions) is timed.
 
     python bench/speed.py                 # FB15k-237 (dim 150) and WN18RR (dim 200), 30 steps each
     python bench/speed.py --quick         # FB15k-237 only, 10 steps, naive reference 4 steps
@@ -32,20 +33,20 @@ def matched_rotate_dim(params: int, entities: int, relations: int) -> int:
 
 # Trainers with parts of the library replaced, run as `python -c <code> train ...`.
 EVERY_ROW = """
-import functools, sys
-from earl_service import train
+import sys
+from earl_service import graph
 from earl_service.cli import main
 # Every entity's initial embedding and first-layer transforms computed, repeated input rows included.
-train.build_graph = functools.partial(train.build_graph, compact=False)
+graph.compact_inputs = lambda *args, **kwargs: None
 sys.exit(main(sys.argv[1:]))
 """
 NAIVE = """
-import functools, sys
-from earl_service import kernels, model, train
+import sys
+from earl_service import graph, kernels, model, train
 from earl_service.cli import main
 # The reference code's approach: every entity's inputs encoded, per-edge linear maps and a materialised
 # (B, K, 2d) gather for the negatives.
-train.build_graph = functools.partial(train.build_graph, compact=False)
+graph.compact_inputs = lambda *args, **kwargs: None
 model.GNNLayer.forward = lambda self, x, rel, graph: self.forward_naive(x, rel, graph.triples)
 train.rotate_distance = kernels.rotate_distance_torch
 sys.exit(main(sys.argv[1:]))
@@ -79,7 +80,12 @@ t0 = time.perf_counter()
 m = run.evaluate("test", "seen")
 print(json.dumps({{"seconds": time.perf_counter() - t0, "rankings": m["count"]}}))
 """
-    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout
+    return run_json(code)
+
+
+def run_json(code: str, *argv: str) -> dict:
+    """Run `python -c code argv...` in its own process and parse the JSON object on its last stdout line."""
+    out = subprocess.run([sys.executable, "-c", code, *argv], check=True, capture_output=True, text=True).stdout
     return json.loads(out.strip().splitlines()[-1])
 
 

@@ -16,14 +16,12 @@ the encoder's share of it, positives per second, and the steps and epochs that a
 from __future__ import annotations
 
 import argparse
-import json
-import subprocess
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import default_datasets, md_table, pyplot, save_png, write_results
-from speed import DATASETS, run_train
+from speed import DATASETS, run_json, run_train
 
 DIMS = {**DATASETS, "codex-s": 100}  # speed.py's paper dims, and the demo's for CoDEx-S
 
@@ -47,9 +45,7 @@ print(json.dumps({"median_seconds": statistics.median(times[2:]), "entities": ru
 
 
 def time_encoder(data: Path, dim: int, reps: int) -> dict:
-    out = subprocess.run([sys.executable, "-c", ENCODER, str(data), str(dim), str(reps)], check=True,
-                         capture_output=True, text=True).stdout
-    return json.loads(out.strip().splitlines()[-1])
+    return run_json(ENCODER, str(data), str(dim), str(reps))
 
 
 def main() -> None:

@@ -71,7 +71,7 @@ class Bundle:
 
         cfg = self.config
         return build_graph(self.triples, len(self.entities), len(self.relations), torch.from_numpy(self.reserved),
-                           k=cfg.k, temperature=cfg.knn_temperature)
+                           k=cfg.k, temperature=cfg.knn_temperature, compact=cfg.model == "earl")
 
     def model(self) -> torch.nn.Module:
         """The trained module with the bundle's weights (float32, CPU, eval mode)."""

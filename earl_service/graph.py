@@ -375,6 +375,12 @@ class CompactInputs:
     index: torch.Tensor  # (N,) each entity's row in `inputs`
 
 
+def _knn_matrix(ids: torch.Tensor, weights: torch.Tensor, num_reserved: int, dtype: torch.dtype) -> SparsePair:
+    """The kNResEnt aggregation (rows, N_res) from each row's k reserved positions `ids` and their `weights`."""
+    rows = torch.arange(ids.shape[0]).repeat_interleave(ids.shape[1])
+    return SparsePair.from_coo(rows, ids.reshape(-1), weights.reshape(-1).to(dtype), (ids.shape[0], num_reserved))
+
+
 def compact_inputs(graph: Graph, message: tuple[torch.Tensor, torch.Tensor, torch.Tensor], *,
                    min_saving: float = 0.1) -> CompactInputs | None:
     """Group `graph`'s entities by bit-identical (ConRel, kNResEnt) input rows; None when that saves less than
@@ -382,7 +388,8 @@ def compact_inputs(graph: Graph, message: tuple[torch.Tensor, torch.Tensor, torc
     triplets that built graph.message."""
     n, num_rel = graph.num_entities, graph.num_relations
     crow, col, val = graph.conrel.mat.crow_indices(), graph.conrel.mat.col_indices(), graph.conrel.mat.values()
-    counts = crow[1:] - crow[:-1]
+    conrel_counts = crow[1:] - crow[:-1]
+    counts = conrel_counts
     rows, cols, vals = torch.repeat_interleave(torch.arange(n), counts), col, val.double()
     if graph.knn_ids is not None and graph.knn_weights is not None:
         k = graph.knn_ids.shape[1]
@@ -415,16 +422,14 @@ def compact_inputs(graph: Graph, message: tuple[torch.Tensor, torch.Tensor, torc
     if not (torch.equal(entry_cols[mine], entry_cols[theirs]) and torch.equal(entry_vals[mine], entry_vals[theirs])):
         return None
 
-    rep_counts = (crow[1:] - crow[:-1])[rep]
+    rep_counts = conrel_counts[rep]
     picked = _ranges(crow[rep], rep_counts)
     conrel = SparsePair.from_coo(torch.arange(size).repeat_interleave(rep_counts), col[picked], val[picked],
                                  (size, 2 * num_rel))
     knn = knn_ids = knn_weights = None
     if graph.knn_ids is not None and graph.knn_weights is not None:
         knn_ids, knn_weights = graph.knn_ids[rep], graph.knn_weights[rep]
-        k = knn_ids.shape[1]
-        knn = SparsePair.from_coo(torch.arange(size).repeat_interleave(k), knn_ids.reshape(-1),
-                                  knn_weights.reshape(-1).to(val.dtype), (size, n_res))
+        knn = _knn_matrix(knn_ids, knn_weights, n_res, val.dtype)
     # degree: the representative's (entities of a row may differ in degree; nothing that builds h0 reads it).
     inputs = Graph(size, num_rel, torch.zeros(0, 3, dtype=torch.long), torch.arange(g, g + n_res), conrel, None,
                    knn, knn_ids, knn_weights, graph.degree[rep])
@@ -472,10 +477,7 @@ def build_graph(
         if knn is None:
             knn = nearest_reserved(relational_features(edges.numpy(), n, num_rel), reserved, k, temperature)
         knn_ids, knn_weights = knn
-        kk = knn_ids.shape[1]
-        knn_pair = SparsePair.from_coo(
-            torch.arange(n).repeat_interleave(kk), knn_ids.reshape(-1), knn_weights.reshape(-1).to(dtype), (n, reserved.numel())
-        )
+        knn_pair = _knn_matrix(knn_ids, knn_weights, reserved.numel(), dtype)
     graph = Graph(n, num_rel, edges, reserved, conrel, message, knn_pair, knn_ids, knn_weights, degree.float())
     if compact:
         graph.compact = compact_inputs(graph, (rows, cols, vals))

@@ -187,7 +187,8 @@ class Run:
         if sampled:
             index = NeighborIndex(dataset.train, n, num_rel, reserved, k=cfg.k, temperature=cfg.knn_temperature)
             return cls(dataset, model_config, None, model, RotatE(model_config), index=index)
-        graph = build_graph(dataset.train, n, num_rel, reserved, k=cfg.k, temperature=cfg.knn_temperature)
+        graph = build_graph(dataset.train, n, num_rel, reserved, k=cfg.k, temperature=cfg.knn_temperature,
+                            compact=cfg.model == "earl")
         return cls(dataset, model_config, graph.to(device), model, RotatE(model_config))
 
     @property
@@ -206,7 +207,7 @@ class Run:
         cfg = self.model_config
         n = self.dataset.num_train_entities if protocol == "seen" else self.dataset.num_entities
         g = build_graph(self.dataset.train, n, self.dataset.num_relations, self._reserved(), k=cfg.k,
-                        temperature=cfg.knn_temperature)
+                        temperature=cfg.knn_temperature, compact=cfg.model == "earl")
         return g.to(self.device)
 
     def index_for(self, protocol: str) -> NeighborIndex:

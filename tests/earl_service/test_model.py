@@ -59,8 +59,7 @@ def test_fast_gnn_equals_naive_per_edge(small_graph_triples):
 def test_repeated_input_rows_are_encoded_once_with_the_same_result(ablation):
     cfg = ModelConfig(dim=3, k=2, reserved_ratio=0.1, **({ablation: True} if ablation else {}))
     n, num_rel = 80, 3
-    reserved = choose_reserved(n, cfg.reserved_ratio, cfg.seed) if cfg.uses_reserved else torch.zeros(0, dtype=torch.long)
-    graph = build_graph(star_triples(), n, num_rel, reserved, k=cfg.k, dtype=torch.float64)
+    graph, reserved = _graph(star_triples(), cfg, n, num_rel, dtype=torch.float64)
     assert graph.compact is not None and graph.compact.inputs.num_entities < 40  # the leaves share one row or few
     index = graph.compact.index
     assert torch.equal(index[reserved], torch.arange(graph.compact.inputs.num_entities - reserved.numel(),
@@ -109,9 +108,9 @@ def test_a_moved_graph_shares_its_tensors_with_its_compact_first_layer():
     assert first.message.mat.shape == (80, 3 * graph.compact.inputs.num_entities)
 
 
-def _graph(triples, cfg: ModelConfig, n=30, num_rel=4):
+def _graph(triples, cfg: ModelConfig, n=30, num_rel=4, dtype=torch.float32):
     reserved = choose_reserved(n, cfg.reserved_ratio, cfg.seed) if cfg.uses_reserved else torch.zeros(0, dtype=torch.long)
-    return build_graph(triples, n, num_rel, reserved, k=cfg.k), reserved
+    return build_graph(triples, n, num_rel, reserved, k=cfg.k, dtype=dtype), reserved
 
 
 def expected_count(cfg: ModelConfig, num_rel: int, n_res: int) -> int:
