@@ -1,0 +1,34 @@
+"""bench/common.py: what every results file records about the code that produced it."""
+
+import subprocess
+import sys
+
+from conftest import REPO
+
+sys.path.insert(0, str(REPO / "bench"))
+import common
+
+
+def _git(repo, *args: str) -> str:
+    env = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t",
+           "PATH": "/usr/bin:/bin", "HOME": str(repo)}
+    return subprocess.run(["git", *args], cwd=repo, env=env, check=True, capture_output=True, text=True).stdout
+
+
+def test_commit_is_dirty_for_code_changes_only(tmp_path, monkeypatch):
+    """A table rewrites its own results file after every run; that must not mark the code as modified."""
+    (tmp_path / "bench" / "results").mkdir(parents=True)
+    (tmp_path / "bench" / "results" / "table.md").write_text("old\n")
+    (tmp_path / "model.py").write_text("x = 1\n")
+    _git(tmp_path, "init", "-q")
+    _git(tmp_path, "add", "-A")
+    _git(tmp_path, "commit", "-qm", "init")
+    head = _git(tmp_path, "rev-parse", "HEAD").strip()
+    monkeypatch.setattr(common, "REPO", tmp_path)
+    monkeypatch.delenv("EARL_BENCH_COMMIT", raising=False)
+
+    assert common.environment()["commit"] == head
+    (tmp_path / "bench" / "results" / "table.md").write_text("new\n")
+    assert common.environment()["commit"] == head
+    (tmp_path / "model.py").write_text("x = 2\n")
+    assert common.environment()["commit"] == head + "-dirty"
