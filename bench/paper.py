@@ -242,7 +242,7 @@ def _quick_note(args: argparse.Namespace) -> str:
 
 
 def _budget_line(recs: list[dict]) -> str:
-    ok = [r for r in recs if "error" not in r]
+    ok = [r for r in recs if "error" not in r and r.get("row") != "probe"]  # probes time a few steps, unbudgeted
     if not ok:
         return ""
 

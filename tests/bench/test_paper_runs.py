@@ -234,7 +234,9 @@ def _finished(dataset: str, row: str, eval_every: int) -> dict:
 
 
 def test_the_budget_line_names_each_dataset_when_their_budgets_differ():
-    same = paper._budget_line([_finished("a", "earl", 100), _finished("b", "earl", 100), {"error": "not run yet"}])
+    probe = {**_finished("a", "probe", 0), "budget": Budget(minutes=60, max_steps=6, eval_every=0).to_dict()}
+    same = paper._budget_line([_finished("a", "earl", 100), _finished("b", "earl", 100), {"error": "not run yet"},
+                               probe])  # a step-cost probe is no budgeted run of the table
     assert same.startswith("Budget per run: 120 min") and "a:" not in same and "0.5-1.5 on 2 cores" in same
     mixed = paper._budget_line([_finished("a", "earl", 250), _finished("b", "rotate", 100)])
     assert "a: 120 min wall-clock (validation included), validation every 250 steps" in mixed
