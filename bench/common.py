@@ -38,10 +38,12 @@ def environment() -> dict:
         mem_gb = None
     commit, dirty = os.environ.get("EARL_BENCH_COMMIT", ""), False  # a copied tree (lent GPU) whose .git may be stale
     if not commit:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True,
+                                check=False).stdout.strip()
         # Results files are the benchmarks' own output (a table rewrites its file after every run), not code.
         dirty = bool(subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", ".",
-                                     ":(exclude)bench/results"], cwd=REPO, capture_output=True, text=True).stdout.strip())
+                                     ":(exclude)bench/results"], cwd=REPO, capture_output=True, text=True,
+                                    check=False).stdout.strip())
         commit = commit or "unknown (no git)"
     return {
         "machine": {"cpu": cpu, "cores": os.cpu_count(), "memory_gib": round(mem_gb, 1) if mem_gb else None,
