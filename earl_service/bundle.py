@@ -69,9 +69,8 @@ class Bundle:
     def _graph(self):
         from .graph import build_graph
 
-        cfg = self.config
         return build_graph(self.triples, len(self.entities), len(self.relations), torch.from_numpy(self.reserved),
-                           k=cfg.k, temperature=cfg.knn_temperature, compact=cfg.model == "earl")
+                           **self.config.graph_options)
 
     def model(self) -> torch.nn.Module:
         """The trained module with the bundle's weights (float32, CPU, eval mode)."""

@@ -55,6 +55,12 @@ class ModelConfig:
         return 0 if self.no_mulhop else self.layers
 
     @property
+    def graph_options(self) -> dict[str, Any]:
+        """`build_graph` keywords for this model: kNResEnt's k and temperature, and input-row grouping, which
+        only the EARL encoder reads (RotatE never builds h0, so grouping would be wasted start-up work)."""
+        return {"k": self.k, "temperature": self.knn_temperature, "compact": self.model == "earl"}
+
+    @property
     def embedding_range(self) -> float:
         return (self.gamma + self.epsilon) / self.dim
 

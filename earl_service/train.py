@@ -187,8 +187,7 @@ class Run:
         if sampled:
             index = NeighborIndex(dataset.train, n, num_rel, reserved, k=cfg.k, temperature=cfg.knn_temperature)
             return cls(dataset, model_config, None, model, RotatE(model_config), index=index)
-        graph = build_graph(dataset.train, n, num_rel, reserved, k=cfg.k, temperature=cfg.knn_temperature,
-                            compact=cfg.model == "earl")
+        graph = build_graph(dataset.train, n, num_rel, reserved, **cfg.graph_options)
         return cls(dataset, model_config, graph.to(device), model, RotatE(model_config))
 
     @property
@@ -204,10 +203,9 @@ class Run:
         """`seen`: the training graph. `all`: the same graph plus valid/test-only entities as isolated nodes."""
         if self.graph is not None and (protocol == "seen" or self.dataset.num_entities == self.dataset.num_train_entities):
             return self.graph
-        cfg = self.model_config
         n = self.dataset.num_train_entities if protocol == "seen" else self.dataset.num_entities
-        g = build_graph(self.dataset.train, n, self.dataset.num_relations, self._reserved(), k=cfg.k,
-                        temperature=cfg.knn_temperature, compact=cfg.model == "earl")
+        g = build_graph(self.dataset.train, n, self.dataset.num_relations, self._reserved(),
+                        **self.model_config.graph_options)
         return g.to(self.device)
 
     def index_for(self, protocol: str) -> NeighborIndex:
