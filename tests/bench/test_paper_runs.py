@@ -273,3 +273,40 @@ def test_every_search_entry_is_its_own_run_and_passes_its_overrides():
     assert paper.run_key("d", runs["paper settings"]) == paper.run_key("d", plain)
     assert paper._validation_share({"train_seconds": 100.0, "step_seconds_total": 96.0}) == pytest.approx(0.04)
     assert paper._validation_share({"train_seconds": 100.0}) is None  # records older than the field
+
+
+def test_the_full_k_sweep_trains_every_k_the_same_fixed_steps(tmp_path, monkeypatch):
+    budgets, written = {}, {}
+    monkeypatch.setattr(paper, "load_dataset", lambda path: tiny_dataset())
+    real_run = paper.Bench.run
+
+    def run(self, label, dataset, fn, **extra):
+        budgets[label] = fn.args[2]  # run_earl(ds, cfg, budget, ...)
+        return real_run(self, label, dataset, fn, **extra)
+
+    def write_results(name, data, markdown):
+        written.update(data=data)
+        (tmp_path / "k.md").write_text(markdown)
+        return tmp_path / "k.json", tmp_path / "k.md"
+
+    monkeypatch.setattr(paper.Bench, "run", run)
+    monkeypatch.setattr(paper, "write_results", write_results)
+    monkeypatch.setattr(paper, "save_png", lambda name, fig: "k.png")
+    args = _args(tmp_path, quick=False, report=True, data=None, ks=[1, 10], steps=None, minutes=None,
+                 converge_minutes=180.0, datasets=tmp_path)
+    paper.cmd_ksweep(args)
+    every = paper.SETTINGS["codex-s"].eval_every
+    assert set(budgets) == {"EARL k=1", "EARL k=10"} and len(set(budgets.values())) == 1
+    budget = budgets["EARL k=1"]
+    # Patience outlasts the run: early stopping can never end one k sooner than another.
+    assert budget.max_steps == paper.KSWEEP_STEPS and budget.patience * every > budget.max_steps
+    assert written["data"]["steps_per_run"] == paper.KSWEEP_STEPS
+    done = {"stopped": "steps", "steps": paper.KSWEEP_STEPS, "converged": False, "budget": budget.to_dict()}
+    assert paper._status(done) == f"n/a (fixed {paper.KSWEEP_STEPS:,} steps)"
+    line = paper._budget_line([{**_finished("codex-s", "earl", every), **done}])
+    assert f"a fixed {paper.KSWEEP_STEPS:,} steps, no early stopping" in line and "patience" not in line
+    # Quick mode keeps its minutes-only budget, with the usual early stopping.
+    budgets.clear()
+    paper.cmd_ksweep(argparse.Namespace(**{**vars(args), "quick": True}))
+    assert budgets["EARL k=1"].max_steps == Budget(minutes=1).max_steps and budgets["EARL k=1"].patience == 20
+    assert "patience 20" in paper._budget_line([_finished("codex-s", "earl", every)])
