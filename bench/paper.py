@@ -8,10 +8,10 @@
     python bench/paper.py convergence [--quick]  # valid MRR against wall-clock (PNG) + a search over training settings
 
 Full mode uses the issue's budgets (2 h of wall-clock per run on FB15k-237 / WN18RR, CoDEx-S ablations to
-convergence by early stopping, the k sweep a fixed step count per k) and takes hours to a day per table. `--quick` trains on CoDEx-S for 1.5-4 minutes per run: it
-checks that every path works and gives a first look; its numbers are not the paper's. Every run uses 2 torch
-threads and a wall-clock budget that includes periodic validation; the best checkpoint by validation MRR is
-tested (filtered, realistic ranks). Results go to bench/results/paper_<table>[_quick].{json,md,png}.
+convergence by early stopping, the k sweep a fixed step count per k) and takes hours to a day per table.
+`--quick` trains on CoDEx-S for 1.5-4 minutes per run: it checks that every path works and gives a first look;
+its numbers are not the paper's. Every run uses 2 torch threads and a wall-clock budget that includes periodic
+validation; the best checkpoint by validation MRR is tested (filtered, realistic ranks). Results go to bench/results/paper_<table>[_quick].{json,md,png}.
 
 OMP_WAIT_POLICY defaults to PASSIVE here: on a shared 2-core machine, spinning OpenMP workers of a 2-thread run
 lose most of their time to other processes (measured 3.0 -> 0.5 s per CoDEx-S RotatE step at load ~6).
