@@ -17,7 +17,7 @@ import os
 import shutil
 import time
 import warnings
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +44,15 @@ class Budget:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    def fixed_steps(self, steps: int) -> Budget:
+        """This budget training exactly `steps` steps: patience outlasts the run, so early stopping never ends it."""
+        return replace(self, max_steps=steps, patience=steps // self.eval_every + 1)
+
+    @property
+    def patience_outlasts_run(self) -> bool:
+        """Whether the step cap, not early stopping, ends the run (a fixed-step design)."""
+        return self.patience * self.eval_every > self.max_steps
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,8 @@ Full mode uses the issue's budgets (2 h of wall-clock per run on FB15k-237 / WN1
 convergence by early stopping, the k sweep a fixed step count per k) and takes hours to a day per table.
 `--quick` trains on CoDEx-S for 1.5-4 minutes per run: it checks that every path works and gives a first look;
 its numbers are not the paper's. Every run uses 2 torch threads and a wall-clock budget that includes periodic
-validation; the best checkpoint by validation MRR is tested (filtered, realistic ranks). Results go to bench/results/paper_<table>[_quick].{json,md,png}.
+validation; the best checkpoint by validation MRR is tested (filtered, realistic ranks). Results go to
+bench/results/paper_<table>[_quick].{json,md,png}.
 
 OMP_WAIT_POLICY defaults to PASSIVE here: on a shared 2-core machine, spinning OpenMP workers of a 2-thread run
 lose most of their time to other processes (measured 3.0 -> 0.5 s per CoDEx-S RotatE step at load ~6).
@@ -253,9 +254,8 @@ def _budget_line(recs: list[dict]) -> str:
         return ""
 
     def describe(b: dict) -> str:
-        fixed = b["patience"] * b["eval_every"] > b.get("max_steps", 1_000_000)  # patience cannot end the run
-        stop = (f"a fixed {b['max_steps']:,} steps, no early stopping (best validation checkpoint tested)" if fixed
-                else f"patience {b['patience']}")
+        stop = (f"a fixed {b['max_steps']:,} steps, no early stopping (best validation checkpoint tested)"
+                if Budget(**b).patience_outlasts_run else f"patience {b['patience']}")
         return (f"{b['minutes']:g} min wall-clock (validation included), validation every {b['eval_every']} steps on "
                 f"{b['eval_max_triples'] or 'all'} valid triples, {stop}")
 
@@ -480,9 +480,8 @@ def cmd_ksweep(args: argparse.Namespace) -> None:
     minutes = args.minutes or (2.0 if args.quick else args.converge_minutes)
     ds, st = b.dataset(name), SETTINGS[name]
     steps = args.steps or (None if args.quick else KSWEEP_STEPS)
-    # A fixed step count: patience longer than the run, so every k trains the same steps (module note on KSWEEP_STEPS).
-    budget = (b.budget(name, minutes) if steps is None else
-              b.budget(name, minutes, max_steps=steps, patience=steps // st.eval_every + 1))
+    budget = b.budget(name, minutes)  # full mode: every k the same fixed steps (module note on KSWEEP_STEPS)
+    budget = budget if steps is None else budget.fixed_steps(steps)
     for k in ks:
         cfg = ModelConfig(dim=st.earl_dim, k=k, seed=args.seed)
         b.run(f"EARL k={k}", name, partial(run_earl, ds, cfg, budget, protocols=PROTOCOLS, seed=args.seed), k=k)
