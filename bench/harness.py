@@ -454,6 +454,15 @@ def run_pykeen(ds: Dataset, kind: str, budget: Budget, out_dir: Path, *, dim: in
         except _BudgetSpent as stop:
             stopped = stop.reason
     train_seconds = time.perf_counter() - start[0]
+    # As in earl_service.train: the steps since the last validation are validated once, outside the budget.
+    last_validated = history["eval_steps"][-1] if history["eval_steps"] else 0
+    if valid_triples is not None and budget.eval_every and state["step"] > last_validated:
+        mrr = evaluate(valid_triples, restrict=True)["mrr"]
+        history["eval_steps"].append(state["step"])
+        history["eval_seconds"].append(time.perf_counter() - start[0])
+        history["eval_mrr"].append(mrr)
+        if mrr > state["best_mrr"]:
+            state.update(best_mrr=mrr, best_step=state["step"], best=copy.deepcopy(model.state_dict()))
     if state["best"] is not None:
         model.load_state_dict(state["best"])
     model.eval()

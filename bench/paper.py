@@ -55,7 +55,7 @@ from harness import (
 
 from earl_service.config import ModelConfig
 from earl_service.data import Dataset, load_dataset
-from earl_service.train import cpu_has_native_bf16, write_json_atomic
+from earl_service.train import CHECKPOINT, cpu_has_native_bf16, write_json_atomic
 
 
 @dataclass(frozen=True)
@@ -159,6 +159,23 @@ class Bench:
         write_json_atomic(done, rec)
         return rec
 
+    def revalidate(self, rec: dict, fn: partial, train_dir: Path, done: Path) -> dict:
+        """`--revalidate`: a finished run of this repository's trainer that ended between two validations (records
+        written before the trainer validated a run's last step) gets that validation now. The run resumes from
+        its final checkpoint with its budget already spent, so it trains no step: the last step is validated,
+        kept if it is the best, and the best tested. The old figures are kept under 'revalidated'; the record's
+        training measurements (load, wall-clock, commit) stay those of the training."""
+        print(f"    validating the last step ({rec['steps']}) of {train_dir}", flush=True)
+        new = fn(train_dir)
+        if new["steps"] != rec["steps"]:
+            raise RuntimeError(f"{train_dir}: revalidating trained {new['steps'] - rec['steps']} more steps")
+        kept = ("best_step", "valid", "test", "history", "artifact_bytes")
+        rec = {**rec, **{k: new[k] for k in kept},
+               "revalidated": {"commit": environment()["commit"], "before": {k: rec[k] for k in kept},
+                               "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}}
+        write_json_atomic(done, rec)
+        return rec
+
     def run(self, label: str, dataset: str, fn: partial, **extra: Any) -> dict:
         """Run one training (or reuse its finished record), tag and keep its record or error, save what we have."""
         key = run_key(dataset, fn)
@@ -176,6 +193,11 @@ class Bench:
             rec = json.loads(done.read_text())
             if self.matches(label, self.args.retest) and fn.func is run_earl and (run_dir / "train").exists():
                 rec = self.retest(rec, fn, run_dir / "train", done)
+            validated = rec.get("history", {}).get("eval_steps") or []
+            unvalidated = bool(validated) and validated[-1] < rec["steps"]
+            if (self.matches(label, self.args.revalidate) and fn.func is run_earl and unvalidated
+                    and (run_dir / "train" / CHECKPOINT).exists()):
+                rec = self.revalidate(rec, fn, run_dir / "train", done)
             rec = {**rec, "reused": True}
         elif self.args.report or (self.args.only and not self.matches(label, self.args.only)):
             rec = {"error": "not run yet", "pending": True}
@@ -695,6 +717,10 @@ def main() -> None:
                         help="test the finished runs of this repository's trainer whose label contains one of these "
                              "again with the current code, from their best checkpoint under --work (the record keeps "
                              "the earlier figures under 'retested')")
+    parser.add_argument("--revalidate", nargs="+", metavar="TEXT",
+                        help="finished runs of this repository's trainer whose label contains one of these and that "
+                             "ended between two validations: validate their last step from the final checkpoint "
+                             "under --work, keep it if best, test the best (old figures kept under 'revalidated')")
     parser.add_argument("--only", nargs="+", metavar="TEXT",
                         help="train only the runs whose label contains one of these (e.g. NodePiece); the others "
                              "are reported as finished earlier or not run yet, as with --report")

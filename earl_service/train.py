@@ -344,6 +344,19 @@ def train(
     memory["kernel_load_seconds"] = time.perf_counter() - kernel_start
     peak_reset = reset_peak_rss()  # from here on the peak is the training steps' own
     start = time.perf_counter() - state["elapsed"]
+
+    def validate(step: int) -> bool:
+        """Validate the current weights, log them, keep them as the best if they are; True if they were."""
+        mrr = run.evaluate("valid", batch_size=cfg.eval_batch_size, limit=cfg.eval_max_triples)["mrr"]
+        history.eval_steps.append(step)
+        history.eval_seconds.append(time.perf_counter() - start)
+        history.eval_mrr.append(mrr)
+        if mrr <= state["best_mrr"]:
+            return False
+        state.update(best_mrr=mrr, best_step=step, bad_evals=0)
+        _atomic_torch_save(model.state_dict(), out / BEST)
+        return True
+
     model.train()
     while state["step"] < cfg.steps:
         reason = None
@@ -381,16 +394,9 @@ def train(
         history.steps.append(step)
         history.losses.append(loss_value)
         history.seconds.append(time.perf_counter() - start)
-        if ranks.is_main and has_valid and cfg.eval_every and step % cfg.eval_every == 0:
-            mrr = run.evaluate("valid", batch_size=cfg.eval_batch_size, limit=cfg.eval_max_triples)["mrr"]
-            history.eval_steps.append(step)
-            history.eval_seconds.append(time.perf_counter() - start)
-            history.eval_mrr.append(mrr)
-            if mrr > state["best_mrr"]:
-                state.update(best_mrr=mrr, best_step=step, bad_evals=0)
-                _atomic_torch_save(model.state_dict(), out / BEST)
-            else:
-                state["bad_evals"] += 1
+        on_cadence = ranks.is_main and has_valid and cfg.eval_every and step % cfg.eval_every == 0
+        if on_cadence and not validate(step):
+            state["bad_evals"] += 1
         state["elapsed"] = time.perf_counter() - start
         if progress is not None:
             progress.update(1)
@@ -409,6 +415,11 @@ def train(
     if progress is not None:
         progress.close()
     memory["train_peak_rss_mb"] = peak_rss_mb() if peak_reset else None
+    # A run that ends between validations (a time limit, a step count off the cadence) would otherwise lose
+    # every step since the last one. Validated outside the budget; off the cadence, so it counts for no patience.
+    unvalidated = state["step"] > (history.eval_steps[-1] if history.eval_steps else 0)
+    if ranks.is_main and has_valid and cfg.eval_every and unvalidated and state["stopped"] != "cancelled":
+        validate(state["step"])
     save_checkpoint()
     if not ranks.is_main:
         return {"rank": ranks.rank, "world_size": ranks.world, "steps": state["step"], "stopped": state["stopped"]}

@@ -3,12 +3,14 @@
 import argparse
 import json
 import sys
+from dataclasses import replace
 from functools import partial
 from pathlib import Path
 
 from conftest import REPO, tiny_dataset
 
 sys.path.insert(0, str(REPO / "bench"))
+import numpy as np
 import paper
 import pytest
 from harness import (
@@ -28,7 +30,8 @@ from earl_service.train import CHECKPOINT, train
 
 def _args(work: Path, **flags) -> argparse.Namespace:
     return argparse.Namespace(**{"work": work, "records": work / "records", "quick": True, "tag": "", "seed": 0,
-                                 "report": False, "fresh": False, "only": None, "retest": None, **flags})
+                                 "report": False, "fresh": False, "only": None, "retest": None, "revalidate": None,
+                                 **flags})
 
 
 class Calls(list):
@@ -163,6 +166,16 @@ def test_an_interrupted_pykeen_run_resumes_from_its_checkpoint(tmp_path, kind):
     assert fresh["resumed_from_step"] is None and fresh["steps"] == 8 and not (out / "stale.txt").exists()
 
 
+def test_a_pykeen_run_that_ends_between_validations_validates_its_last_step(tmp_path):
+    """As run_earl: the steps after the last validation are not thrown away when the budget ends the run."""
+    pytest.importorskip("pykeen")
+    rec = run_pykeen(tiny_dataset(), "rotate", Budget(minutes=10, max_steps=5, eval_every=2), tmp_path,
+                     optim=Optim(batch_size=32, negatives=4), dim=4)
+    history = rec["history"]
+    assert history["eval_steps"] == [2, 4, 5]
+    assert rec["best_step"] == history["eval_steps"][int(np.argmax(history["eval_mrr"]))]
+
+
 @pytest.mark.parametrize("kind", ["rotate", "nodepiece"])
 def test_pykeen_models_are_ranked_as_pykeens_own_evaluator_ranks_them(kind):
     """The harness ranks PyKEEN models by a matmul form of their RotatE distance; PyKEEN's evaluator agrees."""
@@ -210,6 +223,35 @@ def test_retest_evaluates_a_finished_run_again_and_keeps_the_old_figures(tmp_pat
     again = paper.Bench("t", _args(tmp_path, retest=["earl"])).run("EARL", "d", fn)
     assert again["test"] == first["test"] and again["retested"]["before"]["seen"]["mrr"] == -1
     assert json.loads(record.read_text())["test"] == first["test"]  # kept for the next table
+
+
+def test_revalidate_validates_the_last_step_of_a_run_that_ended_between_validations(tmp_path, monkeypatch):
+    """Records from before the trainer validated a run's last step: --revalidate does it, training no step."""
+    import earl_service.train as trainer
+
+    ds, cfg = tiny_dataset(), ModelConfig(dim=4, k=3, reserved_ratio=0.2)
+    fn = partial(run_earl, ds, cfg, Budget(minutes=10, max_steps=5, eval_every=2),
+                 optim=Optim(batch_size=32, negatives=8))
+    # Such a record: 5 steps, validated at 2 and 4 only (a cancelled run skips the last validation; one of 100
+    # steps cancelled after 5 leaves the state of a 5-step run that ended between validations).
+    real_train = trainer.train
+    checks = []
+    monkeypatch.setattr(trainer, "train", lambda ds, cfg, tcfg, out, **kw: real_train(
+        ds, cfg, replace(tcfg, steps=100), out, **kw, should_stop=lambda: checks.append(1) or len(checks) > 5))
+    old = paper.Bench("t", _args(tmp_path)).run("EARL", "d", fn)
+    monkeypatch.setattr(trainer, "train", real_train)
+    assert old["steps"] == 5 and old["history"]["eval_steps"] == [2, 4]
+    assert paper.Bench("t", _args(tmp_path, revalidate=["nothing"])).run("EARL", "d", fn)["history"] == old["history"]
+    new = paper.Bench("t", _args(tmp_path, revalidate=["earl"])).run("EARL", "d", fn)
+    history = new["history"]
+    assert new["steps"] == 5 and history["eval_steps"] == [2, 4, 5] and history["eval_mrr"][:2] == old["history"]["eval_mrr"]
+    assert new["best_step"] == history["eval_steps"][int(np.argmax(history["eval_mrr"]))]
+    assert new["revalidated"]["before"]["best_step"] == old["best_step"] and new["train_seconds"] == old["train_seconds"]
+    assert 0 <= new["test"]["seen"]["mrr"] <= 1
+    record = json.loads((tmp_path / "records" / f"d-{old['run_key']}.json").read_text())
+    assert record["history"] == history  # kept for the next table; a second --revalidate has nothing to do
+    again = paper.Bench("t", _args(tmp_path, revalidate=["earl"])).run("EARL", "d", fn)
+    assert again["revalidated"] == new["revalidated"]
 
 
 def test_a_record_left_where_older_versions_kept_it_is_adopted(tmp_path):

@@ -68,6 +68,20 @@ def test_the_kernel_is_loaded_before_the_time_budget_starts(tmp_path, monkeypatc
     assert metrics["memory"]["kernel_load_seconds"] >= 0.3
 
 
+def test_a_run_that_ends_between_validations_validates_its_last_step(tmp_path):
+    """A step count (or a time limit) off the validation cadence: the last steps are validated, not lost."""
+    ds, cfg = tiny_dataset(), ModelConfig(dim=4, k=3, reserved_ratio=0.2)
+    metrics = train(ds, cfg, TrainConfig(steps=7, **FAST), tmp_path / "off", final_eval=False)
+    history = json.loads((tmp_path / "off" / "history.json").read_text())
+    assert history["eval_steps"] == [5, 7]
+    assert metrics["best_step"] == history["eval_steps"][int(np.argmax(history["eval_mrr"]))]
+    # A cancelled run stops as soon as it can: no validation after it.
+    calls = []
+    train(ds, cfg, TrainConfig(steps=7, **FAST), tmp_path / "cancelled", final_eval=False,
+          should_stop=lambda: calls.append(1) or len(calls) > 6)
+    assert json.loads((tmp_path / "cancelled" / "history.json").read_text())["eval_steps"] == [5]
+
+
 def test_steps_zero_writes_metrics(tmp_path):
     assert main(["train", str(codex_s_path()), "--out", str(tmp_path), "--steps", "0", "--dim", "8",
                  "--no-final-eval", "--no-progress"]) == 0
