@@ -414,6 +414,17 @@ def run_pykeen(ds: Dataset, kind: str, budget: Budget, out_dir: Path, *, dim: in
                     "state": state, "history": history, "train_seconds": time.perf_counter() - start[0]}, tmp)
         os.replace(tmp, checkpoint_path)
 
+    def validate(step: int) -> bool:
+        """Validate the current weights, log them, keep them as the best if they are; True if they were."""
+        mrr = evaluate(valid_triples, restrict=True)["mrr"]
+        history["eval_steps"].append(step)
+        history["eval_seconds"].append(time.perf_counter() - start[0])
+        history["eval_mrr"].append(mrr)
+        if mrr <= state["best_mrr"]:
+            return False
+        state.update(best_mrr=mrr, best_step=step, bad=0, best=copy.deepcopy(model.state_dict()))
+        return True
+
     class BudgetCallback(TrainingCallback):
         def pre_batch(self, **kwargs: Any) -> None:
             self._t0 = time.perf_counter()
@@ -423,15 +434,9 @@ def run_pykeen(ds: Dataset, kind: str, budget: Budget, out_dir: Path, *, dim: in
             state["step_times"].append(time.perf_counter() - self._t0)
             step = state["step"]
             if valid_triples is not None and budget.eval_every and step % budget.eval_every == 0:
-                mrr = evaluate(valid_triples, restrict=True)["mrr"]
-                self.model.train()  # PyKEEN re-enables training mode only at epoch start
-                history["eval_steps"].append(step)
-                history["eval_seconds"].append(time.perf_counter() - start[0])
-                history["eval_mrr"].append(mrr)
-                if mrr > state["best_mrr"]:
-                    state.update(best_mrr=mrr, best_step=step, bad=0, best=copy.deepcopy(self.model.state_dict()))
-                else:
+                if not validate(step):
                     state["bad"] += 1
+                self.model.train()  # PyKEEN re-enables training mode only at epoch start
                 checkpoint()
                 if state["bad"] >= budget.patience:
                     raise _BudgetSpent("early_stopping")
@@ -457,12 +462,7 @@ def run_pykeen(ds: Dataset, kind: str, budget: Budget, out_dir: Path, *, dim: in
     # As in earl_service.train: the steps since the last validation are validated once, outside the budget.
     last_validated = history["eval_steps"][-1] if history["eval_steps"] else 0
     if valid_triples is not None and budget.eval_every and state["step"] > last_validated:
-        mrr = evaluate(valid_triples, restrict=True)["mrr"]
-        history["eval_steps"].append(state["step"])
-        history["eval_seconds"].append(time.perf_counter() - start[0])
-        history["eval_mrr"].append(mrr)
-        if mrr > state["best_mrr"]:
-            state.update(best_mrr=mrr, best_step=state["step"], best=copy.deepcopy(model.state_dict()))
+        validate(state["step"])
     if state["best"] is not None:
         model.load_state_dict(state["best"])
     model.eval()
