@@ -58,6 +58,16 @@ from earl_service.data import Dataset, load_dataset
 from earl_service.train import CHECKPOINT, cpu_has_native_bf16, write_json_atomic
 
 
+def _amend(rec: dict, done: Path, why: str, figures: dict, before: str | None = None) -> dict:
+    """A finished record with `figures` replaced, saved to `done`; the old ones stay under `why` (with the
+    commit and date), as `rec[before]` when given, else as a dict of the replaced keys."""
+    old = rec[before] if before else {k: rec[k] for k in figures}
+    rec = {**rec, **figures, why: {"commit": environment()["commit"], "before": old,
+                                   "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}}
+    write_json_atomic(done, rec)
+    return rec
+
+
 @dataclass(frozen=True)
 class Setting:
     """Per-dataset choices: the paper's dims, a NodePiece tokenisation, how often to validate."""
@@ -153,11 +163,7 @@ class Bench:
         """`--retest`: test a finished run's best checkpoint again with the current code, keep the old figures."""
         protocols = fn.keywords.get("protocols", ("seen",))
         print(f"    retesting {train_dir} under {', '.join(protocols)}", flush=True)
-        test = test_earl(fn.args[0], train_dir, protocols)
-        rec = {**rec, "test": test, "retested": {"commit": environment()["commit"], "before": rec["test"],
-                                                 "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}}
-        write_json_atomic(done, rec)
-        return rec
+        return _amend(rec, done, "retested", {"test": test_earl(fn.args[0], train_dir, protocols)}, before="test")
 
     def revalidate(self, rec: dict, fn: partial, train_dir: Path, done: Path) -> dict:
         """`--revalidate`: a finished run of this repository's trainer that ended between two validations (records
@@ -169,12 +175,8 @@ class Bench:
         new = fn(train_dir)
         if new["steps"] != rec["steps"]:
             raise RuntimeError(f"{train_dir}: revalidating trained {new['steps'] - rec['steps']} more steps")
-        kept = ("best_step", "valid", "test", "history", "artifact_bytes")
-        rec = {**rec, **{k: new[k] for k in kept},
-               "revalidated": {"commit": environment()["commit"], "before": {k: rec[k] for k in kept},
-                               "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}}
-        write_json_atomic(done, rec)
-        return rec
+        return _amend(rec, done, "revalidated",
+                      {k: new[k] for k in ("best_step", "valid", "test", "history", "artifact_bytes")})
 
     def run(self, label: str, dataset: str, fn: partial, **extra: Any) -> dict:
         """Run one training (or reuse its finished record), tag and keep its record or error, save what we have."""
