@@ -416,14 +416,18 @@ def _main_png(b: Bench, names: list[str]) -> str:
 # ---------------------------------------------------------------- ablation
 
 
+def _ablation_minutes(args: argparse.Namespace, name: str) -> float:
+    """Full mode: CoDEx-S to convergence (a generous cap, early stopping ends it), the others the main table's
+    budget, whether or not `--data` names the dataset, so that a sitting can train one half of the table."""
+    if args.quick:
+        return args.minutes or 2.0
+    return args.converge_minutes if name == "codex-s" else args.minutes or FULL_MINUTES
+
+
 def cmd_ablation(args: argparse.Namespace) -> None:
     b = Bench("ablation", args)
-    if args.data:
-        plan = [(n, args.minutes or (2.0 if args.quick else FULL_MINUTES)) for n in args.data]
-    elif args.quick:
-        plan = [("codex-s", args.minutes or 2.0)]
-    else:  # CoDEx-S to convergence (a generous cap; early stopping ends it), FB15k-237 the main table's budget
-        plan = [("codex-s", args.converge_minutes), ("fb15k-237", args.minutes or FULL_MINUTES)]
+    names = args.data or (["codex-s"] if args.quick else ["codex-s", "fb15k-237"])
+    plan = [(n, _ablation_minutes(args, n)) for n in names]
     for name, minutes in plan:
         ds, st = b.dataset(name), SETTINGS[name]
         budget = b.budget(name, minutes)

@@ -352,3 +352,25 @@ def test_the_full_k_sweep_trains_every_k_the_same_fixed_steps(tmp_path, monkeypa
     paper.cmd_ksweep(argparse.Namespace(**{**vars(args), "quick": True}))
     assert budgets["EARL k=1"].max_steps == Budget(minutes=1).max_steps and budgets["EARL k=1"].patience == 20
     assert "patience 20" in paper._budget_line([_finished("codex-s", "earl", every)])
+
+
+def test_the_ablation_trains_codex_s_to_convergence_whether_or_not_data_names_it(tmp_path, monkeypatch):
+    keys: dict[tuple, dict[str, str]] = {}
+    monkeypatch.setattr(paper, "load_dataset", lambda path: tiny_dataset())
+    monkeypatch.setattr(paper, "write_results", lambda name, data, md: (tmp_path / "a.json", tmp_path / "a.md"))
+    (tmp_path / "a.md").write_text("")
+    real_run = paper.Bench.run
+
+    def run(self, label, dataset, fn, **extra):
+        keys.setdefault(tuple(self.args.data or ()), {})[f"{dataset}/{label}"] = paper.run_key(dataset, fn)
+        assert fn.args[2].minutes == (180.0 if dataset == "codex-s" else paper.FULL_MINUTES)
+        return real_run(self, label, dataset, fn, **extra)
+
+    monkeypatch.setattr(paper.Bench, "run", run)
+    args = _args(tmp_path, quick=False, report=True, data=None, minutes=None, converge_minutes=180.0,
+                 datasets=tmp_path)
+    paper.cmd_ablation(args)
+    paper.cmd_ablation(argparse.Namespace(**{**vars(args), "data": ["codex-s"]}))
+    whole, half = keys[()], keys[("codex-s",)]
+    assert len(whole) == 2 * len(paper.ABLATIONS) and len(half) == len(paper.ABLATIONS)
+    assert half == {k: v for k, v in whole.items() if k.startswith("codex-s/")}  # the very same runs
