@@ -63,7 +63,10 @@ def main() -> None:
     held = rng.choice(ds.num_train_entities, int(args.holdout * ds.num_train_entities), replace=False)
     is_held = np.zeros(ds.num_entities, dtype=bool)
     is_held[held] = True
-    mentions = lambda t: is_held[t[:, 0]] | is_held[t[:, 2]]
+
+    def mentions(t):
+        return is_held[t[:, 0]] | is_held[t[:, 2]]
+
     kept_train, new_train = ds.train[~mentions(ds.train)], ds.train[mentions(ds.train)]
     # Test triples about a held-out entity whose other end is known (or also held out and introduced).
     test = ds.test[mentions(ds.test)]

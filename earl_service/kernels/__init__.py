@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import os
 import platform
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -16,8 +18,64 @@ log = logging.getLogger(__name__)
 EPS = 1e-12  # keeps the modulus differentiable at 0; far below any distance that matters
 _SOURCE = Path(__file__).with_name("rotate_dist.cpp")
 _CFLAGS = ("-O3", "-march=native", "-fopenmp-simd", "-ffast-math")
+# How long a process waits for another one's build (~45 s here) before it gives up on the kernel for its lifetime.
+BUILD_WAIT_S = float(os.environ.get("EARL_EXTENSION_WAIT_S", "600"))
 _extension = None
 _extension_failed = False
+
+try:
+    import fcntl
+except ImportError:  # not POSIX: torch's own lock file only
+    fcntl = None
+
+
+@contextlib.contextmanager
+def _build_lock(build_dir: Path, timeout: float):
+    """Hold the build directory for one process at a time, with a lock the kernel drops if its holder dies.
+
+    torch's own lock is a file that exists while a build runs (FileBaton): a process killed mid-build (a worker
+    stopped by SIGKILL) leaves it behind, and every later load then waits on it forever. Every loader of this
+    extension takes this flock first, so while it is held a torch lock file can only be such a leftover: it is
+    removed. Raises TimeoutError if another process holds the lock for longer than `timeout` seconds.
+    """
+    if fcntl is None:
+        yield
+        return
+    with open(build_dir / "earl.flock", "a") as handle:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    raise TimeoutError(f"another process has been building {build_dir} for over {timeout:.0f} s")
+                time.sleep(0.2)
+        try:
+            stale = build_dir / "lock"
+            if stale.exists():
+                log.warning("removing %s, left by a build that was killed", stale)
+                stale.unlink(missing_ok=True)
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def build_dir() -> Path:
+    """Where this source is built: one directory per CPU architecture, torch version, source and flags.
+
+    -march=native code must not be reused by another kind of machine sharing the cache directory. The build
+    compiles a copy of the source kept in this directory: the build files name the source's path, so compiling
+    each checkout's file in place would rebuild (~45 s) whenever another checkout of the same code had used the
+    cache last.
+    """
+    from torch.utils import cpp_extension
+
+    tag = (f"{platform.machine()}_py{sys.version_info.major}{sys.version_info.minor}_"
+           f"{torch.__version__.replace('.', '_').replace('+', '_')}")
+    digest = hashlib.sha256(_SOURCE.read_bytes() + " ".join(_CFLAGS).encode()).hexdigest()[:12]
+    root = os.environ.get("TORCH_EXTENSIONS_DIR") or cpp_extension.get_default_build_root()
+    return Path(root) / f"earl_rotate_dist_{tag}_{digest}"
 
 
 def _load_extension():
@@ -31,27 +89,17 @@ def _load_extension():
     try:
         from torch.utils import cpp_extension
 
-        # The name carries the CPU architecture and torch version (-march=native code must not be reused by
-        # another kind of machine sharing the cache directory) and a digest of the source and flags. The build
-        # compiles a copy of the source kept in its own directory: the build files name the source's path, so
-        # compiling each checkout's file in place would rebuild (~45 s) whenever another checkout of the same
-        # code had used the cache last.
-        source = _SOURCE.read_bytes()
-        tag = (f"{platform.machine()}_py{sys.version_info.major}{sys.version_info.minor}_"
-               f"{torch.__version__.replace('.', '_').replace('+', '_')}")
-        digest = hashlib.sha256(source + " ".join(_CFLAGS).encode()).hexdigest()[:12]
-        name = f"earl_rotate_dist_{tag}_{digest}"
-        root = os.environ.get("TORCH_EXTENSIONS_DIR") or cpp_extension.get_default_build_root()
-        build_dir = Path(root) / name
-        copy = build_dir / _SOURCE.name
+        folder = build_dir()
+        copy = folder / _SOURCE.name
         if not copy.exists():
-            build_dir.mkdir(parents=True, exist_ok=True)
+            folder.mkdir(parents=True, exist_ok=True)
             tmp = copy.with_suffix(f".{os.getpid()}.tmp")
-            tmp.write_bytes(source)
+            tmp.write_bytes(_SOURCE.read_bytes())
             os.replace(tmp, copy)  # atomic: a concurrent loader never compiles a partial file
-        _extension = cpp_extension.load(name=name, sources=[str(copy)], extra_cflags=list(_CFLAGS),
-                                        build_directory=str(build_dir), verbose=False)
-    except Exception as exc:  # no compiler, no headers, no ninja: fall back, but say so once
+        with _build_lock(folder, BUILD_WAIT_S):
+            _extension = cpp_extension.load(name=folder.name, sources=[str(copy)], extra_cflags=list(_CFLAGS),
+                                            build_directory=str(folder), verbose=False)
+    except Exception as exc:  # no compiler, no headers, no ninja, a build that never ends: fall back, say so once
         log.warning("fused RotatE kernel unavailable (%s); using the slower pure-torch path", exc)
         _extension_failed = True
     return _extension

@@ -56,3 +56,47 @@ def test_another_checkout_of_the_same_source_reuses_the_build(tmp_path, monkeypa
     monkeypatch.setattr(kernels, "_extension", None)
     assert kernels._load_extension() is not None
     assert kernels._extension.__file__ == library and Path(library).stat().st_mtime_ns == built_at
+
+
+@pytest.mark.timeout(300)
+def test_a_build_lock_left_by_a_killed_process_does_not_hang_the_next_load(monkeypatch):
+    """torch's build lock is a file: a worker killed mid-build left it, and every later load waited on it forever
+    (a CI run hung until its time ran out). The flock every loader takes first marks such a file as a leftover."""
+    if not kernels.extension_available():
+        pytest.skip("C++ extension not built on this machine")
+    stale = kernels.build_dir() / "lock"
+    stale.touch()
+    monkeypatch.setattr(kernels, "_extension", None)
+    assert kernels._load_extension() is not None
+    assert not stale.exists()
+
+
+_HOLD_LOCK = """
+import sys, time
+from pathlib import Path
+from earl_service import kernels
+with kernels._build_lock(Path(sys.argv[1]), timeout=10):
+    print("held", flush=True)
+    time.sleep(120)
+"""
+
+
+@pytest.mark.skipif(kernels.fcntl is None, reason="flock is POSIX only")
+def test_the_build_lock_waits_a_bounded_time_and_dies_with_its_holder(tmp_path):
+    import signal
+    import subprocess
+    import sys
+
+    holder = subprocess.Popen([sys.executable, "-c", _HOLD_LOCK, str(tmp_path)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(TimeoutError, match="over 1 s"), kernels._build_lock(tmp_path, timeout=1.0):
+            pass
+        holder.send_signal(signal.SIGKILL)  # no cleanup runs: the kernel drops the flock
+        holder.wait(timeout=10)
+        (tmp_path / "lock").touch()  # what a killed torch build leaves
+        with kernels._build_lock(tmp_path, timeout=10.0):
+            assert not (tmp_path / "lock").exists()
+    finally:
+        holder.kill()
+        holder.wait()
