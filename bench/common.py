@@ -15,6 +15,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "bench" / "results"
+# x86 features that change this project's CPU step times: wide vectors for the kernels, native bf16 for --bf16.
+CPU_FEATURES = ("avx2", "avx512f", "avx512_bf16", "amx_bf16")
 
 
 def default_datasets() -> Path:
@@ -24,13 +26,17 @@ def default_datasets() -> Path:
 def environment() -> dict:
     import torch
 
-    cpu = platform.processor()
+    cpu, flags, bogomips = platform.processor(), set(), None
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
+            key, _, value = (part.strip() for part in line.partition(":"))
+            if key == "model name" and cpu == platform.processor():
+                cpu = value
+            elif key == "flags" and not flags:
+                flags = set(value.split())
+            elif key == "bogomips" and bogomips is None:
+                bogomips = float(value)
+    except (OSError, ValueError):
         pass
     try:
         mem_gb = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
@@ -46,7 +52,10 @@ def environment() -> dict:
                                     check=False).stdout.strip())
         commit = commit or "unknown (no git)"
     return {
-        "machine": {"cpu": cpu, "cores": os.cpu_count(), "memory_gib": round(mem_gb, 1) if mem_gb else None,
+        # Two machines can share a model name ("AMD EPYC") and differ twofold in step time: the vector features
+        # that set the kernels' speed, and the clock (bogomips), tell them apart in every results file.
+        "machine": {"cpu": cpu, "cpu_features": [f for f in CPU_FEATURES if f in flags], "bogomips": bogomips,
+                    "cores": os.cpu_count(), "memory_gib": round(mem_gb, 1) if mem_gb else None,
                     "platform": platform.platform(), "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available()
                     else None},
         "python": sys.version.split()[0],
@@ -66,7 +75,10 @@ def write_results(name: str, data: dict, markdown: str) -> tuple[Path, Path]:
     md = RESULTS / f"{name}.md"
     js.write_text(json.dumps({**env, **data}, indent=2, default=str) + "\n")
     machine = env["machine"]
-    footer = (f"\n\nMachine: {machine['cpu']}, {machine['cores']} cores, {machine['memory_gib']} GiB"
+    features = ", ".join(machine.get("cpu_features") or []) or "no AVX2"
+    clock = f", bogomips {machine['bogomips']:.0f}" if machine.get("bogomips") else ""
+    footer = (f"\n\nMachine: {machine['cpu']} ({features}{clock}), {machine['cores']} cores, "
+              f"{machine['memory_gib']} GiB"
               f"{', GPU ' + machine['gpu'] if machine['gpu'] else ''}; torch {env['torch']}; commit `{env['commit']}`; "
               f"{env['date']}; load average {env['load_average'][1]:.1f} (5 min).\nCommand: `{env['command']}`\n")
     md.write_text(markdown.rstrip() + footer)

@@ -3,7 +3,9 @@
 import os
 import subprocess
 import sys
+from pathlib import Path
 
+import pytest
 from conftest import REPO
 
 sys.path.insert(0, str(REPO / "bench"))
@@ -33,3 +35,17 @@ def test_commit_is_dirty_for_code_changes_only(tmp_path, monkeypatch):
     assert common.environment()["commit"] == head
     (tmp_path / "model.py").write_text("x = 2\n")
     assert common.environment()["commit"] == head + "-dirty"
+
+
+def test_the_machine_line_tells_cpus_of_one_name_apart(tmp_path, monkeypatch):
+    """Machines called "AMD EPYC" differed twofold in step time: the footer names their vector features and clock."""
+    if not Path("/proc/cpuinfo").exists():
+        pytest.skip("reads /proc/cpuinfo (Linux)")
+    monkeypatch.setattr(common, "RESULTS", tmp_path)
+    machine = common.environment()["machine"]
+    assert set(machine["cpu_features"]) <= set(common.CPU_FEATURES)
+    flags = next((line.split(":", 1)[1].split() for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags")), [])
+    assert machine["cpu_features"] == [f for f in common.CPU_FEATURES if f in flags]
+    _, md = common.write_results("probe", {}, "# probe")
+    footer = md.read_text().splitlines()[-2]
+    assert footer.startswith(f"Machine: {machine['cpu']} (") and (machine["cpu_features"] or ["no AVX2"])[0] in footer
