@@ -26,18 +26,19 @@ def default_datasets() -> Path:
 def environment() -> dict:
     import torch
 
-    cpu, flags, bogomips = platform.processor(), set(), None
+    cpuinfo: dict[str, str] = {}  # the first core's entries
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
-            key, _, value = (part.strip() for part in line.partition(":"))
-            if key == "model name" and cpu == platform.processor():
-                cpu = value
-            elif key == "flags" and not flags:
-                flags = set(value.split())
-            elif key == "bogomips" and bogomips is None:
-                bogomips = float(value)
-    except (OSError, ValueError):
+            key, _, value = line.partition(":")
+            cpuinfo.setdefault(key.strip(), value.strip())
+    except OSError:
         pass
+    cpu = cpuinfo.get("model name") or platform.processor()
+    flags = set(cpuinfo.get("flags", "").split())
+    try:
+        bogomips = float(cpuinfo["bogomips"])
+    except (KeyError, ValueError):
+        bogomips = None
     try:
         mem_gb = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
     except (ValueError, OSError):

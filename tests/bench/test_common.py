@@ -44,7 +44,8 @@ def test_the_machine_line_tells_cpus_of_one_name_apart(tmp_path, monkeypatch):
     monkeypatch.setattr(common, "RESULTS", tmp_path)
     machine = common.environment()["machine"]
     assert set(machine["cpu_features"]) <= set(common.CPU_FEATURES)
-    flags = next((line.split(":", 1)[1].split() for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags")), [])
+    lines = Path("/proc/cpuinfo").read_text().splitlines()
+    flags = next((line.split(":", 1)[1].split() for line in lines if line.startswith("flags")), [])
     assert machine["cpu_features"] == [f for f in common.CPU_FEATURES if f in flags]
     _, md = common.write_results("probe", {}, "# probe")
     footer = md.read_text().splitlines()[-2]
