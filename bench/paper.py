@@ -445,24 +445,49 @@ def cmd_ablation(args: argparse.Namespace) -> None:
             b.run(label, name, partial(run_earl, ds, cfg, budget, protocols=PROTOCOLS, seed=args.seed), ablation=key)
 
     md = ["# Ablations (paper Tables 2 and 3, lower half)", _quick_note(args)]
+    equal_steps = {}
     for name, _ in plan:
         recs = [r for r in b.records if r["dataset"] == name]
         full = next((r for r in recs if r["ablation"] == "full" and "error" not in r), None)
         base = _row_metrics(full)[0] if full else None
         paper = PAPER_ABLATION.get(name, {})
+        common = _common_eval_step(recs)
+        equal_steps[name] = common
         rows = []
         for r in recs:
             mrr, h10, eff = _row_metrics(r)
             rows.append([r["label"], r.get("parameters"), mrr, h10, eff,
                          None if mrr is None or base is None else mrr - base, paper.get(r["ablation"]),
-                         r.get("steps"), r.get("train_seconds"), _status(r)])
+                         r.get("steps"), r.get("median_step_seconds"), r.get("train_seconds"),
+                         _valid_mrr_at(r, common), _status(r)])
+        at = "valid MRR at step " + (f"{common:,}" if common else "n/a")
         md += [f"## {name} (test, seen protocol, EARL dim {SETTINGS[name].earl_dim})", "",
-               md_table(["variant", "#P", "MRR", "Hits@10", "Effi", "MRR - full", "paper MRR", "steps", "train s",
-                         "converged?"], rows), "", _budget_line(recs), ""]
+               md_table(["variant", "#P", "MRR", "Hits@10", "Effi", "MRR - full", "paper MRR", "steps", "s/step",
+                         "train s", at, "converged?"], rows), "", _budget_line(recs), ""]
+    md += ["`valid MRR at step N` compares the variants at equal training steps: the validation MRR each run "
+           "recorded at the last validation step all of the dataset's finished runs reached (the validation "
+           "subset named in the budget line). Runs on machines of different speed get different step counts in "
+           "the same wall-clock budget (`s/step` is each run's median seconds per training step); this column "
+           "takes that out.", ""]
     md += ["w/o Reserved Entity: no reserved entities (hence no kNResEnt); w/o ConRel + kNResEnt: fixed random GNN "
            "inputs; w/o MulHop: no GNN layers. `paper MRR` is the paper's reported FB15k-237/WN18RR figure (GPU, to "
            "convergence); blank where the paper has none."]
-    b.write({"plan": [{"dataset": n, "minutes_per_run": m} for n, m in plan]}, "\n".join(md))
+    b.write({"plan": [{"dataset": n, "minutes_per_run": m} for n, m in plan], "equal_step": equal_steps},
+            "\n".join(md))
+
+
+def _common_eval_step(recs: list[dict]) -> int | None:
+    """The last validation step that every finished run of a table recorded (None if they share none)."""
+    steps = [set(r["history"]["eval_steps"]) for r in recs if "error" not in r and r.get("history")]
+    shared = set.intersection(*steps) if steps else set()
+    return max(shared) if shared else None
+
+
+def _valid_mrr_at(rec: dict, step: int | None) -> float | None:
+    hist = rec.get("history") or {}
+    if step is None or step not in hist.get("eval_steps", []):
+        return None
+    return hist["eval_mrr"][hist["eval_steps"].index(step)]
 
 
 # ---------------------------------------------------------------- parameter budget (Figure 4)

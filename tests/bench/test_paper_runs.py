@@ -374,3 +374,17 @@ def test_the_ablation_trains_codex_s_to_convergence_whether_or_not_data_names_it
     whole, half = keys[()], keys[("codex-s",)]
     assert len(whole) == 2 * len(paper.ABLATIONS) and len(half) == len(paper.ABLATIONS)
     assert half == {k: v for k, v in whole.items() if k.startswith("codex-s/")}  # the very same runs
+
+
+def test_the_ablation_compares_variants_at_the_last_validation_step_they_all_reached():
+    def rec(steps, mrrs):
+        return {"history": {"eval_steps": steps, "eval_mrr": mrrs}}
+
+    recs = [rec([250, 500, 750, 777], [0.1, 0.2, 0.3, 0.31]), rec([250, 500, 750, 1000], [0.15, 0.25, 0.35, 0.4]),
+            rec([250, 500, 600], [0.12, 0.22, 0.23]), {"error": "not run yet", "pending": True}]
+    step = paper._common_eval_step(recs)
+    assert step == 500
+    assert [paper._valid_mrr_at(r, step) for r in recs] == [0.2, 0.25, 0.22, None]
+    assert paper._common_eval_step([rec([250], [0.1]), rec([300], [0.2])]) is None
+    assert paper._common_eval_step([{"error": "x"}]) is None
+    assert paper._valid_mrr_at(recs[0], None) is None
