@@ -479,15 +479,12 @@ def cmd_ablation(args: argparse.Namespace) -> None:
 def _common_eval_step(recs: list[dict]) -> int | None:
     """The last validation step that every finished run of a table recorded (None if they share none)."""
     steps = [set(r["history"]["eval_steps"]) for r in recs if "error" not in r and r.get("history")]
-    shared = set.intersection(*steps) if steps else set()
-    return max(shared) if shared else None
+    return max(set.intersection(*steps), default=None) if steps else None
 
 
 def _valid_mrr_at(rec: dict, step: int | None) -> float | None:
     hist = rec.get("history") or {}
-    if step is None or step not in hist.get("eval_steps", []):
-        return None
-    return hist["eval_mrr"][hist["eval_steps"].index(step)]
+    return dict(zip(hist.get("eval_steps", []), hist.get("eval_mrr", []))).get(step)
 
 
 # ---------------------------------------------------------------- parameter budget (Figure 4)
