@@ -285,6 +285,7 @@ def build_pykeen_model(ds: Dataset, kind: str, *, dim: int = 0, width: int = 0, 
         assert spec is not None and width % 2 == 0, "NodePiece needs a spec and an even real width"
         anchors = {"selection": "MixtureAnchorSelection", "searcher": "ScipySparseAnchorSearcher",
                    "selection_kwargs": {"selections": ["Degree", "PageRank", "Random"], "ratios": [0.4, 0.4, 0.2],
+                                        "selections_kwargs": [None, None, {"random_seed": seed}],
                                         "num_anchors": spec.anchors}}
         model = NodePiece(
             triples_factory=factory, embedding_dim=width, interaction="rotate", aggregation="mlp",
@@ -318,7 +319,9 @@ def pykeen_rotate_ranks(model: torch.nn.Module, triples: np.ndarray, known: Know
     def real(x: torch.Tensor) -> torch.Tensor:
         return torch.view_as_real(x).flatten(-2).double()
 
-    candidates = real(entities[:num_candidates])
+    # Entities sharing a vector (NodePiece gives one to entities with the same tokens) must tie exactly, as in PyKEEN's
+    # evaluator, but a matmul may round the same row differently at different columns: score each distinct row once.
+    candidates, which = torch.unique(real(entities[:num_candidates]), dim=0, return_inverse=True)
     candidates_sq = (candidates**2).sum(1)
     ranks: dict[str, list[torch.Tensor]] = {"tail": [], "head": []}
     for start in range(0, len(triples), batch_size):
@@ -333,7 +336,7 @@ def pykeen_rotate_ranks(model: torch.nn.Module, triples: np.ndarray, known: Know
             queries["head"] = entities[t] * torch.conj(relations[r])
         for predict, anchor, target in (("tail", batch[:, 0], t), ("head", batch[:, 2], h)):
             q = real(queries[predict])
-            dist_sq = (q**2).sum(1, keepdim=True) + candidates_sq[None, :] - 2 * q @ candidates.T
+            dist_sq = ((q**2).sum(1, keepdim=True) + candidates_sq[None, :] - 2 * q @ candidates.T)[:, which]
             filtered = known.mask(anchor, batch[:, 1], predict=predict, num_candidates=num_candidates)
             ranks[predict].append(realistic_ranks(dist_sq, target, filtered))
     return {k: (torch.cat(v).numpy() if v else np.zeros(0)) for k, v in ranks.items()}
