@@ -260,6 +260,26 @@ def pykeen_rotate_dim_for(ds: Dataset, target: int) -> int:
 PYKEEN_CHECKPOINT = "pykeen_checkpoint.pt"
 
 
+def _seeded_anchor_searcher(seed: int) -> Any:
+    """PyKEEN's ScipySparseAnchorSearcher, its pick among each entity's nearest anchors drawn from `seed`.
+
+    PyKEEN's own pick uses an unseeded generator, so two builds of one NodePiece model got different anchor tokens.
+    """
+    from pykeen.nn.node_piece.anchor_search import ScipySparseAnchorSearcher
+
+    class SeededSearcher(ScipySparseAnchorSearcher):
+        def select(self, pool: np.ndarray, k: int) -> np.ndarray:  # (entities, anchors) bool -> (entities, k), -1 pads
+            rng = np.random.default_rng(seed)
+            tokens = np.full((pool.shape[0], k), -1, dtype=int)
+            for i, row in enumerate(pool):
+                (reachable,) = row.nonzero()
+                chosen = rng.choice(reachable, size=min(k, reachable.size), replace=False, shuffle=False)
+                tokens[i, : len(chosen)] = chosen
+            return tokens
+
+    return SeededSearcher()
+
+
 def build_pykeen_model(ds: Dataset, kind: str, *, dim: int = 0, width: int = 0, spec: NodePieceSpec | None = None,
                        optim: Optim = Optim(), seed: int = 0) -> tuple[torch.nn.Module, Any, dict]:
     """PyKEEN's RotatE (complex `dim`) or NodePiece+RotatE (real `width`) on `ds`: (model, triples factory, shape)."""
@@ -283,7 +303,7 @@ def build_pykeen_model(ds: Dataset, kind: str, *, dim: int = 0, width: int = 0, 
         return model, factory, {"dim": dim}
     if kind == "nodepiece":
         assert spec is not None and width % 2 == 0, "NodePiece needs a spec and an even real width"
-        anchors = {"selection": "MixtureAnchorSelection", "searcher": "ScipySparseAnchorSearcher",
+        anchors = {"selection": "MixtureAnchorSelection", "searcher": _seeded_anchor_searcher(seed),
                    "selection_kwargs": {"selections": ["Degree", "PageRank", "Random"], "ratios": [0.4, 0.4, 0.2],
                                         "selections_kwargs": [None, None, {"random_seed": seed}],
                                         "num_anchors": spec.anchors}}

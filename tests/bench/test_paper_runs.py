@@ -419,3 +419,15 @@ def test_pykeen_entities_with_one_vector_tie_as_in_pykeens_own_evaluator():
             restrict_entities_to=list(range(candidates)) if candidates < ds.num_entities else None)
         assert ours["mrr"] == pytest.approx(theirs.get_metric("both.realistic.inverse_harmonic_mean_rank"), abs=1e-6)
         assert ours["mr"] == pytest.approx(theirs.get_metric("both.realistic.arithmetic_mean_rank"), abs=1e-5)
+
+
+def test_a_pykeen_nodepiece_model_is_built_alike_from_one_seed():
+    """Anchors and each entity's anchor tokens come from the seed (PyKEEN draws the tokens unseeded)."""
+    pytest.importorskip("pykeen")
+    import torch
+
+    spec = NodePieceSpec(anchors=5, anchor_tokens=3, relation_tokens=2)
+    built = [build_pykeen_model(tiny_dataset(), "nodepiece", seed=1, width=12, spec=spec)[0] for _ in range(3)]
+    with torch.no_grad():
+        vectors = [model.eval()._get_representations(h=None, r=None, t=None, mode=None)[0] for model in built]
+    assert all(torch.equal(vectors[0], other) for other in vectors[1:])
