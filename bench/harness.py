@@ -340,8 +340,14 @@ def pykeen_rotate_ranks(model: torch.nn.Module, triples: np.ndarray, known: Know
         return torch.view_as_real(x).flatten(-2).double()
 
     # Entities sharing a vector (NodePiece gives one to entities with the same tokens) must tie exactly, as in PyKEEN's
-    # evaluator, but a matmul may round the same row differently at different columns: score each distinct row once.
-    candidates, which = torch.unique(real(entities[:num_candidates]), dim=0, return_inverse=True)
+    # evaluator, but a matmul may round the same row differently at different columns: score each distinct row once
+    # and spread the scores with `which`. Without shared rows (RotatE) that gather would only copy, so it is skipped.
+    candidates = real(entities[:num_candidates])
+    distinct, which = torch.unique(candidates, dim=0, return_inverse=True)
+    if len(distinct) < len(candidates):
+        candidates = distinct
+    else:
+        which = slice(None)
     candidates_sq = (candidates**2).sum(1)
     ranks: dict[str, list[torch.Tensor]] = {"tail": [], "head": []}
     for start in range(0, len(triples), batch_size):
