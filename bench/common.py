@@ -96,6 +96,18 @@ def pyplot():
     return plt
 
 
+def widen_ylim(ax, span: float) -> None:
+    """Make `ax`'s y-axis at least `span` tall, around its current centre.
+
+    matplotlib fits the axis to the data, so two MRRs 0.0004 apart fill the plot and read as a cliff; a floor on
+    the span keeps run-to-run noise looking like noise.
+    """
+    lo, hi = ax.get_ylim()
+    if hi - lo < span:
+        mid = (lo + hi) / 2
+        ax.set_ylim(mid - span / 2, mid + span / 2)
+
+
 def save_png(name: str, fig) -> str:
     """Write `fig` as bench/results/<name>.png and close it; returns the file name for the markdown."""
     RESULTS.mkdir(parents=True, exist_ok=True)

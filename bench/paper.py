@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import RESULTS, default_datasets, environment, md_table, pyplot, save_png, write_results
+from common import RESULTS, default_datasets, environment, md_table, pyplot, save_png, widen_ylim, write_results
 from harness import (
     Budget,
     NodePieceSpec,
@@ -106,6 +106,7 @@ PROTOCOLS = ("seen", "all")  # every run_earl call tests both, so that tables ca
 PAPER_TARGET = {"fb15k-237": (0.310, 1.8e6), "wn18rr": (0.440, 3.8e6)}  # the goal: MRR >= x at <= #P
 FULL_MINUTES = 120.0  # the budget per run on FB15k-237 / WN18RR
 FULL_SEARCH_MINUTES = 30.0  # per settings-search run in full mode
+PLOT_MIN_SPAN = 0.05  # least y-range of the budget curve's axes: MRR differences under 0.01 are run noise here
 KSWEEP_STEPS = 7000  # full-mode k sweep: every k trains this many CoDEx-S steps (~210 epochs), as the paper trains
 # each k a fixed count (14,000 / 20,000 steps); early stopping on a validation subset stops runs at steps that
 # differ by more than k's effect (measured: 3,750-7,000 steps for k in 1, 5, 10), so it is not used there.
@@ -515,6 +516,7 @@ def cmd_budget(args: argparse.Namespace) -> None:
             ax.plot(xs, [r["test"]["seen"][key] for r in recs], marker="o", label=label)
     for ax, key in zip(axes, ("MRR", "Hits@10")):
         ax.set(xlabel="trainable parameters (M)", ylabel=f"test {key} (filtered)", title=f"{name}: {key} vs #P")
+        widen_ylim(ax, PLOT_MIN_SPAN)
         ax.grid(alpha=0.3)
         ax.legend()
     png = b.png(fig)
