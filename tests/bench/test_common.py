@@ -50,3 +50,19 @@ def test_the_machine_line_tells_cpus_of_one_name_apart(tmp_path, monkeypatch):
     _, md = common.write_results("probe", {}, "# probe")
     footer = md.read_text().splitlines()[-2]
     assert footer.startswith(f"Machine: {machine['cpu']} (") and (machine["cpu_features"] or ["no AVX2"])[0] in footer
+
+
+def test_widen_ylim_keeps_run_noise_small_on_the_plot():
+    """Two MRRs 0.0004 apart must not fill the axis; a range already wider than the floor is left alone."""
+    plt = common.pyplot()
+    fig, (close, apart) = plt.subplots(1, 2)
+    close.plot([1, 2], [0.3016, 0.3012])
+    apart.plot([1, 2], [0.20, 0.35])
+    before = apart.get_ylim()
+    common.widen_ylim(close, 0.05)
+    common.widen_ylim(apart, 0.05)
+    lo, hi = close.get_ylim()
+    assert hi - lo == pytest.approx(0.05)
+    assert lo < 0.3012 < 0.3016 < hi
+    assert apart.get_ylim() == before
+    plt.close(fig)
