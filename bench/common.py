@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import shlex
 import socket
 import subprocess
 import sys
@@ -62,7 +63,8 @@ def environment() -> dict:
         "python": sys.version.split()[0],
         "torch": torch.__version__,
         "commit": commit + ("-dirty" if dirty else ""),
-        "command": " ".join([Path(sys.executable).name, *sys.argv]),
+        # Quoted so it can be pasted back into a shell: `--only "EARL dim 201"` is one argument, not three.
+        "command": shlex.join([Path(sys.executable).name, *sys.argv]),
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         # Other work on the machine skews timings: the 1/5/15-minute load averages when results were written.
         "load_average": list(os.getloadavg()),

@@ -1,6 +1,7 @@
 """bench/common.py: what every results file records about the code that produced it."""
 
 import os
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -66,3 +67,10 @@ def test_widen_ylim_keeps_run_noise_small_on_the_plot():
     assert lo < 0.3012 < 0.3016 < hi
     assert apart.get_ylim() == before
     plt.close(fig)
+
+
+def test_recorded_command_pastes_back_into_a_shell(monkeypatch):
+    """A label with spaces (`--only "EARL dim 201"`) must come back as one argument, not three."""
+    argv = ["bench/paper.py", "budget", "--only", "EARL dim 201"]
+    monkeypatch.setattr(sys, "argv", argv)
+    assert shlex.split(common.environment()["command"])[1:] == argv
