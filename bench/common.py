@@ -71,18 +71,21 @@ def environment() -> dict:
     }
 
 
+def describe_machine(machine: dict) -> str:
+    """One line for `environment()["machine"]`: CPU, the vector features and clock that set step times, size."""
+    features = ", ".join(machine.get("cpu_features") or []) or "no AVX2"
+    clock = f", bogomips {machine['bogomips']:.0f}" if machine.get("bogomips") else ""
+    gpu = f", GPU {machine['gpu']}" if machine.get("gpu") else ""
+    return f"{machine['cpu']} ({features}{clock}), {machine['cores']} cores, {machine['memory_gib']} GiB{gpu}"
+
+
 def write_results(name: str, data: dict, markdown: str) -> tuple[Path, Path]:
     RESULTS.mkdir(parents=True, exist_ok=True)
     env = environment()
     js = RESULTS / f"{name}.json"
     md = RESULTS / f"{name}.md"
     js.write_text(json.dumps({**env, **data}, indent=2, default=str) + "\n")
-    machine = env["machine"]
-    features = ", ".join(machine.get("cpu_features") or []) or "no AVX2"
-    clock = f", bogomips {machine['bogomips']:.0f}" if machine.get("bogomips") else ""
-    footer = (f"\n\nMachine: {machine['cpu']} ({features}{clock}), {machine['cores']} cores, "
-              f"{machine['memory_gib']} GiB"
-              f"{', GPU ' + machine['gpu'] if machine['gpu'] else ''}; torch {env['torch']}; commit `{env['commit']}`; "
+    footer = (f"\n\nMachine: {describe_machine(env['machine'])}; torch {env['torch']}; commit `{env['commit']}`; "
               f"{env['date']}; load average {env['load_average'][1]:.1f} (5 min).\nCommand: `{env['command']}`\n")
     md.write_text(markdown.rstrip() + footer)
     return js, md

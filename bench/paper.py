@@ -38,7 +38,8 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import RESULTS, default_datasets, environment, md_table, pyplot, save_png, widen_ylim, write_results
+from common import (RESULTS, default_datasets, describe_machine, environment, md_table, pyplot, save_png, widen_ylim,
+                    write_results)
 from harness import (
     Budget,
     NodePieceSpec,
@@ -206,8 +207,10 @@ class Bench:
             rec = {"error": "not run yet", "pending": True}
         else:
             try:
-                commit = environment()["commit"]  # the code this attempt runs: taken before a multi-hour run
-                rec = {**fn(run_dir / "train"), "run_key": key, "run_commit": commit, "first_label": label}
+                env = environment()  # the code this attempt runs, taken before a multi-hour run, and its machine:
+                # a table's runs span sittings, and a sitting may get a machine of another speed
+                rec = {**fn(run_dir / "train"), "run_key": key, "run_commit": env["commit"], "first_label": label,
+                       "machine": env["machine"]}
                 done.parent.mkdir(parents=True, exist_ok=True)
                 write_json_atomic(done, rec)
             except Exception as exc:  # one failed peer must not lose the other runs of a multi-hour table
@@ -293,7 +296,24 @@ def _budget_line(recs: list[dict]) -> str:
                   if steal else "")
     return (f"Budget per run: {budgets}; 2 torch threads. 1-minute load average at the start and end of these runs: "
             f"{min(loads):.1f}-{max(loads):.1f} on 2 cores{steal_note}. Busy machines give fewer steps in the same "
-            "wall-clock budget.")
+            "wall-clock budget." + _machines_line(ok))
+
+
+def _machines_line(recs: list[dict]) -> str:
+    """Which machine trained which run, from the records that name one (those written since the records kept
+    it): a table's runs span sittings, and one sitting's machine can be faster or slower than another's."""
+    by_machine: dict[str, list[str]] = {}
+    for r in recs:
+        if r.get("machine"):
+            by_machine.setdefault(describe_machine(r["machine"]), []).append(r.get("label", "?"))
+    if not by_machine:
+        return ""
+    unnamed = len(recs) - sum(map(len, by_machine.values()))
+    parts = [f"{machine}: {', '.join(labels)}" for machine, labels in by_machine.items()]
+    if unnamed:
+        parts.append(f"{unnamed} run{'s' * (unnamed > 1)} whose record predates this field (the machine is in the "
+                     "footer of the version of this file that the run wrote, in git history)")
+    return " Trained on " + "; ".join(parts) + "."
 
 
 # ---------------------------------------------------------------- main table
