@@ -293,6 +293,25 @@ def test_the_budget_line_names_each_dataset_when_their_budgets_differ():
     mixed = paper._budget_line([_finished("a", "earl", 250), _finished("b", "rotate", 100)])
     assert "a: 120 min wall-clock (validation included), validation every 250 steps" in mixed
     assert "b: 120 min wall-clock (validation included), validation every 100 steps" in mixed
+    assert "Trained on" not in same  # records written before they kept the machine: nothing to name
+
+
+def test_a_new_record_keeps_its_machine_and_the_budget_line_names_each_runs_machine(tmp_path, monkeypatch):
+    ds, calls = tiny_dataset(), Calls()
+    rec = paper.Bench("t", _args(tmp_path)).run("EARL", "d", partial(fake_run, ds, ModelConfig(dim=8), Budget(1),
+                                                                       calls=calls))
+    here = paper.environment()["machine"]
+    assert rec["machine"] == here
+    assert json.loads((tmp_path / "records" / f"d-{rec['run_key']}.json").read_text())["machine"] == here
+    amd = {**here, "cpu": "AMD EPYC", "bogomips": 5192.0, "cpu_features": ["avx2"]}
+    intel = {**here, "cpu": "Intel Xeon", "bogomips": 5200.0, "cpu_features": ["avx2", "amx_bf16"]}
+    line = paper._budget_line([{**_finished("d", "earl", 100), "label": "EARL dim 1", "machine": amd},
+                               {**_finished("d", "earl", 100), "label": "EARL dim 2", "machine": intel},
+                               {**_finished("d", "earl", 100), "label": "EARL dim 3", "machine": amd},
+                               {**_finished("d", "earl", 100), "label": "old run"}])
+    assert "AMD EPYC (avx2, bogomips 5192)" in line and "Intel Xeon (avx2, amx_bf16, bogomips 5200)" in line
+    assert ": EARL dim 1, EARL dim 3;" in line and ": EARL dim 2;" in line and "old run" not in line
+    assert "1 run whose record predates this field" in line
 
 
 def test_the_main_figure_plots_finished_runs_and_skips_pending_ones(tmp_path, monkeypatch):
