@@ -30,6 +30,7 @@ import inspect
 import json
 import shutil
 import sys
+import tempfile
 import time
 import traceback
 from dataclasses import dataclass
@@ -227,6 +228,26 @@ class Bench:
         self.work.mkdir(parents=True, exist_ok=True)
         (self.work / "partial.json").write_text(json.dumps(self.records, indent=1, default=str))
         return rec
+
+    def calibrate(self, label: str, dataset: str, fn: partial, steps: int) -> dict | None:
+        """Time `steps` training steps of a finished run's configuration on this machine (no validation, no test),
+        beside the step time its record measured on the machine that trained it; None if the run is not finished.
+
+        A table's runs span sittings, and a sitting may get a machine of another speed: the ratio says how far a
+        run's step count would move had it trained here.
+        """
+        done = self.args.records / f"{dataset}-{run_key(dataset, fn)}.json"
+        if not done.exists():
+            return None
+        rec = json.loads(done.read_text())
+        print(f"[{time.strftime('%H:%M:%S')}] {self.name}: timing {steps} steps of {dataset} / {label}", flush=True)
+        probe = Budget(minutes=60, max_steps=steps, eval_every=0)
+        with tempfile.TemporaryDirectory(prefix="calibrate-") as out:
+            here = partial(fn.func, *fn.args[:2], probe, **{**fn.keywords, "final_eval": False})(Path(out))
+        return {"label": label, "dataset": dataset, "run_key": rec.get("run_key"), "steps_timed": here["steps"],
+                "median_step_seconds_here": here["median_step_seconds"],
+                "median_step_seconds_recorded": rec["median_step_seconds"], "recorded_steps": rec["steps"],
+                "recorded_machine": rec.get("machine"), "recorded_load_average_1min": rec.get("load_average_1min")}
 
     def write(self, data: dict, markdown: str) -> None:
         pending = sum(bool(r.get("pending")) for r in self.records)
@@ -518,13 +539,17 @@ def cmd_budget(args: argparse.Namespace) -> None:
     minutes = args.minutes or (1.5 if args.quick else FULL_MINUTES)
     ds = b.dataset(name)
     budget = b.budget(name, minutes)
+    points = []
     for model in ("earl", "rotate"):
         for target in targets:
             dim = dim_for_parameters(ds, ModelConfig(model=model), int(target * 1e6))
             cfg = ModelConfig(model=model, dim=dim, seed=args.seed)
-            b.run(f"{'EARL' if model == 'earl' else 'RotatE'} dim {dim}", name,
-                  partial(run_earl, ds, cfg, budget, protocols=PROTOCOLS, seed=args.seed),
-                  model_kind=model, target_parameters=int(target * 1e6))
+            points.append((f"{'EARL' if model == 'earl' else 'RotatE'} dim {dim}",
+                           partial(run_earl, ds, cfg, budget, protocols=PROTOCOLS, seed=args.seed), model, target))
+    if args.calibrate:
+        return _write_calibration(b, name, [(label, fn) for label, fn, _, _ in points], args.calibrate)
+    for label, fn, model, target in points:
+        b.run(label, name, fn, model_kind=model, target_parameters=int(target * 1e6))
 
     plt = pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(10, 4))
@@ -548,6 +573,26 @@ def cmd_budget(args: argparse.Namespace) -> None:
           "EARL's #P is varied through its dim (reserved ratio 0.1); RotatE's through its dim. Test split, seen "
           "protocol. The same wall-clock budget for every point: larger models do fewer steps in it."]
     b.write({"dataset": name, "targets_millions": targets, "minutes_per_run": minutes}, "\n".join(md))
+
+
+def _write_calibration(b: Bench, dataset: str, runs: list[tuple[str, partial]], steps: int) -> None:
+    """`--calibrate N`: this machine's step time for every finished run of the table against the recorded one,
+    written to `<table>_calibration.{json,md}` (the table itself is left as it is)."""
+    rows = [row for label, fn in runs if (row := b.calibrate(label, dataset, fn, steps))]
+    table = [[r["label"], describe_machine(r["recorded_machine"]) if r["recorded_machine"] else "not recorded",
+              r["median_step_seconds_recorded"], r["recorded_steps"], r["median_step_seconds_here"],
+              r["median_step_seconds_recorded"] / r["median_step_seconds_here"]] for r in rows]
+    md = [f"# Step time of {b.name}'s finished runs on this machine against their records", "",
+          md_table(["run", "trained on (record)", "recorded median s/step", "recorded steps",
+                    f"median s/step here ({steps} steps)", "recorded / here"], table), "",
+          f"Each finished run's configuration trains {steps} steps here with 2 torch threads (no validation, no "
+          "test; median over the steps, as the record's median is over its run's). A ratio above 1 means this "
+          "machine is faster than the one that trained the run: in the same wall-clock budget it would have done "
+          "about that many times the steps. Runs whose record predates the `machine` field name no machine; the "
+          "version of the table that the run wrote names it in its footer (git history)."]
+    meta = {"table": b.table, "calibrates": b.name, "steps_timed": steps, "threads": 2, "runs": rows}
+    _, md_path = write_results(f"{b.name}_calibration", meta, "\n".join(md))
+    print(md_path.read_text())
 
 
 # ---------------------------------------------------------------- k sweep (Figure 5)
@@ -763,6 +808,9 @@ def main() -> None:
     parser.add_argument("--no-pykeen", action="store_true", help="main: skip the PyKEEN rows")
     parser.add_argument("--probe-steps", type=int, default=6,
                         help="main: steps timed at the paper's negatives for RotatE here and in PyKEEN (0: skip)")
+    parser.add_argument("--calibrate", type=int, metavar="STEPS",
+                        help="budget: train nothing for the table; time STEPS steps of each finished run's "
+                             "configuration on this machine against its record (<table>_calibration.{json,md})")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--work", type=Path, default=Path("runs/bench_paper"),
                         help="scratch: unfinished runs' checkpoints (WORK/runs/<dataset>-<key>/train), partial tables")

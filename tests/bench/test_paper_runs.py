@@ -41,11 +41,14 @@ class Calls(list):
         return "Calls()"
 
 
-def fake_run(ds, cfg: ModelConfig, budget: Budget, out_dir: Path, *, calls: Calls, fail: bool = False) -> dict:
-    calls.append(out_dir)
+def fake_run(ds, cfg: ModelConfig, budget: Budget, out_dir: Path, *, calls: Calls, fail: bool = False,
+             final_eval: bool = True) -> dict:
+    calls.append((out_dir, budget, final_eval))
     if fail:
         raise RuntimeError("boom")
-    return {"parameters": 1, "steps": 3, "stopped": "steps", "train_seconds": 1.0, "test": {"seen": {"mrr": 0.5}}}
+    steps = min(budget.max_steps, 3)
+    return {"parameters": 1, "steps": steps, "stopped": "steps", "train_seconds": 1.0, "median_step_seconds": cfg.dim,
+            "test": {"seen": {"mrr": 0.5}} if final_eval else {}}
 
 
 def test_run_key_fills_in_defaults_and_ignores_the_dataset_object():
@@ -69,7 +72,7 @@ def test_finished_runs_are_reused_errors_and_fresh_are_not(tmp_path):
     assert len(calls) == 1 and not first.get("reused")
     # The record (committed with the results) sits apart from the run's scratch directory (not committed).
     assert [p.name for p in (tmp_path / "records").iterdir()] == [f"d-{first['run_key']}.json"]
-    assert calls[0] == tmp_path / "runs" / f"d-{first['run_key']}" / "train"
+    assert calls[0][0] == tmp_path / "runs" / f"d-{first['run_key']}" / "train"
     # Another table, another label: the same run, loaded rather than trained; its own tags win.
     again = paper.Bench("u", _args(tmp_path)).run("other label", "d", fn, row="y")
     assert len(calls) == 1 and again["reused"] and again["row"] == "y" and again["label"] == "other label"
@@ -113,6 +116,29 @@ def test_only_trains_the_runs_it_names_and_reports_the_rest(tmp_path):
     again = paper.Bench("t", _args(tmp_path, only=["RotatE dim 100"]))
     assert again.run("NodePiece", "d", partial(fake_run, ds, ModelConfig(dim=9), Budget(1), calls=calls))["reused"]
     assert len(calls) == 1
+
+
+def test_calibrate_times_finished_runs_here_without_training_or_testing_them(tmp_path, monkeypatch):
+    written = {}
+    monkeypatch.setattr(paper, "write_results",
+                        lambda name, data, md: written.update(name=name, data=data, md=md) or (tmp_path, tmp_path / "t.md"))
+    (tmp_path / "t.md").write_text("")
+    ds, calls = tiny_dataset(), Calls()
+    finished = partial(fake_run, ds, ModelConfig(dim=8), Budget(1), calls=calls)
+    pending = partial(fake_run, ds, ModelConfig(dim=16), Budget(1), calls=calls)
+    b = paper.Bench("budget", _args(tmp_path))
+    rec = b.run("EARL dim 8", "d", finished)
+    assert b.calibrate("EARL dim 16", "d", pending, steps=2) is None and len(calls) == 1  # not finished: not timed
+    row = b.calibrate("EARL dim 8", "d", finished, steps=2)
+    out_dir, budget, final_eval = calls[-1]
+    assert budget.max_steps == 2 and budget.eval_every == 0 and not final_eval  # steps only, no validation or test
+    assert out_dir != tmp_path / "runs" / f"d-{rec['run_key']}" / "train"  # the run's checkpoints stay untouched
+    assert not out_dir.exists()
+    assert row["steps_timed"] == 2 and row["median_step_seconds_recorded"] == rec["median_step_seconds"]
+    assert row["recorded_machine"] == rec["machine"]
+    paper._write_calibration(b, "d", [("EARL dim 8", finished), ("EARL dim 16", pending)], steps=2)
+    assert written["name"] == "paper_budget_quick_calibration" and len(written["data"]["runs"]) == 1
+    assert "| EARL dim 8 |" in written["md"] and "EARL dim 16" not in written["md"]
 
 
 def test_an_interrupted_earl_run_resumes_from_its_checkpoint(tmp_path):
