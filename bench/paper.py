@@ -243,7 +243,8 @@ class Bench:
         print(f"[{time.strftime('%H:%M:%S')}] {self.name}: timing {steps} steps of {dataset} / {label}", flush=True)
         probe = Budget(minutes=60, max_steps=steps, eval_every=0)
         with tempfile.TemporaryDirectory(prefix="calibrate-") as out:
-            here = partial(fn.func, *fn.args[:2], probe, **{**fn.keywords, "final_eval": False})(Path(out))
+            args = [probe if isinstance(a, Budget) else a for a in fn.args]  # the run's budget, for a few steps
+            here = fn.func(*args, Path(out), **{**fn.keywords, "final_eval": False})
         return {"label": label, "dataset": dataset, "run_key": rec.get("run_key"), "steps_timed": here["steps"],
                 "median_step_seconds_here": here["median_step_seconds"],
                 "median_step_seconds_recorded": rec["median_step_seconds"], "recorded_steps": rec["steps"],
@@ -547,7 +548,8 @@ def cmd_budget(args: argparse.Namespace) -> None:
             points.append((f"{'EARL' if model == 'earl' else 'RotatE'} dim {dim}",
                            partial(run_earl, ds, cfg, budget, protocols=PROTOCOLS, seed=args.seed), model, target))
     if args.calibrate:
-        return _write_calibration(b, name, [(label, fn) for label, fn, _, _ in points], args.calibrate)
+        _write_calibration(b, name, [(label, fn) for label, fn, _, _ in points], args.calibrate)
+        return
     for label, fn, model, target in points:
         b.run(label, name, fn, model_kind=model, target_parameters=int(target * 1e6))
 
