@@ -588,7 +588,7 @@ def _write_calibration(b: Bench, dataset: str, runs: list[tuple[str, partial]], 
           md_table(["run", "trained on (record)", "recorded median s/step", "recorded steps",
                     f"median s/step here ({steps} steps)", "recorded / here"], table), "",
           f"Each finished run's configuration trains {steps} steps here with 2 torch threads (no validation, no "
-          "test; median over the steps, as the record's median is over its run's). A ratio above 1 means this "
+          "test; median over steps 4+, as the record's median is over its run's). A ratio above 1 means this "
           "machine is faster than the one that trained the run: in the same wall-clock budget it would have done "
           "about that many times the steps. Runs whose record predates the `machine` field name no machine; the "
           "version of the table that the run wrote names it in its footer (git history)."]
@@ -833,6 +833,8 @@ def main() -> None:
                         help="train only the runs whose label contains one of these (e.g. NodePiece); the others "
                              "are reported as finished earlier or not run yet, as with --report")
     args = parser.parse_args()
+    if args.calibrate is not None and args.calibrate < 4:
+        parser.error("--calibrate needs at least 4 steps: the trainer's median step time skips the first 3 (warm-up)")
     import torch
 
     torch.set_num_threads(2)

@@ -141,6 +141,19 @@ def test_calibrate_times_finished_runs_here_without_training_or_testing_them(tmp
     assert "| EARL dim 8 |" in written["md"] and "EARL dim 16" not in written["md"]
 
 
+def test_calibrate_times_a_real_earl_run_and_leaves_its_checkpoint_alone(tmp_path):
+    ds = tiny_dataset()
+    fn = partial(run_earl, ds, ModelConfig(dim=4, k=3, reserved_ratio=0.2), Budget(minutes=10, max_steps=4,
+                 eval_every=2), optim=Optim(batch_size=32, negatives=8), protocols=("seen",), seed=0)
+    b = paper.Bench("budget", _args(tmp_path))
+    rec = b.run("EARL dim 4", "d", fn)
+    train_dir = tmp_path / "runs" / f"d-{rec['run_key']}" / "train"
+    before = {f.name: f.stat().st_mtime_ns for f in train_dir.iterdir()}
+    row = b.calibrate("EARL dim 4", "d", fn, steps=5)
+    assert row["steps_timed"] == 5 and row["median_step_seconds_here"] > 0 and row["recorded_steps"] == 4
+    assert {f.name: f.stat().st_mtime_ns for f in train_dir.iterdir()} == before
+
+
 def test_an_interrupted_earl_run_resumes_from_its_checkpoint(tmp_path):
     """A first sitting stops after 4 of 8 steps (checkpointed at a validation); run_earl continues it."""
     interrupted_at = 4
