@@ -3,6 +3,7 @@
     python bench/paper.py main [--quick]         # Tables 2/3: EARL, RotatE, PyKEEN RotatE, PyKEEN NodePiece+RotatE
     python bench/paper.py ablation [--quick]     # the five ablations + full EARL
     python bench/paper.py budget [--quick]       # Figure 4: MRR against #P, EARL vs RotatE (PNG)
+    python bench/paper.py budget --calibrate 24  # this machine's step time for each finished point vs its record
     python bench/paper.py ksweep [--quick]       # Figure 5: k nearest reserved entities, k in {1, 5, 10, 30, 50} (PNG)
                                                  # full mode: 7,000 CoDEx-S steps per k, as the paper fixes steps
     python bench/paper.py convergence [--quick]  # valid MRR against wall-clock (PNG) + a search over training settings
