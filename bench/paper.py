@@ -58,7 +58,7 @@ from harness import (
 
 from earl_service.config import ModelConfig
 from earl_service.data import Dataset, load_dataset
-from earl_service.train import CHECKPOINT, cpu_has_native_bf16, write_json_atomic
+from earl_service.train import CHECKPOINT, WARMUP_STEPS, cpu_has_native_bf16, write_json_atomic
 
 
 def _amend(rec: dict, done: Path, why: str, figures: dict, before: str | None = None) -> dict:
@@ -186,7 +186,7 @@ class Bench:
         """Run one training (or reuse its finished record), tag and keep its record or error, save what we have."""
         key = run_key(dataset, fn)
         run_dir = self.args.work / "runs" / f"{dataset}-{key}"  # by key alone: another table's label finds it
-        done = self.args.records / f"{dataset}-{key}.json"
+        done = self.record_path(dataset, key)
         legacy = run_dir / "record.json"  # where records lived before they were committed
         print(f"[{time.strftime('%H:%M:%S')}] {self.name}: {dataset} / {label} ({run_dir.name})", flush=True)
         if self.args.fresh:
@@ -230,6 +230,10 @@ class Bench:
         (self.work / "partial.json").write_text(json.dumps(self.records, indent=1, default=str))
         return rec
 
+    def record_path(self, dataset: str, key: str) -> Path:
+        """Where a finished run's record is kept (committed): by dataset and run key, shared by every table."""
+        return self.args.records / f"{dataset}-{key}.json"
+
     def calibrate(self, label: str, dataset: str, fn: partial, steps: int) -> dict | None:
         """Time `steps` training steps of a finished run's configuration on this machine (no validation, no test),
         beside the step time its record measured on the machine that trained it; None if the run is not finished.
@@ -237,7 +241,7 @@ class Bench:
         A table's runs span sittings, and a sitting may get a machine of another speed: the ratio says how far a
         run's step count would move had it trained here.
         """
-        done = self.args.records / f"{dataset}-{run_key(dataset, fn)}.json"
+        done = self.record_path(dataset, run_key(dataset, fn))
         if not done.exists():
             return None
         rec = json.loads(done.read_text())
@@ -387,7 +391,7 @@ def cmd_main(args: argparse.Namespace) -> None:
         probe_rows = [[r["label"], r.get("steps"), r.get("median_step_seconds")]
                       for r in b.records if r.get("row") == "probe"]
         probe_md = ["", f"Step-cost probe on {name} at the paper's negatives ({args.probe_steps} steps each, median over "
-                    "steps 4+):", "", md_table(["run", "steps", "median s/step"], probe_rows)]
+                    f"steps {WARMUP_STEPS + 1}+):", "", md_table(["run", "steps", "median s/step"], probe_rows)]
     md = ["# Main table (paper Tables 2 and 3): link prediction at a small parameter budget, same time budget",
           _quick_note(args), f"![test MRR against parameters]({_main_png(b, names)})", ""]
     for name in names:
@@ -589,10 +593,10 @@ def _write_calibration(b: Bench, dataset: str, runs: list[tuple[str, partial]], 
           md_table(["run", "trained on (record)", "recorded median s/step", "recorded steps",
                     f"median s/step here ({steps} steps)", "recorded / here"], table), "",
           f"Each finished run's configuration trains {steps} steps here with 2 torch threads (no validation, no "
-          "test; median over steps 4+, as the record's median is over its run's). A ratio above 1 means this "
-          "machine is faster than the one that trained the run: in the same wall-clock budget it would have done "
-          "about that many times the steps. Runs whose record predates the `machine` field name no machine; the "
-          "version of the table that the run wrote names it in its footer (git history)."]
+          f"test; median over steps {WARMUP_STEPS + 1}+, as the record's median is over its run's). A ratio above 1 "
+          "means this machine is faster than the one that trained the run: in the same wall-clock budget it would "
+          "have done about that many times the steps. Runs whose record predates the `machine` field name no "
+          "machine; the version of the table that the run wrote names it in its footer (git history)."]
     meta = {"table": b.table, "calibrates": b.name, "steps_timed": steps, "threads": 2, "runs": rows}
     _, md_path = write_results(f"{b.name}_calibration", meta, "\n".join(md))
     print(md_path.read_text())
@@ -834,8 +838,9 @@ def main() -> None:
                         help="train only the runs whose label contains one of these (e.g. NodePiece); the others "
                              "are reported as finished earlier or not run yet, as with --report")
     args = parser.parse_args()
-    if args.calibrate is not None and args.calibrate < 4:
-        parser.error("--calibrate needs at least 4 steps: the trainer's median step time skips the first 3 (warm-up)")
+    if args.calibrate is not None and args.calibrate <= WARMUP_STEPS:
+        parser.error(f"--calibrate needs more than {WARMUP_STEPS} steps: the trainer's median step time skips the "
+                     f"first {WARMUP_STEPS} (warm-up)")
     import torch
 
     torch.set_num_threads(2)

@@ -35,6 +35,7 @@ CHECKPOINT = "checkpoint.pt"  # last state, for --resume
 BEST = "best.pt"  # best weights by valid MRR
 METRICS = "metrics.json"
 BUNDLE = "bundle.safetensors"  # the deployable artifact (fp32)
+WARMUP_STEPS = 3  # first steps left out of median_step_seconds (allocator, caches and kernels warming up)
 
 
 def resolve_device(name: str) -> torch.device:
@@ -435,7 +436,8 @@ def train(
         "steps": state["step"],
         "stopped": state["stopped"],
         "best_step": state["best_step"],
-        "median_step_seconds": statistics.median(history.step_times[3:]) if len(history.step_times) > 3 else None,
+        "median_step_seconds": (statistics.median(history.step_times[WARMUP_STEPS:])
+                                if len(history.step_times) > WARMUP_STEPS else None),
         "train_seconds": state["elapsed"],
         "median_encoded_entities": statistics.median(history.encoded) if history.encoded else None,
         "device": str(device),

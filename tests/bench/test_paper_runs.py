@@ -120,8 +120,8 @@ def test_only_trains_the_runs_it_names_and_reports_the_rest(tmp_path):
 
 def test_calibrate_times_finished_runs_here_without_training_or_testing_them(tmp_path, monkeypatch):
     written = {}
-    monkeypatch.setattr(paper, "write_results",
-                        lambda name, data, md: written.update(name=name, data=data, md=md) or (tmp_path, tmp_path / "t.md"))
+    monkeypatch.setattr(paper, "write_results", lambda name, data, md: written.update(name=name, data=data, md=md)
+                        or (tmp_path, tmp_path / "t.md"))
     (tmp_path / "t.md").write_text("")
     ds, calls = tiny_dataset(), Calls()
     finished = partial(fake_run, ds, ModelConfig(dim=8), Budget(1), calls=calls)
@@ -335,7 +335,7 @@ def test_the_budget_line_names_each_dataset_when_their_budgets_differ():
     assert "Trained on" not in same  # records written before they kept the machine: nothing to name
 
 
-def test_a_new_record_keeps_its_machine_and_the_budget_line_names_each_runs_machine(tmp_path, monkeypatch):
+def test_a_new_record_keeps_its_machine_and_the_budget_line_names_each_runs_machine(tmp_path):
     ds, calls = tiny_dataset(), Calls()
     rec = paper.Bench("t", _args(tmp_path)).run("EARL", "d", partial(fake_run, ds, ModelConfig(dim=8), Budget(1),
                                                                        calls=calls))
