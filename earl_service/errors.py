@@ -24,6 +24,18 @@ class TripleFileError(EarlError):
         return type(self), (self.path, self.line, self.reason)
 
 
+class ConfigError(EarlError, ValueError):
+    """A setting is out of range or settings contradict each other (also a ValueError, for older callers)."""
+
+
+class RunError(EarlError, FileNotFoundError):
+    """A run directory is missing or is not one that `earl train` wrote."""
+
+
+class StoreError(EarlError):
+    """The job store is unreachable or its URL is not understood."""
+
+
 class DatasetError(EarlError):
     """A dataset folder is unusable (missing folder or train file, missing split, ...)."""
 

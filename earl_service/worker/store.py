@@ -19,14 +19,10 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Protocol
 
-from ..errors import EarlError
+from ..errors import StoreError
 
 STATES = ("queued", "running", "succeeded", "failed", "cancelled")
 TERMINAL = ("succeeded", "failed", "cancelled")
-
-
-class StoreError(EarlError):
-    """The job store is unreachable or its URL is not understood."""
 
 
 def new_id() -> str:
