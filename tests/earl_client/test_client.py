@@ -1,0 +1,115 @@
+"""earl_client.Client against a live service on 127.0.0.1: uvicorn api.main:app and `earl worker`, as processes."""
+
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+from conftest import BUNDLED_KG, REPO, codex_s_path, free_port
+
+from earl_client import Client, JobFailed, ServiceError
+from earl_service.bundle import load_bundle
+
+TOKEN = "client-token"
+TINY = {"dim": 16, "steps": 30, "batch_size": 256, "negatives": 16, "eval_every": 0}
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+@pytest.fixture(scope="module")
+def service(tmp_path_factory):
+    """The base URL of an API and one worker sharing a throwaway EARL_HOME, with a write token."""
+    home = tmp_path_factory.mktemp("client_service")
+    port = free_port()
+    env = {**os.environ, "EARL_HOME": str(home), "EARL_STORE": "sqlite", "EARL_API_TOKEN": TOKEN}
+    log = (home / "service.log").open("w")
+    procs = [subprocess.Popen([sys.executable, "-m", "uvicorn", "api.main:app", "--host", "127.0.0.1", "--port",
+                               str(port)], cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT),
+             subprocess.Popen([sys.executable, "-m", "earl_service.cli", "worker", "--poll", "0.2", "--threads", "1"],
+                              cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)]
+    base = f"http://127.0.0.1:{port}"
+    try:
+        with Client(base) as client:
+            client.wait_ready(60, alive=lambda: all(p.poll() is None for p in procs))
+        yield base
+    finally:
+        for proc in procs:
+            _stop(proc)
+        log.close()
+        print((home / "service.log").read_text()[-3000:])
+
+
+@pytest.fixture
+def client(service):
+    with Client(service, TOKEN) as client:
+        yield client
+
+
+def test_job_from_paths_to_predictions_and_a_verified_download(client, tmp_path):
+    data = codex_s_path()
+    job_id = client.submit_job(data / "train.txt", valid=data / "valid.txt",
+                               relation_labels=BUNDLED_KG / "relations.en.json",
+                               params={**TINY, "no_mulhop": False})
+    seen = []
+    job = client.wait(job_id, on_progress=seen.append, poll_s=0.2, timeout=300)
+    assert job["state"] == "succeeded" and job["progress"]["step"] == 30
+    assert seen[-1] == job and all(j["id"] == job_id for j in seen)
+    assert job["params"]["dim"] == 16 and job["params"]["no_mulhop"] is False
+    assert set(job["files"]) == {"train", "valid", "relation_labels"}
+
+    model = client.model(job["model_id"])
+    tails = client.predict(model["id"], "P1412", head="Q7604", k=10)  # the first line of train.txt
+    heads = client.predict(model["id"], "P1412", tail="Q188", k=5)
+    assert tails["direction"] == "tail" and len(tails["predictions"]) == 10
+    assert heads["direction"] == "head" and len(heads["predictions"]) == 5
+    assert tails["relation_label"] == "languages spoken, written, or signed"
+
+    path = tmp_path / "model.safetensors"
+    assert client.download(model["id"], path) == model["sha256"] == load_bundle(path).sha256
+    assert path.stat().st_size == model["bytes"]
+
+
+def test_wait_times_out_then_reports_a_cancelled_job(client):
+    job_id = client.submit_job(codex_s_path() / "train.txt", params={**TINY, "steps": 1_000_000})
+    with pytest.raises(TimeoutError, match=job_id):
+        client.wait(job_id, poll_s=0.1, timeout=0.3)
+    assert client.http.post(f"/jobs/{job_id}/cancel").status_code == 200
+    with pytest.raises(JobFailed, match="cancelled") as failed:
+        client.wait(job_id, poll_s=0.2, timeout=120)
+    assert failed.value.job["id"] == job_id and failed.value.job["state"] == "cancelled"
+
+
+def test_errors_carry_the_services_reason(client, service, tmp_path):
+    with pytest.raises(ServiceError, match="model 'nope' not found") as missing:
+        client.predict("nope", "P1412", head="Q7604")
+    assert missing.value.status_code == 404
+    with pytest.raises(ServiceError, match="give exactly one of"):
+        client.predict("nope", "P1412", head="Q7604", tail="Q188")
+    with pytest.raises(ServiceError, match="not found"):
+        client.download("nope", tmp_path / "none.safetensors")
+
+    bad = tmp_path / "train.txt"
+    bad.write_text("a\tr\tb\nonly two\tcolumns\n")
+    with pytest.raises(ServiceError, match="line 2") as malformed:
+        client.submit_job(bad)
+    assert malformed.value.status_code == 422
+    with Client(service) as anonymous, pytest.raises(ServiceError) as refused:
+        anonymous.submit_job(codex_s_path() / "train.txt", params=TINY)
+    assert refused.value.status_code == 401
+
+
+def test_wait_ready_gives_up_on_a_dead_server_and_on_its_deadline():
+    with Client(f"http://127.0.0.1:{free_port()}") as client:
+        assert not client.ready()
+        with pytest.raises(RuntimeError, match="stopped before it was ready"):
+            client.wait_ready(5, alive=lambda: False)
+        with pytest.raises(TimeoutError, match="not ready within"):
+            client.wait_ready(0.2)
