@@ -19,7 +19,7 @@ $(BIN)/earl: pyproject.toml Makefile
 venv: $(BIN)/earl
 
 demo: venv
-	$(BIN)/python -m earl_service.demo
+	$(BIN)/python scripts/demo.py
 
 test: venv
 	$(BIN)/python -m pytest tests

@@ -14,12 +14,12 @@ import tempfile
 import time
 from pathlib import Path
 
-import httpx
-
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
 from common import md_table, write_results
+from demo import DATA, PARAMS, free_port
 
-from earl_service.demo import DATA, PARAMS, free_port, wait_ready
+from earl_client import Client
 
 
 def main() -> None:
@@ -35,8 +35,9 @@ def main() -> None:
         server = subprocess.Popen([sys.executable, "-m", "earl_service.cli", "serve", "--home", home, "--port",
                                    str(port), "--log-level", "warning"], stderr=subprocess.DEVNULL)
         try:
-            with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60) as client:
-                wait_ready(client, server)
+            with Client(f"http://127.0.0.1:{port}", timeout=60) as api:
+                api.wait_ready(alive=lambda: server.poll() is None)
+                client = api.http
                 files = {s: (f"{s}.txt", (DATA / f"{s}.txt").read_bytes()) for s in ("train", "valid", "test")}
                 t0 = time.perf_counter()
                 job_id = client.post("/jobs", data=params, files=files).raise_for_status().json()["id"]
