@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass
 
 import numpy as np
@@ -25,9 +24,6 @@ class Metrics:
 
     def to_dict(self) -> dict[str, float | int]:
         return asdict(self)
-
-    def to_json(self) -> str:
-        return json.dumps(self.to_dict())
 
 
 class RankingEvaluator:
