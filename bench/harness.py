@@ -363,7 +363,7 @@ def pykeen_rotate_ranks(model: torch.nn.Module, triples: np.ndarray, known: Know
         for predict, anchor, target in (("tail", batch[:, 0], t), ("head", batch[:, 2], h)):
             q = real(queries[predict])
             dist_sq = ((q**2).sum(1, keepdim=True) + candidates_sq[None, :] - 2 * q @ candidates.T)[:, which]
-            filtered = known.mask(anchor, batch[:, 1], predict=predict, num_candidates=num_candidates)
+            filtered = torch.from_numpy(known.mask(anchor, batch[:, 1], side=predict, num_candidates=num_candidates))
             ranks[predict].append(realistic_ranks(dist_sq, target, filtered))
     return {k: (torch.cat(v).numpy() if v else np.zeros(0)) for k, v in ranks.items()}
 

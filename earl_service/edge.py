@@ -11,12 +11,15 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from .bundle_format import dequantize, read_safetensors, unpack_graph, unpack_strings
+from .core import rotate
+from .core.known import KnownAnswers, Side
 from .data import Vocab
+from .errors import ConfigError
 
 SIM_STEPS = 10**9  # must equal earl_service.graph.SIM_STEPS
 _CHUNK = 1 << 16  # edges per gather chunk: bounds the (chunk, 2d) temporaries
@@ -174,42 +177,33 @@ class EdgeModel:
     relation_embeddings: np.ndarray  # (R, d) float32
     triples: np.ndarray  # (E, 3) known triples
     relation_labels: dict[str, str]
+    known: KnownAnswers = field(init=False, repr=False)  # the triples as a lookup of each query's answers
 
-    def _query(self, anchor: str, relation: str, inverse: bool) -> np.ndarray:
-        d = self.config["dim"]
-        x = self.entity_embeddings[self.entities.id(anchor)]
-        phase = self.relation_embeddings[self.relations.id(relation)] * (
-            np.pi / ((self.config["gamma"] + self.config["epsilon"]) / d)
-        )
-        cos, sin = np.cos(phase), np.sin(phase)
-        if inverse:
-            sin = -sin
-        re, im = x[:d], x[d:]
-        return np.concatenate([re * cos - im * sin, re * sin + im * cos])
-
-    def _top(self, query: np.ndarray, known: np.ndarray, k: int) -> list[tuple[str, float]]:
-        d = self.config["dim"]
-        diff = self.entity_embeddings - query  # (N, 2d)
-        score = self.config["gamma"] - np.sqrt(diff[:, :d] ** 2 + diff[:, d:] ** 2 + 1e-12).sum(1)
-        score[known] = -np.inf
-        k = min(k, int(np.isfinite(score).sum()))
-        top = np.argpartition(-score, k - 1)[:k] if k else np.zeros(0, dtype=np.int64)
-        top = top[np.argsort(-score[top], kind="stable")]
-        return [(self.entities.name(int(i)), float(score[i])) for i in top]
+    def __post_init__(self) -> None:
+        self.known = KnownAnswers(self.triples, len(self.relations))
 
     def predict_tails(self, head: str, relation: str, k: int = 10, *, exclude_known: bool = True):
         """Top-k tails of (head, relation, ?) as (entity, RotatE score), best first."""
-        q = self._query(head, relation, inverse=False)
-        hid, rid = self.entities.id(head), self.relations.id(relation)
-        known = self.triples[(self.triples[:, 0] == hid) & (self.triples[:, 1] == rid), 2] if exclude_known else []
-        return self._top(q, np.asarray(known, dtype=np.int64), k)
+        return self._predict("tail", head, relation, k, exclude_known)
 
     def predict_heads(self, tail: str, relation: str, k: int = 10, *, exclude_known: bool = True):
         """Top-k heads of (?, relation, tail), using |h o r - t| = |h - conj(r) o t|."""
-        q = self._query(tail, relation, inverse=True)
-        tid, rid = self.entities.id(tail), self.relations.id(relation)
-        known = self.triples[(self.triples[:, 2] == tid) & (self.triples[:, 1] == rid), 0] if exclude_known else []
-        return self._top(q, np.asarray(known, dtype=np.int64), k)
+        return self._predict("head", tail, relation, k, exclude_known)
+
+    def _predict(self, side: Side, anchor_name: str, relation_name: str, k: int, exclude_known: bool,
+                 ) -> list[tuple[str, float]]:
+        """Every entity scored exactly, known answers dropped when asked; ties by id as in LinkPredictor."""
+        if k < 1:
+            raise ConfigError(f"k must be >= 1, not {k}")
+        anchor, relation = self.entities.id(anchor_name), self.relations.id(relation_name)
+        scale = rotate.phase_scale(gamma=self.config["gamma"], epsilon=self.config["epsilon"], dim=self.config["dim"])
+        query = rotate.query(self.entity_embeddings[anchor], self.relation_embeddings[relation], scale=scale,
+                             inverse=side == "head")
+        dist = rotate.distances(query, self.entity_embeddings)
+        excluded = self.known.answers(side, anchor, relation) if exclude_known else None
+        ids, dist = rotate.top_k(np.arange(len(dist)), dist, k, excluded=excluded)
+        gamma = self.config["gamma"]
+        return [(self.entities.name(int(i)), float(gamma - d)) for i, d in zip(ids, dist, strict=True)]
 
 
 def load(path: str | os.PathLike) -> EdgeModel:

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass
 
 import numpy as np
 import torch
 
+from .core.known import KnownAnswers
 from .kernels import rotate_distance_all
 from .model import RotatE
 
@@ -25,9 +25,6 @@ class Metrics:
 
     def to_dict(self) -> dict[str, float | int]:
         return asdict(self)
-
-    def to_json(self) -> str:
-        return json.dumps(self.to_dict())
 
 
 class RankingEvaluator:
@@ -62,35 +59,6 @@ def realistic_ranks(dist: torch.Tensor, target: torch.Tensor, filtered: torch.Te
     return 1.0 + better.double() + ties.double() / 2.0
 
 
-class KnownAnswers:
-    """Every true (query, answer) pair of a graph, for filtering: tails of (h, r) and heads of (t, r)."""
-
-    def __init__(self, triples: np.ndarray, num_relations: int):
-        self.num_relations = num_relations
-        h, r, t = (triples[:, i].astype(np.int64) for i in range(3))
-        self._tail = self._index(h * num_relations + r, t)
-        self._head = self._index(t * num_relations + r, h)
-
-    @staticmethod
-    def _index(keys: np.ndarray, answers: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        pairs = np.unique(np.stack([keys, answers], 1), axis=0)  # sorted by key, duplicates dropped
-        return pairs[:, 0], pairs[:, 1]
-
-    def mask(self, anchors: np.ndarray, relations: np.ndarray, *, predict: str, num_candidates: int) -> torch.Tensor:
-        """(B, num_candidates) bool: true where the candidate is a known answer of the query."""
-        keys, answers = self._tail if predict == "tail" else self._head
-        query = anchors.astype(np.int64) * self.num_relations + relations.astype(np.int64)
-        lo, hi = np.searchsorted(keys, query, "left"), np.searchsorted(keys, query, "right")
-        counts = hi - lo
-        rows = np.repeat(np.arange(len(query)), counts)
-        pos = np.repeat(lo - np.cumsum(counts) + counts, counts) + np.arange(counts.sum())
-        cols = answers[pos]
-        keep = cols < num_candidates
-        out = torch.zeros(len(query), num_candidates, dtype=torch.bool)
-        out[torch.from_numpy(rows[keep]), torch.from_numpy(cols[keep])] = True
-        return out
-
-
 @torch.no_grad()
 def rank_triples(
     entities: torch.Tensor,
@@ -116,7 +84,7 @@ def rank_triples(
             query = scorer.rotate(entities[anchor], relations[r], inverse=inverse)  # (B, 2d)
             dist = rotate_distance_all(query, entities)  # (B, N)
             anchors = batch[:, 0] if predict == "tail" else batch[:, 2]
-            filtered = known.mask(anchors, batch[:, 1], predict=predict, num_candidates=n).to(device)
+            filtered = torch.from_numpy(known.mask(anchors, batch[:, 1], side=predict, num_candidates=n)).to(device)
             ranks[predict].append(realistic_ranks(dist, target, filtered).cpu())
     return {k: (torch.cat(v).numpy() if v else np.zeros(0)) for k, v in ranks.items()}
 

@@ -26,9 +26,9 @@ def test_constant_scorer_gets_middle_rank():
 def test_known_answers_mask():
     triples = np.array([[0, 0, 1], [0, 0, 2], [3, 0, 1], [0, 1, 3]])
     known = KnownAnswers(triples, num_relations=2)
-    tails = known.mask(np.array([0, 0]), np.array([0, 1]), predict="tail", num_candidates=4)
+    tails = known.mask(np.array([0, 0]), np.array([0, 1]), side="tail", num_candidates=4)
     assert tails.tolist() == [[False, True, True, False], [False, False, False, True]]
-    heads = known.mask(np.array([1]), np.array([0]), predict="head", num_candidates=3)  # answer 3 is out of range
+    heads = known.mask(np.array([1]), np.array([0]), side="head", num_candidates=3)  # answer 3 is out of range
     assert heads.tolist() == [[True, False, False]]
 
 

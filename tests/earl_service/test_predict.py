@@ -5,8 +5,8 @@ import pytest
 
 from earl_service.bundle import load_bundle
 from earl_service.data import Vocab
-from earl_service.errors import UnknownEntityError, UnknownRelationError
-from earl_service.predict import LinkPredictor, lift, proxy_bounds
+from earl_service.errors import ConfigError, UnknownEntityError, UnknownRelationError
+from earl_service.predict import LinkPredictor
 
 
 @pytest.fixture(scope="module")
@@ -40,14 +40,15 @@ def test_flat_index_equals_brute_force_both_directions(bundle, predictor, exclud
 def test_range_search_certificate_is_exact(bundle, monkeypatch, rotations):
     """A shortlist of only k (+ known answers) rarely certifies itself; the flat index then range-searches every
     entity whose L1 proxy could beat the k-th distance, and the answer still equals brute force."""
-    import earl_service.predict as predict_module
+    import earl_service.index as index_module
 
-    monkeypatch.setattr(predict_module, "shortlist_size", lambda k, excluded=0: k + excluded)
+    monkeypatch.setattr(index_module, "shortlist_size", lambda k, excluded=0: k + excluded)
     predictor = LinkPredictor.from_bundle(bundle, index="flat", flat_rotations=rotations)
     assert predictor.rotations == rotations
     ranged = []
-    search = predictor._range
-    monkeypatch.setattr(predictor, "_range", lambda lifted, radius: ranged.append(radius) or search(lifted, radius))
+    search = predictor.index.range_search
+    monkeypatch.setattr(predictor.index, "range_search",
+                        lambda lifted, radius: ranged.append(radius) or search(lifted, radius))
     for head, relation, tail in _queries(bundle, 60, seed=7):
         for k in (1, 10):
             assert predictor.predict_tails(head, relation, k) == predictor.brute_force_tails(head, relation, k)
@@ -109,19 +110,6 @@ def test_hnsw_index_agrees_on_most_queries(bundle):
     assert same >= 90
 
 
-@pytest.mark.parametrize("rotations", [1, 2, 4])
-def test_lifted_l1_brackets_the_rotate_distance(rotations):
-    """D <= L1(lift(q) - lift(e)) <= ratio * D for random complex vectors (the shortlist certificate)."""
-    rng = np.random.default_rng(0)
-    dim = 8
-    q, e = rng.normal(size=(2, 500, 2 * dim)).astype(np.float32)
-    z = q - e
-    exact = np.sqrt(z[:, :dim] ** 2 + z[:, dim:] ** 2).sum(1)
-    proxy = np.abs(lift(q, dim, rotations) - lift(e, dim, rotations)).sum(1)
-    g_min, g_max = proxy_bounds(rotations)
-    assert np.all(proxy >= exact * (1 - 1e-5)) and np.all(proxy <= exact * g_max / g_min * (1 + 1e-5))
-
-
 def test_from_arrays_small_graph_scores_everything():
     """A graph smaller than the shortlist is scored exhaustively; results are still names, best first."""
     rng = np.random.default_rng(0)
@@ -135,4 +123,7 @@ def test_from_arrays_small_graph_scores_everything():
     assert out == pred.brute_force_tails("e0", "a", 5)
     with pytest.raises(ValueError, match="columns"):
         LinkPredictor(ent[:, :6], rel, Vocab([f"e{i}" for i in range(20)]), Vocab(["a", "b"], kind="relation"),
+                      np.zeros((0, 3)), gamma=6.0, epsilon=2.0)
+    with pytest.raises(ConfigError, match="entity rows"):
+        LinkPredictor(ent[:19], rel, Vocab([f"e{i}" for i in range(20)]), Vocab(["a", "b"], kind="relation"),
                       np.zeros((0, 3)), gamma=6.0, epsilon=2.0)
