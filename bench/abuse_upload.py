@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -122,9 +123,11 @@ def main() -> None:
         ["case", "unpacked MiB", "file MiB", "code", "peak RSS growth MiB", "time s", "result"],
         [[r["case"], r["unpacked_mib"], r["file_mib"], r["code"], r["grown_mib"], r["seconds"],
           json.dumps(r["result"]) if isinstance(r["result"], dict) else r["result"]] for r in rows])
+    load = os.getloadavg()[1]
+    busy = f" Times were taken at a load average of {load:.1f} on this machine: upper bounds." if load > 1.5 else ""
     md = (f"# Upload check on hostile triple files (issue 34, item 2)\n\n`check_triples` in a fresh process; peak "
-          f"RSS growth is VmHWM minus VmRSS after imports. 'before' is commit `{args.before}`, 'after' this tree.\n\n"
-          + table)
+          f"RSS growth is VmHWM minus VmRSS after imports. 'before' is commit `{args.before}`, 'after' this tree."
+          f"{busy}\n\n" + table)
     write_results("abuse_upload", {"before": args.before, "results": rows}, md)
 
 
