@@ -9,7 +9,7 @@ from pathlib import Path
 
 from fastapi import UploadFile
 
-from earl_service.data import DEFAULT_MAX_BYTES, SPLIT_SUFFIXES, read_triples
+from earl_service.data import DEFAULT_MAX_BYTES, SPLIT_SUFFIXES, read_table
 from earl_service.errors import TripleFileError
 
 LABELS_MAX_BYTES = 8 * 2**20
@@ -31,21 +31,22 @@ def save_upload(upload: UploadFile, dest: Path) -> Path:
 
 
 def check_triples(path: Path, shown_name: str | None, *, max_bytes: int = DEFAULT_MAX_BYTES) -> dict[str, int]:
-    """read_triples on the saved file (a .gz at most `max_bytes` unpacked); returns its counts.
+    """read_table on the saved file (a .gz at most `max_bytes` unpacked); returns its counts.
 
+    The reader streams, so memory follows the distinct triples and names, not the upload's (or its unpacked) size.
     A TripleFileError names the client's file, not the server path. Names longer than MAX_NAME_CHARS are
     refused here: /predict could never ask about them, and one 10 MB "entity" is a mistake, not a graph.
     """
     shown = shown_name or path.name
     try:
-        triples, duplicates = read_triples(path, max_bytes=max_bytes)
+        table = read_table(path, max_bytes=max_bytes)
     except TripleFileError as exc:
         raise TripleFileError(shown, exc.line, exc.reason) from None
-    longest = max(map(len, chain.from_iterable(triples)))
+    longest = max(map(len, chain(table.entities, table.relations)))
     if longest > MAX_NAME_CHARS:
         raise TripleFileError(shown, None, f"a name is {longest:,} characters long; entity and relation names "
                                            f"are limited to {MAX_NAME_CHARS:,} (is a separator missing?)")
-    return {"triples": len(triples), "duplicates_dropped": duplicates}
+    return {"triples": len(table), "duplicates_dropped": table.duplicates}
 
 
 def save_labels(upload: UploadFile, dest: Path) -> Path:

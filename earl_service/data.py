@@ -6,17 +6,17 @@ import bisect
 import codecs
 import csv
 import difflib
-import gc
 import gzip
 import io
 import logging
 import os
 import zlib
+from array import array
 from collections import Counter
 from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
+from contextlib import nullcontext
 from dataclasses import dataclass, field
-from itertools import chain, islice
+from itertools import islice
 from pathlib import Path
 
 import numpy as np
@@ -34,10 +34,13 @@ PathLike = str | os.PathLike[str]
 Triple = tuple[str, str, str]
 
 DEFAULT_MAX_BYTES = 2 * 1024**3
+# Far above any real line; it stops a file without line breaks (a gzip of one endless "line") from being held whole.
+MAX_LINE_BYTES = 16 * 2**20
 SPLITS = ("train", "valid", "test")
 SPLIT_SUFFIXES = (".txt", ".tsv", ".csv", ".txt.gz", ".tsv.gz", ".csv.gz")
 _FIELDS = ("head", "relation", "tail")
 _CHUNK = 1 << 20
+_ID_BITS = 40  # width of each id in a packed (head, tail, relation) key; no readable file has 2**40 names
 
 
 def _size(n: int) -> str:
@@ -47,52 +50,83 @@ def _size(n: int) -> str:
     return f"{n / 1024**exp:.4g} {('KiB', 'MiB', 'GiB')[exp - 1]}"
 
 
-def _read_bytes(path: Path, max_bytes: int) -> bytes:
-    """Return the file's bytes, decompressing ``.gz`` with a guard against gzip bombs."""
+def _blocks(path: Path, max_bytes: int) -> Iterator[bytes]:
+    """The file's bytes about _CHUNK at a time, decompressing ``.gz`` as it goes, with a guard against gzip bombs."""
+    gz = path.name.lower().endswith(".gz")
     try:
-        if not path.name.lower().endswith(".gz"):
-            return path.read_bytes()
-        chunks, total = [], 0
-        with path.open("rb") as raw, gzip.GzipFile(fileobj=raw) as f:
-            while chunk := f.read(_CHUNK):
-                total += len(chunk)
-                if total > max_bytes:
+        with path.open("rb") as raw, (gzip.GzipFile(fileobj=raw) if gz else nullcontext(raw)) as f:
+            total = 0
+            while block := f.read(_CHUNK):
+                total += len(block)
+                if gz and total > max_bytes:
                     raise TripleFileError(
                         path, None, f"decompresses to more than {_size(max_bytes)} (max_bytes={max_bytes}); "
                         "refusing to read it (possible gzip bomb)")
-                chunks.append(chunk)
-        return b"".join(chunks)
+                yield block
     except (OSError, EOFError, zlib.error) as e:
         if isinstance(e, OSError) and e.strerror:  # the OS failed to open or read it
             raise TripleFileError(path, None, f"cannot read file: {e.strerror}") from e
         raise TripleFileError(path, None, f"not a valid gzip file: {e}") from e
 
 
-def _line_of(data: bytes, offset: int) -> int:
-    return data.count(b"\n", 0, offset) + 1
-
-
-def _decode(path: Path, data: bytes) -> str:
-    if data.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)):
-        raise TripleFileError(path, None, "is encoded as UTF-16; save it as UTF-8")
+def _decode(path: Path, data: bytes, first_line: int) -> str:
+    """``data`` (whole lines, the first numbered ``first_line``) as text; a NUL byte or bad UTF-8 names its line."""
     nul = data.find(b"\0")
     if nul >= 0:
-        raise TripleFileError(path, _line_of(data, nul), "contains a NUL byte; looks like a binary file, "
-                              "not a text file of triples")
-    data = data.removeprefix(codecs.BOM_UTF8)
+        raise TripleFileError(path, first_line + data.count(b"\n", 0, nul), "contains a NUL byte; looks like a "
+                              "binary file, not a text file of triples")
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as e:
         column = e.start - data.rfind(b"\n", 0, e.start)
-        raise TripleFileError(path, _line_of(data, e.start), f"not valid UTF-8 (byte 0x{data[e.start]:02x} "
-                              f"at byte column {column}); save the file as UTF-8") from None
+        raise TripleFileError(path, first_line + data.count(b"\n", 0, e.start), f"not valid UTF-8 (byte "
+                              f"0x{data[e.start]:02x} at byte column {column}); save the file as UTF-8") from None
 
 
-def _raw_rows(path: Path, text: str, is_csv: bool) -> Iterator[tuple[int, list[str]]]:
-    if not is_csv:
-        yield from enumerate((line.split("\t") for line in text.split("\n")), 1)
-        return
-    reader = csv.reader(io.StringIO(text, newline=""), skipinitialspace=True)
+def _text_chunks(path: Path, max_bytes: int) -> Iterator[tuple[int, str]]:
+    """``(number of its first line, text)`` for runs of whole lines of about _CHUNK bytes: the file, streamed.
+
+    Only one chunk (or one unfinished line, at most MAX_LINE_BYTES) is held at a time.
+    """
+    lineno, pending, pending_len = 1, [b""], 0
+    for block in _blocks(path, max_bytes):
+        cut = block.rfind(b"\n") + 1
+        if not cut:  # still inside one line
+            pending.append(block)
+            pending_len += len(block)
+            if pending_len > MAX_LINE_BYTES:
+                raise TripleFileError(path, lineno, f"no line break in {_size(MAX_LINE_BYTES)}; expected one "
+                                      "head, relation, tail per line")
+            continue
+        data = b"".join((*pending, block[:cut]))
+        pending, pending_len = [block[cut:]], len(block) - cut
+        yield lineno, _decode(path, _unmarked(path, data) if lineno == 1 else data, lineno)
+        lineno += data.count(b"\n")
+    if pending_len:
+        data = b"".join(pending)
+        yield lineno, _decode(path, _unmarked(path, data) if lineno == 1 else data, lineno)
+
+
+def _unmarked(path: Path, start: bytes) -> bytes:
+    """The file's first lines without a UTF-8 byte-order mark; a UTF-16 one is refused."""
+    if start.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)):
+        raise TripleFileError(path, None, "is encoded as UTF-16; save it as UTF-8")
+    return start.removeprefix(codecs.BOM_UTF8)
+
+
+def _is_csv(path: Path) -> bool:
+    return path.name.lower().removesuffix(".gz").endswith(".csv")
+
+
+def _tsv_rows(chunks: Iterable[tuple[int, str]]) -> Iterator[tuple[int, list[str]]]:
+    for first, text in chunks:
+        yield from enumerate((line.split("\t") for line in text.split("\n")), first)
+
+
+def _csv_rows(path: Path, chunks: Iterable[tuple[int, str]]) -> Iterator[tuple[int, list[str]]]:
+    # Chunks end at "\n", so splitting each on its own yields the lines of the whole text, "\r" endings included.
+    lines = (line for _, text in chunks for line in io.StringIO(text, newline=""))
+    reader = csv.reader(lines, skipinitialspace=True)
     try:
         for row in reader:
             yield reader.line_num, row
@@ -100,81 +134,132 @@ def _raw_rows(path: Path, text: str, is_csv: bool) -> Iterator[tuple[int, list[s
         raise TripleFileError(path, reader.line_num, f"malformed CSV: {e}") from None
 
 
-def _load_text(path: Path, max_bytes: int) -> tuple[str, bool]:
-    is_csv = path.name.lower().removesuffix(".gz").endswith(".csv")
-    return _decode(path, _read_bytes(path, max_bytes)), is_csv
+class _BadRow(ValueError):
+    """A malformed row; whoever knows its line number turns it into a TripleFileError."""
 
 
-def _parse(path: Path, text: str, is_csv: bool) -> Iterator[tuple[int, Triple]]:
-    """Yield ``(line_number, (head, relation, tail))`` for every non-blank line, validating as it goes."""
-    found = False
-    for lineno, parts in _raw_rows(path, text, is_csv):
-        if len(parts) == 3:
-            h, r, t = parts[0].strip(), parts[1].strip(), parts[2].strip()
-            if h and r and t:
-                found = True
-                yield lineno, (h, r, t)
-                continue
-            if h or r or t:
-                missing = next(f for f, v in zip(_FIELDS, (h, r, t), strict=True) if not v)
-                raise TripleFileError(path, lineno, f"empty {missing} field")
-        elif any(p.strip() for p in parts):
-            sep = "commas" if is_csv else "tabs"
-            spaces = len(parts) == 1 and len(parts[0].split()) == 3
-            hint = " (the fields seem to be separated by spaces)" if spaces else ""
-            expected = f"expected 3 columns (head, relation, tail) separated by {sep}"
-            raise TripleFileError(path, lineno, f"{expected}, found {len(parts)}{hint}")
-    if not found:
-        what = "is empty" if not text.strip() else "has no triples"
-        raise TripleFileError(path, None, f"{what}; expected lines of head, relation, tail")
-
-
-def _parse_tsv_fast(text: str) -> list[Triple] | None:
-    """Bulk-parse well-formed TSV; None if anything is off (the line-by-line parser then reports it)."""
-    lines = text.split("\n")
-    while lines and not lines[-1].strip():
-        lines.pop()
-    try:
-        triples = [(h.strip(), r.strip(), t.strip()) for h, r, t in (line.split("\t") for line in lines)]
-    except ValueError:  # a line without exactly 3 fields, e.g. a blank one
+def _fields(parts: list[str], *, is_csv: bool) -> Triple | None:
+    """The stripped ``(head, relation, tail)`` of a row split into fields, None for a blank row."""
+    if len(parts) == 3:
+        h, r, t = parts[0].strip(), parts[1].strip(), parts[2].strip()
+        if h and r and t:
+            return h, r, t
+        if not (h or r or t):
+            return None
+        missing = next(f for f, v in zip(_FIELDS, (h, r, t), strict=True) if not v)
+        raise _BadRow(f"empty {missing} field")
+    if not any(p.strip() for p in parts):
         return None
-    return triples if triples and all(chain.from_iterable(triples)) else None
+    sep = "commas" if is_csv else "tabs"
+    spaces = len(parts) == 1 and len(parts[0].split()) == 3
+    hint = " (the fields seem to be separated by spaces)" if spaces else ""
+    raise _BadRow(f"expected 3 columns (head, relation, tail) separated by {sep}, found {len(parts)}{hint}")
 
 
-@contextmanager
-def _gc_paused() -> Iterator[None]:
-    """Pause the cyclic GC while building many small tuples (it would rescan them over and over)."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
+def _records(path: Path, max_bytes: int = DEFAULT_MAX_BYTES) -> Iterator[tuple[int, Triple]]:
+    """Yield ``(line_number, (head, relation, tail))`` for every non-blank line, streaming and validating."""
+    chunks = _text_chunks(path, max_bytes)
+    is_csv = _is_csv(path)
+    for lineno, parts in _csv_rows(path, chunks) if is_csv else _tsv_rows(chunks):
+        try:
+            triple = _fields(parts, is_csv=is_csv)
+        except _BadRow as e:
+            raise TripleFileError(path, lineno, str(e)) from None
+        if triple:
+            yield lineno, triple
 
 
-def _records(path: PathLike, max_bytes: int = DEFAULT_MAX_BYTES) -> Iterator[tuple[int, Triple]]:
-    path = Path(path)
-    yield from _parse(path, *_load_text(path, max_bytes))
+@dataclass(frozen=True, eq=False)
+class TripleTable:
+    """A triple file's distinct triples in file order, as ids into the file's own name lists.
+
+    ``ids`` is ``(n, 3)`` int64 ``(head, relation, tail)``; ``entities`` and ``relations`` hold the names by id, in
+    order of first appearance (head before tail); ``duplicates`` counts the repeated triples dropped.
+    """
+
+    entities: list[str]
+    relations: list[str]
+    ids: np.ndarray
+    duplicates: int
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def triples(self) -> list[Triple]:
+        """The triples as names."""
+        ent, rel = self.entities, self.relations
+        return [(ent[h], rel[r], ent[t]) for h, r, t in self.ids.tolist()]
 
 
-def read_triples(path: PathLike, *, max_bytes: int = DEFAULT_MAX_BYTES) -> tuple[list[Triple], int]:
-    """Read a triple file; return its distinct triples in file order and the number of duplicates dropped.
+class _TableBuilder:
+    """Interns names and keeps each distinct triple once, as three ids: memory grows with what is kept."""
+
+    def __init__(self) -> None:
+        self.entities: dict[str, int] = {}
+        self.relations: dict[str, int] = {}
+        self.ids = array("q")  # head, relation, tail, head, ...
+        self.read = 0  # triples read, duplicates included
+        self._seen: set[int] = set()  # packed keys of the triples kept
+
+    def add(self, triple: Triple, count: int = 1) -> None:
+        """Count ``triple`` ``count`` times; keep it unless already kept."""
+        ent, rel = self.entities, self.relations
+        h = ent.setdefault(triple[0], len(ent))
+        r = rel.setdefault(triple[1], len(rel))
+        t = ent.setdefault(triple[2], len(ent))
+        key = ((h << _ID_BITS) | t) << _ID_BITS | r
+        self.read += count
+        if key not in self._seen:
+            self._seen.add(key)
+            self.ids.extend((h, r, t))
+
+    def add_tsv(self, path: Path, chunks: Iterable[tuple[int, str]]) -> None:
+        """Add a tab-separated file's triples; a line repeated within a chunk is parsed once, whatever its count."""
+        for first, text in chunks:
+            lines = text.split("\n")
+            for line, count in Counter(lines).items():  # in order of first appearance
+                try:
+                    triple = _fields(line.split("\t"), is_csv=False)
+                except _BadRow as e:
+                    raise TripleFileError(path, first + lines.index(line), str(e)) from None
+                if triple:
+                    self.add(triple, count)
+
+    def table(self) -> TripleTable:
+        ids = np.frombuffer(self.ids, dtype=np.int64).reshape(-1, 3)
+        return TripleTable(list(self.entities), list(self.relations), ids, self.read - len(ids))
+
+
+def read_table(path: PathLike, *, max_bytes: int = DEFAULT_MAX_BYTES) -> TripleTable:
+    """Read a triple file into a :class:`TripleTable`, streaming: memory grows with the distinct triples, not the text.
 
     Lines are ``head<TAB>relation<TAB>tail`` (comma-separated CSV for ``.csv``/``.csv.gz``), UTF-8 with or
     without BOM, LF or CRLF; ``.gz`` files are decompressed up to ``max_bytes``. Blank lines are skipped
     and fields are stripped. Any problem raises :class:`TripleFileError` with the line number.
     """
     path = Path(path)
-    text, is_csv = _load_text(path, max_bytes)
-    with _gc_paused():
-        triples = None if is_csv else _parse_tsv_fast(text)
-        if triples is None:
-            triples = [t for _, t in _parse(path, text, is_csv)]
-        unique = list(dict.fromkeys(triples))
-    dropped = len(triples) - len(unique)
-    log.debug("%s: %d triples, %d duplicates dropped", path, len(unique), dropped)
-    return unique, dropped
+    builder = _TableBuilder()
+    if _is_csv(path):
+        for _, triple in _records(path, max_bytes):
+            builder.add(triple)
+    else:
+        builder.add_tsv(path, _text_chunks(path, max_bytes))
+    if not builder.read:
+        blank = all(not text.strip() for _, text in _text_chunks(path, max_bytes))
+        what = "is empty" if blank else "has no triples"
+        raise TripleFileError(path, None, f"{what}; expected lines of head, relation, tail")
+    table = builder.table()
+    log.debug("%s: %d triples, %d duplicates dropped", path, len(table), table.duplicates)
+    return table
+
+
+def read_triples(path: PathLike, *, max_bytes: int = DEFAULT_MAX_BYTES) -> tuple[list[Triple], int]:
+    """Read a triple file; return its distinct triples in file order and the number of duplicates dropped.
+
+    The names of :func:`read_table`'s ids (same formats, same errors).
+    """
+    table = read_table(path, max_bytes=max_bytes)
+    return table.triples(), table.duplicates
 
 
 class Vocab:
@@ -305,19 +390,26 @@ def _split_file(folder: Path, split: str) -> Path | None:
     return found[0] if found else None
 
 
-def _to_ids(triples: list[Triple], entities: dict[str, int], relations: dict[str, int]) -> np.ndarray:
-    """Map triples to an ``(n, 3)`` id array, appending unseen entities in order of first appearance."""
-    out = np.empty((len(triples), 3), dtype=np.int64)
-    if not triples:
-        return out
-    names = list(chain.from_iterable(triples))
-    rels = names[1::3]
-    del names[1::3]  # now head0, tail0, head1, tail1, ...
-    for e in dict.fromkeys(names):
-        entities.setdefault(e, len(entities))
-    out[:, 1] = np.fromiter(map(relations.__getitem__, rels), dtype=np.int64, count=len(rels))
-    out[:, ::2] = np.fromiter(map(entities.__getitem__, names), dtype=np.int64, count=len(names)).reshape(-1, 2)
+
+def _to_ids(table: TripleTable, entities: dict[str, int], relations: dict[str, int]) -> np.ndarray:
+    """Map the table's triples whose relation is in ``relations`` to an ``(n, 3)`` id array, appending unseen
+    entities to ``entities`` in order of first appearance (head, tail, next head, ...)."""
+    relation_ids = np.array([relations.get(r, -1) for r in table.relations], dtype=np.int64)[table.ids[:, 1]]
+    kept = relation_ids >= 0
+    heads_tails = table.ids[kept][:, ::2]  # (n, 2) ids into table.entities
+    local, first = np.unique(heads_tails, return_index=True)  # flattened row-major: head0, tail0, head1, ...
+    entity_ids = np.full(len(table.entities), -1, dtype=np.int64)
+    for i in local[np.argsort(first)].tolist():
+        entity_ids[i] = entities.setdefault(table.entities[i], len(entities))
+    out = np.empty((len(heads_tails), 3), dtype=np.int64)
+    out[:, ::2] = entity_ids[heads_tails]
+    out[:, 1] = relation_ids[kept]
     return out
+
+
+def _split_stats(file: Path, table: TripleTable, kept: int, new_entities: int) -> dict:
+    return {"file": str(file), "triples_read": len(table) + table.duplicates, "duplicates_dropped": table.duplicates,
+            "unknown_relation_dropped": len(table) - kept, "triples": kept, "new_entities": new_entities}
 
 
 def load_dataset(path: PathLike, *, max_bytes: int = DEFAULT_MAX_BYTES) -> Dataset:
@@ -334,29 +426,24 @@ def load_dataset(path: PathLike, *, max_bytes: int = DEFAULT_MAX_BYTES) -> Datas
     train_file = _split_file(folder, "train")
     if train_file is None:
         raise DatasetError(f"no train file in {folder}; expected one of {accepted}")
-    triples, duplicates = read_triples(train_file, max_bytes=max_bytes)
+    table = read_table(train_file, max_bytes=max_bytes)
     entities: dict[str, int] = {}
-    relations = {r: i for i, r in enumerate(dict.fromkeys(r for _, r, _ in triples))}
-    arrays = {"train": _to_ids(triples, entities, relations)}
+    relations = {r: i for i, r in enumerate(table.relations)}
+    arrays = {"train": _to_ids(table, entities, relations)}
     num_train_entities = len(entities)
-    stats: dict = {"train": {"file": str(train_file), "triples_read": len(triples) + duplicates,
-                             "duplicates_dropped": duplicates, "unknown_relation_dropped": 0,
-                             "triples": len(triples), "new_entities": num_train_entities}}
+    stats = {"train": _split_stats(train_file, table, len(table), num_train_entities)}
     for split in SPLITS[1:]:
         file = _split_file(folder, split)
         if file is None:
             continue
-        triples, duplicates = read_triples(file, max_bytes=max_bytes)
-        kept = [t for t in triples if t[1] in relations]
-        if dropped := len(triples) - len(kept):
-            unknown = dict.fromkeys(r for _, r, _ in triples if r not in relations)
-            log.warning("%s: dropped %d triples whose relation is not in train (%d relations, e.g. %s)",
-                        file, dropped, len(unknown), ", ".join(repr(r) for r in list(unknown)[:5]))
+        table = read_table(file, max_bytes=max_bytes)
         known = len(entities)
-        arrays[split] = _to_ids(kept, entities, relations)
-        stats[split] = {"file": str(file), "triples_read": len(triples) + duplicates,
-                        "duplicates_dropped": duplicates, "unknown_relation_dropped": dropped,
-                        "triples": len(kept), "new_entities": len(entities) - known}
+        arrays[split] = _to_ids(table, entities, relations)
+        if dropped := len(table) - len(arrays[split]):
+            unknown = [r for r in table.relations if r not in relations]
+            log.warning("%s: dropped %d triples whose relation is not in train (%d relations, e.g. %s)",
+                        file, dropped, len(unknown), ", ".join(repr(r) for r in unknown[:5]))
+        stats[split] = _split_stats(file, table, len(arrays[split]), len(entities) - known)
     log.info("loaded %s: %d entities (%d in train), %d relations, %s", folder, len(entities),
              num_train_entities, len(relations), ", ".join(f"{s} {len(a)}" for s, a in arrays.items()))
     return Dataset(entities=Vocab._from_index(entities, "entity"),
@@ -373,24 +460,34 @@ def load_triples_file(path: PathLike, entities: Vocab, relations: Vocab, *, allo
     ``len(entities) + i`` in order of first appearance. An unknown relation, or an unknown entity when
     ``allow_new_entities`` is false, raises :class:`TripleFileError` naming the (first) offending line.
     """
-    triples, duplicates = read_triples(path, max_bytes=max_bytes)
-    if duplicates:
-        log.info("%s: dropped %d duplicate triples", path, duplicates)
-    for triple in triples:
-        if triple[1] not in relations:
-            raise _at_line(path, triple, max_bytes, relations._unknown(triple[1]))
-        if not allow_new_entities:
-            for e in (triple[0], triple[2]):
-                if e not in entities:
-                    note = " (new entities are not allowed here)"
-                    raise _at_line(path, triple, max_bytes, entities._unknown(e), note)
+    table = read_table(path, max_bytes=max_bytes)
+    if table.duplicates:
+        log.info("%s: dropped %d duplicate triples", path, table.duplicates)
+    _refuse_unknown(Path(path), table, entities, relations, allow_new_entities=allow_new_entities,
+                    max_bytes=max_bytes)
     index = dict(entities._index)
-    ids = _to_ids(triples, index, relations._index)
+    ids = _to_ids(table, index, relations._index)
     return ids, list(islice(index, len(entities), None))
 
 
-def _at_line(path: PathLike, triple: Triple, max_bytes: int, error: KeyError, note: str = "",
-             ) -> TripleFileError:
+def _refuse_unknown(path: Path, table: TripleTable, entities: Vocab, relations: Vocab, *,
+                    allow_new_entities: bool, max_bytes: int) -> None:
+    """Raise at the first triple with an unknown relation (or, if new ones are not allowed, an unknown entity)."""
+    known_relation = np.array([r in relations for r in table.relations], dtype=bool)
+    known_entity = np.array([allow_new_entities or e in entities for e in table.entities], dtype=bool)
+    h, r, t = table.ids[:, 0], table.ids[:, 1], table.ids[:, 2]
+    bad = ~known_relation[r] | ~known_entity[h] | ~known_entity[t]
+    if not bad.any():
+        return
+    h, r, t = table.ids[int(np.argmax(bad))].tolist()
+    triple = (table.entities[h], table.relations[r], table.entities[t])
+    if not known_relation[r]:
+        raise _at_line(path, triple, max_bytes, relations._unknown(triple[1]))
+    name = triple[0] if not known_entity[h] else triple[2]
+    raise _at_line(path, triple, max_bytes, entities._unknown(name), " (new entities are not allowed here)")
+
+
+def _at_line(path: Path, triple: Triple, max_bytes: int, error: KeyError, note: str = "") -> TripleFileError:
     """Turn an unknown-name error about ``triple`` into a TripleFileError at the line it first occurs on."""
     line = next(n for n, t in _records(path, max_bytes) if t == triple)
     return TripleFileError(path, line, f"{error}{note}")

@@ -9,7 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from earl_service.data import Vocab, load_dataset, load_triples_file, read_triples
+from earl_service import data
+from earl_service.data import Vocab, load_dataset, load_triples_file, read_table, read_triples
 from earl_service.errors import (
     DatasetError,
     EarlError,
@@ -144,6 +145,58 @@ def test_error_pickles(tmp_path):
     assert str(err) == "unknown entity 'Pariss'; did you mean 'Paris'?"
 
 
+# --- read_table: streaming ---------------------------------------------------------------------------------
+
+
+def test_read_table_ids_and_names(tmp_path):
+    path = write(tmp_path / "train.txt", "a\tr1\tb\nb\tr2\tc\na\tr1\tb\nc\tr1\ta\n")
+    table = read_table(path)
+    assert (table.entities, table.relations, table.duplicates, len(table)) == (["a", "b", "c"], ["r1", "r2"], 1, 3)
+    assert table.ids.dtype == np.int64 and table.ids.tolist() == [[0, 0, 1], [1, 1, 2], [2, 0, 0]]
+    assert table.triples() == read_triples(path)[0]
+
+
+MESSY = {  # every accepted oddity at once: BOM, CRLF, blank lines, padding, duplicates far apart, non-ASCII
+    "train.txt": "\ufeff a \tr\t b\r\n\r\n  \t \nSão Paulo\tin\t日本\r\n" + "x\tr\ty\n" * 9 + " a\tr\tb \n\n",
+    "train.csv": '\ufeffa,r,"Paris, France"\r\n\n"multi\nline",r, b \r\n' + "x,r,y\n" * 9 + 'a, r ,"Paris, France"\n',
+}
+
+
+@pytest.mark.parametrize("name", MESSY)
+def test_small_chunks_read_the_same(tmp_path, monkeypatch, name):
+    """Chunk boundaries fall inside lines, CRLF pairs, UTF-8 sequences and quoted CSV fields: same result."""
+    path = write(tmp_path / name, MESSY[name])
+    whole = read_triples(path)
+    for chunk in (1, 2, 3, 7):
+        monkeypatch.setattr(data, "_CHUNK", chunk)
+        assert read_triples(path) == whole
+    assert whole[1] == 9
+
+
+@pytest.mark.parametrize("content,line,fragment", [
+    (b"a\tr\tb\n" * 8 + b"c\td\n", 9, "expected 3 columns"),
+    (b"a\tr\tb\n" * 6 + b"c\tr\x00\td\n", 7, "NUL byte"),
+    (b"a\tr\tb\n" * 7 + b"g\tr\t\xe9t\xe9\n", 8, "(byte 0xe9 at byte column 5)"),
+    (b"a\tr\tb\n" * 5 + b"a\tr\tb\n\n\t\tb\n", 8, "empty head field"),
+])
+def test_errors_past_the_first_chunk_name_their_line(tmp_path, monkeypatch, content, line, fragment):
+    monkeypatch.setattr(data, "_CHUNK", 10)
+    err = read_error(write(tmp_path / "train.txt", content))
+    assert err.line == line and fragment in str(err)
+
+
+def test_line_without_a_break_is_refused_unread(tmp_path, monkeypatch):
+    monkeypatch.setattr(data, "MAX_LINE_BYTES", 1000)
+    monkeypatch.setattr(data, "_CHUNK", 100)
+    err = read_error(write(tmp_path / "train.txt.gz", gzip.compress(b"a\tr\tb\n" + b"x" * 5000)))
+    assert err.line == 2 and "no line break in 1000 bytes" in str(err)
+
+
+def test_csv_of_empty_fields_has_no_triples(tmp_path):
+    err = read_error(write(tmp_path / "train.csv", ',,\n"","",""\n'))
+    assert err.line is None and "has no triples" in str(err)
+
+
 # --- Vocab --------------------------------------------------------------------------------------------------
 
 
@@ -207,6 +260,17 @@ def test_load_dataset(tmp_path):
     assert ds.seen_mask(ds.test).tolist() == [False, True]
     assert ds.seen_mask(ds.train).all()
     assert ds.split("test") is ds.test
+
+
+def test_entities_only_in_dropped_triples_get_no_id(tmp_path):
+    folder = tmp_path / "kg"
+    folder.mkdir()
+    write(folder / "train.txt", "a\tr1\tb\n")
+    write(folder / "test.txt", "q\tr9\ta\nb\tr1\tz\nq\tr9\ta\n")
+    ds = load_dataset(folder)
+    assert ds.entities.names == ["a", "b", "z"] and ds.test.tolist() == [[1, 0, 2]]
+    assert ds.stats["test"] == {"file": str(folder / "test.txt"), "triples_read": 3, "duplicates_dropped": 1,
+                                "unknown_relation_dropped": 1, "triples": 1, "new_entities": 1}
 
 
 def test_unknown_relation_dropped_is_logged(tmp_path, caplog):

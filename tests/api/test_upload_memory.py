@@ -1,0 +1,104 @@
+"""The upload check's memory grows with the distinct triples kept, not with the text (issue 34, item 2).
+
+Each case runs `check_triples` in a fresh interpreter and reads its peak RSS, so the test process's own history
+(and the other tests' allocations) cannot hide or fake a peak.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import zlib
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+MB = 2**20
+BOUND_MIB = 256  # the issue's per-request bound
+
+# VmHWM, not ru_maxrss: Linux carries ru_maxrss over exec, so a child spawned by a big pytest process would report
+# its parent's peak; VmHWM is the peak of the child's own address space.
+CHILD = """
+import gc, json, sys
+from pathlib import Path
+from api.uploads import check_triples
+from earl_service.data import load_dataset
+from earl_service.errors import TripleFileError
+
+def status_kib(key):
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith(key + ":"))
+
+gc.collect()
+before = status_kib("VmRSS")
+path, max_bytes = Path(sys.argv[1]), int(sys.argv[2])
+try:
+    if sys.argv[3] == "upload":  # what POST /jobs and extend run
+        result = check_triples(path, None, max_bytes=max_bytes)
+    else:  # what the worker runs on the saved upload
+        result = load_dataset(path.parent, max_bytes=max_bytes).stats["train"]["triples"]
+except TripleFileError as exc:
+    result = str(exc)
+print(json.dumps({"result": result, "grown_mib": (status_kib("VmHWM") - before) / 1024}))
+"""
+
+
+def check_in_child(path: Path, max_bytes: int, what: str = "upload") -> dict:
+    """Run the upload check (or, with what="dataset", the worker's load_dataset) on `path` in a fresh process."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    run = subprocess.run([sys.executable, "-c", CHILD, str(path), str(max_bytes), what], cwd=REPO, env=env,
+                         capture_output=True, text=True, timeout=600, check=False)
+    assert run.returncode == 0, run.stderr[-2000:]
+    return json.loads(run.stdout.strip().splitlines()[-1])
+
+
+def gzip_of(path: Path, block: bytes, repeats: int) -> Path:
+    """`block` * `repeats`, gzipped to `path` without holding the unpacked text."""
+    packer = zlib.compressobj(9, zlib.DEFLATED, 31)  # 31: gzip container
+    with path.open("wb") as out:
+        for _ in range(repeats):
+            out.write(packer.compress(block))
+        out.write(packer.flush())
+    return path
+
+
+def random_triples(path: Path, size: int, *, seed: int = 0) -> tuple[Path, int]:
+    """About `size` bytes of random triples over 100k entities and 500 relations (almost all distinct)."""
+    rng = np.random.default_rng(seed)
+    n = size // 22  # "Q1234567\tP123\tQ7654321\n"
+    h, t = rng.integers(1_000_000, 1_100_000, size=(2, n))
+    r = rng.integers(100, 600, size=n)
+    lines = [f"Q{a}\tP{b}\tQ{c}\n" for a, b, c in zip(h.tolist(), r.tolist(), t.tolist(), strict=True)]
+    path.write_text("".join(lines))
+    return path, len(set(lines))
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads VmRSS from /proc")
+def test_gzip_of_duplicate_lines(tmp_path):
+    block = b"a\tr\tb\nb\tr\tc\n" * (MB // 12)
+    path = gzip_of(tmp_path / "train.txt.gz", block, 64)  # 64 MiB unpacked, ~64 KiB packed
+    out = check_in_child(path, 128 * MB)
+    assert out["result"] == {"triples": 2, "duplicates_dropped": 64 * (MB // 12) * 2 - 2}
+    assert out["grown_mib"] < BOUND_MIB, out
+    out = check_in_child(path, 128 * MB, "dataset")  # the worker parses the saved file again, the same way
+    assert out["result"] == 2 and out["grown_mib"] < BOUND_MIB, out
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads VmRSS from /proc")
+def test_plain_file_of_distinct_triples(tmp_path):
+    path, distinct = random_triples(tmp_path / "train.txt", 16 * MB)
+    out = check_in_child(path, 128 * MB)
+    assert out["result"]["triples"] == distinct
+    assert out["grown_mib"] < BOUND_MIB, out
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads VmRSS from /proc")
+def test_gzip_of_one_endless_line(tmp_path):
+    path = gzip_of(tmp_path / "train.txt.gz", b"x" * MB, 192)  # one 192 MiB "line", no line break
+    out = check_in_child(path, 256 * MB)
+    assert "train.txt.gz, line 1: " in out["result"]
+    assert out["grown_mib"] < BOUND_MIB, out
