@@ -11,12 +11,11 @@ import io
 import logging
 import os
 import zlib
-from array import array
 from collections import Counter
 from collections.abc import Iterable, Iterator
 from contextlib import nullcontext
 from dataclasses import dataclass, field
-from itertools import islice
+from itertools import islice, repeat
 from pathlib import Path
 
 import numpy as np
@@ -24,6 +23,7 @@ import numpy as np
 from earl_service.errors import (
     DatasetError,
     TripleFileError,
+    TripleLimitError,
     UnknownEntityError,
     UnknownRelationError,
 )
@@ -40,7 +40,8 @@ SPLITS = ("train", "valid", "test")
 SPLIT_SUFFIXES = (".txt", ".tsv", ".csv", ".txt.gz", ".tsv.gz", ".csv.gz")
 _FIELDS = ("head", "relation", "tail")
 _CHUNK = 1 << 20
-_ID_BITS = 40  # width of each id in a packed (head, tail, relation) key; no readable file has 2**40 names
+_BATCH = 1 << 16  # CSV records per batch
+_ENTITY_BITS = 24  # id width in the first packed keys (16M entities); past it, and past 2**15 relations, re-key
 
 
 def _size(n: int) -> str:
@@ -169,6 +170,121 @@ def _records(path: Path, max_bytes: int = DEFAULT_MAX_BYTES) -> Iterator[tuple[i
             yield lineno, triple
 
 
+def _bulk_fields(lines: list[str]) -> list[str] | None:
+    """The fields of distinct non-blank TSV lines, head, relation, tail, head, ...; None unless every line is three
+    tab-separated fields without whitespace (the line-by-line parser then strips, validates and reports)."""
+    if set(map(str.count, lines, repeat("\t"))) != {2}:
+        return None
+    joined = "\t".join(lines)
+    fields = joined.split("\t")
+    # Printable and space-free means no whitespace at all (every other whitespace character is unprintable).
+    clean = all(fields) and " " not in joined and "".join(fields).isprintable()
+    return fields if clean else None
+
+
+def _line_fields(path: Path, first: int, lines: list[str], seen: Counter) -> tuple[list[str], np.ndarray]:
+    """``_bulk_fields`` one line at a time, for a chunk with padded fields, blank or malformed lines."""
+    fields, counts = [], []
+    for line, count in seen.items():  # in order of first appearance
+        try:
+            triple = _fields(line.split("\t"), is_csv=False)
+        except _BadRow as e:
+            raise TripleFileError(path, first + lines.index(line), str(e)) from None
+        if triple:
+            fields.extend(triple)
+            counts.append(count)
+    return fields, np.array(counts, dtype=np.int64)
+
+
+def _tsv_batches(path: Path, chunks: Iterable[tuple[int, str]]) -> Iterator[tuple[list[str], np.ndarray]]:
+    """Per chunk, ``(fields, counts)``: its distinct lines' triples as a flat list of names and how often each line
+    occurs, so a line repeated within a chunk is parsed once, whatever its count."""
+    for first, text in chunks:
+        if "\r" in text:  # CRLF: the "\r" would be stripped from the tail anyway; line numbers stay the same
+            text = text.replace("\r\n", "\n")
+        lines = text.split("\n")
+        seen = Counter(lines)
+        seen.pop("", None)
+        fields = _bulk_fields(list(seen))
+        if fields is None:
+            yield _line_fields(path, first, lines, seen)
+        else:
+            yield fields, np.fromiter(seen.values(), dtype=np.int64, count=len(seen))
+
+
+def _batches(path: Path, max_bytes: int) -> Iterator[tuple[list[str], np.ndarray]]:
+    """The file's triples as ``(fields, counts)`` batches (see _tsv_batches); CSV goes record by record."""
+    if not _is_csv(path):
+        yield from _tsv_batches(path, _text_chunks(path, max_bytes))
+        return
+    records = (triple for _, triple in _records(path, max_bytes))
+    while batch := list(islice(records, _BATCH)):
+        yield [name for triple in batch for name in triple], np.ones(len(batch), dtype=np.int64)
+
+
+class _KeySet:
+    """Distinct int64 keys, 8 bytes each, in sorted runs of decreasing size (merged like a binary counter)."""
+
+    def __init__(self, keys: np.ndarray | None = None) -> None:
+        self._runs = [] if keys is None or not len(keys) else [np.sort(keys)]
+        self.size = sum(map(len, self._runs))
+
+    def add(self, keys: np.ndarray) -> np.ndarray:
+        """Remember ``keys``; return the mask of those not seen before (the first of each, if repeated)."""
+        unique, first = np.unique(keys, return_index=True)
+        fresh = np.ones(len(unique), dtype=bool)
+        for run in self._runs:
+            at = np.searchsorted(run, unique).clip(max=len(run) - 1)
+            fresh &= run[at] != unique
+        self._push(unique[fresh])
+        new = np.zeros(len(keys), dtype=bool)
+        new[first[fresh]] = True
+        return new
+
+    def _push(self, run: np.ndarray) -> None:
+        if not len(run):
+            return
+        runs = self._runs
+        runs.append(run)
+        self.size += len(run)
+        while len(runs) > 1 and len(runs[-2]) <= 2 * len(runs[-1]):
+            smaller = runs.pop()
+            _append(runs[-1], len(runs[-1]), smaller, spare=False)
+            runs[-1].sort()
+
+
+def _append(buffer: np.ndarray, used: int, rows: np.ndarray, *, spare: bool = True) -> np.ndarray:
+    """Write ``rows`` after the first ``used`` rows of ``buffer``, growing it in place (with spare room) if needed.
+
+    ndarray.resize reallocates, and a large buffer is remapped rather than copied: what it holds is never there twice,
+    and room not yet written costs no resident memory. ``buffer`` must own its data and have no views.
+    """
+    if used + len(rows) > len(buffer):
+        size = max(2 * len(buffer), used + len(rows)) if spare else used + len(rows)
+        buffer.resize((size, *buffer.shape[1:]), refcheck=False)
+    buffer[used:used + len(rows)] = rows
+    return buffer
+
+
+def _key_bits(path: Path, entities: int, relations: int) -> tuple[int, int]:
+    """Widths of entity and relation ids in a packed 63-bit ``(head, tail, relation)`` key, with room to grow."""
+    need_e, need_r = (entities - 1).bit_length(), (relations - 1).bit_length()
+    e_bits = max(need_e, min(_ENTITY_BITS, (63 - need_r) // 2))
+    if 63 - 2 * e_bits < need_r:
+        raise TripleFileError(path, None, f"has too many distinct names to index ({entities:,} entities and "
+                                          f"{relations:,} relations)")
+    return e_bits, 63 - 2 * e_bits
+
+
+def _intern(index: dict[str, int], names: list[str]) -> np.ndarray:
+    """The ids of ``names`` in ``index``, adding unseen names in order of first appearance."""
+    # Look each distinct name up once in the big index; the rest are lookups in a small, cache-warm dict.
+    local = dict.fromkeys(names)
+    ids = np.fromiter((index.setdefault(name, len(index)) for name in local), dtype=np.int64, count=len(local))
+    local.update(zip(local, range(len(local))))
+    return ids[np.fromiter(map(local.__getitem__, names), dtype=np.int64, count=len(names))]
+
+
 @dataclass(frozen=True, eq=False)
 class TripleTable:
     """A triple file's distinct triples in file order, as ids into the file's own name lists.
@@ -192,42 +308,73 @@ class TripleTable:
 
 
 class _TableBuilder:
-    """Interns names and keeps each distinct triple once, as three ids: memory grows with what is kept."""
+    """Interns names a chunk at a time and keeps each distinct triple once, as three ids and one packed key."""
 
-    def __init__(self) -> None:
+    def __init__(self, path: Path) -> None:
+        self.path = path
         self.entities: dict[str, int] = {}
         self.relations: dict[str, int] = {}
-        self.ids = array("q")  # head, relation, tail, head, ...
         self.read = 0  # triples read, duplicates included
-        self._seen: set[int] = set()  # packed keys of the triples kept
+        self._ids = np.empty((1 << 16, 3), dtype=np.int64)  # head, relation, tail: the distinct triples, in order
+        self._kept = 0  # rows of _ids in use
+        self._bits = _key_bits(path, 1, 1)
+        self._seen = _KeySet()
 
-    def add(self, triple: Triple, count: int = 1) -> None:
-        """Count ``triple`` ``count`` times; keep it unless already kept."""
-        ent, rel = self.entities, self.relations
-        h = ent.setdefault(triple[0], len(ent))
-        r = rel.setdefault(triple[1], len(rel))
-        t = ent.setdefault(triple[2], len(ent))
-        key = ((h << _ID_BITS) | t) << _ID_BITS | r
-        self.read += count
-        if key not in self._seen:
-            self._seen.add(key)
-            self.ids.extend((h, r, t))
+    def add(self, fields: list[str], counts: np.ndarray) -> None:
+        """Count a batch of triples (``fields`` flat, ``counts[i]`` times the i-th); keep those not kept yet."""
+        self.read += int(counts.sum())
+        heads_tails = fields.copy()
+        del heads_tails[1::3]  # head0, tail0, head1, ...: the order entities are numbered in
+        ends = _intern(self.entities, heads_tails).reshape(-1, 2)
+        ids = np.column_stack((ends[:, 0], _intern(self.relations, fields[1::3]), ends[:, 1]))
+        new = ids[self._seen.add(self._keys(ids))]
+        self._ids = _append(self._ids, self._kept, new)
+        self._kept += len(new)
 
-    def add_tsv(self, path: Path, chunks: Iterable[tuple[int, str]]) -> None:
-        """Add a tab-separated file's triples; a line repeated within a chunk is parsed once, whatever its count."""
-        for first, text in chunks:
-            lines = text.split("\n")
-            for line, count in Counter(lines).items():  # in order of first appearance
-                try:
-                    triple = _fields(line.split("\t"), is_csv=False)
-                except _BadRow as e:
-                    raise TripleFileError(path, first + lines.index(line), str(e)) from None
-                if triple:
-                    self.add(triple, count)
+    def _keys(self, ids: np.ndarray) -> np.ndarray:
+        e_bits, r_bits = self._bits
+        if len(self.entities) > 1 << e_bits or len(self.relations) > 1 << r_bits:  # widen, and re-key what is kept
+            self._bits = _key_bits(self.path, len(self.entities), len(self.relations))
+            self._seen = _KeySet(self._pack(self._ids[:self._kept]))
+        return self._pack(ids)
+
+    def _pack(self, ids: np.ndarray) -> np.ndarray:
+        e_bits, r_bits = self._bits
+        return (ids[:, 0] << (e_bits + r_bits)) | (ids[:, 2] << r_bits) | ids[:, 1]
 
     def table(self) -> TripleTable:
-        ids = np.frombuffer(self.ids, dtype=np.int64).reshape(-1, 3)
+        self._seen = _KeySet()
+        ids, self._ids = self._ids, np.empty((0, 3), dtype=np.int64)
+        ids.resize((self._kept, 3), refcheck=False)
         return TripleTable(list(self.entities), list(self.relations), ids, self.read - len(ids))
+
+
+class _TripleCounter:
+    """Counts distinct triples by a 64-bit fingerprint each, keeping no names: for checks that need no ids."""
+
+    def __init__(self, path: Path, max_triples: int | None) -> None:
+        self.path, self.max_triples = path, max_triples
+        self.read = 0
+        self.longest_name = 0
+        self.seen = _KeySet()
+
+    def add(self, fields: list[str], counts: np.ndarray) -> None:
+        self.read += int(counts.sum())
+        self.longest_name = max(self.longest_name, max(map(len, fields), default=0))
+        fingerprints = map(hash, zip(fields[0::3], fields[1::3], fields[2::3], strict=True))
+        self.seen.add(np.fromiter(fingerprints, dtype=np.int64, count=len(counts)))
+        if self.max_triples is not None and self.seen.size > self.max_triples:
+            raise TripleLimitError(self.path, self.max_triples)
+
+
+def _read_into(path: Path, sink: _TableBuilder | _TripleCounter, max_bytes: int) -> None:
+    """Stream the file's triples into ``sink``; a file without any is refused."""
+    for fields, counts in _batches(path, max_bytes):
+        sink.add(fields, counts)
+    if not sink.read:
+        blank = all(not text.strip() for _, text in _text_chunks(path, max_bytes))
+        what = "is empty" if blank else "has no triples"
+        raise TripleFileError(path, None, f"{what}; expected lines of head, relation, tail")
 
 
 def read_table(path: PathLike, *, max_bytes: int = DEFAULT_MAX_BYTES) -> TripleTable:
@@ -238,19 +385,35 @@ def read_table(path: PathLike, *, max_bytes: int = DEFAULT_MAX_BYTES) -> TripleT
     and fields are stripped. Any problem raises :class:`TripleFileError` with the line number.
     """
     path = Path(path)
-    builder = _TableBuilder()
-    if _is_csv(path):
-        for _, triple in _records(path, max_bytes):
-            builder.add(triple)
-    else:
-        builder.add_tsv(path, _text_chunks(path, max_bytes))
-    if not builder.read:
-        blank = all(not text.strip() for _, text in _text_chunks(path, max_bytes))
-        what = "is empty" if blank else "has no triples"
-        raise TripleFileError(path, None, f"{what}; expected lines of head, relation, tail")
+    builder = _TableBuilder(path)
+    _read_into(path, builder, max_bytes)
     table = builder.table()
     log.debug("%s: %d triples, %d duplicates dropped", path, len(table), table.duplicates)
     return table
+
+
+@dataclass(frozen=True)
+class TripleCounts:
+    """What :func:`count_triples` finds: distinct triples, duplicates dropped, the longest name's length."""
+
+    triples: int
+    duplicates: int
+    longest_name: int
+
+
+def count_triples(path: PathLike, *, max_bytes: int = DEFAULT_MAX_BYTES,
+                  max_triples: int | None = None) -> TripleCounts:
+    """Check a triple file as :func:`read_table` would read it (same formats, same errors) and count it.
+
+    No names or ids are kept: a distinct triple costs one 64-bit fingerprint (Python's keyed string hash), so
+    memory stays small whatever the names. Two distinct triples share a fingerprint with probability about
+    n**2 / 2**65 (1e-6 at 10 million), which would count one as a duplicate. More than ``max_triples``
+    distinct triples raise :class:`TripleLimitError` as soon as they are seen.
+    """
+    path = Path(path)
+    counter = _TripleCounter(path, max_triples)
+    _read_into(path, counter, max_bytes)
+    return TripleCounts(counter.seen.size, counter.read - counter.seen.size, counter.longest_name)
 
 
 def read_triples(path: PathLike, *, max_bytes: int = DEFAULT_MAX_BYTES) -> tuple[list[Triple], int]:

@@ -73,3 +73,14 @@ class UnknownRelationError(_UnknownNameError):
     """A relation name is not in the vocabulary; ``suggestions`` holds close matches."""
 
     kind = "relation"
+
+
+class TripleLimitError(TripleFileError):
+    """A triple file holds more distinct triples than the reader was allowed to count (``limit``)."""
+
+    def __init__(self, path: str | os.PathLike[str], limit: int) -> None:
+        self.limit = limit
+        super().__init__(path, None, f"has more than {limit:,} distinct triples (max_triples={limit})")
+
+    def __reduce__(self):
+        return type(self), (self.path, self.limit)
