@@ -10,7 +10,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 class Settings(BaseSettings):
     """EARL_HOME, EARL_STORE, EARL_API_TOKEN, EARL_PROTECT_READS, EARL_MAX_UPLOAD_MB, EARL_MAX_UNPACKED_MB,
-    EARL_CACHE_MODELS."""
+    EARL_CACHE_MODELS, EARL_MAX_UPLOAD_TRIPLES."""
 
     model_config = SettingsConfigDict(env_prefix="EARL_", extra="ignore")
 
@@ -22,6 +22,8 @@ class Settings(BaseSettings):
     # Bound on what a .gz triple upload may decompress to (a gzip bomb is refused at this size, not read to the end).
     max_unpacked_mb: float = Field(1024.0, gt=0)
     cache_models: int = Field(4, ge=1)  # LinkPredictors kept in memory (LRU)
+    # Bound on the distinct triples of one uploaded file: the upload check keeps 8 bytes for each (16 while merging).
+    max_upload_triples: int = Field(10_000_000, ge=1)
 
     @field_validator("api_token", mode="before")
     @classmethod

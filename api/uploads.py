@@ -4,16 +4,16 @@ from __future__ import annotations
 
 import json
 import shutil
-from itertools import chain
 from pathlib import Path
 
 from fastapi import UploadFile
 
-from earl_service.data import DEFAULT_MAX_BYTES, SPLIT_SUFFIXES, read_table
-from earl_service.errors import TripleFileError
+from earl_service.data import DEFAULT_MAX_BYTES, SPLIT_SUFFIXES, count_triples
+from earl_service.errors import TripleFileError, TripleLimitError
 
 LABELS_MAX_BYTES = 8 * 2**20
 MAX_NAME_CHARS = 1000  # as the /predict query parameters
+DEFAULT_MAX_UPLOAD_TRIPLES = 10_000_000  # as Settings.max_upload_triples (EARL_MAX_UPLOAD_TRIPLES)
 
 
 def split_suffix(filename: str | None) -> str:
@@ -30,23 +30,28 @@ def save_upload(upload: UploadFile, dest: Path) -> Path:
     return dest
 
 
-def check_triples(path: Path, shown_name: str | None, *, max_bytes: int = DEFAULT_MAX_BYTES) -> dict[str, int]:
-    """read_table on the saved file (a .gz at most `max_bytes` unpacked); returns its counts.
+def check_triples(path: Path, shown_name: str | None, *, max_bytes: int = DEFAULT_MAX_BYTES,
+                  max_triples: int = DEFAULT_MAX_UPLOAD_TRIPLES) -> dict[str, int]:
+    """count_triples on the saved file (a .gz at most `max_bytes` unpacked); returns its counts.
 
-    The reader streams, so memory follows the distinct triples and names, not the upload's (or its unpacked) size.
+    The reader streams and keeps one 64-bit fingerprint per distinct triple, no names, so memory follows the
+    distinct triples (at most `max_triples`, EARL_MAX_UPLOAD_TRIPLES), not the upload's (or its unpacked) size.
     A TripleFileError names the client's file, not the server path. Names longer than MAX_NAME_CHARS are
     refused here: /predict could never ask about them, and one 10 MB "entity" is a mistake, not a graph.
     """
     shown = shown_name or path.name
     try:
-        table = read_table(path, max_bytes=max_bytes)
+        counts = count_triples(path, max_bytes=max_bytes, max_triples=max_triples)
+    except TripleLimitError as exc:
+        raise TripleFileError(shown, None, f"has more than {exc.limit:,} distinct triples; uploads are limited "
+                                           f"to {exc.limit:,} per file (EARL_MAX_UPLOAD_TRIPLES)") from None
     except TripleFileError as exc:
         raise TripleFileError(shown, exc.line, exc.reason) from None
-    longest = max(map(len, chain(table.entities, table.relations)))
-    if longest > MAX_NAME_CHARS:
-        raise TripleFileError(shown, None, f"a name is {longest:,} characters long; entity and relation names "
-                                           f"are limited to {MAX_NAME_CHARS:,} (is a separator missing?)")
-    return {"triples": len(table), "duplicates_dropped": table.duplicates}
+    if counts.longest_name > MAX_NAME_CHARS:
+        raise TripleFileError(shown, None, f"a name is {counts.longest_name:,} characters long; entity and "
+                                           f"relation names are limited to {MAX_NAME_CHARS:,} (is a separator "
+                                           "missing?)")
+    return {"triples": counts.triples, "duplicates_dropped": counts.duplicates}
 
 
 def save_labels(upload: UploadFile, dest: Path) -> Path:
@@ -68,7 +73,7 @@ def save_labels(upload: UploadFile, dest: Path) -> Path:
 
 def save_job_files(home: Path, job_id: str, uploads: dict[str, UploadFile | None],
                    labels: UploadFile | None = None, *, max_bytes: int = DEFAULT_MAX_BYTES,
-                   ) -> tuple[dict[str, str], dict[str, dict[str, int]]]:
+                   max_triples: int = DEFAULT_MAX_UPLOAD_TRIPLES) -> tuple[dict[str, str], dict[str, dict[str, int]]]:
     """Save train/valid/test as HOME/uploads/<job>/<split><suffix>, checked; paths returned relative to HOME,
     with each split's counts (triples kept, duplicates dropped). Relation labels, if given, go to
     relations.en.json beside them (where load_dataset's folder reader looks).
@@ -85,7 +90,7 @@ def save_job_files(home: Path, job_id: str, uploads: dict[str, UploadFile | None
             if upload is None:
                 continue
             path = save_upload(upload, folder / f"{split}{split_suffix(upload.filename)}")
-            counts[split] = check_triples(path, upload.filename, max_bytes=max_bytes)
+            counts[split] = check_triples(path, upload.filename, max_bytes=max_bytes, max_triples=max_triples)
             files[split] = str(path.relative_to(home))
     except BaseException:
         shutil.rmtree(folder, ignore_errors=True)

@@ -43,7 +43,8 @@ def create_job(settings: SettingsDep, store: StoreDep, params: Annotated[TrainFo
     job_id = new_id()
     try:
         files, counts = save_job_files(settings.home, job_id, {"train": train, "valid": valid, "test": test},
-                                       labels=relation_labels, max_bytes=settings.max_unpacked_bytes)
+                                       labels=relation_labels, max_bytes=settings.max_unpacked_bytes,
+                                       max_triples=settings.max_upload_triples)
     except (TripleFileError, ValueError) as exc:
         raise HTTPException(422, str(exc)) from None
     job = store.create_job(params.model_dump(), files, job_id=job_id)

@@ -112,7 +112,8 @@ def extend_model(model_id: ModelId, triples: UploadFile, settings: SettingsDep, 
         tmp = staging_path(settings.home, f"{model_id}.extended")
         try:
             save_upload(triples, upload)
-            check_triples(upload, triples.filename, max_bytes=settings.max_unpacked_bytes)
+            check_triples(upload, triples.filename, max_bytes=settings.max_unpacked_bytes,
+                          max_triples=settings.max_upload_triples)
             try:
                 extended = load_bundle(path).extend(upload)
             except TripleFileError as exc:  # e.g. an unknown relation, reported at its line
