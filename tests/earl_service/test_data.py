@@ -10,11 +10,12 @@ import numpy as np
 import pytest
 
 from earl_service import data
-from earl_service.data import Vocab, load_dataset, load_triples_file, read_table, read_triples
+from earl_service.data import Vocab, count_triples, load_dataset, load_triples_file, read_table, read_triples
 from earl_service.errors import (
     DatasetError,
     EarlError,
     TripleFileError,
+    TripleLimitError,
     UnknownEntityError,
     UnknownRelationError,
 )
@@ -195,6 +196,65 @@ def test_line_without_a_break_is_refused_unread(tmp_path, monkeypatch):
 def test_csv_of_empty_fields_has_no_triples(tmp_path):
     err = read_error(write(tmp_path / "train.csv", ',,\n"","",""\n'))
     assert err.line is None and "has no triples" in str(err)
+
+
+def test_bulk_and_line_by_line_parsing_agree(tmp_path):
+    """Clean chunks are split in bulk; padded ones line by line: the same table either way."""
+    clean = "".join(f"e{i % 7}\tr{i % 3}\te{i % 5}\n" for i in range(60))
+    padded = clean.replace("\t", " \t").replace("\n", "\u00a0\r\n")  # a no-break space is stripped too
+    a, b = read_table(write(tmp_path / "a.txt", clean)), read_table(write(tmp_path / "b.txt", padded))
+    assert (a.entities, a.relations, a.ids.tolist(), a.duplicates) == (b.entities, b.relations, b.ids.tolist(),
+                                                                       b.duplicates)
+    inner = read_triples(write(tmp_path / "c.txt", "New\u00a0York\tr\tx y\ne\u200dz\tr\tb\n"))[0]
+    assert inner == [("New\u00a0York", "r", "x y"), ("e\u200dz", "r", "b")]  # inner whitespace is kept
+
+
+def test_keys_widen_as_the_vocabulary_grows(tmp_path, monkeypatch):
+    """Packed keys start narrow here, so every new power of two of entities re-keys what is kept."""
+    path = write(tmp_path / "train.txt", "".join(f"e{i % 37}\tr{i % 5}\te{i * 7 % 41}\n" for i in range(400)))
+    expected = read_table(path)
+    monkeypatch.setattr(data, "_ENTITY_BITS", 1)
+    monkeypatch.setattr(data, "_CHUNK", 64)
+    table = read_table(path)
+    assert (table.entities, table.ids.tolist(), table.duplicates) == (expected.entities, expected.ids.tolist(),
+                                                                      expected.duplicates)
+    with pytest.raises(TripleFileError, match="too many distinct names to index"):
+        data._key_bits(path, 2**27 + 1, 1024)  # 27 + 27 + 10 bits: more than one int64 holds
+
+
+# --- count_triples: the upload check's reader ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", MESSY)
+def test_count_triples_counts_as_read_table_reads(tmp_path, monkeypatch, name):
+    path = write(tmp_path / name, MESSY[name])
+    table = read_table(path)
+    for chunk in (3, 1 << 20):
+        monkeypatch.setattr(data, "_CHUNK", chunk)
+        counts = count_triples(path)
+        assert (counts.triples, counts.duplicates) == (len(table), table.duplicates)
+        assert counts.longest_name == max(map(len, table.entities + table.relations))
+
+
+@pytest.mark.parametrize("content", ["a\tr\tb\nc\td\n", "a\tr\tb\n\t\tb\n", b"a\tr\tb\n\xe9\tr\tb\n", "", " \n"])
+def test_count_triples_refuses_as_read_table(tmp_path, content):
+    path = write(tmp_path / "train.txt", content)
+    expected = read_error(path)
+    with pytest.raises(TripleFileError) as info:
+        count_triples(path)
+    assert (str(info.value), info.value.line) == (str(expected), expected.line)
+
+
+def test_count_triples_stops_at_its_limit(tmp_path, monkeypatch):
+    monkeypatch.setattr(data, "_CHUNK", 64)
+    path = write(tmp_path / "train.txt", "".join(f"e{i}\tr\te{i + 1}\n" for i in range(100)) + "bad line\n")
+    with pytest.raises(TripleLimitError) as info:
+        count_triples(path, max_triples=10)  # refused before the bad line is reached
+    assert info.value.limit == 10 and str(info.value) == f"{path}: has more than 10 distinct triples (max_triples=10)"
+    assert isinstance(info.value, TripleFileError)
+    assert str(pickle.loads(pickle.dumps(info.value))) == str(info.value)
+    with pytest.raises(TripleFileError, match="line 101: expected 3 columns"):
+        count_triples(path, max_triples=100)
 
 
 # --- Vocab --------------------------------------------------------------------------------------------------
