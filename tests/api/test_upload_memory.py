@@ -165,3 +165,23 @@ def test_gzip_of_long_distinct_names(tmp_path):
     out = check_in_child(path, 512 * MB)
     assert out["result"] == {"triples": 256 * 349, "duplicates_dropped": 0}
     assert out["grown_mib"] < 64, out  # names are not kept: read_table would hold them all (256 MiB and more)
+
+
+def test_both_upload_routes_apply_the_setting(tmp_path, monkeypatch, codex_bundle):
+    """EARL_MAX_UPLOAD_TRIPLES reaches POST /jobs and POST /models/{id}/triples, and the 422 names it."""
+    from fastapi.testclient import TestClient
+
+    from api.main import create_app
+    from api.settings import Settings
+
+    monkeypatch.setenv("EARL_MAX_UPLOAD_TRIPLES", "2")
+    three = b"a\tr\tb\nb\tr\tc\nc\tr\ta\n"
+    expected = "more.txt: has more than 2 distinct triples; uploads are limited to 2 per file (EARL_MAX_UPLOAD_TRIPLES)"
+    with TestClient(create_app(Settings(home=tmp_path))) as client:
+        r = client.post("/jobs", files={"train": ("more.txt", three)})
+        assert (r.status_code, r.json()["detail"]) == (422, expected)
+        assert client.post("/jobs", files={"train": ("more.txt", three[:12])}).status_code == 202
+        r = client.post("/models", files={"bundle": ("codex.safetensors", codex_bundle.read_bytes())})
+        assert r.status_code == 201, r.text
+        r = client.post(f"/models/{r.json()['id']}/triples", files={"triples": ("more.txt", three)})
+        assert (r.status_code, r.json()["detail"]) == (422, expected)
