@@ -183,7 +183,8 @@ def _bulk_fields(lines: list[str]) -> list[str] | None:
 
 
 def _line_fields(path: Path, first: int, lines: list[str], seen: Counter) -> tuple[list[str], np.ndarray]:
-    """``_bulk_fields`` one line at a time, for a chunk with padded fields, blank or malformed lines."""
+    """The ``(fields, counts)`` of a chunk parsed line by line, for padded fields, blank or malformed lines; the
+    first bad line (by first appearance) is reported."""
     fields, counts = [], []
     for line, count in seen.items():  # in order of first appearance
         try:
@@ -254,13 +255,13 @@ class _KeySet:
 
 
 def _append(buffer: np.ndarray, used: int, rows: np.ndarray, *, spare: bool = True) -> np.ndarray:
-    """Write ``rows`` after the first ``used`` rows of ``buffer``, growing it in place (with spare room) if needed.
+    """Write ``rows`` after the first ``used`` rows of ``buffer``, growing it in place (by a quarter) if needed.
 
-    ndarray.resize reallocates, and a large buffer is remapped rather than copied: what it holds is never there twice,
-    and room not yet written costs no resident memory. ``buffer`` must own its data and have no views.
+    ndarray.resize reallocates, and a large buffer is remapped rather than copied, so what it holds is never there
+    twice (the spare room is zero-filled, so it does count). ``buffer`` must own its data and have no views.
     """
     if used + len(rows) > len(buffer):
-        size = max(2 * len(buffer), used + len(rows)) if spare else used + len(rows)
+        size = max(len(buffer) + len(buffer) // 4, used + len(rows)) if spare else used + len(rows)
         buffer.resize((size, *buffer.shape[1:]), refcheck=False)
     buffer[used:used + len(rows)] = rows
     return buffer
