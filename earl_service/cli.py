@@ -100,31 +100,37 @@ def _progress_writer(path: str | None):
     return write
 
 
-def cmd_train(a: argparse.Namespace) -> int:
+def _join_process_group(train_cfg: TrainConfig) -> TrainConfig:
+    """Under torchrun: join the process group on this rank's device; only rank 0 shows progress."""
     import os
+    from dataclasses import replace
+
+    import torch
+
+    from .distributed import init_process_group
+    from .train import resolve_device
+
+    device = resolve_device(train_cfg.device)
+    if device.type == "cuda":  # one GPU per process
+        device = torch.device(f"cuda:{os.environ.get('LOCAL_RANK', '0')}")
+    init_process_group(device)
+    return replace(train_cfg, device=str(device), progress=train_cfg.progress and os.environ["RANK"] == "0")
+
+
+def cmd_train(a: argparse.Namespace) -> int:
     import signal
     import threading
-    from dataclasses import replace
 
     if a.nproc_per_node and not _under_torchrun():
         return launch_torchrun(a)
 
     from .data import load_dataset, relation_labels
-    from .train import resolve_device, train
+    from .train import train
 
     model_cfg, train_cfg = _configs(a)
     distributed = _under_torchrun()
     if distributed:
-        import torch
-        import torch.distributed as dist
-
-        from .distributed import init_process_group
-
-        device = resolve_device(train_cfg.device)
-        if device.type == "cuda":  # one GPU per process
-            device = torch.device(f"cuda:{os.environ.get('LOCAL_RANK', '0')}")
-        train_cfg = replace(train_cfg, device=str(device), progress=train_cfg.progress and os.environ["RANK"] == "0")
-        init_process_group(device)
+        train_cfg = _join_process_group(train_cfg)
     # SIGTERM (a stopping worker, torchrun passing one on) ends training at the next step with a checkpoint.
     stop = threading.Event()
     if distributed or a.progress_file:
@@ -136,16 +142,22 @@ def cmd_train(a: argparse.Namespace) -> int:
                         on_progress=_progress_writer(a.progress_file))
     finally:
         if distributed:
+            import torch.distributed as dist
+
             dist.destroy_process_group()
-    if "rank" in metrics:  # not rank 0: rank 0 reports
-        return 0
+    if "rank" not in metrics:  # other ranks leave the report to rank 0
+        print(json.dumps(_summary(metrics), indent=2))
+    return 0
+
+
+def _summary(metrics: dict) -> dict:
+    """What `earl train` prints: size, speed and the final metrics of a run's metrics.json."""
     keys = ("trainable_parameters", "steps", "median_step_seconds", "peak_rss_mb", "bundle_bytes")
     summary = {k: metrics.get(k) for k in keys}
     for split in ("valid", "test"):
         if split in metrics:
             summary[split] = {k: metrics[split][k] for k in ("mrr", "mr", "hits_at_1", "hits_at_3", "hits_at_10")}
-    print(json.dumps(summary, indent=2))
-    return 0
+    return summary
 
 
 def cmd_evaluate(a: argparse.Namespace) -> int:
@@ -199,11 +211,7 @@ def _add_coding_option(p: argparse.ArgumentParser) -> None:
                         "for fp32, planes-xz for fp16/int8")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="earl", description="Entity-agnostic knowledge-graph embeddings (EARL).")
-    parser.add_argument("-v", "--verbose", action="store_true")
-    sub = parser.add_subparsers(dest="command", required=True)
-
+def add_train_command(sub) -> None:
     p = sub.add_parser("train", help="train EARL (or the RotatE baseline) on a dataset folder")
     p.add_argument("data", help="folder with train.txt and optional valid.txt / test.txt")
     p.add_argument("--out", required=True, help="run directory (checkpoints, metrics.json, curves.png)")
@@ -219,19 +227,24 @@ def build_parser() -> argparse.ArgumentParser:
     _add_launcher_options(p)
     p.set_defaults(func=cmd_train)
 
+
+def add_evaluate_command(sub) -> None:
     p = sub.add_parser("evaluate", help="filtered ranking of a trained run's best checkpoint")
     p.add_argument("run_dir")
     p.add_argument("data")
-    p.add_argument("--split", default="test", choices=["train", "valid", "test"])
-    p.add_argument("--protocol", choices=["seen", "all"], default="seen")
-    p.add_argument("--batch-size", type=int, default=256)
-    p.add_argument("--device", default="auto")
+    p.add_argument("--split", default="test", choices=["train", "valid", "test"], help="(default: %(default)s)")
+    p.add_argument("--protocol", choices=["seen", "all"], default="seen", help="(default: %(default)s)")
+    p.add_argument("--batch-size", type=int, default=TrainConfig.eval_batch_size, help="(default: %(default)s)")
+    p.add_argument("--device", default=TrainConfig.device, help="auto | cpu | cuda | cuda:N (default: %(default)s)")
     p.set_defaults(func=cmd_evaluate)
 
+
+def add_bundle_commands(sub) -> None:
+    """`earl export`, `earl info` and `earl extend`: a bundle out of a run, described, or grown."""
     p = sub.add_parser("export", help="re-export a trained run's bundle (optionally at lower precision)")
     p.add_argument("run_dir")
     p.add_argument("--out", required=True)
-    p.add_argument("--precision", choices=["fp32", "fp16", "int8"], default="fp32")
+    p.add_argument("--precision", choices=["fp32", "fp16", "int8"], default="fp32", help="(default: %(default)s)")
     _add_coding_option(p)
     p.set_defaults(func=cmd_export)
 
@@ -243,10 +256,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("bundle")
     p.add_argument("--triples", required=True, help="triple file to add")
     p.add_argument("--out", required=True)
-    p.add_argument("--precision", choices=["fp32", "fp16", "int8"], default=None)
+    p.add_argument("--precision", choices=["fp32", "fp16", "int8"], default=None,
+                   help="(default: the bundle's own)")
     _add_coding_option(p)
     p.set_defaults(func=cmd_extend)
 
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="earl", description="Entity-agnostic knowledge-graph embeddings (EARL).")
+    parser.add_argument("-v", "--verbose", action="store_true")
+    sub = parser.add_subparsers(dest="command", required=True)
+    add_train_command(sub)
+    add_evaluate_command(sub)
+    add_bundle_commands(sub)
     add_worker_command(sub)
     add_serve_command(sub)
     return parser
