@@ -1,4 +1,4 @@
-"""The `earl` command: train, evaluate (and, as they land, export, info, extend, worker, serve)."""
+"""The `earl` command: train, evaluate, export, info, extend, worker and serve."""
 
 from __future__ import annotations
 
@@ -8,85 +8,29 @@ import logging
 import sys
 from pathlib import Path
 
-from .config import ABLATIONS, ModelConfig, TrainConfig
-from .errors import EarlError
-
-D_MODEL, D_TRAIN = ModelConfig(), TrainConfig()
-
-
-def _add_train_options(p: argparse.ArgumentParser) -> None:
-    m = p.add_argument_group("model")
-    m.add_argument("--model", choices=["earl", "rotate"], default=D_MODEL.model)
-    m.add_argument("--dim", type=int, default=D_MODEL.dim, help="complex dimensions (2*dim reals per entity)")
-    m.add_argument("--reserved-ratio", type=float, default=D_MODEL.reserved_ratio)
-    m.add_argument("--k", type=int, default=D_MODEL.k, help="nearest reserved entities (kNResEnt)")
-    m.add_argument("--layers", type=int, default=D_MODEL.layers, help="GNN layers")
-    m.add_argument("--margin", "--gamma", dest="gamma", type=float, default=D_MODEL.gamma)
-    m.add_argument("--epsilon", type=float, default=D_MODEL.epsilon)
-    for name in ABLATIONS:
-        m.add_argument(f"--{name.replace('_', '-')}", action="store_true", help="ablation switch")
-    t = p.add_argument_group("training")
-    t.add_argument("--steps", type=int, default=D_TRAIN.steps)
-    t.add_argument("--batch-size", type=int, default=D_TRAIN.batch_size)
-    t.add_argument("--negatives", type=int, default=D_TRAIN.negatives, help="per side (head and tail)")
-    t.add_argument("--lr", type=float, default=D_TRAIN.lr)
-    t.add_argument("--temperature", dest="adversarial_temperature", type=float, default=D_TRAIN.adversarial_temperature,
-                   help="self-adversarial temperature alpha")
-    t.add_argument("--eval-every", type=int, default=D_TRAIN.eval_every, help="steps between validations (0: never)")
-    t.add_argument("--patience", type=int, default=D_TRAIN.patience)
-    t.add_argument("--eval-batch-size", type=int, default=D_TRAIN.eval_batch_size)
-    t.add_argument("--eval-max-triples", type=int, default=D_TRAIN.eval_max_triples,
-                   help="validate on a fixed random subset of this many triples (0: all)")
-    t.add_argument("--checkpoint-every", type=int, default=D_TRAIN.checkpoint_every)
-    t.add_argument("--time-limit", dest="time_limit_minutes", type=float, default=0.0, metavar="MINUTES")
-    t.add_argument("--bf16", action="store_true", help="bfloat16 autocast for the encoder's dense maps (CPU)")
-    t.add_argument("--device", default=D_TRAIN.device, help="auto | cpu | cuda")
-    t.add_argument("--threads", type=int, default=D_TRAIN.threads, help="torch threads (0: torch default)")
-    t.add_argument("--seed", type=int, default=0)
-    t.add_argument("--no-progress", action="store_true")
-    s = p.add_argument_group("sampled training (graphs whose full-graph encoding does not fit)")
-    s.add_argument("--sampled", action="store_true",
-                   help="encode each batch's entities and negatives through sampled neighbourhoods only")
-    s.add_argument("--fanout", type=_fanout, default=D_TRAIN.fanout, metavar="N,N",
-                   help="edges drawn per entity at hop 1, 2, ... (0 or 'all': every edge; default 10,10)")
-    s.add_argument("--negative-chunk", type=int, default=D_TRAIN.negative_chunk, metavar="C",
-                   help="this many positives share one draw of negatives (0: the whole batch)")
-    d = p.add_argument_group("distributed (torch.distributed DDP through torchrun)")
-    d.add_argument("--nproc-per-node", type=int, default=0, metavar="N",
-                   help="run N data-parallel processes on this machine (gloo on CPU, NCCL on CUDA)")
-    d.add_argument("--nnodes", default="1", help="machines taking part (torchrun's --nnodes)")
-    d.add_argument("--rdzv-endpoint", default=None, metavar="HOST:PORT",
-                   help="rendezvous address shared by all machines (default: a free local port, one machine)")
-    d.add_argument("--rdzv-backend", default="c10d")
-    d.add_argument("--rdzv-id", default=None, help="job id shared by all machines")
-    d.add_argument("--node-rank", type=int, default=None)
-
+from .config import ModelConfig, TrainConfig
+from .errors import ConfigError, EarlError
+from .options import add_train_options, configs_from_options
 
 LAUNCHER_OPTIONS = ("--nproc-per-node", "--nnodes", "--rdzv-endpoint", "--rdzv-backend", "--rdzv-id", "--node-rank")
 
 
-def _fanout(text: str) -> tuple[int, ...]:
-    try:
-        values = tuple(0 if x.strip() == "all" else int(x) for x in text.split(","))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers like 10,10, not {text!r}") from None
-    if any(v < 0 for v in values):
-        raise argparse.ArgumentTypeError("fan-outs must be >= 0 (0: every edge)")
-    return values
+def _add_launcher_options(p: argparse.ArgumentParser) -> None:
+    d = p.add_argument_group("distributed (torch.distributed DDP through torchrun)")
+    d.add_argument("--nproc-per-node", type=int, default=0, metavar="N",
+                   help="run N data-parallel processes on this machine (gloo on CPU, NCCL on CUDA; 0: no torchrun)")
+    d.add_argument("--nnodes", default="1", help="machines taking part (torchrun's --nnodes; default: %(default)s)")
+    d.add_argument("--rdzv-endpoint", default=None, metavar="HOST:PORT",
+                   help="rendezvous address shared by all machines (default: a free local port, one machine)")
+    d.add_argument("--rdzv-backend", default="c10d", help="torchrun's rendezvous backend (default: %(default)s)")
+    d.add_argument("--rdzv-id", default=None, help="job id shared by all machines")
+    d.add_argument("--node-rank", type=int, default=None, help="this machine's rank (default: torchrun's choice)")
 
 
 def _configs(a: argparse.Namespace) -> tuple[ModelConfig, TrainConfig]:
     if getattr(a, "config", None):
         return _configs_from_file(a.config)
-    model = ModelConfig(model=a.model, dim=a.dim, reserved_ratio=a.reserved_ratio, k=a.k, layers=a.layers,
-                        gamma=a.gamma, epsilon=a.epsilon, seed=a.seed, **{n: getattr(a, n) for n in ABLATIONS})
-    train = TrainConfig(steps=a.steps, batch_size=a.batch_size, negatives=a.negatives, lr=a.lr,
-                        adversarial_temperature=a.adversarial_temperature, eval_every=a.eval_every,
-                        patience=a.patience, eval_batch_size=a.eval_batch_size, eval_max_triples=a.eval_max_triples,
-                        checkpoint_every=a.checkpoint_every, time_limit_minutes=a.time_limit_minutes, bf16=a.bf16,
-                        device=a.device, threads=a.threads, seed=a.seed, progress=not a.no_progress,
-                        sampled=a.sampled, fanout=a.fanout, negative_chunk=a.negative_chunk)
-    return model, train
+    return configs_from_options(vars(a))
 
 
 def _configs_from_file(path: str) -> tuple[ModelConfig, TrainConfig]:
@@ -94,10 +38,11 @@ def _configs_from_file(path: str) -> tuple[ModelConfig, TrainConfig]:
     try:
         values = json.loads(Path(path).read_text())
     except (OSError, json.JSONDecodeError) as exc:
-        raise ValueError(f"--config {path}: {exc}") from None
-    values = values.get("config", values)
-    if not isinstance(values, dict) or not isinstance(values.get("model"), dict) or not isinstance(values.get("train"), dict):
-        raise ValueError(f"--config {path}: expected an object with 'model' and 'train' objects")  # noqa: TRY004
+        raise ConfigError(f"--config {path}: {exc}") from None
+    if isinstance(values, dict):
+        values = values.get("config", values)
+    if not isinstance(values, dict) or not all(isinstance(values.get(key), dict) for key in ("model", "train")):
+        raise ConfigError(f"--config {path}: expected an object with 'model' and 'train' objects")
     return ModelConfig.from_dict(values["model"]), TrainConfig.from_dict(values["train"])
 
 
@@ -155,31 +100,37 @@ def _progress_writer(path: str | None):
     return write
 
 
-def cmd_train(a: argparse.Namespace) -> int:
+def _join_process_group(train_cfg: TrainConfig) -> TrainConfig:
+    """Under torchrun: join the process group on this rank's device; only rank 0 shows progress."""
     import os
+    from dataclasses import replace
+
+    import torch
+
+    from .distributed import init_process_group
+    from .train import resolve_device
+
+    device = resolve_device(train_cfg.device)
+    if device.type == "cuda":  # one GPU per process
+        device = torch.device(f"cuda:{os.environ.get('LOCAL_RANK', '0')}")
+    init_process_group(device)
+    return replace(train_cfg, device=str(device), progress=train_cfg.progress and os.environ["RANK"] == "0")
+
+
+def cmd_train(a: argparse.Namespace) -> int:
     import signal
     import threading
-    from dataclasses import replace
 
     if a.nproc_per_node and not _under_torchrun():
         return launch_torchrun(a)
 
     from .data import load_dataset, relation_labels
-    from .train import resolve_device, train
+    from .train import train
 
     model_cfg, train_cfg = _configs(a)
     distributed = _under_torchrun()
     if distributed:
-        import torch
-        import torch.distributed as dist
-
-        from .distributed import init_process_group
-
-        device = resolve_device(train_cfg.device)
-        if device.type == "cuda":  # one GPU per process
-            device = torch.device(f"cuda:{os.environ.get('LOCAL_RANK', '0')}")
-        train_cfg = replace(train_cfg, device=str(device), progress=train_cfg.progress and os.environ["RANK"] == "0")
-        init_process_group(device)
+        train_cfg = _join_process_group(train_cfg)
     # SIGTERM (a stopping worker, torchrun passing one on) ends training at the next step with a checkpoint.
     stop = threading.Event()
     if distributed or a.progress_file:
@@ -191,16 +142,22 @@ def cmd_train(a: argparse.Namespace) -> int:
                         on_progress=_progress_writer(a.progress_file))
     finally:
         if distributed:
+            import torch.distributed as dist
+
             dist.destroy_process_group()
-    if "rank" in metrics:  # not rank 0: rank 0 reports
-        return 0
+    if "rank" not in metrics:  # other ranks leave the report to rank 0
+        print(json.dumps(_summary(metrics), indent=2))
+    return 0
+
+
+def _summary(metrics: dict) -> dict:
+    """What `earl train` prints: size, speed and the final metrics of a run's metrics.json."""
     keys = ("trainable_parameters", "steps", "median_step_seconds", "peak_rss_mb", "bundle_bytes")
     summary = {k: metrics.get(k) for k in keys}
     for split in ("valid", "test"):
         if split in metrics:
             summary[split] = {k: metrics[split][k] for k in ("mrr", "mr", "hits_at_1", "hits_at_3", "hits_at_10")}
-    print(json.dumps(summary, indent=2))
-    return 0
+    return summary
 
 
 def cmd_evaluate(a: argparse.Namespace) -> int:
@@ -254,37 +211,40 @@ def _add_coding_option(p: argparse.ArgumentParser) -> None:
                         "for fp32, planes-xz for fp16/int8")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="earl", description="Entity-agnostic knowledge-graph embeddings (EARL).")
-    parser.add_argument("-v", "--verbose", action="store_true")
-    sub = parser.add_subparsers(dest="command", required=True)
-
+def add_train_command(sub) -> None:
     p = sub.add_parser("train", help="train EARL (or the RotatE baseline) on a dataset folder")
     p.add_argument("data", help="folder with train.txt and optional valid.txt / test.txt")
     p.add_argument("--out", required=True, help="run directory (checkpoints, metrics.json, curves.png)")
     p.add_argument("--resume", action="store_true", help="continue from RUN_DIR's last checkpoint")
-    p.add_argument("--protocol", choices=["seen", "all"], default="seen", help="protocol of the final evaluation")
+    p.add_argument("--protocol", choices=["seen", "all"], default="seen",
+                   help="protocol of the final evaluation (default: %(default)s)")
     p.add_argument("--no-final-eval", action="store_true", help="skip the final valid/test evaluation")
     p.add_argument("--config", default=None, metavar="FILE",
                    help="take every model and training setting from FILE ({'model': ..., 'train': ...} or a "
                         "run's metrics.json); the model/training options below are then ignored")
     p.add_argument("--progress-file", default=None, metavar="FILE", help="keep FILE holding the latest progress (JSON)")
-    _add_train_options(p)
+    add_train_options(p)
+    _add_launcher_options(p)
     p.set_defaults(func=cmd_train)
 
+
+def add_evaluate_command(sub) -> None:
     p = sub.add_parser("evaluate", help="filtered ranking of a trained run's best checkpoint")
     p.add_argument("run_dir")
     p.add_argument("data")
-    p.add_argument("--split", default="test", choices=["train", "valid", "test"])
-    p.add_argument("--protocol", choices=["seen", "all"], default="seen")
-    p.add_argument("--batch-size", type=int, default=256)
-    p.add_argument("--device", default="auto")
+    p.add_argument("--split", default="test", choices=["train", "valid", "test"], help="(default: %(default)s)")
+    p.add_argument("--protocol", choices=["seen", "all"], default="seen", help="(default: %(default)s)")
+    p.add_argument("--batch-size", type=int, default=TrainConfig.eval_batch_size, help="(default: %(default)s)")
+    p.add_argument("--device", default=TrainConfig.device, help="auto | cpu | cuda | cuda:N (default: %(default)s)")
     p.set_defaults(func=cmd_evaluate)
 
+
+def add_bundle_commands(sub) -> None:
+    """`earl export`, `earl info` and `earl extend`: a bundle out of a run, described, or grown."""
     p = sub.add_parser("export", help="re-export a trained run's bundle (optionally at lower precision)")
     p.add_argument("run_dir")
     p.add_argument("--out", required=True)
-    p.add_argument("--precision", choices=["fp32", "fp16", "int8"], default="fp32")
+    p.add_argument("--precision", choices=["fp32", "fp16", "int8"], default="fp32", help="(default: %(default)s)")
     _add_coding_option(p)
     p.set_defaults(func=cmd_export)
 
@@ -296,10 +256,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("bundle")
     p.add_argument("--triples", required=True, help="triple file to add")
     p.add_argument("--out", required=True)
-    p.add_argument("--precision", choices=["fp32", "fp16", "int8"], default=None)
+    p.add_argument("--precision", choices=["fp32", "fp16", "int8"], default=None,
+                   help="(default: the bundle's own)")
     _add_coding_option(p)
     p.set_defaults(func=cmd_extend)
 
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="earl", description="Entity-agnostic knowledge-graph embeddings (EARL).")
+    parser.add_argument("-v", "--verbose", action="store_true")
+    sub = parser.add_subparsers(dest="command", required=True)
+    add_train_command(sub)
+    add_evaluate_command(sub)
+    add_bundle_commands(sub)
     add_worker_command(sub)
     add_serve_command(sub)
     return parser

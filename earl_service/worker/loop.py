@@ -18,15 +18,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..config import ABLATIONS, ModelConfig, TrainConfig
+from ..config import ModelConfig, TrainConfig
 from ..errors import EarlError
+from ..options import FORM_OPTIONS, configs_from_options
 from .store import Job, JobStore, ModelRecord, open_store, store_target
 
 log = logging.getLogger(__name__)
-
-MODEL_PARAMS = ("model", "dim", "reserved_ratio", "k", "layers", "gamma", "epsilon", *ABLATIONS)
-TRAIN_PARAMS = ("steps", "batch_size", "negatives", "lr", "eval_every", "patience", "seed", "sampled", "fanout",
-                "negative_chunk")
 
 
 def default_worker_id() -> str:
@@ -59,15 +56,10 @@ def model_path(home: Path, model_id: str) -> Path:
 
 
 def configs_from_params(params: dict[str, Any], cfg: WorkerConfig) -> tuple[ModelConfig, TrainConfig]:
-    """The job's form fields (named like the CLI options) as the library's configs."""
-    model = ModelConfig(**{k: params[k] for k in MODEL_PARAMS if k in params})
-    values = {k: params[k] for k in TRAIN_PARAMS if k in params}
-    if isinstance(values.get("fanout"), str):  # "10,10" as typed on the command line
-        values["fanout"] = tuple(0 if x.strip() == "all" else int(x) for x in values["fanout"].split(","))
-    train = TrainConfig(**values,
-                        time_limit_minutes=float(params.get("time_limit", 0.0)), device=cfg.device,
-                        threads=cfg.threads, progress=False)
-    return model, train
+    """The job's form fields (the option table's names) as the library's configs; where the job runs (device,
+    threads) is the worker's choice, and nobody watches a progress bar."""
+    values = {option.name: params[option.name] for option in FORM_OPTIONS if option.name in params}
+    return configs_from_options({**values, "device": cfg.device, "threads": cfg.threads, "progress": False})
 
 
 def record_for(model_id: str, path: Path, home: Path, *, job_id: str | None = None,
