@@ -7,7 +7,7 @@ from collections import OrderedDict
 from pathlib import Path
 
 from earl_service.predict import LinkPredictor
-from earl_service.worker.store import ModelRecord
+from earl_service.worker.records import ModelRecord
 
 
 class PredictorCache:

@@ -7,7 +7,7 @@ from typing import Annotated, Literal
 from fastapi import APIRouter, Depends, Form, HTTPException, Query, Request, UploadFile
 
 from earl_service.errors import TripleFileError
-from earl_service.worker.store import STATES, TERMINAL, new_id
+from earl_service.worker.records import STATES, TERMINAL, new_id
 
 from ..deps import JobId, SettingsDep, StoreDep
 from ..schemas import JobCreated, JobOut, TrainForm

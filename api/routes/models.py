@@ -12,7 +12,8 @@ from fastapi.responses import FileResponse
 
 from earl_service.errors import BundleError, TripleFileError
 from earl_service.worker.loop import model_path, record_for
-from earl_service.worker.store import JobStore, ModelRecord, new_id
+from earl_service.worker.records import ModelRecord, new_id
+from earl_service.worker.store import JobStore
 
 from ..deps import CacheDep, ModelId, SettingsDep, StoreDep
 from ..schemas import ModelDetail, ModelOut

@@ -21,7 +21,8 @@ from typing import Any
 from ..config import ModelConfig, TrainConfig
 from ..errors import EarlError
 from ..options import FORM_OPTIONS, configs_from_options
-from .store import Job, JobStore, ModelRecord, open_store, store_target
+from .records import Job, ModelRecord
+from .store import JobStore, open_store, store_target
 
 log = logging.getLogger(__name__)
 

@@ -80,7 +80,7 @@ def test_worker_runs_a_job_through_torchrun(tmp_path):
     """A job asking for nproc_per_node=2 trains in 2 gloo processes; progress and the bundle come back."""
     from earl_service.bundle import load_bundle
     from earl_service.worker.loop import Worker, WorkerConfig, model_path
-    from earl_service.worker.store import new_id
+    from earl_service.worker.records import new_id
 
     worker = Worker(WorkerConfig(home=tmp_path, heartbeat_seconds=0.05, poll_seconds=0.05, threads=2))
     try:

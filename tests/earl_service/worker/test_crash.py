@@ -23,7 +23,8 @@ from conftest import REPO, codex_s_path, random_triples
 from earl_service.bundle import load_bundle
 from earl_service.train import CHECKPOINT
 from earl_service.worker.loop import Worker, WorkerConfig, model_path
-from earl_service.worker.store import SqliteStore, new_id
+from earl_service.worker.records import new_id
+from earl_service.worker.sqlite_store import SqliteStore
 
 # About 20 ms a step on 2 busy cores: a checkpoint every 100 steps (TrainConfig default) lands every ~2 s.
 CODEX_JOB = {"dim": 16, "batch_size": 256, "negatives": 16, "eval_every": 0}

@@ -10,7 +10,7 @@ from conftest import random_triples
 from earl_service.bundle import load_bundle
 from earl_service.train import CHECKPOINT
 from earl_service.worker.loop import Worker, WorkerConfig, model_path
-from earl_service.worker.store import new_id
+from earl_service.worker.records import new_id
 
 TINY = {"dim": 4, "k": 3, "reserved_ratio": 0.2, "steps": 6, "batch_size": 32, "negatives": 4, "eval_every": 3}
 

@@ -7,7 +7,9 @@ import time
 
 import pytest
 
-from earl_service.worker.store import STATES, ModelRecord, StoreError, open_store
+from earl_service.errors import StoreError
+from earl_service.worker.records import STATES, ModelRecord
+from earl_service.worker.store import open_store
 
 
 @pytest.fixture(params=["sqlite", "redis"])
@@ -169,3 +171,19 @@ def test_concurrent_workers_never_share_a_job(store, store_url, tmp_path):
     owners = {j.id: j.worker for j in store.list_jobs(limit=1000)}
     for i, ids in enumerate(claimed):
         assert all(owners[job_id] == f"w{i}" for job_id in ids)
+
+
+def test_redis_scripts_ship_as_package_data():
+    """RedisStore loads its Lua scripts from files: pyproject's package-data must name them, or a wheel lacks them."""
+    import fnmatch
+    import tomllib
+    from pathlib import Path
+
+    import earl_service
+
+    package = Path(earl_service.__file__).parent
+    root = package.parent
+    patterns = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]
+    scripts = [p.relative_to(package).as_posix() for p in (package / "worker" / "lua").glob("*.lua")]
+    assert sorted(scripts) == ["worker/lua/cancel.lua", "worker/lua/claim.lua", "worker/lua/update_owned.lua"]
+    assert all(any(fnmatch.fnmatch(s, pat) for pat in patterns["earl_service"]) for s in scripts)
