@@ -21,8 +21,8 @@ class PredictorCache:
     def __len__(self) -> int:
         return len(self._items)
 
-    def get(self, record: ModelRecord, home: Path) -> LinkPredictor:
-        """The predictor of `record`'s bundle (load_bundle + FAISS index on a miss; BundleError if unreadable)."""
+    def get(self, record: ModelRecord, path: Path) -> LinkPredictor:
+        """The predictor of `record`; on a miss its bundle at `path` is loaded (BundleError if unreadable)."""
         from earl_service.bundle import load_bundle
 
         key = (record.id, record.sha256)
@@ -30,7 +30,7 @@ class PredictorCache:
             if key in self._items:
                 self._items.move_to_end(key)
                 return self._items[key]
-        predictor = LinkPredictor.from_bundle(load_bundle(home / record.path))
+        predictor = LinkPredictor.from_bundle(load_bundle(path))
         with self._lock:
             self._items[key] = predictor
             self._items.move_to_end(key)

@@ -1,4 +1,4 @@
-"""Typed dependencies for the routes: settings, store, predictor cache, id parameters, and the access check.
+"""Typed dependencies for the routes: settings, home, store, registry, predictor cache, ids, the access check.
 
 They are `async def` on purpose: FastAPI runs a plain `def` dependency in the threadpool, one hop per
 dependency per request, and these only read app state or compare a token."""
@@ -11,6 +11,8 @@ from typing import Annotated
 from fastapi import Depends, HTTPException, Path, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
+from earl_service.worker.home import ServiceHome
+from earl_service.worker.registry import ModelRegistry
 from earl_service.worker.store import JobStore
 
 from .cache import PredictorCache
@@ -24,8 +26,16 @@ async def get_settings(request: Request) -> Settings:
     return request.app.state.settings
 
 
+async def get_home(request: Request) -> ServiceHome:
+    return request.app.state.home
+
+
 async def get_store(request: Request) -> JobStore:
     return request.app.state.store
+
+
+async def get_registry(request: Request) -> ModelRegistry:
+    return request.app.state.registry
 
 
 async def get_cache(request: Request) -> PredictorCache:
@@ -37,7 +47,9 @@ async def get_metrics(request: Request) -> Metrics:
 
 
 SettingsDep = Annotated[Settings, Depends(get_settings)]
+HomeDep = Annotated[ServiceHome, Depends(get_home)]
 StoreDep = Annotated[JobStore, Depends(get_store)]
+RegistryDep = Annotated[ModelRegistry, Depends(get_registry)]
 CacheDep = Annotated[PredictorCache, Depends(get_cache)]
 MetricsDep = Annotated[Metrics, Depends(get_metrics)]
 JobId = Annotated[str, Path(pattern=ID_PATTERN, description="job id")]

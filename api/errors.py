@@ -1,16 +1,58 @@
-"""Errors that reach the client from below the routes: the body-size limit (413) and storage failures (507/503)."""
+"""Errors that reach the client from below the routes: library errors (404, 422), the body-size limit (413) and
+storage failures (507/503). `add_error_handlers` registers them on the app."""
 
 from __future__ import annotations
 
 import errno
 import json
 import logging
+from typing import Any
 
-from fastapi import Request
+from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from earl_service.errors import (
+    BundleError,
+    ConfigError,
+    DatasetError,
+    TripleFileError,
+    UnknownEntityError,
+    UnknownJobError,
+    UnknownModelError,
+    UnknownRelationError,
+)
+
+from .schemas import NotFound, NotFoundResponse
+
 log = logging.getLogger(__name__)
+
+NOT_FOUND_ERRORS = (UnknownModelError, UnknownJobError, UnknownEntityError, UnknownRelationError)
+UNPROCESSABLE_ERRORS = (BundleError, TripleFileError, ConfigError, DatasetError)  # the client's file or option
+# For a route's `responses=`, so the OpenAPI schema shows the 404 body.
+NOT_FOUND: dict[int | str, dict[str, Any]] = {
+    404: {"model": NotFoundResponse, "description": "unknown model, job, entity or relation"}}
+
+
+def add_error_handlers(app: FastAPI) -> None:
+    for missing in NOT_FOUND_ERRORS:
+        app.add_exception_handler(missing, not_found)
+    for refused in UNPROCESSABLE_ERRORS:
+        app.add_exception_handler(refused, unprocessable)
+    app.add_exception_handler(OSError, storage_error)
+
+
+async def not_found(request: Request, exc: Exception) -> JSONResponse:
+    """404 with a NotFound body: what was not found, and close names to try instead."""
+    assert isinstance(exc, NOT_FOUND_ERRORS)
+    body = NotFound.model_validate({"message": str(exc), "kind": exc.kind, "name": exc.name,
+                                    "suggestions": exc.suggestions})
+    return JSONResponse({"detail": body.model_dump()}, status_code=404)
+
+
+async def unprocessable(request: Request, exc: Exception) -> JSONResponse:
+    """422 with the library's message, which names the client's file and line (never a server path)."""
+    return JSONResponse({"detail": str(exc)}, status_code=422)
 
 
 class BodyLimitMessage:

@@ -14,11 +14,12 @@ from starlette.types import ASGIApp
 
 from earl_service import __version__
 from earl_service.predict import configure_threads
-from earl_service.worker.store import open_store, store_target
+from earl_service.worker.home import ServiceHome
+from earl_service.worker.registry import ModelRegistry
 
 from .cache import PredictorCache
 from .deps import check_access
-from .errors import BodyLimitMessage, storage_error
+from .errors import BodyLimitMessage, add_error_handlers
 from .metrics import Metrics, MetricsMiddleware
 from .routes import health, jobs, models, predict
 from .settings import Settings
@@ -36,9 +37,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         configure_threads(1)
-        for sub in ("uploads", "runs", "models"):
-            (settings.home / sub).mkdir(parents=True, exist_ok=True)
-        app.state.store = open_store(store_target(settings.home, settings.store))
+        app.state.home = ServiceHome(settings.home).create()
+        app.state.store = app.state.home.open_store(settings.store)
+        app.state.registry = ModelRegistry(app.state.home, app.state.store)
         app.state.cache = PredictorCache(settings.cache_models)
         try:
             yield
@@ -52,7 +53,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                   max_body_size=settings.max_body_bytes, dependencies=[Depends(check_access)])
     app.state.settings = settings
     app.state.metrics = Metrics()
-    app.add_exception_handler(OSError, storage_error)
+    add_error_handlers(app)
     app.add_middleware(MetricsMiddleware, metrics=app.state.metrics)
     for module in (jobs, models, predict, health):
         app.include_router(module.router)

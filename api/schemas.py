@@ -85,3 +85,9 @@ class NotFound(BaseModel):
     kind: Literal["model", "job", "entity", "relation"]
     name: str
     suggestions: list[str]
+
+
+class NotFoundResponse(BaseModel):
+    """The body of every 404 a route documents: `detail` says what was not found and suggests close names."""
+
+    detail: NotFound

@@ -6,10 +6,11 @@ from typing import Annotated, Literal
 
 from fastapi import APIRouter, Depends, Form, HTTPException, Query, Request, UploadFile
 
-from earl_service.errors import TripleFileError
-from earl_service.worker.records import STATES, TERMINAL, new_id
+from earl_service.errors import UnknownJobError
+from earl_service.worker.records import STATES, TERMINAL, Job, new_id
 
-from ..deps import JobId, SettingsDep, StoreDep
+from ..deps import HomeDep, JobId, SettingsDep, StoreDep
+from ..errors import NOT_FOUND
 from ..schemas import JobCreated, JobOut, TrainForm
 from ..uploads import save_job_files
 
@@ -25,15 +26,17 @@ async def reject_unknown_fields(request: Request) -> None:
                                  f"{', '.join(FILES)} and options {', '.join(TrainForm.model_fields)}")
 
 
-def _not_found(job_id: str) -> HTTPException:
-    return HTTPException(404, {"message": f"job {job_id!r} not found", "kind": "job", "name": job_id,
-                               "suggestions": []})
+def found(job: Job | None, job_id: str) -> Job:
+    """The store's answer, or UnknownJobError (404) when it holds no job `job_id`."""
+    if job is None:
+        raise UnknownJobError(job_id)
+    return job
 
 
 @router.post("", status_code=202, response_model=JobCreated,
              dependencies=[Depends(reject_unknown_fields)])
-def create_job(settings: SettingsDep, store: StoreDep, params: Annotated[TrainForm, Form()], train: UploadFile,
-               valid: UploadFile | None = None, test: UploadFile | None = None,
+def create_job(settings: SettingsDep, home: HomeDep, store: StoreDep, params: Annotated[TrainForm, Form()],
+               train: UploadFile, valid: UploadFile | None = None, test: UploadFile | None = None,
                relation_labels: UploadFile | None = None) -> JobCreated:
     """Queue a training job; the files are checked (format, encoding, columns) before anything is queued.
 
@@ -41,11 +44,8 @@ def create_job(settings: SettingsDep, store: StoreDep, params: Annotated[TrainFo
     ({"P27": "country of citizenship"} or CoDEx's {"P27": {"label": ...}}); predictions then carry them.
     """
     job_id = new_id()
-    try:
-        files, counts = save_job_files(settings.home, job_id, {"train": train, "valid": valid, "test": test},
-                                       labels=relation_labels, max_bytes=settings.max_unpacked_bytes)
-    except (TripleFileError, ValueError) as exc:
-        raise HTTPException(422, str(exc)) from None
+    files, counts = save_job_files(home, job_id, {"train": train, "valid": valid, "test": test},
+                                   labels=relation_labels, max_bytes=settings.max_unpacked_bytes)
     job = store.create_job(params.model_dump(), files, job_id=job_id)
     return JobCreated(id=job.id, state=job.state, triples=counts)
 
@@ -56,20 +56,15 @@ def list_jobs(store: StoreDep, state: Annotated[Literal[STATES] | None, Query()]
     return [JobOut(**j.to_dict()) for j in store.list_jobs(state=state, limit=limit)]
 
 
-@router.get("/{job_id}", response_model=JobOut)
+@router.get("/{job_id}", response_model=JobOut, responses=NOT_FOUND)
 def get_job(job_id: JobId, store: StoreDep) -> JobOut:
-    job = store.get_job(job_id)
-    if job is None:
-        raise _not_found(job_id)
-    return JobOut(**job.to_dict())
+    return JobOut(**found(store.get_job(job_id), job_id).to_dict())
 
 
-@router.post("/{job_id}/cancel", response_model=JobOut)
+@router.post("/{job_id}/cancel", response_model=JobOut, responses=NOT_FOUND)
 def cancel_job(job_id: JobId, store: StoreDep) -> JobOut:
     """Cancel a queued job at once; a running one stops at its next step (state becomes cancelled)."""
-    job = store.request_cancel(job_id)
-    if job is None:
-        raise _not_found(job_id)
+    job = found(store.request_cancel(job_id), job_id)
     if job.state in TERMINAL and job.state != "cancelled":
         raise HTTPException(409, f"job {job_id} already {job.state}; nothing to cancel")
     return JobOut(**job.to_dict())

@@ -10,7 +10,6 @@ grows), so a new worker can resume it from the run directory's checkpoint.
 from __future__ import annotations
 
 import os
-from pathlib import Path
 from typing import Any, Protocol
 
 from ..errors import StoreError
@@ -62,11 +61,6 @@ class JobStore(Protocol):
     def close(self) -> None: ...
 
 
-def store_target(home: str | os.PathLike[str], store: str) -> str:
-    """The EARL_STORE setting as open_store's argument: 'sqlite' means HOME/earl.sqlite3."""
-    return str(Path(home) / "earl.sqlite3") if store in ("", "sqlite") else store
-
-
 def open_store(url_or_path: str | os.PathLike[str]) -> JobStore:
     """`redis://host:port/db` (or rediss://) -> RedisStore; `sqlite:///path`, or a file path -> SqliteStore."""
     target = os.fspath(url_or_path)
@@ -81,4 +75,4 @@ def open_store(url_or_path: str | os.PathLike[str]) -> JobStore:
     return SqliteStore(target)
 
 
-__all__ = ["JobStore", "open_store", "store_target"]
+__all__ = ["JobStore", "open_store"]

@@ -22,7 +22,8 @@ from conftest import REPO, codex_s_path, random_triples
 
 from earl_service.bundle import load_bundle
 from earl_service.train import CHECKPOINT
-from earl_service.worker.loop import Worker, WorkerConfig, model_path
+from earl_service.worker.home import ServiceHome
+from earl_service.worker.loop import Worker, WorkerConfig
 from earl_service.worker.records import new_id
 from earl_service.worker.sqlite_store import SqliteStore
 
@@ -127,7 +128,7 @@ def test_sigkill_mid_training_resumes_from_the_last_checkpoint(home, store):
     history = json.loads((run / "history.json").read_text())
     assert history["steps"] == list(range(1, 301))  # one continuous run: nothing lost, nothing repeated
     assert complete_bundles_only(home) == [f"{job.id}.safetensors"]
-    assert store.get_model(job.id).sha256 == load_bundle(model_path(home, job.id)).sha256
+    assert store.get_model(job.id).sha256 == load_bundle(ServiceHome(home).model_path(job.id)).sha256
 
 
 def test_a_job_that_keeps_killing_its_worker_fails_after_max_attempts(home, store):
