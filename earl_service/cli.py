@@ -12,6 +12,8 @@ from .config import ModelConfig, TrainConfig
 from .errors import ConfigError, EarlError
 from .options import add_train_options, configs_from_options
 
+COMMANDS_GROUP = "earl.commands"  # entry points: callables that add a subcommand (`earl serve`, from api/serve.py)
+
 LAUNCHER_OPTIONS = ("--nproc-per-node", "--nnodes", "--rdzv-endpoint", "--rdzv-backend", "--rdzv-id", "--node-rank")
 
 
@@ -270,15 +272,36 @@ def build_parser() -> argparse.ArgumentParser:
     add_evaluate_command(sub)
     add_bundle_commands(sub)
     add_worker_command(sub)
-    add_serve_command(sub)
+    if not add_plugin_commands(sub):
+        parser.epilog = ("`earl serve` (the HTTP API) is added when the package is installed with its entry points: "
+                         "pip install 'earl-service[serve]', or pip install -e '.[serve]' in a checkout")
     return parser
 
 
-# ---------------------------------------------------------------- service: `earl worker` and `earl serve`
+def add_plugin_commands(sub) -> list[str]:
+    """Subcommands that installed packages add through the entry point group 'earl.commands' (pyproject.toml):
+    `earl serve` comes from api/serve.py, so the library never imports the web app. A command whose module cannot
+    be imported is left out. Returns the names added."""
+    from importlib.metadata import entry_points
+
+    added = []
+    for entry in entry_points(group=COMMANDS_GROUP):
+        try:
+            add_command = entry.load()
+        except ImportError as exc:
+            logging.getLogger(__name__).debug("earl %s left out: %s", entry.name, exc)
+            continue
+        add_command(sub)
+        added.append(entry.name)
+    return added
+
+
+# ---------------------------------------------------------------- service: `earl worker` (api/serve.py: `earl serve`)
 # The command line is the service's edge: EARL_HOME / EARL_STORE give the defaults, as for the API.
 
 
-def _add_service_options(p: argparse.ArgumentParser) -> None:
+def add_service_options(p: argparse.ArgumentParser) -> None:
+    """--home and --store, shared by `earl worker` and `earl serve`."""
     import os
 
     p.add_argument("--home", default=os.environ.get("EARL_HOME", "artifacts"),
@@ -290,7 +313,7 @@ def _add_service_options(p: argparse.ArgumentParser) -> None:
 def add_worker_command(sub) -> None:
     """`earl worker`: train queued jobs until SIGINT/SIGTERM (the running job is checkpointed and requeued)."""
     p = sub.add_parser("worker", help="run training jobs from the service queue until stopped")
-    _add_service_options(p)
+    add_service_options(p)
     p.add_argument("--threads", type=int, default=2, help="torch threads per job")
     p.add_argument("--device", default="auto", help="auto (CUDA when present) | cpu | cuda")
     p.add_argument("--poll", type=float, default=1.0, help="seconds between looks at an empty queue")
@@ -317,52 +340,6 @@ def cmd_worker(a: argparse.Namespace) -> int:
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, lambda *_: worker.stop())
     worker.run()
-    return 0
-
-
-def add_serve_command(sub) -> None:
-    """`earl serve`: the API (uvicorn) and one worker process for one machine, until SIGINT/SIGTERM."""
-    p = sub.add_parser("serve", help="run the HTTP API and one training worker on this machine")
-    _add_service_options(p)
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8000)
-    p.add_argument("--worker-threads", type=int, default=2, help="torch threads of the worker")
-    p.add_argument("--no-worker", action="store_true", help="API only (workers run elsewhere)")
-    p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"],
-                   help="uvicorn's log level (warning hides the per-request access log)")
-    p.add_argument("--stop-timeout", type=float, default=60.0,
-                   help="seconds the worker gets to checkpoint its job on shutdown before it is killed")
-    p.set_defaults(func=cmd_serve)
-
-
-def cmd_serve(a: argparse.Namespace) -> int:
-    import signal
-    import subprocess
-
-    import uvicorn
-
-    from api.main import create_app
-    from api.settings import Settings
-
-    settings = Settings(home=Path(a.home), store=a.store)  # the token and limits still come from EARL_*
-    worker = None
-    if not a.no_worker:
-        worker = subprocess.Popen([sys.executable, "-m", "earl_service.cli", "worker", "--home", a.home,
-                                   "--store", a.store, "--threads", str(a.worker_threads)])
-    # uvicorn handles SIGINT/SIGTERM itself (drains requests, returns from run()), then re-raises the signal
-    # into the handlers it found. Make those no-ops so that we get here, stop the worker, and exit 0.
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(signum, lambda *_: None)
-    try:
-        uvicorn.Server(uvicorn.Config(create_app(settings), host=a.host, port=a.port, log_level=a.log_level)).run()
-    finally:
-        if worker is not None and worker.poll() is None:
-            worker.send_signal(signal.SIGTERM)
-            try:
-                worker.wait(timeout=a.stop_timeout)
-            except subprocess.TimeoutExpired:
-                worker.kill()
-                worker.wait()
     return 0
 
 
