@@ -1,16 +1,14 @@
-"""Errors that reach the client from below the routes: library errors (404, 422), the body-size limit (413) and
-storage failures (507/503). `add_error_handlers` registers them on the app."""
+"""Errors that reach the client from below the routes: library errors (404, 422) and storage failures (507/503).
+`add_error_handlers` registers them on the app; the 401 and 413 that the headers decide come from api/gate.py."""
 
 from __future__ import annotations
 
 import errno
-import json
 import logging
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from earl_service.errors import (
     BundleError,
@@ -55,42 +53,6 @@ async def unprocessable(request: Request, exc: Exception) -> JSONResponse:
     return JSONResponse({"detail": str(exc)}, status_code=422)
 
 
-class BodyLimitMessage:
-    """Replaces Starlette's bare 'Content Too Large' (413) with the limit and the setting that raises it.
-
-    Starlette's body limiter answers 413 in plain text, from inside the app or from its own middleware; this
-    outer middleware rewrites any 413 start/body pair into JSON `{"detail": ...}` like every other error.
-    """
-
-    def __init__(self, app: ASGIApp, max_body_bytes: int) -> None:
-        self.app = app
-        mib = max_body_bytes / 2**20
-        self.body = json.dumps({"detail": f"request body larger than the upload limit of {mib:g} MiB "
-                                          "(EARL_MAX_UPLOAD_MB); split the file or compress it as .gz"}).encode()
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        rewriting = False
-
-        async def rewrite(message: Message) -> None:
-            nonlocal rewriting
-            if message["type"] == "http.response.start" and message["status"] == 413:
-                rewriting = True
-                headers = [(k, v) for k, v in message.get("headers", [])
-                           if k.lower() not in (b"content-length", b"content-type")]
-                await send({**message, "headers": [*headers, (b"content-type", b"application/json"),
-                                                   (b"content-length", str(len(self.body)).encode())]})
-            elif rewriting and message["type"] == "http.response.body":
-                if not message.get("more_body", False):
-                    await send({"type": "http.response.body", "body": self.body})
-            else:
-                await send(message)
-
-        await self.app(scope, receive, rewrite)
-
-
 _NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
 
 
@@ -104,3 +66,4 @@ async def storage_error(request: Request, exc: Exception) -> JSONResponse:
                                        "later"}, status_code=507)
     return JSONResponse({"detail": f"the server cannot write to its storage ({reason}); nothing was stored"},
                         status_code=503)
+

@@ -19,16 +19,22 @@ from earl_service.worker.registry import ModelRegistry
 
 from .cache import PredictorCache
 from .deps import check_access
-from .errors import BodyLimitMessage, add_error_handlers
+from .errors import add_error_handlers
+from .gate import RequestGate
 from .metrics import Metrics, MetricsMiddleware
 from .routes import health, jobs, models, predict
 from .settings import Settings
 
+ROUTERS = (jobs, models, predict, health)
+
 
 class EarlAPI(FastAPI):
     def build_middleware_stack(self) -> ASGIApp:
-        # Outermost: FastAPI puts its body limiter outside every user middleware, and its 413 should say more.
-        return BodyLimitMessage(super().build_middleware_stack(), self.max_body_size or 0)
+        # The gate outermost: it refuses (401, 413) before FastAPI reads a body, and FastAPI's own body limiter
+        # sits outside every user middleware. The metrics wrap it, so that refusals are counted too.
+        routes = [*self.router.routes, *(route for module in ROUTERS for route in module.router.routes)]
+        gate = RequestGate(super().build_middleware_stack(), self.state.settings, routes)
+        return MetricsMiddleware(gate, metrics=self.state.metrics)
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
@@ -46,16 +52,16 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         finally:
             app.state.store.close()
 
-    # max_body_size: FastAPI/Starlette count the bytes as they stream in and answer 413 past the limit
-    # (or at once from Content-Length), so an oversized upload is never spooled to disk in full.
-    # check_access: one app-wide dependency, so every route (new ones too) is behind the token rules.
+    # max_body_size: FastAPI/Starlette count the bytes as they stream in and answer 413 past the limit, so an
+    # oversized upload is never spooled to disk in full (a too-large Content-Length never gets past the gate).
+    # check_access: one app-wide dependency, so every route (new ones too) is behind the token rules; the gate
+    # applies the same rules (deps.needs_token) before any body is read.
     app = EarlAPI(title="EARL compression service", version=__version__, lifespan=lifespan,
                   max_body_size=settings.max_body_bytes, dependencies=[Depends(check_access)])
     app.state.settings = settings
     app.state.metrics = Metrics()
     add_error_handlers(app)
-    app.add_middleware(MetricsMiddleware, metrics=app.state.metrics)
-    for module in (jobs, models, predict, health):
+    for module in ROUTERS:
         app.include_router(module.router)
     return app
 
