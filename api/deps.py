@@ -18,6 +18,7 @@ from earl_service.worker.registry import ModelRegistry
 from earl_service.worker.store import JobStore
 
 from .cache import PredictorCache
+from .limits import PredictSlots
 from .metrics import Metrics
 from .settings import Settings
 
@@ -48,12 +49,17 @@ async def get_metrics(request: Request) -> Metrics:
     return request.app.state.metrics
 
 
+async def get_predict_slots(request: Request) -> PredictSlots:
+    return request.app.state.predict_slots
+
+
 SettingsDep = Annotated[Settings, Depends(get_settings)]
 HomeDep = Annotated[ServiceHome, Depends(get_home)]
 StoreDep = Annotated[JobStore, Depends(get_store)]
 RegistryDep = Annotated[ModelRegistry, Depends(get_registry)]
 CacheDep = Annotated[PredictorCache, Depends(get_cache)]
 MetricsDep = Annotated[Metrics, Depends(get_metrics)]
+PredictSlotsDep = Annotated[PredictSlots, Depends(get_predict_slots)]
 JobId = Annotated[str, Path(pattern=ID_PATTERN, description="job id")]
 ModelId = Annotated[str, Path(pattern=ID_PATTERN, description="model id")]
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
+import anyio
 from fastapi import Depends, FastAPI
 from starlette.types import ASGIApp
 
@@ -21,6 +22,7 @@ from .cache import PredictorCache
 from .deps import check_access
 from .errors import add_error_handlers
 from .gate import RequestGate
+from .limits import PredictSlots
 from .metrics import Metrics, MetricsMiddleware
 from .routes import health, jobs, models, predict
 from .settings import Settings
@@ -60,6 +62,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                   max_body_size=settings.max_body_bytes, dependencies=[Depends(check_access)])
     app.state.settings = settings
     app.state.metrics = Metrics()
+    # Bounds on work in flight: predictions computed at once, and threads of their own for the readiness checks.
+    app.state.predict_slots = PredictSlots(settings.max_concurrent_predicts, wait=settings.predict_queue_seconds)
+    app.state.probe_threads = anyio.CapacityLimiter(health.PROBE_THREADS)
     add_error_handlers(app)
     for module in ROUTERS:
         app.include_router(module.router)

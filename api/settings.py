@@ -10,7 +10,8 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 class Settings(BaseSettings):
     """EARL_HOME, EARL_STORE, EARL_API_TOKEN, EARL_PROTECT_READS, EARL_MAX_UPLOAD_MB, EARL_MAX_UNPACKED_MB,
-    EARL_CACHE_MODELS."""
+    EARL_CACHE_MODELS; and the bounds on work: EARL_MAX_CONCURRENT_PREDICTS, EARL_PREDICT_QUEUE_SECONDS
+    (docs/api.md#settings)."""
 
     model_config = SettingsConfigDict(env_prefix="EARL_", extra="ignore")
 
@@ -22,6 +23,10 @@ class Settings(BaseSettings):
     # Bound on what a .gz triple upload may decompress to (a gzip bomb is refused at this size, not read to the end).
     max_unpacked_mb: float = Field(1024.0, gt=0)
     cache_models: int = Field(4, ge=1)  # LinkPredictors kept in memory (LRU)
+
+    # Bounds on what one cheap request can make the server do (docs/reliability.md#limits).
+    max_concurrent_predicts: int = Field(8, ge=1)  # predictions computed at once; the others wait in line
+    predict_queue_seconds: float = Field(10.0, gt=0)  # a prediction waits this long for a slot, then 503
 
     @field_validator("api_token", mode="before")
     @classmethod

@@ -13,7 +13,7 @@ from earl_service.predict import LinkPredictor
 from earl_service.worker.registry import ModelRegistry
 
 from ..cache import PredictorCache
-from ..deps import ID_PATTERN, CacheDep, RegistryDep
+from ..deps import ID_PATTERN, CacheDep, PredictSlotsDep, RegistryDep
 from ..errors import NOT_FOUND
 from ..schemas import PredictionOut
 
@@ -24,6 +24,7 @@ router = APIRouter(tags=["predict"])
 async def predict(
     registry: RegistryDep,
     cache: CacheDep,
+    slots: PredictSlotsDep,
     model: Annotated[str, Query(pattern=ID_PATTERN)],
     relation: Annotated[str, Query(min_length=1, max_length=1000)],
     head: Annotated[str | None, Query(min_length=1, max_length=1000)] = None,
@@ -34,9 +35,14 @@ async def predict(
     """Give exactly one of `head` (predict tails) or `tail` (predict heads); known answers are left out."""
     if (head is None) == (tail is None):
         raise HTTPException(422, "give exactly one of 'head' (to predict tails) or 'tail' (to predict heads)")
-    # One threadpool hop for all the blocking work (store lookup, a bundle load on a cache miss, the search).
-    return JSONResponse(await run_in_threadpool(answer, registry, cache, model=model, relation=relation, head=head,
-                                                tail=tail, k=k, exclude_known=exclude_known))
+    if not await slots.acquire():  # waits on the event loop, holding no thread
+        raise HTTPException(503, slots.busy, headers={"Retry-After": slots.retry_after})
+    try:
+        # One threadpool hop for all the blocking work (store lookup, a bundle load on a cache miss, the search).
+        return JSONResponse(await run_in_threadpool(answer, registry, cache, model=model, relation=relation,
+                                                    head=head, tail=tail, k=k, exclude_known=exclude_known))
+    finally:
+        slots.release()
 
 
 def answer(registry: ModelRegistry, cache: PredictorCache, *, model: str, relation: str, head: str | None,
