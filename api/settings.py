@@ -10,7 +10,8 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 class Settings(BaseSettings):
     """EARL_HOME, EARL_STORE, EARL_API_TOKEN, EARL_PROTECT_READS, EARL_MAX_UPLOAD_MB, EARL_MAX_UNPACKED_MB,
-    EARL_CACHE_MODELS; and the bounds on work: EARL_MAX_CONCURRENT_PREDICTS, EARL_PREDICT_QUEUE_SECONDS
+    EARL_CACHE_MODELS; and the bounds on work: EARL_MAX_CONCURRENT_PREDICTS, EARL_PREDICT_QUEUE_SECONDS,
+    EARL_MAX_JOB_DIM, EARL_MAX_BATCH_X_NEGATIVES, EARL_MAX_NPROC, EARL_MAX_JOB_MINUTES, EARL_MAX_QUEUED_JOBS
     (docs/api.md#settings)."""
 
     model_config = SettingsConfigDict(env_prefix="EARL_", extra="ignore")
@@ -27,6 +28,11 @@ class Settings(BaseSettings):
     # Bounds on what one cheap request can make the server do (docs/reliability.md#limits).
     max_concurrent_predicts: int = Field(8, ge=1)  # predictions computed at once; the others wait in line
     predict_queue_seconds: float = Field(10.0, gt=0)  # a prediction waits this long for a slot, then 503
+    max_job_dim: int = Field(512, ge=1)  # a job's dim
+    max_batch_x_negatives: int = Field(2**20, ge=1)  # a job's batch_size * negatives (scores per step and side)
+    max_nproc: int = Field(8, ge=0)  # a job's nproc_per_node
+    max_job_minutes: float = Field(24 * 60.0, gt=0)  # a job's time_limit; a job without one gets this
+    max_queued_jobs: int = Field(10, ge=1)  # unfinished (queued or running) jobs per client (token, else address)
 
     @field_validator("api_token", mode="before")
     @classmethod

@@ -9,8 +9,9 @@ from fastapi import APIRouter, Depends, Form, HTTPException, Query, Request, Upl
 from earl_service.errors import UnknownJobError
 from earl_service.worker.records import STATES, TERMINAL, Job, new_id
 
-from ..deps import HomeDep, JobId, SettingsDep, StoreDep
+from ..deps import HomeDep, JobId, SettingsDep, StoreDep, presented_token
 from ..errors import NOT_FOUND
+from ..limits import bounded_job_params, client_key, unfinished_jobs
 from ..schemas import JobCreated, JobOut, TrainForm
 from ..uploads import save_job_files
 
@@ -35,18 +36,27 @@ def found(job: Job | None, job_id: str) -> Job:
 
 @router.post("", status_code=202, response_model=JobCreated,
              dependencies=[Depends(reject_unknown_fields)])
-def create_job(settings: SettingsDep, home: HomeDep, store: StoreDep, params: Annotated[TrainForm, Form()],
-               train: UploadFile, valid: UploadFile | None = None, test: UploadFile | None = None,
-               relation_labels: UploadFile | None = None) -> JobCreated:
+def create_job(request: Request, settings: SettingsDep, home: HomeDep, store: StoreDep,
+               form: Annotated[TrainForm, Form()], train: UploadFile, valid: UploadFile | None = None,
+               test: UploadFile | None = None, relation_labels: UploadFile | None = None) -> JobCreated:
     """Queue a training job; the files are checked (format, encoding, columns) before anything is queued.
 
     `relation_labels` (optional) is a JSON object mapping relation names to readable labels
     ({"P27": "country of citizenship"} or CoDEx's {"P27": {"label": ...}}); predictions then carry them.
+    The server's caps (EARL_MAX_JOB_*, 422) and the client's quota of unfinished jobs (EARL_MAX_QUEUED_JOBS,
+    429) are checked before any file is stored.
     """
+    client = client_key(settings, token=presented_token(request.scope["headers"]),
+                        address=request.client.host if request.client else None)
+    params = bounded_job_params(form.model_dump(), settings) | {"client": client}
+    if (unfinished := unfinished_jobs(store, client)) >= settings.max_queued_jobs:
+        raise HTTPException(429, f"this client already has {unfinished} unfinished (queued or running) jobs, the "
+                                 f"most this server allows (EARL_MAX_QUEUED_JOBS={settings.max_queued_jobs}); wait "
+                                 "for one to finish or cancel one", headers={"Retry-After": "60"})
     job_id = new_id()
     files, counts = save_job_files(home, job_id, {"train": train, "valid": valid, "test": test},
                                    labels=relation_labels, max_bytes=settings.max_unpacked_bytes)
-    job = store.create_job(params.model_dump(), files, job_id=job_id)
+    job = store.create_job(params, files, job_id=job_id)
     return JobCreated(id=job.id, state=job.state, triples=counts)
 
 
