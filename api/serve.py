@@ -7,12 +7,18 @@ never imports the web app. Only argparse is needed to add it; uvicorn and the ap
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import signal
 import subprocess
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from earl_service.cli import add_service_options
+from earl_service.errors import ConfigError
+
+if TYPE_CHECKING:  # pydantic loads only when `earl serve` runs
+    from .settings import Settings
 
 
 def add_command(sub: argparse._SubParsersAction) -> None:
@@ -36,6 +42,7 @@ def serve(a: argparse.Namespace) -> int:
     from .settings import Settings
 
     settings = Settings(home=Path(a.home), store=a.store)  # the token and limits still come from EARL_*
+    check_open_writes(a.host, settings)
     worker = None if a.no_worker else start_worker(a.home, a.store, threads=a.worker_threads)
     # uvicorn handles SIGINT/SIGTERM itself (drains requests, returns from run()), then re-raises the signal
     # into the handlers it found. Make those no-ops so that we get here, stop the worker, and exit 0.
@@ -47,6 +54,24 @@ def serve(a: argparse.Namespace) -> int:
         if worker is not None:
             stop_worker(worker, timeout=a.stop_timeout)
     return 0
+
+
+def check_open_writes(host: str, settings: Settings) -> None:
+    """Refuse to serve writes without a token beyond this machine, unless EARL_ALLOW_OPEN_WRITES says so:
+    anyone who can reach the port could then queue jobs, upload bundles and delete models."""
+    if settings.api_token is None and not settings.allow_open_writes and not is_loopback(host):
+        raise ConfigError(f"--host {host} serves beyond this machine, and without EARL_API_TOKEN anyone who can "
+                          "reach it may queue jobs and delete models: set EARL_API_TOKEN, or set "
+                          "EARL_ALLOW_OPEN_WRITES=true to serve open writes on purpose")
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a host name: it may resolve to any interface
+        return False
 
 
 def start_worker(home: str, store: str, *, threads: int) -> subprocess.Popen:

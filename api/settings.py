@@ -10,9 +10,9 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 class Settings(BaseSettings):
     """EARL_HOME, EARL_STORE, EARL_API_TOKEN, EARL_PROTECT_READS, EARL_MAX_UPLOAD_MB, EARL_MAX_UNPACKED_MB,
-    EARL_CACHE_MODELS; and the bounds on work: EARL_MAX_CONCURRENT_PREDICTS, EARL_PREDICT_QUEUE_SECONDS,
-    EARL_MAX_JOB_DIM, EARL_MAX_BATCH_X_NEGATIVES, EARL_MAX_NPROC, EARL_MAX_JOB_MINUTES, EARL_MAX_QUEUED_JOBS
-    (docs/api.md#settings)."""
+    EARL_CACHE_MODELS; and the bounds on work: EARL_ALLOW_OPEN_WRITES, EARL_MAX_CONCURRENT_PREDICTS,
+    EARL_PREDICT_QUEUE_SECONDS, EARL_MAX_JOB_DIM, EARL_MAX_BATCH_X_NEGATIVES, EARL_MAX_NPROC, EARL_MAX_JOB_MINUTES,
+    EARL_MAX_QUEUED_JOBS (docs/api.md#settings)."""
 
     model_config = SettingsConfigDict(env_prefix="EARL_", extra="ignore")
 
@@ -26,6 +26,7 @@ class Settings(BaseSettings):
     cache_models: int = Field(4, ge=1)  # LinkPredictors kept in memory (LRU)
 
     # Bounds on what one cheap request can make the server do (docs/reliability.md#limits).
+    allow_open_writes: bool = False  # `earl serve` on a non-loopback host without a token refuses to start unless set
     max_concurrent_predicts: int = Field(8, ge=1)  # predictions computed at once; the others wait in line
     predict_queue_seconds: float = Field(10.0, gt=0)  # a prediction waits this long for a slot, then 503
     max_job_dim: int = Field(512, ge=1)  # a job's dim
