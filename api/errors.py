@@ -1,5 +1,6 @@
-"""Errors that reach the client from below the routes: library errors (404, 422) and storage failures (507/503).
-`add_error_handlers` registers them on the app; the 401 and 413 that the headers decide come from api/gate.py."""
+"""Errors that reach the client from below the routes: library errors (404, 422), storage failures (507/503) and
+a busy or unreachable job store (503). `add_error_handlers` registers them on the app; the 401 and 413 that the
+headers decide come from api/gate.py."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from earl_service.errors import (
     BundleError,
     ConfigError,
     DatasetError,
+    StoreError,
     TripleFileError,
     UnknownEntityError,
     UnknownJobError,
@@ -38,6 +40,7 @@ def add_error_handlers(app: FastAPI) -> None:
     for refused in UNPROCESSABLE_ERRORS:
         app.add_exception_handler(refused, unprocessable)
     app.add_exception_handler(OSError, storage_error)
+    app.add_exception_handler(StoreError, store_unavailable)
 
 
 async def not_found(request: Request, exc: Exception) -> JSONResponse:
@@ -67,3 +70,9 @@ async def storage_error(request: Request, exc: Exception) -> JSONResponse:
     return JSONResponse({"detail": f"the server cannot write to its storage ({reason}); nothing was stored"},
                         status_code=503)
 
+
+async def store_unavailable(request: Request, exc: Exception) -> JSONResponse:
+    """503 with Retry-After for a job store that is locked, full or unreachable; the reason is logged, not sent."""
+    log.error("%s %s: job store error: %s", request.method, request.url.path, exc)
+    return JSONResponse({"detail": "the job store cannot answer right now (busy or unreachable); nothing was "
+                                   "changed, try again shortly"}, status_code=503, headers={"Retry-After": "5"})

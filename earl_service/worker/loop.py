@@ -89,8 +89,11 @@ class _Heartbeat(threading.Thread):
     def beat(self) -> None:
         try:
             job = self.store.heartbeat(self.job_id, self.worker, self.progress)
-        except EarlError as exc:  # the store is briefly unreachable: keep training, try again
+        except EarlError as exc:  # the store is briefly locked or unreachable: keep training, try again
             log.warning("heartbeat for job %s failed: %s", self.job_id, exc)
+            return
+        except Exception:  # a store that raised something else: a dead heartbeat thread would go unnoticed
+            log.exception("heartbeat for job %s failed", self.job_id)
             return
         if job is None:
             self.lost = True
@@ -137,8 +140,11 @@ class Worker:
         while not self._stop.is_set():
             try:
                 job = self.run_once()
-            except EarlError as exc:  # the store is unreachable: wait and retry
+            except EarlError as exc:  # the store is locked or unreachable: wait and retry
                 log.warning("worker %s: %s", self.config.worker_id, exc)
+                job = None
+            except Exception:  # anything else from the store: the worker must outlive it too
+                log.exception("worker %s: store call failed", self.config.worker_id)
                 job = None
             if job is None:
                 self._stop.wait(self.config.poll_seconds)

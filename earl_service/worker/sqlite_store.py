@@ -7,6 +7,8 @@ import os
 import sqlite3
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import fields
 from pathlib import Path
 from typing import Any
@@ -60,6 +62,16 @@ class SqliteStore:
         except sqlite3.Error as exc:
             raise StoreError(f"cannot open the job store {self.path}: {exc}") from exc
 
+    @contextmanager
+    def _locked(self) -> Iterator[None]:
+        """The connection's lock, and every sqlite3 error (a locked or full database, a lost file) as a StoreError:
+        callers (the API's 503, the worker's retry loop) handle the store's own error, never a raw sqlite3 one."""
+        try:
+            with self._lock:
+                yield
+        except sqlite3.Error as exc:
+            raise StoreError(f"job store {self.path.name}: {exc}") from exc
+
     def _tx(self):
         return _Transaction(self._db)
 
@@ -72,18 +84,18 @@ class SqliteStore:
         values = job.to_dict()
         for key in ("params", "files", "progress"):
             values[key] = json.dumps(values[key])
-        with self._lock:
+        with self._locked():
             self._db.execute(f"INSERT INTO jobs ({', '.join(_JOB_COLUMNS)}) VALUES "
                              f"({', '.join(':' + c for c in _JOB_COLUMNS)})", values)
         return job
 
     def get_job(self, job_id: str) -> Job | None:
-        with self._lock:
+        with self._locked():
             row = self._one("SELECT * FROM jobs WHERE id = ?", (job_id,))
         return None if row is None else Job.from_dict(row)
 
     def list_jobs(self, *, state: str | None = None, limit: int = 100) -> list[Job]:
-        with self._lock:
+        with self._locked():
             if state is None:
                 rows = self._db.execute("SELECT * FROM jobs ORDER BY created DESC LIMIT ?", (limit,)).fetchall()
             else:
@@ -92,14 +104,14 @@ class SqliteStore:
         return [Job.from_dict(_decode_row(r)) for r in rows]
 
     def count_jobs(self) -> dict[str, int]:
-        with self._lock:
+        with self._locked():
             rows = self._db.execute("SELECT state, COUNT(*) FROM jobs GROUP BY state").fetchall()
         return {state: 0 for state in STATES} | {r[0]: r[1] for r in rows}
 
     def claim_job(self, worker: str, *, stale_after: float = 60.0, max_attempts: int = 3) -> Job | None:
         now = time.time()
         stale = now - stale_after
-        with self._lock, self._tx():
+        with self._locked(), self._tx():
             # A dead worker's job: cancelled if that was asked for, failed after too many attempts.
             self._db.execute("UPDATE jobs SET state = 'cancelled', finished = ?, worker = NULL WHERE state = 'running' "
                              "AND heartbeat < ? AND cancel_requested = 1", (now, stale))
@@ -114,7 +126,7 @@ class SqliteStore:
         return None if row is None else Job.from_dict(row)
 
     def heartbeat(self, job_id: str, worker: str, progress: dict[str, Any] | None = None) -> Job | None:
-        with self._lock:
+        with self._locked():
             if progress is None:
                 row = self._one("UPDATE jobs SET heartbeat = ? WHERE id = ? AND worker = ? AND state = 'running' "
                                 "RETURNING *", (time.time(), job_id, worker))
@@ -128,20 +140,20 @@ class SqliteStore:
                    model_id: str | None = None) -> Job | None:
         if state not in TERMINAL:
             raise ValueError(f"a finished job is one of {TERMINAL}, not {state!r}")
-        with self._lock:
+        with self._locked():
             row = self._one("UPDATE jobs SET state = ?, finished = ?, error = ?, model_id = ? WHERE id = ? "
                             "AND worker = ? AND state = 'running' RETURNING *",
                             (state, time.time(), error, model_id, job_id, worker))
         return None if row is None else Job.from_dict(row)
 
     def release_job(self, job_id: str, worker: str) -> Job | None:
-        with self._lock:
+        with self._locked():
             row = self._one("UPDATE jobs SET state = 'queued', worker = NULL, heartbeat = NULL WHERE id = ? "
                             "AND worker = ? AND state = 'running' RETURNING *", (job_id, worker))
         return None if row is None else Job.from_dict(row)
 
     def request_cancel(self, job_id: str) -> Job | None:
-        with self._lock, self._tx():
+        with self._locked(), self._tx():
             self._db.execute("UPDATE jobs SET state = 'cancelled', finished = ?, cancel_requested = 1 "
                              "WHERE id = ? AND state = 'queued'", (time.time(), job_id))
             self._db.execute("UPDATE jobs SET cancel_requested = 1 WHERE id = ? AND state = 'running'", (job_id,))
@@ -153,33 +165,30 @@ class SqliteStore:
         for key in ("config", "metrics"):
             values[key] = json.dumps(values[key], default=str)
         columns = list(values)
-        with self._lock:
+        with self._locked():
             self._db.execute(f"INSERT OR REPLACE INTO models ({', '.join(columns)}) VALUES "
                              f"({', '.join(':' + c for c in columns)})", values)
 
     def get_model(self, model_id: str) -> ModelRecord | None:
-        with self._lock:
+        with self._locked():
             row = self._one("SELECT * FROM models WHERE id = ?", (model_id,))
         return None if row is None else ModelRecord.from_dict(row)
 
     def list_models(self) -> list[ModelRecord]:
-        with self._lock:
+        with self._locked():
             rows = self._db.execute("SELECT * FROM models ORDER BY created DESC").fetchall()
         return [ModelRecord.from_dict(_decode_row(r)) for r in rows]
 
     def delete_model(self, model_id: str) -> bool:
-        with self._lock:
+        with self._locked():
             return self._db.execute("DELETE FROM models WHERE id = ?", (model_id,)).rowcount > 0
 
     def ping(self) -> None:
-        try:
-            with self._lock:
-                self._db.execute("SELECT 1 FROM jobs LIMIT 1").fetchall()
-        except sqlite3.Error as exc:
-            raise StoreError(f"job store {self.path} unusable: {exc}") from exc
+        with self._locked():
+            self._db.execute("SELECT 1 FROM jobs LIMIT 1").fetchall()
 
     def close(self) -> None:
-        with self._lock:
+        with self._locked():
             self._db.close()
 
 
