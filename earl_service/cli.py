@@ -87,7 +87,7 @@ def _progress_writer(path: str | None):
         return None
     import time
 
-    from .train import write_json_atomic
+    from .atomic import write_json
 
     last = [0.0]
 
@@ -95,7 +95,7 @@ def _progress_writer(path: str | None):
         now = time.monotonic()
         if now - last[0] >= 0.5 or progress["step"] == progress["total"]:
             last[0] = now
-            write_json_atomic(Path(path), progress)
+            write_json(Path(path), progress)
 
     return write
 
