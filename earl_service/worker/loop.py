@@ -248,12 +248,12 @@ def _train_torchrun(uploads: Path, run_dir: Path, model_cfg: ModelConfig, train_
     import sys
     from dataclasses import replace
 
-    from ..train import write_json_atomic
+    from ..atomic import write_json
 
     run_dir.mkdir(parents=True, exist_ok=True)
     threads = max(1, train_cfg.threads // nproc) if train_cfg.threads else 0  # the worker's threads, shared
     config = run_dir / "job_config.json"
-    write_json_atomic(config, {"model": model_cfg.to_dict(), "train": replace(train_cfg, threads=threads).to_dict()})
+    write_json(config, {"model": model_cfg.to_dict(), "train": replace(train_cfg, threads=threads).to_dict()})
     progress, log_path = run_dir / "progress.json", run_dir / "train.log"
     cmd = [sys.executable, "-m", "earl_service.cli", "train", str(uploads), "--out", str(run_dir), "--config",
            str(config), "--progress-file", str(progress), "--nproc-per-node", str(nproc),
