@@ -202,10 +202,61 @@ def compact_inputs(graph: Graph, message: tuple[torch.Tensor, torch.Tensor, torc
     """Group `graph`'s entities by bit-identical (ConRel, kNResEnt) input rows; None when that saves less than
     `min_saving` of the rows (FB15k-237's 237 relations leave few repeats). `message`: the (rows, cols, values)
     triplets that built graph.message."""
+    grouping = _input_groups(graph, min_saving)
+    if grouping is None:
+        return None
+    index, rep = grouping
+    n, num_rel, n_res, size = graph.num_entities, graph.num_relations, graph.reserved.numel(), rep.numel()
+    crow, col, val = graph.conrel.mat.crow_indices(), graph.conrel.mat.col_indices(), graph.conrel.mat.values()
+    rep_counts = (crow[1:] - crow[:-1])[rep]
+    picked = _ranges(crow[rep], rep_counts)
+    conrel = SparsePair.from_coo(torch.arange(size).repeat_interleave(rep_counts), col[picked], val[picked],
+                                 (size, 2 * num_rel))
+    knn = knn_ids = knn_weights = None
+    if graph.knn_ids is not None and graph.knn_weights is not None:
+        knn_ids, knn_weights = graph.knn_ids[rep], graph.knn_weights[rep]
+        knn = _knn_matrix(knn_ids, knn_weights, n_res, val.dtype)
+    # degree: the representative's (entities of a row may differ in degree; nothing that builds h0 reads it).
+    inputs = Graph.encoder_inputs(size, num_rel, conrel=conrel, reserved=torch.arange(size - n_res, size),
+                                  degree=graph.degree[rep], knn=knn, knn_ids=knn_ids, knn_weights=knn_weights)
+    m_rows, m_cols, m_vals = message
+    first = SparsePair.from_coo(m_rows, 3 * index[m_cols // 3] + m_cols % 3, m_vals, (n, 3 * size))
+    return CompactInputs(inputs, replace(graph, message=first, compact=None), index)
+
+
+def _input_groups(graph: Graph, min_saving: float) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """Each entity's compact row (N,) and the lowest entity of each row (G + N_res,): non-reserved entities with
+    bit-identical input rows share one of the first G rows, reserved entities own the last N_res, in order.
+    None when that saves less than `min_saving` of the rows, or when hashing grouped unequal rows."""
+    n = graph.num_entities
+    entry_crow, entry_cols, entry_vals = _input_rows(graph)
+    group, _ = _identical_rows(entry_crow, entry_cols, entry_vals)
+    is_res = torch.zeros(n, dtype=torch.bool)
+    is_res[graph.reserved] = True
+    patterns, pattern_of = torch.unique(group[~is_res], return_inverse=True)
+    g, n_res = patterns.numel(), graph.reserved.numel()
+    if g + n_res > (1 - min_saving) * n:
+        return None
+    index = torch.empty(n, dtype=torch.long)
+    index[~is_res] = pattern_of
+    index[graph.reserved] = torch.arange(g, g + n_res)
+    rep = torch.full((g + n_res,), n, dtype=torch.long).scatter_reduce(0, index, torch.arange(n), "amin")
+    # The grouping compares hashes: confirm that every entity's entries equal its representative's, entry by entry.
+    mate, counts = rep[index], entry_crow[1:] - entry_crow[:-1]
+    if not torch.equal(counts, counts[mate]):
+        return None
+    mine, theirs = _ranges(entry_crow[:-1], counts), _ranges(entry_crow[mate], counts)
+    if not (torch.equal(entry_cols[mine], entry_cols[theirs]) and torch.equal(entry_vals[mine], entry_vals[theirs])):
+        return None
+    return index, rep
+
+
+def _input_rows(graph: Graph) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Every entity's encoder inputs as one CSR row (crow (N+1,), cols, float64 values): its ConRel entries, then
+    its kNResEnt ones in columns 2R + reserved position."""
     n, num_rel = graph.num_entities, graph.num_relations
     crow, col, val = graph.conrel.mat.crow_indices(), graph.conrel.mat.col_indices(), graph.conrel.mat.values()
-    conrel_counts = crow[1:] - crow[:-1]
-    counts = conrel_counts
+    counts = crow[1:] - crow[:-1]
     rows, cols, vals = torch.repeat_interleave(torch.arange(n), counts), col, val.double()
     if graph.knn_ids is not None and graph.knn_weights is not None:
         k = graph.knn_ids.shape[1]
@@ -216,42 +267,7 @@ def compact_inputs(graph: Graph, message: tuple[torch.Tensor, torch.Tensor, torc
     order = torch.argsort(rows, stable=True)
     entry_crow = torch.zeros(n + 1, dtype=torch.long)
     entry_crow[1:] = torch.cumsum(counts, 0)
-    entry_cols, entry_vals = cols[order], vals[order]
-    group, _ = _identical_rows(entry_crow, entry_cols, entry_vals)
-
-    is_res = torch.zeros(n, dtype=torch.bool)
-    is_res[graph.reserved] = True
-    patterns, pattern_of = torch.unique(group[~is_res], return_inverse=True)
-    g, n_res = patterns.numel(), graph.reserved.numel()
-    if g + n_res > (1 - min_saving) * n:
-        return None
-    index = torch.empty(n, dtype=torch.long)
-    index[~is_res] = pattern_of
-    index[graph.reserved] = torch.arange(g, g + n_res)
-    size = g + n_res
-    rep = torch.full((size,), n, dtype=torch.long).scatter_reduce(0, index, torch.arange(n), "amin")  # lowest id
-    # The grouping compares hashes: confirm that every entity's entries equal its representative's, entry by entry.
-    mate = rep[index]
-    if not torch.equal(counts, counts[mate]):
-        return None
-    mine, theirs = _ranges(entry_crow[:-1], counts), _ranges(entry_crow[mate], counts)
-    if not (torch.equal(entry_cols[mine], entry_cols[theirs]) and torch.equal(entry_vals[mine], entry_vals[theirs])):
-        return None
-
-    rep_counts = conrel_counts[rep]
-    picked = _ranges(crow[rep], rep_counts)
-    conrel = SparsePair.from_coo(torch.arange(size).repeat_interleave(rep_counts), col[picked], val[picked],
-                                 (size, 2 * num_rel))
-    knn = knn_ids = knn_weights = None
-    if graph.knn_ids is not None and graph.knn_weights is not None:
-        knn_ids, knn_weights = graph.knn_ids[rep], graph.knn_weights[rep]
-        knn = _knn_matrix(knn_ids, knn_weights, n_res, val.dtype)
-    # degree: the representative's (entities of a row may differ in degree; nothing that builds h0 reads it).
-    inputs = Graph.encoder_inputs(size, num_rel, conrel=conrel, reserved=torch.arange(g, g + n_res),
-                                  degree=graph.degree[rep], knn=knn, knn_ids=knn_ids, knn_weights=knn_weights)
-    m_rows, m_cols, m_vals = message
-    first = SparsePair.from_coo(m_rows, 3 * index[m_cols // 3] + m_cols % 3, m_vals, (n, 3 * size))
-    return CompactInputs(inputs, replace(graph, message=first, compact=None), index)
+    return entry_crow, cols[order], vals[order]
 
 
 def build_graph(
