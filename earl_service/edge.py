@@ -22,7 +22,7 @@ from .core import rotate
 from .core.decode import DecodedBundle, decode
 from .core.known import KnownAnswers, Side
 from .data import Vocab
-from .errors import ConfigError
+from .errors import BundleError, ConfigError
 
 _CHUNK = 1 << 16  # edges per gather chunk: bounds the (chunk, 2d) temporaries
 
@@ -107,7 +107,7 @@ def encode(bundle: DecodedBundle, *, use_scipy: bool | None = None) -> tuple[np.
     if cfg.model == "rotate":
         return p["entities"], p["relations"]
     if not (cfg.uses_conrel or cfg.uses_knn):
-        raise ValueError("the no_conrel_knn ablation draws torch random inputs; the edge reader cannot rebuild it")
+        raise BundleError("the no_conrel_knn ablation draws torch random inputs; the edge reader cannot rebuild it")
     ops = _Operators.of(bundle.triples, len(bundle.entities), len(bundle.relations), scipy_sparse(use_scipy))
     hidden = _initial(bundle, ops)
     rel = p["relations"]

@@ -197,7 +197,7 @@ class Run:
         if protocol == "seen":
             triples = triples[self.dataset.seen_mask(triples)]
         elif protocol != "all":
-            raise ValueError(f"protocol must be 'seen' or 'all', not {protocol!r}")
+            raise ConfigError(f"protocol must be 'seen' or 'all', not {protocol!r}")
         if limit and len(triples) > limit:
             triples = triples[np.random.default_rng(0).choice(len(triples), limit, replace=False)]
         if self.known is None:
