@@ -1,7 +1,7 @@
 """The worker: claim a queued job, train it, publish its bundle, record the outcome; repeat.
 
 It reads uploads/<job id>/ and trains in runs/<job id>/ of the service home (home.py); the bundle is published as
-models/<job id>.safetensors (the model id is the job id). Torch uses `threads` (2 by default) intra-op threads, on
+models/<job id>/v1.safetensors (the model id is the job id). Torch uses `threads` (2 by default) intra-op threads, on
 CUDA when present (`device="auto"`).
 """
 
