@@ -22,6 +22,9 @@ class Settings(BaseSettings):
     # Bound on what a .gz triple upload may decompress to (a gzip bomb is refused at this size, not read to the end).
     max_unpacked_mb: float = Field(1024.0, gt=0)
     cache_models: int = Field(4, ge=1)  # LinkPredictors kept in memory (LRU)
+    # EARL_RUN_RETENTION_DAYS: runs/<job>/ and uploads/<job>/ of a job that ended (any way) go this many days later;
+    # 0 keeps them. The job's record and its model stay (deleting a model removes them at once).
+    run_retention_days: float = Field(30.0, ge=0)
 
     @field_validator("api_token", mode="before")
     @classmethod

@@ -1,7 +1,7 @@
 """The worker: claim a queued job, train it, publish its bundle, record the outcome; repeat.
 
 It reads uploads/<job id>/ and trains in runs/<job id>/ of the service home (home.py); the bundle is published as
-models/<job id>.safetensors (the model id is the job id). Torch uses `threads` (2 by default) intra-op threads, on
+models/<job id>/v1.safetensors (the model id is the job id). Torch uses `threads` (2 by default) intra-op threads, on
 CUDA when present (`device="auto"`).
 """
 
@@ -20,6 +20,7 @@ from ..config import ModelConfig, TrainConfig
 from ..errors import DatasetError, EarlError
 from ..options import FORM_OPTIONS, configs_from_options
 from .home import ServiceHome
+from .housekeeping import sweep_staging
 from .records import Job
 from .registry import ModelRegistry
 from .store import JobStore
@@ -133,6 +134,7 @@ class Worker:
         torch.set_num_threads(self.config.threads)
         log.info("worker %s: home %s, store %s", self.config.worker_id, self.home.root,
                  self.home.store_target(self.config.store))
+        sweep_staging(self.home)  # what a killed worker or API left; by age, since others may be writing now
         handled = 0
         while not self._stop.is_set():
             try:
@@ -230,7 +232,7 @@ class Worker:
         """Export the bundle inside the run directory, then publish it: models/ never holds a partial bundle."""
         from ..bundle import export_bundle
 
-        staged = run_dir / f"export.{self.config.worker_id}.tmp.safetensors"
+        staged = run_dir / f".export.{self.config.worker_id}.tmp"  # hidden .tmp: swept if a crash leaves it
         try:
             export_bundle(run_dir, staged, precision=job.params.get("precision", "fp32"))
             self.registry.publish(job.id, staged, job_id=job.id)
