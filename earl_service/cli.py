@@ -8,6 +8,7 @@ import logging
 import sys
 from pathlib import Path
 
+from .compress_cli import add_compress_command
 from .config import ABLATIONS, ModelConfig, TrainConfig
 from .errors import EarlError
 
@@ -300,6 +301,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_coding_option(p)
     p.set_defaults(func=cmd_extend)
 
+    add_compress_command(sub)
     add_worker_command(sub)
     add_serve_command(sub)
     return parser
