@@ -160,7 +160,7 @@ def validation_seconds(dataset: Dataset, sizes: BundleSizes, units: list[dict], 
 
 def check_time(config: CompressConfig, units: list[dict], seconds: dict[str, float]) -> None:
     """Rung 0 validates every export of every candidate once: refuse a time limit shorter than that."""
-    need = sum(seconds[u["model"]] * (len(u["bytes"]) + 1) for u in units)  # +1: train()'s own validation
+    need = sum(seconds[u["model"]] * len(u["bytes"]) for u in units)
     if config.time_limit_minutes * 60 < need:
         raise ConfigError(
             f"a time limit of {config.time_limit_minutes:g} min is too short: validating the {len(units)} "
@@ -206,7 +206,9 @@ def train_slice(job: Job, name: str, seconds: float) -> dict[str, Any] | None:
     done_before = unit.get("train_seconds", 0.0)
     # train() counts time_limit_minutes from its checkpoint's elapsed time; 0 would mean no limit at all.
     limit = max(done_before + seconds, 1e-3) / 60
-    config = replace(job.train_config, time_limit_minutes=limit, seed=job.config.seed, progress=False)
+    # No validation inside train(): evaluate_exports validates every slice's weights, export by export, and a
+    # second pass would take time from training (best.pt is then the slice's last weights).
+    config = replace(job.train_config, time_limit_minutes=limit, seed=job.config.seed, progress=False, eval_every=0)
 
     def forward(progress: dict[str, Any]) -> None:
         job.emit("train", name, step=progress["step"], loss=progress["loss"], valid_mrr=progress["valid_mrr"])

@@ -41,7 +41,8 @@ def add_compress_command(sub) -> None:
 def _show(progress: dict[str, Any]) -> None:
     """Stage changes on stderr (not every training step)."""
     if progress["stage"] != "train" or "seconds" in progress:
-        print(f"rung {progress['rung']}/{progress['rungs']}: {progress['stage']} {progress['candidate']} "
+        what = " ".join(str(progress[k]) for k in ("candidate", "precision") if progress.get(k))
+        print(f"rung {progress['rung'] + 1} of {progress['rungs']}: {progress['stage']} {what} "
               f"({progress['time_left']:.0f} s left)", file=sys.stderr)
 
 
