@@ -30,6 +30,7 @@ log = logging.getLogger(__name__)
 METRICS = {"mrr": "mrr", "hits@10": "hits_at_10"}  # --metric -> the key in evaluation results
 STATE, PICK = "compress_state.json", "bundle.safetensors"
 SUMMARY_KEYS = ("mrr", "mr", "hits_at_1", "hits_at_3", "hits_at_10")
+EVAL_SHARE = 0.5  # most of the time limit the search's validations may take (candidates are dropped to fit)
 ProgressCallback = Callable[[dict[str, Any]], None]
 
 
@@ -158,15 +159,31 @@ def validation_seconds(dataset: Dataset, sizes: BundleSizes, units: list[dict], 
     return seconds
 
 
-def check_time(config: CompressConfig, units: list[dict], seconds: dict[str, float]) -> None:
-    """Rung 0 validates every export of every candidate once: refuse a time limit shorter than that."""
-    need = sum(seconds[u["model"]] * len(u["bytes"]) for u in units)
-    if config.time_limit_minutes * 60 < need:
+def validation_cost(units: list[dict], seconds: dict[str, float], eta: int) -> float:
+    """Seconds the whole halving schedule spends validating: every export of each rung's survivors."""
+    per_candidate = sum(seconds[u["model"]] * len(u["bytes"]) for u in units) / len(units)
+    return per_candidate * sum(rung_sizes(len(units), eta))
+
+
+def fit_to_time(config: CompressConfig, units: list[dict], seconds: dict[str, float]) -> list[dict]:
+    """Drop the smallest candidates until the schedule's validations take at most EVAL_SHARE of the time
+    limit; refuse a limit shorter than validating the remaining candidates once."""
+    limit, kept = config.time_limit_minutes * 60, list(units)
+    while len(kept) > 1 and validation_cost(kept, seconds, config.eta) > EVAL_SHARE * limit:
+        counts = {m: sum(u["model"] == m for u in kept) for m in seconds}
+        crowded = max(counts, key=lambda m: counts[m])  # keep every model while another has more candidates
+        kept.remove(min((u for u in kept if u["model"] == crowded), key=lambda u: u["dim"]))
+    need = sum(seconds[u["model"]] * len(u["bytes"]) for u in kept)
+    if limit < need:
         raise ConfigError(
-            f"a time limit of {config.time_limit_minutes:g} min is too short: validating the {len(units)} "
-            f"candidates once takes about {need:.1f} s here (one validation pass: "
+            f"a time limit of {config.time_limit_minutes:g} min is too short: validating {len(kept)} "
+            f"candidate(s) once takes about {need:.1f} s here (one validation pass: "
             + ", ".join(f"{m} {s:.2f} s" for m, s in seconds.items())
-            + f"); give at least {math.ceil(need / 60 * 4)} min so that training gets some time too")
+            + f"); give at least {math.ceil(need / 60 / EVAL_SHARE)} min so that training gets time too")
+    if len(kept) < len(units):
+        log.info("kept %d of %d candidates so that validation takes at most %.0f%% of the time", len(kept),
+                 len(units), 100 * EVAL_SHARE)
+    return kept
 
 
 def dataset_fingerprint(dataset: Dataset) -> str:
@@ -379,7 +396,7 @@ def compress(dataset: Dataset, out_dir: str | os.PathLike, config: CompressConfi
         sizes = BundleSizes(dataset, relation_labels=labels, seed=config.seed)
         units = plan_candidates(sizes, config)
         seconds = validation_seconds(dataset, sizes, units, train_config)
-        check_time(config, units, seconds)
+        units = fit_to_time(config, units, seconds)
         state = new_state(config, dataset, sizes, units, seconds)
     out.mkdir(parents=True, exist_ok=True)
     job = Job(dataset, out, config, train_config, labels, state, on_progress, should_stop,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -212,6 +213,18 @@ def test_a_time_limit_shorter_than_one_validation_fails(tmp_path, monkeypatch):
     monkeypatch.setattr(compress_module, "train", _never)
     with pytest.raises(ConfigError, match="too short"):
         compress(tiny_dataset(), tmp_path, CompressConfig(max_bytes=50_000, time_limit_minutes=1e-6), train_config=TINY)
+
+
+def test_candidates_are_dropped_until_validation_leaves_time_to_train():
+    units = [{"name": f"{m}-d{d}", "model": m, "dim": d, "bytes": {"fp32": 1, "int8": 1}}
+             for m in ("earl", "rotate") for d in (80, 40, 20)]
+    seconds = {"earl": 1.0, "rotate": 0.5}
+    config = CompressConfig(max_bytes=10**6, time_limit_minutes=0.5)
+    kept = compress_module.fit_to_time(config, units, seconds)
+    assert compress_module.validation_cost(kept, seconds, 2) <= 15 < compress_module.validation_cost(units, seconds, 2)
+    assert {u["model"] for u in kept} == {"earl", "rotate"}
+    assert min(u["dim"] for u in kept) > 20  # the smallest go first
+    assert compress_module.fit_to_time(replace(config, time_limit_minutes=60), units, seconds) == units
 
 
 @pytest.mark.parametrize(("settings", "message"), [
