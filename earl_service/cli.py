@@ -9,6 +9,7 @@ import os
 import sys
 from pathlib import Path
 
+from .compress_cli import add_compress_command
 from .config import ModelConfig, TrainConfig
 from .errors import ConfigError, EarlError
 from .options import add_train_options, configs_from_options
@@ -272,6 +273,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_train_command(sub)
     add_evaluate_command(sub)
     add_bundle_commands(sub)
+    add_compress_command(sub)
     add_worker_command(sub)
     if not add_plugin_commands(sub):
         parser.epilog = ("`earl serve` (the HTTP API) is added when the package is installed with its entry points: "
