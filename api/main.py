@@ -6,15 +6,20 @@ concurrently in the threadpool, and one query cannot use more. Training happens 
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from functools import partial
 
 import anyio
 from fastapi import Depends, FastAPI
+from starlette.concurrency import run_in_threadpool
 from starlette.types import ASGIApp
 
 from earl_service import __version__
 from earl_service.predict import configure_threads
+from earl_service.worker import housekeeping
 from earl_service.worker.home import ServiceHome
 from earl_service.worker.registry import ModelRegistry
 
@@ -27,6 +32,8 @@ from .metrics import Metrics, MetricsMiddleware
 from .routes import health, jobs, models, predict
 from .settings import Settings
 
+log = logging.getLogger(__name__)
+SWEEP_EVERY_S = 3600.0  # housekeeping (earl_service/worker/housekeeping.py) after the one at start
 ROUTERS = (jobs, models, predict, health)
 
 
@@ -49,9 +56,13 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.state.store = app.state.home.open_store(settings.store)
         app.state.registry = ModelRegistry(app.state.home, app.state.store)
         app.state.cache = PredictorCache(settings.cache_models)
+        sweep = partial(housekeeping.sweep, app.state.home, app.state.store, keep_days=settings.run_retention_days)
+        await run_sweep(sweep)  # before the first request: what a crash left, runs past retention
+        sweeper = asyncio.create_task(sweep_periodically(sweep))
         try:
             yield
         finally:
+            sweeper.cancel()
             app.state.store.close()
 
     # max_body_size: FastAPI/Starlette count the bytes as they stream in and answer 413 past the limit, so an
@@ -69,6 +80,20 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     for module in ROUTERS:
         app.include_router(module.router)
     return app
+
+
+async def run_sweep(sweep: Callable[[], object]) -> None:
+    """`sweep` in a thread; a failure (the store unreachable, say) is logged: housekeeping never stops the API."""
+    try:
+        await run_in_threadpool(sweep)
+    except Exception:  # noqa: BLE001
+        log.exception("housekeeping sweep failed; the next one tries again")
+
+
+async def sweep_periodically(sweep: Callable[[], object], every_s: float = SWEEP_EVERY_S) -> None:
+    while True:
+        await asyncio.sleep(every_s)
+        await run_sweep(sweep)
 
 
 app = create_app()

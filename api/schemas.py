@@ -59,6 +59,17 @@ class ModelOut(BaseModel):
 class ModelDetail(ModelOut):
     config: dict[str, Any]
     metrics: dict[str, Any]
+    version: int  # 1 when registered, one more with each extend
+
+
+class ModelVersionOut(BaseModel):
+    """One bundle a model has had; earlier versions stay downloadable (?version=N) until the model is deleted."""
+
+    version: int
+    sha256: str
+    bytes: int
+    created: float  # when this version was placed
+    latest: bool
 
 
 class Prediction(BaseModel):

@@ -24,6 +24,9 @@ class Settings(BaseSettings):
     # Bound on what a .gz triple upload may decompress to (a gzip bomb is refused at this size, not read to the end).
     max_unpacked_mb: float = Field(1024.0, gt=0)
     cache_models: int = Field(4, ge=1)  # LinkPredictors kept in memory (LRU)
+    # EARL_RUN_RETENTION_DAYS: runs/<job>/ and uploads/<job>/ of a job that ended (any way) go this many days later;
+    # 0 keeps them. The job's record and its model stay (deleting a model removes them at once).
+    run_retention_days: float = Field(30.0, ge=0)
 
     # Bounds on what one cheap request can make the server do (docs/reliability.md#limits).
     allow_open_writes: bool = False  # `earl serve` on a non-loopback host without a token refuses to start unless set

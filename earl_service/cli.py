@@ -5,9 +5,11 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 from pathlib import Path
 
+from .compress_cli import add_compress_command
 from .config import ModelConfig, TrainConfig
 from .errors import ConfigError, EarlError
 from .options import add_train_options, configs_from_options
@@ -89,7 +91,7 @@ def _progress_writer(path: str | None):
         return None
     import time
 
-    from .train import write_json_atomic
+    from .atomic import write_json
 
     last = [0.0]
 
@@ -97,7 +99,7 @@ def _progress_writer(path: str | None):
         now = time.monotonic()
         if now - last[0] >= 0.5 or progress["step"] == progress["total"]:
             last[0] = now
-            write_json_atomic(Path(path), progress)
+            write_json(Path(path), progress)
 
     return write
 
@@ -271,6 +273,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_train_command(sub)
     add_evaluate_command(sub)
     add_bundle_commands(sub)
+    add_compress_command(sub)
     add_worker_command(sub)
     if not add_plugin_commands(sub):
         parser.epilog = ("`earl serve` (the HTTP API) is added when the package is installed with its entry points: "
@@ -343,6 +346,15 @@ def cmd_worker(a: argparse.Namespace) -> int:
     return 0
 
 
+def _configure_kernels(environ: dict[str, str]) -> None:
+    """EARL_NO_EXTENSION and EARL_EXTENSION_WAIT_S into the kernel's settings (torch loads only if one is set)."""
+    if environ.get("EARL_NO_EXTENSION") or "EARL_EXTENSION_WAIT_S" in environ:
+        from . import kernels
+
+        kernels.configure(enabled=not environ.get("EARL_NO_EXTENSION"),
+                          build_wait_s=float(environ.get("EARL_EXTENSION_WAIT_S", "600")))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     argv = sys.argv[1:] if argv is None else list(argv)
@@ -350,6 +362,7 @@ def main(argv: list[str] | None = None) -> int:
     args.argv = argv  # `earl train --nproc-per-node` re-runs the same command under torchrun
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(message)s")
     try:
+        _configure_kernels(dict(os.environ))
         return args.func(args)
     except (EarlError, ValueError, FileNotFoundError) as exc:
         print(f"earl: error: {exc}", file=sys.stderr)

@@ -1,16 +1,23 @@
-"""The model registry: list, inspect, download (ETag), delete, upload a bundle, extend with triples."""
+"""The model registry: list, inspect, download (ETag, any version), delete, upload a bundle, extend with triples."""
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Header, HTTPException, Response, UploadFile
+from fastapi import APIRouter, Header, HTTPException, Query, Response, UploadFile
 from fastapi.responses import FileResponse
+
+from earl_service.worker.records import ModelRecord
+from earl_service.worker.registry import version_number
 
 from ..deps import CacheDep, ModelId, RegistryDep, SettingsDep, StoreDep
 from ..errors import NOT_FOUND
-from ..schemas import ModelDetail, ModelOut
+from ..schemas import ModelDetail, ModelOut, ModelVersionOut
 from ..uploads import staged_triples
 
 router = APIRouter(prefix="/models", tags=["models"])
+
+
+def detail(record: ModelRecord) -> ModelDetail:
+    return ModelDetail(**record.to_dict(), version=version_number(record))
 
 
 @router.get("", response_model=list[ModelOut])
@@ -20,27 +27,36 @@ def list_models(store: StoreDep) -> list[ModelOut]:
 
 @router.get("/{model_id}", response_model=ModelDetail, responses=NOT_FOUND)
 def get_model(model_id: ModelId, registry: RegistryDep) -> ModelDetail:
-    return ModelDetail(**registry.get(model_id).to_dict())
+    return detail(registry.get(model_id))
+
+
+@router.get("/{model_id}/versions", response_model=list[ModelVersionOut], responses=NOT_FOUND)
+def list_versions(model_id: ModelId, registry: RegistryDep) -> list[ModelVersionOut]:
+    """Every version of the model, oldest first: the registered bundle, then one per extend; the last is served."""
+    return [ModelVersionOut(version=v.number, sha256=v.sha256, bytes=v.bytes, created=v.created, latest=v.latest)
+            for v in registry.versions(model_id)]
 
 
 @router.get("/{model_id}/bundle", response_class=FileResponse,
             responses={200: {"content": {"application/octet-stream": {}}}, 304: {"description": "unchanged"},
                        **NOT_FOUND})
-def download_bundle(model_id: ModelId, registry: RegistryDep, if_none_match: str | None = Header(None)) -> Response:
+def download_bundle(model_id: ModelId, registry: RegistryDep, if_none_match: str | None = Header(None),
+                    version: int | None = Query(None, ge=1, description="an earlier version; the latest if omitted"),
+                    ) -> Response:
     """The safetensors bundle; ETag is its payload sha256, so If-None-Match answers 304 when unchanged."""
-    record = registry.get(model_id)
-    etag = f'"{record.sha256}"'
+    found = registry.version(model_id, version)
+    etag = f'"{found.sha256}"'
     if if_none_match and etag in [t.strip().removeprefix("W/") for t in if_none_match.split(",")]:
         return Response(status_code=304, headers={"ETag": etag})
-    path = registry.bundle_path(record)
-    if not path.is_file():
+    if not found.path.is_file():
         raise HTTPException(410, f"model {model_id} is registered but its bundle file is gone")
-    return FileResponse(path, media_type="application/octet-stream", filename=f"{model_id}.safetensors",
-                        headers={"ETag": etag})
+    name = f"{model_id}.safetensors" if version is None else f"{model_id}.v{found.number}.safetensors"
+    return FileResponse(found.path, media_type="application/octet-stream", filename=name, headers={"ETag": etag})
 
 
 @router.delete("/{model_id}", status_code=204, responses=NOT_FOUND)
 def delete_model(model_id: ModelId, registry: RegistryDep, cache: CacheDep) -> Response:
+    """Unregister the model and remove every version, and the run and uploads of the job that trained it."""
     registry.delete(model_id)
     cache.invalidate(model_id)
     return Response(status_code=204)
@@ -50,16 +66,17 @@ def delete_model(model_id: ModelId, registry: RegistryDep, cache: CacheDep) -> R
 def upload_model(bundle: UploadFile, registry: RegistryDep) -> ModelDetail:
     """Register an existing bundle file; it is verified by load_bundle (422 with the reason if refused)."""
     bundle.file.seek(0)
-    return ModelDetail(**registry.upload(bundle.file, shown_name=bundle.filename or "upload").to_dict())
+    return detail(registry.upload(bundle.file, shown_name=bundle.filename or "upload"))
 
 
 @router.post("/{model_id}/triples", response_model=ModelDetail, responses=NOT_FOUND)
 def extend_model(model_id: ModelId, triples: UploadFile, settings: SettingsDep, registry: RegistryDep,
                  cache: CacheDep) -> ModelDetail:
-    """Add triples (new entities allowed) to a model's graph without retraining; the id stays the same."""
+    """Add triples (new entities allowed) to a model's graph without retraining: the id stays, the result is the
+    model's next version (the previous one stays downloadable)."""
     registry.get(model_id)  # an unknown model is a 404 before its upload is read
     with staged_triples(triples, registry.home, f"{model_id}.triples",
                         max_bytes=settings.max_unpacked_bytes) as path:
         record = registry.extend(model_id, path, shown_name=triples.filename or "upload")
     cache.invalidate(model_id)
-    return ModelDetail(**record.to_dict())
+    return detail(record)

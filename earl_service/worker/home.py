@@ -19,8 +19,14 @@ class ServiceHome:
         uploads/<job id>/train.txt (+ valid, test, relations.en.json)   a job's files, written by the API
         uploads/.<name>.<random><suffix>                                 an upload while it is checked
         runs/<job id>/                                                   a training run: checkpoints, metrics.json
-        models/<model id>.safetensors                                    complete, verified bundles only
+        models/<model id>/v<N>.safetensors                               a model's versions (each extend adds one):
+                                                                         complete, verified, never rewritten
+        models/.<model id>.lock                                          held while a model is written (locks.py)
+        models/<model id>.safetensors                                    version 1 of a model from before versions
         earl.sqlite3                                                     the job store, unless EARL_STORE names another
+
+    Hidden names ending in .tmp anywhere, and hidden entries at the top of uploads/, are staging files: a crash
+    can leave them, and housekeeping.py removes them once they are old enough that no live writer can own them.
     """
 
     root: Path
@@ -43,8 +49,26 @@ class ServiceHome:
     def run_dir(self, job_id: str) -> Path:
         return self.root / "runs" / job_id
 
-    def model_path(self, model_id: str) -> Path:
-        return self.root / "models" / f"{model_id}.safetensors"
+    @property
+    def models(self) -> Path:
+        return self.root / "models"
+
+    def model_dir(self, model_id: str) -> Path:
+        return self.models / model_id
+
+    def version_path(self, model_id: str, version: int) -> Path:
+        return self.model_dir(model_id) / f"v{version}.safetensors"
+
+    def legacy_model_path(self, model_id: str) -> Path:
+        """Where a bundle lay before models had versions; read as version 1 where no v1.safetensors exists."""
+        return self.models / f"{model_id}.safetensors"
+
+    def lock_path(self, model_id: str) -> Path:
+        return self.models / f".{model_id}.lock"
+
+    def trash_path(self, name: str) -> Path:
+        """A hidden folder in models/ for what a delete sets aside (swept as staging if a crash leaves it)."""
+        return self.models / f".{name}.{new_id()[:8]}.deleted.tmp"
 
     def staging_path(self, name: str, suffix: str = ".tmp") -> Path:
         """Where an upload waits while it is checked: uploads/, never models/, which holds only complete bundles

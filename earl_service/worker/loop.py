@@ -1,7 +1,7 @@
 """The worker: claim a queued job, train it, publish its bundle, record the outcome; repeat.
 
 It reads uploads/<job id>/ and trains in runs/<job id>/ of the service home (home.py); the bundle is published as
-models/<job id>.safetensors (the model id is the job id). Torch uses `threads` (2 by default) intra-op threads, on
+models/<job id>/v1.safetensors (the model id is the job id). Torch uses `threads` (2 by default) intra-op threads, on
 CUDA when present (`device="auto"`).
 """
 
@@ -20,6 +20,7 @@ from ..config import ModelConfig, TrainConfig
 from ..errors import DatasetError, EarlError
 from ..options import FORM_OPTIONS, configs_from_options
 from .home import ServiceHome
+from .housekeeping import sweep_staging
 from .records import Job
 from .registry import ModelRegistry
 from .store import JobStore
@@ -136,6 +137,7 @@ class Worker:
         torch.set_num_threads(self.config.threads)
         log.info("worker %s: home %s, store %s", self.config.worker_id, self.home.root,
                  self.home.store_target(self.config.store))
+        sweep_staging(self.home)  # what a killed worker or API left; by age, since others may be writing now
         handled = 0
         while not self._stop.is_set():
             try:
@@ -236,7 +238,7 @@ class Worker:
         """Export the bundle inside the run directory, then publish it: models/ never holds a partial bundle."""
         from ..bundle import export_bundle
 
-        staged = run_dir / f"export.{self.config.worker_id}.tmp.safetensors"
+        staged = run_dir / f".export.{self.config.worker_id}.tmp"  # hidden .tmp: swept if a crash leaves it
         try:
             export_bundle(run_dir, staged, precision=job.params.get("precision", "fp32"))
             self.registry.publish(job.id, staged, job_id=job.id)
@@ -254,12 +256,12 @@ def _train_torchrun(uploads: Path, run_dir: Path, model_cfg: ModelConfig, train_
     import sys
     from dataclasses import replace
 
-    from ..train import write_json_atomic
+    from ..atomic import write_json
 
     run_dir.mkdir(parents=True, exist_ok=True)
     threads = max(1, train_cfg.threads // nproc) if train_cfg.threads else 0  # the worker's threads, shared
     config = run_dir / "job_config.json"
-    write_json_atomic(config, {"model": model_cfg.to_dict(), "train": replace(train_cfg, threads=threads).to_dict()})
+    write_json(config, {"model": model_cfg.to_dict(), "train": replace(train_cfg, threads=threads).to_dict()})
     progress, log_path = run_dir / "progress.json", run_dir / "train.log"
     cmd = [sys.executable, "-m", "earl_service.cli", "train", str(uploads), "--out", str(run_dir), "--config",
            str(config), "--progress-file", str(progress), "--nproc-per-node", str(nproc),

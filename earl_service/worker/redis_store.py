@@ -36,6 +36,7 @@ class RedisStore:
         self._claim = self._redis.register_script(_script("claim"))
         self._update = self._redis.register_script(_script("update_owned"))
         self._cancel = self._redis.register_script(_script("cancel"))
+        self._delete_model = self._redis.register_script(_script("delete_model"))
 
     def _call(self, fn, *args, **kwargs):
         try:
@@ -110,7 +111,7 @@ class RedisStore:
         return sorted(records, key=lambda r: r.created, reverse=True)
 
     def delete_model(self, model_id: str) -> bool:
-        return bool(self._call(self._redis.hdel, self._models, model_id))
+        return bool(self._call(self._delete_model, keys=[self._keys[0], self._models], args=[model_id]))
 
     def ping(self) -> None:
         self._call(self._redis.ping)

@@ -180,8 +180,10 @@ class SqliteStore:
         return [ModelRecord.from_dict(_decode_row(r)) for r in rows]
 
     def delete_model(self, model_id: str) -> bool:
-        with self._locked():
-            return self._db.execute("DELETE FROM models WHERE id = ?", (model_id,)).rowcount > 0
+        with self._locked(), self._tx():
+            deleted = self._db.execute("DELETE FROM models WHERE id = ?", (model_id,)).rowcount > 0
+            self._db.execute("UPDATE jobs SET model_id = NULL WHERE model_id = ?", (model_id,))
+        return deleted
 
     def ping(self) -> None:
         with self._locked():

@@ -23,7 +23,8 @@ def test_the_openapi_schema_documents_each_404(client):
                   == {"$ref": "#/components/schemas/NotFoundResponse"}}
     assert documented == {("GET", "/jobs/{job_id}"), ("POST", "/jobs/{job_id}/cancel"), ("GET", "/models/{model_id}"),
                           ("DELETE", "/models/{model_id}"), ("GET", "/models/{model_id}/bundle"),
-                          ("POST", "/models/{model_id}/triples"), ("GET", "/predict")}
+                          ("GET", "/models/{model_id}/versions"), ("POST", "/models/{model_id}/triples"),
+                          ("GET", "/predict")}
 
 
 @pytest.mark.parametrize(("method", "path", "kind"), [
@@ -31,6 +32,7 @@ def test_the_openapi_schema_documents_each_404(client):
     ("POST", f"/jobs/{MISSING}/cancel", "job"),
     ("GET", f"/models/{MISSING}", "model"),
     ("GET", f"/models/{MISSING}/bundle", "model"),
+    ("GET", f"/models/{MISSING}/versions", "model"),
     ("DELETE", f"/models/{MISSING}", "model"),
     ("GET", f"/predict?model={MISSING}&head=h&relation=r", "model"),
 ])

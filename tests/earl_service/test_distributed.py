@@ -95,6 +95,6 @@ def test_worker_runs_a_job_through_torchrun(tmp_path):
         metrics = json.loads((tmp_path / "runs" / job_id / "metrics.json").read_text())
         assert metrics["world_size"] == 2 and metrics["config"]["train"]["fanout"] == [5, 0]
         assert metrics["config"]["train"]["threads"] == 1  # the worker's 2 threads shared by 2 processes
-        assert len(load_bundle(worker.home.model_path(job_id)).entities) == metrics["entities"] == 39
+        assert len(load_bundle(worker.home.version_path(job_id, 1)).entities) == metrics["entities"] == 39
     finally:
         worker.store.close()

@@ -44,7 +44,7 @@ def test_job_becomes_a_registered_bundle(worker):
     done = worker.run_once()
     assert (done.id, done.state, done.error) == (job.id, "succeeded", None)
     assert done.model_id == job.id and done.progress["step"] == done.progress["total"] == 6
-    path = worker.home.model_path(job.id)
+    path = worker.home.version_path(job.id, 1)
     bundle = load_bundle(path)
     record = worker.store.get_model(job.id)
     assert (record.sha256, record.bytes, record.precision) == (bundle.sha256, bundle.num_bytes, "fp16")
@@ -90,7 +90,7 @@ def test_cancel_stops_a_running_job(worker):
     _wait(lambda: worker.store.get_job(job.id).state == "cancelled")
     worker.stop()
     thread.join(timeout=30)
-    assert worker.store.get_model(job.id) is None and not worker.home.model_path(job.id).exists()
+    assert worker.store.get_model(job.id) is None and not worker.home.model_dir(job.id).exists()
 
 
 def test_stopping_worker_requeues_and_next_worker_resumes(worker, tmp_path):
@@ -139,5 +139,5 @@ def test_tiny_graphs_train_into_a_bundle(worker, text, params):
                             job_id=job_id)
     done = worker.run_once()
     assert done.state == "succeeded", done.error
-    predictor = LinkPredictor.from_bundle(load_bundle(worker.home.model_path(job_id)))
+    predictor = LinkPredictor.from_bundle(load_bundle(worker.home.version_path(job_id, 1)))
     assert len(predictor.predict_tails("a", "r", 5, exclude_known=False)) == len(predictor.entities)

@@ -129,6 +129,20 @@ def test_model_registry(store):
     assert store.get_model("m1") is None
 
 
+def test_deleting_a_model_clears_its_jobs_model_id(store):
+    """The job that produced a model stays, but no longer names it; other jobs are untouched."""
+    made, other = store.create_job({"dim": 8}, {}), store.create_job({}, {})
+    for job in (made, other):
+        store.claim_job("w")
+        store.finish_job(job.id, "w", "succeeded", model_id=job.id)
+        store.add_model(ModelRecord(id=job.id, path=f"models/{job.id}/v1.safetensors", sha256="ab" * 32, bytes=1,
+                                    job_id=job.id))
+    assert store.delete_model(made.id) and not store.delete_model(made.id)
+    after = store.get_job(made.id)
+    assert (after.state, after.model_id, after.params) == ("succeeded", None, {"dim": 8})
+    assert store.get_job(other.id).model_id == other.id and store.get_model(other.id) is not None
+
+
 def test_open_store_rejects_unknown_urls(tmp_path):
     with pytest.raises(StoreError):
         open_store("postgres://x")
@@ -185,5 +199,6 @@ def test_redis_scripts_ship_as_package_data():
     root = package.parent
     patterns = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]
     scripts = [p.relative_to(package).as_posix() for p in (package / "worker" / "lua").glob("*.lua")]
-    assert sorted(scripts) == ["worker/lua/cancel.lua", "worker/lua/claim.lua", "worker/lua/update_owned.lua"]
+    assert sorted(scripts) == ["worker/lua/cancel.lua", "worker/lua/claim.lua", "worker/lua/delete_model.lua",
+                              "worker/lua/update_owned.lua"]
     assert all(any(fnmatch.fnmatch(s, pat) for pat in patterns["earl_service"]) for s in scripts)
