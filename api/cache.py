@@ -4,41 +4,66 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
+from concurrent.futures import Future
 from pathlib import Path
 
 from earl_service.predict import LinkPredictor
-from earl_service.worker.store import ModelRecord
+from earl_service.worker.records import ModelRecord
+
+Key = tuple[str, str]  # (model id, sha256)
 
 
 class PredictorCache:
-    """At most `size` predictors; loading runs outside the lock so one slow load does not block hits."""
+    """At most `size` predictors. A missing one is loaded once, outside the lock, for all the requests that want
+    it meanwhile (they wait for that load instead of each loading its own copy); hits never wait for a load."""
 
     def __init__(self, size: int) -> None:
         self.size = size
-        self._items: OrderedDict[tuple[str, str], LinkPredictor] = OrderedDict()
+        self._items: OrderedDict[Key, LinkPredictor] = OrderedDict()
+        self._loading: dict[Key, Future[LinkPredictor]] = {}
         self._lock = threading.Lock()
 
     def __len__(self) -> int:
         return len(self._items)
 
-    def get(self, record: ModelRecord, home: Path) -> LinkPredictor:
-        """The predictor of `record`'s bundle (load_bundle + FAISS index on a miss; BundleError if unreadable)."""
-        from earl_service.bundle import load_bundle
-
+    def get(self, record: ModelRecord, path: Path) -> LinkPredictor:
+        """The predictor of `record`; on a miss its bundle at `path` is loaded (BundleError if unreadable)."""
         key = (record.id, record.sha256)
         with self._lock:
             if key in self._items:
                 self._items.move_to_end(key)
                 return self._items[key]
-        predictor = LinkPredictor.from_bundle(load_bundle(home / record.path))
+            loading, mine = self._loading.get(key), False
+            if loading is None:
+                loading, mine = Future(), True
+                self._loading[key] = loading
+        return self._load(key, path, loading) if mine else loading.result()
+
+    def _load(self, key: Key, path: Path, loading: Future[LinkPredictor]) -> LinkPredictor:
+        """Load for every request waiting on `loading`; a predictor is kept, an error is not (raised in each
+        waiting request, and the next request tries again)."""
+        try:
+            predictor = load_predictor(path)
+        except BaseException as exc:
+            with self._lock:
+                del self._loading[key]
+            loading.set_exception(exc)
+            raise
         with self._lock:
+            del self._loading[key]
             self._items[key] = predictor
-            self._items.move_to_end(key)
             while len(self._items) > self.size:
                 self._items.popitem(last=False)
+        loading.set_result(predictor)
         return predictor
 
     def invalidate(self, model_id: str) -> None:
         with self._lock:
             for key in [k for k in self._items if k[0] == model_id]:
                 del self._items[key]
+
+
+def load_predictor(path: Path) -> LinkPredictor:
+    from earl_service.bundle import load_bundle
+
+    return LinkPredictor.from_bundle(load_bundle(path))

@@ -1,4 +1,4 @@
-"""Typed dependencies for the routes: settings, store, predictor cache, id parameters, and the access check.
+"""Typed dependencies for the routes: settings, home, store, registry, predictor cache, ids, the access check.
 
 They are `async def` on purpose: FastAPI runs a plain `def` dependency in the threadpool, one hop per
 dependency per request, and these only read app state or compare a token."""
@@ -6,14 +6,19 @@ dependency per request, and these only read app state or compare a token."""
 from __future__ import annotations
 
 import hmac
+from collections.abc import Iterable
 from typing import Annotated
 
 from fastapi import Depends, HTTPException, Path, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from starlette.routing import get_route_path
 
+from earl_service.worker.home import ServiceHome
+from earl_service.worker.registry import ModelRegistry
 from earl_service.worker.store import JobStore
 
 from .cache import PredictorCache
+from .limits import PredictSlots
 from .metrics import Metrics
 from .settings import Settings
 
@@ -24,8 +29,16 @@ async def get_settings(request: Request) -> Settings:
     return request.app.state.settings
 
 
+async def get_home(request: Request) -> ServiceHome:
+    return request.app.state.home
+
+
 async def get_store(request: Request) -> JobStore:
     return request.app.state.store
+
+
+async def get_registry(request: Request) -> ModelRegistry:
+    return request.app.state.registry
 
 
 async def get_cache(request: Request) -> PredictorCache:
@@ -36,10 +49,17 @@ async def get_metrics(request: Request) -> Metrics:
     return request.app.state.metrics
 
 
+async def get_predict_slots(request: Request) -> PredictSlots:
+    return request.app.state.predict_slots
+
+
 SettingsDep = Annotated[Settings, Depends(get_settings)]
+HomeDep = Annotated[ServiceHome, Depends(get_home)]
 StoreDep = Annotated[JobStore, Depends(get_store)]
+RegistryDep = Annotated[ModelRegistry, Depends(get_registry)]
 CacheDep = Annotated[PredictorCache, Depends(get_cache)]
 MetricsDep = Annotated[Metrics, Depends(get_metrics)]
+PredictSlotsDep = Annotated[PredictSlots, Depends(get_predict_slots)]
 JobId = Annotated[str, Path(pattern=ID_PATTERN, description="job id")]
 ModelId = Annotated[str, Path(pattern=ID_PATTERN, description="model id")]
 
@@ -48,25 +68,36 @@ SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 OPEN_PATHS = frozenset({"/healthz", "/readyz"})  # probes answer without a token, even with EARL_PROTECT_READS
 bearer = HTTPBearer(auto_error=False, description="EARL_API_TOKEN; needed for writes, and for reads with "
                                                   "EARL_PROTECT_READS=true")
+UNAUTHORIZED = "missing or wrong API token: send 'Authorization: Bearer <token>'"
 
 
-def token_matches(settings: Settings, credentials: HTTPAuthorizationCredentials | None) -> bool:
+def needs_token(settings: Settings, method: str, path: str) -> bool:
+    """The token rules, for the gate (api/gate.py, before the body is read) and `check_access` alike: with
+    EARL_API_TOKEN set, every method but GET/HEAD/OPTIONS needs it, and with EARL_PROTECT_READS every path but
+    the health probes does (the OpenAPI schema and the docs pages included)."""
+    if settings.api_token is None:
+        return False
+    return method not in SAFE_METHODS or (settings.protect_reads and path not in OPEN_PATHS)
+
+
+def presented_token(headers: Iterable[tuple[bytes, bytes]]) -> bytes:
+    """The bearer token of raw ASGI headers, as sent (b"" when there is none or the scheme is not Bearer)."""
+    value = next((v for k, v in headers if k.lower() == b"authorization"), b"")
+    scheme, _, token = value.strip().partition(b" ")
+    return token.strip() if scheme.lower() == b"bearer" else b""
+
+
+def token_matches(settings: Settings, presented: bytes) -> bool:
     """Constant-time comparison of the presented bearer token with EARL_API_TOKEN (bytes: any characters)."""
     assert settings.api_token is not None
-    presented = credentials.credentials.strip().encode() if credentials is not None else b""
     return hmac.compare_digest(presented, settings.api_token.get_secret_value().encode())
 
 
 async def check_access(request: Request, settings: SettingsDep,
-                 credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)] = None) -> None:
-    """App-wide dependency, so a new route is covered without remembering to add it: with EARL_API_TOKEN set,
-    every method but GET/HEAD/OPTIONS needs 'Authorization: Bearer <token>', and with EARL_PROTECT_READS every
-    route but the health probes does."""
-    if settings.api_token is None:
-        return
-    route = getattr(request.scope.get("route"), "path", request.url.path)
-    if request.method in SAFE_METHODS and (not settings.protect_reads or route in OPEN_PATHS):
-        return
-    if not token_matches(settings, credentials):
-        raise HTTPException(401, "missing or wrong API token: send 'Authorization: Bearer <token>'",
-                            headers={"WWW-Authenticate": "Bearer"})
+                       _: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)] = None) -> None:
+    """App-wide dependency, so a new route is covered without remembering to add it. The gate has already
+    refused such requests before their body was read; this is the same rule, and `bearer` puts the scheme in
+    the OpenAPI schema."""
+    if needs_token(settings, request.method, get_route_path(request.scope)) and not token_matches(
+            settings, presented_token(request.scope["headers"])):
+        raise HTTPException(401, UNAUTHORIZED, headers={"WWW-Authenticate": "Bearer"})

@@ -1,52 +1,59 @@
-"""Errors that reach the client from below the routes: the body-size limit (413) and storage failures (507/503)."""
+"""Errors that reach the client from below the routes: library errors (404, 422), storage failures (507/503) and
+a busy or unreachable job store (503). `add_error_handlers` registers them on the app; the 401 and 413 that the
+headers decide come from api/gate.py."""
 
 from __future__ import annotations
 
 import errno
-import json
 import logging
+from typing import Any
 
-from fastapi import Request
+from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from earl_service.errors import (
+    BundleError,
+    ConfigError,
+    DatasetError,
+    StoreError,
+    TripleFileError,
+    UnknownEntityError,
+    UnknownJobError,
+    UnknownModelError,
+    UnknownRelationError,
+)
+
+from .schemas import NotFound, NotFoundResponse
 
 log = logging.getLogger(__name__)
 
+NOT_FOUND_ERRORS = (UnknownModelError, UnknownJobError, UnknownEntityError, UnknownRelationError)
+UNPROCESSABLE_ERRORS = (BundleError, TripleFileError, ConfigError, DatasetError)  # the client's file or option
+# For a route's `responses=`, so the OpenAPI schema shows the 404 body.
+NOT_FOUND: dict[int | str, dict[str, Any]] = {
+    404: {"model": NotFoundResponse, "description": "unknown model, job, entity or relation"}}
 
-class BodyLimitMessage:
-    """Replaces Starlette's bare 'Content Too Large' (413) with the limit and the setting that raises it.
 
-    Starlette's body limiter answers 413 in plain text, from inside the app or from its own middleware; this
-    outer middleware rewrites any 413 start/body pair into JSON `{"detail": ...}` like every other error.
-    """
+def add_error_handlers(app: FastAPI) -> None:
+    for missing in NOT_FOUND_ERRORS:
+        app.add_exception_handler(missing, not_found)
+    for refused in UNPROCESSABLE_ERRORS:
+        app.add_exception_handler(refused, unprocessable)
+    app.add_exception_handler(OSError, storage_error)
+    app.add_exception_handler(StoreError, store_unavailable)
 
-    def __init__(self, app: ASGIApp, max_body_bytes: int) -> None:
-        self.app = app
-        mib = max_body_bytes / 2**20
-        self.body = json.dumps({"detail": f"request body larger than the upload limit of {mib:g} MiB "
-                                          "(EARL_MAX_UPLOAD_MB); split the file or compress it as .gz"}).encode()
 
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        rewriting = False
+async def not_found(request: Request, exc: Exception) -> JSONResponse:
+    """404 with a NotFound body: what was not found, and close names to try instead."""
+    assert isinstance(exc, NOT_FOUND_ERRORS)
+    body = NotFound.model_validate({"message": str(exc), "kind": exc.kind, "name": exc.name,
+                                    "suggestions": exc.suggestions})
+    return JSONResponse({"detail": body.model_dump()}, status_code=404)
 
-        async def rewrite(message: Message) -> None:
-            nonlocal rewriting
-            if message["type"] == "http.response.start" and message["status"] == 413:
-                rewriting = True
-                headers = [(k, v) for k, v in message.get("headers", [])
-                           if k.lower() not in (b"content-length", b"content-type")]
-                await send({**message, "headers": [*headers, (b"content-type", b"application/json"),
-                                                   (b"content-length", str(len(self.body)).encode())]})
-            elif rewriting and message["type"] == "http.response.body":
-                if not message.get("more_body", False):
-                    await send({"type": "http.response.body", "body": self.body})
-            else:
-                await send(message)
 
-        await self.app(scope, receive, rewrite)
+async def unprocessable(request: Request, exc: Exception) -> JSONResponse:
+    """422 with the library's message, which names the client's file and line (never a server path)."""
+    return JSONResponse({"detail": str(exc)}, status_code=422)
 
 
 _NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
@@ -62,3 +69,10 @@ async def storage_error(request: Request, exc: Exception) -> JSONResponse:
                                        "later"}, status_code=507)
     return JSONResponse({"detail": f"the server cannot write to its storage ({reason}); nothing was stored"},
                         status_code=503)
+
+
+async def store_unavailable(request: Request, exc: Exception) -> JSONResponse:
+    """503 with Retry-After for a job store that is locked, full or unreachable; the reason is logged, not sent."""
+    log.error("%s %s: job store error: %s", request.method, request.url.path, exc)
+    return JSONResponse({"detail": "the job store cannot answer right now (busy or unreachable); nothing was "
+                                   "changed, try again shortly"}, status_code=503, headers={"Retry-After": "5"})

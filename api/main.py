@@ -6,28 +6,44 @@ concurrently in the threadpool, and one query cannot use more. Training happens 
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from functools import partial
 
+import anyio
 from fastapi import Depends, FastAPI
+from starlette.concurrency import run_in_threadpool
 from starlette.types import ASGIApp
 
 from earl_service import __version__
 from earl_service.predict import configure_threads
-from earl_service.worker.store import open_store, store_target
+from earl_service.worker import housekeeping
+from earl_service.worker.home import ServiceHome
+from earl_service.worker.registry import ModelRegistry
 
 from .cache import PredictorCache
 from .deps import check_access
-from .errors import BodyLimitMessage, storage_error
+from .errors import add_error_handlers
+from .gate import RequestGate
+from .limits import PredictSlots
 from .metrics import Metrics, MetricsMiddleware
 from .routes import health, jobs, models, predict
 from .settings import Settings
 
+log = logging.getLogger(__name__)
+SWEEP_EVERY_S = 3600.0  # housekeeping (earl_service/worker/housekeeping.py) after the one at start
+ROUTERS = (jobs, models, predict, health)
+
 
 class EarlAPI(FastAPI):
     def build_middleware_stack(self) -> ASGIApp:
-        # Outermost: FastAPI puts its body limiter outside every user middleware, and its 413 should say more.
-        return BodyLimitMessage(super().build_middleware_stack(), self.max_body_size or 0)
+        # The gate outermost: it refuses (401, 413) before FastAPI reads a body, and FastAPI's own body limiter
+        # sits outside every user middleware. The metrics wrap it, so that refusals are counted too.
+        routes = [*self.router.routes, *(route for module in ROUTERS for route in module.router.routes)]
+        gate = RequestGate(super().build_middleware_stack(), self.state.settings, routes)
+        return MetricsMiddleware(gate, metrics=self.state.metrics)
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
@@ -36,27 +52,48 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         configure_threads(1)
-        for sub in ("uploads", "runs", "models"):
-            (settings.home / sub).mkdir(parents=True, exist_ok=True)
-        app.state.store = open_store(store_target(settings.home, settings.store))
+        app.state.home = ServiceHome(settings.home).create()
+        app.state.store = app.state.home.open_store(settings.store)
+        app.state.registry = ModelRegistry(app.state.home, app.state.store)
         app.state.cache = PredictorCache(settings.cache_models)
+        sweep = partial(housekeeping.sweep, app.state.home, app.state.store, keep_days=settings.run_retention_days)
+        await run_sweep(sweep)  # before the first request: what a crash left, runs past retention
+        sweeper = asyncio.create_task(sweep_periodically(sweep))
         try:
             yield
         finally:
+            sweeper.cancel()
             app.state.store.close()
 
-    # max_body_size: FastAPI/Starlette count the bytes as they stream in and answer 413 past the limit
-    # (or at once from Content-Length), so an oversized upload is never spooled to disk in full.
-    # check_access: one app-wide dependency, so every route (new ones too) is behind the token rules.
+    # max_body_size: FastAPI/Starlette count the bytes as they stream in and answer 413 past the limit, so an
+    # oversized upload is never spooled to disk in full (a too-large Content-Length never gets past the gate).
+    # check_access: one app-wide dependency, so every route (new ones too) is behind the token rules; the gate
+    # applies the same rules (deps.needs_token) before any body is read.
     app = EarlAPI(title="EARL compression service", version=__version__, lifespan=lifespan,
                   max_body_size=settings.max_body_bytes, dependencies=[Depends(check_access)])
     app.state.settings = settings
     app.state.metrics = Metrics()
-    app.add_exception_handler(OSError, storage_error)
-    app.add_middleware(MetricsMiddleware, metrics=app.state.metrics)
-    for module in (jobs, models, predict, health):
+    # Bounds on work in flight: predictions computed at once, and threads of their own for the readiness checks.
+    app.state.predict_slots = PredictSlots(settings.max_concurrent_predicts, wait=settings.predict_queue_seconds)
+    app.state.probe_threads = anyio.CapacityLimiter(health.PROBE_THREADS)
+    add_error_handlers(app)
+    for module in ROUTERS:
         app.include_router(module.router)
     return app
+
+
+async def run_sweep(sweep: Callable[[], object]) -> None:
+    """`sweep` in a thread; a failure (the store unreachable, say) is logged: housekeeping never stops the API."""
+    try:
+        await run_in_threadpool(sweep)
+    except Exception:  # noqa: BLE001
+        log.exception("housekeeping sweep failed; the next one tries again")
+
+
+async def sweep_periodically(sweep: Callable[[], object], every_s: float = SWEEP_EVERY_S) -> None:
+    while True:
+        await asyncio.sleep(every_s)
+        await run_sweep(sweep)
 
 
 app = create_app()

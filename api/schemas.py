@@ -1,49 +1,22 @@
-"""Request and response models. Training form fields are named like the `earl train` options."""
+"""Request and response models. The training form is derived from the option table, as `earl train` is."""
 
 from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, Field
 
-from earl_service.config import ModelConfig, TrainConfig
-
-_M, _T = ModelConfig(), TrainConfig()
+from earl_service.options import form_model
 
 
-class TrainForm(BaseModel):
-    """Form fields of POST /jobs; bounds keep one request from asking for an absurd job.
+class TrainForm(form_model()):  # type: ignore[misc]  # a derived base is dynamic to mypy
+    """Form fields of POST /jobs: the option table's service options (earl_service/options.py, with its limits
+    that keep one request from asking for an absurd job), plus how the service runs and exports the job.
 
     Unknown fields are refused by the route (`reject_unknown_fields`), not here: the form also carries the files.
     """
 
-    model_config = ConfigDict(extra="ignore")
-
-    model: Literal["earl", "rotate"] = _M.model
-    dim: int = Field(_M.dim, ge=1, le=1024)
-    reserved_ratio: float = Field(_M.reserved_ratio, ge=0.0, le=1.0)
-    k: int = Field(_M.k, ge=1, le=100)
-    layers: int = Field(_M.layers, ge=0, le=8)
-    gamma: float = Field(_M.gamma, gt=0.0, le=1000.0)
-    epsilon: float = Field(_M.epsilon, ge=0.0, le=1000.0)
-    no_reserved: bool = False
-    no_conrel: bool = False
-    no_knn: bool = False
-    no_conrel_knn: bool = False
-    no_mulhop: bool = False
-    steps: int = Field(_T.steps, ge=0, le=10_000_000)
-    batch_size: int = Field(_T.batch_size, ge=1, le=65_536)
-    negatives: int = Field(_T.negatives, ge=1, le=4096)
-    lr: float = Field(_T.lr, gt=0.0, le=1.0)
-    eval_every: int = Field(_T.eval_every, ge=0, le=10_000_000)
-    patience: int = Field(_T.patience, ge=1, le=10_000)
-    time_limit: float = Field(0.0, ge=0.0, le=7 * 24 * 60, description="minutes; 0: no limit")
-    seed: int = Field(0, ge=0, le=2**31 - 1)
-    precision: Literal["fp32", "fp16", "int8"] = "fp32"
-    sampled: bool = False  # sampled (mini-batch) training for graphs whose full-graph encoding does not fit
-    fanout: str = Field(",".join(map(str, _T.fanout)), pattern=r"^(\d+|all)(,(\d+|all)){0,7}$",
-                        description="edges drawn per entity at hop 1, 2, ... ('all' or 0: every edge)")
-    negative_chunk: int = Field(_T.negative_chunk, ge=0, le=65_536)
+    precision: Literal["fp32", "fp16", "int8"] = Field("fp32", description="precision of the exported bundle")
     nproc_per_node: int = Field(0, ge=0, le=64, description="> 0: the worker trains with this many DDP processes")
 
 
@@ -86,6 +59,17 @@ class ModelOut(BaseModel):
 class ModelDetail(ModelOut):
     config: dict[str, Any]
     metrics: dict[str, Any]
+    version: int  # 1 when registered, one more with each extend
+
+
+class ModelVersionOut(BaseModel):
+    """One bundle a model has had; earlier versions stay downloadable (?version=N) until the model is deleted."""
+
+    version: int
+    sha256: str
+    bytes: int
+    created: float  # when this version was placed
+    latest: bool
 
 
 class Prediction(BaseModel):
@@ -112,3 +96,9 @@ class NotFound(BaseModel):
     kind: Literal["model", "job", "entity", "relation"]
     name: str
     suggestions: list[str]
+
+
+class NotFoundResponse(BaseModel):
+    """The body of every 404 a route documents: `detail` says what was not found and suggests close names."""
+
+    detail: NotFound

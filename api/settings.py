@@ -10,7 +10,9 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 class Settings(BaseSettings):
     """EARL_HOME, EARL_STORE, EARL_API_TOKEN, EARL_PROTECT_READS, EARL_MAX_UPLOAD_MB, EARL_MAX_UNPACKED_MB,
-    EARL_CACHE_MODELS, EARL_MAX_UPLOAD_TRIPLES."""
+    EARL_CACHE_MODELS; and the bounds on work: EARL_ALLOW_OPEN_WRITES, EARL_MAX_CONCURRENT_PREDICTS,
+    EARL_PREDICT_QUEUE_SECONDS, EARL_MAX_JOB_DIM, EARL_MAX_BATCH_X_NEGATIVES, EARL_MAX_NPROC, EARL_MAX_JOB_MINUTES,
+    EARL_MAX_QUEUED_JOBS, EARL_MAX_UPLOAD_TRIPLES (docs/api.md#settings)."""
 
     model_config = SettingsConfigDict(env_prefix="EARL_", extra="ignore")
 
@@ -22,6 +24,19 @@ class Settings(BaseSettings):
     # Bound on what a .gz triple upload may decompress to (a gzip bomb is refused at this size, not read to the end).
     max_unpacked_mb: float = Field(1024.0, gt=0)
     cache_models: int = Field(4, ge=1)  # LinkPredictors kept in memory (LRU)
+    # EARL_RUN_RETENTION_DAYS: runs/<job>/ and uploads/<job>/ of a job that ended (any way) go this many days later;
+    # 0 keeps them. The job's record and its model stay (deleting a model removes them at once).
+    run_retention_days: float = Field(30.0, ge=0)
+
+    # Bounds on what one cheap request can make the server do (docs/reliability.md#limits).
+    allow_open_writes: bool = False  # `earl serve` on a non-loopback host without a token refuses to start unless set
+    max_concurrent_predicts: int = Field(8, ge=1)  # predictions computed at once; the others wait in line
+    predict_queue_seconds: float = Field(10.0, gt=0)  # a prediction waits this long for a slot, then 503
+    max_job_dim: int = Field(512, ge=1)  # a job's dim
+    max_batch_x_negatives: int = Field(2**20, ge=1)  # a job's batch_size * negatives (scores per step and side)
+    max_nproc: int = Field(8, ge=0)  # a job's nproc_per_node
+    max_job_minutes: float = Field(24 * 60.0, gt=0)  # a job's time_limit; a job without one gets this
+    max_queued_jobs: int = Field(10, ge=1)  # unfinished (queued or running) jobs per client (token, else address)
     # Bound on the distinct triples of one uploaded file: the upload check keeps 8 bytes for each (16 while merging).
     max_upload_triples: int = Field(10_000_000, ge=1)
 

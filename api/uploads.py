@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import json
 import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from fastapi import UploadFile
 
 from earl_service.data import DEFAULT_MAX_BYTES, SPLIT_SUFFIXES, count_triples
-from earl_service.errors import TripleFileError, TripleLimitError
+from earl_service.errors import DatasetError, TripleFileError, TripleLimitError
+from earl_service.worker.home import ServiceHome
 
 LABELS_MAX_BYTES = 8 * 2**20
 MAX_NAME_CHARS = 1000  # as the /predict query parameters
@@ -55,44 +58,58 @@ def check_triples(path: Path, shown_name: str | None, *, max_bytes: int = DEFAUL
 
 
 def save_labels(upload: UploadFile, dest: Path) -> Path:
-    """A relation-label JSON object (what data.relation_labels reads); ValueError with the reason if not."""
+    """A relation-label JSON object (what data.relation_labels reads); DatasetError with the reason if not."""
     upload.file.seek(0)
     raw = upload.file.read(LABELS_MAX_BYTES + 1)
     if len(raw) > LABELS_MAX_BYTES:
-        raise ValueError(f"relation_labels: larger than {LABELS_MAX_BYTES // 2**20} MiB")
+        raise DatasetError(f"relation_labels: larger than {LABELS_MAX_BYTES // 2**20} MiB")
     try:
         labels = json.loads(raw.decode("utf-8-sig"))
     except (UnicodeDecodeError, ValueError) as exc:
-        raise ValueError(f"relation_labels: not a UTF-8 JSON document ({exc})") from None
+        raise DatasetError(f"relation_labels: not a UTF-8 JSON document ({exc})") from None
     if not isinstance(labels, dict):
-        raise ValueError('relation_labels: expected a JSON object such as {"P27": "country of citizenship"}')
+        raise DatasetError('relation_labels: expected a JSON object such as {"P27": "country of citizenship"}')
     dest.parent.mkdir(parents=True, exist_ok=True)
     dest.write_bytes(raw)
     return dest
 
 
-def save_job_files(home: Path, job_id: str, uploads: dict[str, UploadFile | None],
+def save_job_files(home: ServiceHome, job_id: str, uploads: dict[str, UploadFile | None],
                    labels: UploadFile | None = None, *, max_bytes: int = DEFAULT_MAX_BYTES,
                    max_triples: int = DEFAULT_MAX_UPLOAD_TRIPLES) -> tuple[dict[str, str], dict[str, dict[str, int]]]:
     """Save train/valid/test as HOME/uploads/<job>/<split><suffix>, checked; paths returned relative to HOME,
     with each split's counts (triples kept, duplicates dropped). Relation labels, if given, go to
     relations.en.json beside them (where load_dataset's folder reader looks).
 
-    On a bad file the job's upload folder is removed and the TripleFileError (or ValueError) propagates.
+    On a bad file the job's upload folder is removed and the TripleFileError (or DatasetError) propagates.
     """
-    folder = home / "uploads" / job_id
+    folder = home.upload_dir(job_id)
     files: dict[str, str] = {}
     counts: dict[str, dict[str, int]] = {}
     try:
         if labels is not None:
-            files["relation_labels"] = str(save_labels(labels, folder / "relations.en.json").relative_to(home))
+            files["relation_labels"] = home.relative(save_labels(labels, folder / "relations.en.json"))
         for split, upload in uploads.items():
             if upload is None:
                 continue
             path = save_upload(upload, folder / f"{split}{split_suffix(upload.filename)}")
             counts[split] = check_triples(path, upload.filename, max_bytes=max_bytes, max_triples=max_triples)
-            files[split] = str(path.relative_to(home))
+            files[split] = home.relative(path)
     except BaseException:
         shutil.rmtree(folder, ignore_errors=True)
         raise
     return files, counts
+
+
+@contextmanager
+def staged_triples(upload: UploadFile, home: ServiceHome, name: str, *,
+                   max_bytes: int = DEFAULT_MAX_BYTES, max_triples: int = DEFAULT_MAX_UPLOAD_TRIPLES,
+                   ) -> Iterator[Path]:
+    """The uploaded triple file in the home's staging area, checked (check_triples); removed afterwards."""
+    path = home.staging_path(name, split_suffix(upload.filename))  # the suffix is the reader's cue (.gz, .csv)
+    try:
+        save_upload(upload, path)
+        check_triples(path, upload.filename, max_bytes=max_bytes, max_triples=max_triples)
+        yield path
+    finally:
+        path.unlink(missing_ok=True)

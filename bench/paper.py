@@ -56,9 +56,10 @@ from harness import (
     test_earl,
 )
 
+from earl_service.atomic import write_json
 from earl_service.config import ModelConfig
 from earl_service.data import Dataset, load_dataset
-from earl_service.train import CHECKPOINT, WARMUP_STEPS, cpu_has_native_bf16, write_json_atomic
+from earl_service.train import CHECKPOINT, WARMUP_STEPS, cpu_has_native_bf16
 
 
 def _amend(rec: dict, done: Path, why: str, figures: dict, before: str | None = None) -> dict:
@@ -67,7 +68,7 @@ def _amend(rec: dict, done: Path, why: str, figures: dict, before: str | None = 
     old = rec[before] if before else {k: rec[k] for k in figures}
     rec = {**rec, **figures, why: {"commit": environment()["commit"], "before": old,
                                    "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}}
-    write_json_atomic(done, rec)
+    write_json(done, rec)
     return rec
 
 
@@ -194,7 +195,7 @@ class Bench:
             done.unlink(missing_ok=True)
         if not done.exists() and legacy.exists():
             done.parent.mkdir(parents=True, exist_ok=True)
-            write_json_atomic(done, json.loads(legacy.read_text()))
+            write_json(done, json.loads(legacy.read_text()))
         if done.exists():
             rec = json.loads(done.read_text())
             if self.matches(label, self.args.retest) and fn.func is run_earl and (run_dir / "train").exists():
@@ -214,7 +215,7 @@ class Bench:
                 rec = {**fn(run_dir / "train"), "run_key": key, "run_commit": env["commit"], "first_label": label,
                        "machine": env["machine"]}
                 done.parent.mkdir(parents=True, exist_ok=True)
-                write_json_atomic(done, rec)
+                write_json(done, rec)
             except Exception as exc:  # one failed peer must not lose the other runs of a multi-hour table
                 traceback.print_exc()
                 rec = {"error": f"{type(exc).__name__}: {exc}"}

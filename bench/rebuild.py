@@ -31,14 +31,9 @@ def timed(fn, repeats: int) -> float:
 
 
 def edge_seconds(path: Path, repeats: int, scipy: bool) -> float | None:
-    saved = edge._sparse
-    if scipy and saved is None:
+    if scipy and edge.scipy_sparse() is None:
         return None  # scipy not installed
-    edge._sparse = saved if scipy else None
-    try:
-        return timed(lambda: edge.load(path), repeats)
-    finally:
-        edge._sparse = saved
+    return timed(lambda: edge.load(path, use_scipy=scipy), repeats)
 
 
 def main() -> None:

@@ -21,4 +21,6 @@ VOLUME /data
 EXPOSE 8000
 HEALTHCHECK --interval=30s --timeout=5s \
     CMD python -c "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8000/healthz', timeout=3)"
-CMD ["uvicorn", "api.main:app", "--host", "0.0.0.0", "--port", "8000"]
+# earl serve, not bare uvicorn: it refuses to open writes beyond loopback without EARL_API_TOKEN
+# (or EARL_ALLOW_OPEN_WRITES=true).
+CMD ["earl", "serve", "--no-worker", "--host", "0.0.0.0", "--port", "8000"]

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import lzma
 import os
 import time
 from dataclasses import dataclass, field, replace
@@ -19,18 +18,16 @@ from .bundle_format import (
     FORMAT_VERSION,
     PRECISIONS,
     default_coding,
-    dequantize,
     encode_weights,
     narrowest_uint,
     pack_graph,
     pack_strings,
     quantize,
     read_safetensors,
-    unpack_graph,
-    unpack_strings,
     write_safetensors,
 )
 from .config import ModelConfig
+from .core.decode import decode
 from .data import Vocab, load_triples_file
 from .errors import BundleError
 
@@ -149,59 +146,13 @@ class Bundle:
         return replace(self, entities=entities, triples=triples, sha256="", num_bytes=0, path=None, _cache={})
 
 
-def _vocab(names: list[str], kind: str) -> Vocab:
-    try:
-        return Vocab(names, kind=kind)
-    except ValueError as exc:
-        raise BundleError(f"bundle {kind} vocabulary is invalid: {exc}") from exc
-
-
 def load_bundle(path: str | os.PathLike) -> Bundle:
-    """Read and verify a bundle: format and version, checksum, tensor shapes against the config."""
+    """Read and verify a bundle: format and version, checksum, then every check of core.decode (vocabularies,
+    graph and reserved ids, tensor shapes against the config)."""
     meta, tensors, size = read_safetensors(path)
-    try:
-        config = ModelConfig.from_dict(json.loads(meta["config"]))
-        metrics = json.loads(meta.get("metrics", "{}"))
-        labels = json.loads(meta.get("relation_labels", "{}"))
-        entities = _vocab(unpack_strings(tensors["vocab.entities"]), "entity")
-        relations = _vocab(unpack_strings(tensors["vocab.relations"]), "relation")
-        triples = unpack_graph(tensors["graph.packed"])
-        reserved = tensors["buffer.reserved"].astype(np.int64)
-        params = {name[len("param.") :]: dequantize(tensors, name) for name in tensors
-                  if name.startswith("param.") and not name.endswith(".scale")}
-    except (KeyError, ValueError, lzma.LZMAError, TypeError) as exc:
-        raise BundleError(f"{path} is an EARL bundle with missing or malformed content: {exc}") from exc
-    n, num_rel = len(entities), len(relations)
-    if triples.size and (triples[:, [0, 2]].max() >= n or triples[:, 1].max() >= num_rel):
-        raise BundleError(f"{path}: the graph refers to entities or relations outside the vocabulary")
-    if reserved.size and (reserved.max() >= n or reserved.min() < 0):
-        raise BundleError(f"{path}: reserved entity ids outside the vocabulary")
-    bundle = Bundle(config, params, reserved, entities, relations, triples, metrics, meta.get("precision", "fp32"),
-                    labels, meta["payload_sha256"], size, Path(path), meta.get("weights_coding", "plain"))
-    _check_shapes(bundle)
-    return bundle
-
-
-def _check_shapes(bundle: Bundle) -> None:
-    """Every tensor the config implies is present with its shape (builds the module; no graph needed)."""
-    from .model import build_model
-
-    cfg = bundle.config
-    if cfg.gnn_layers > len(bundle.params):  # every layer has weights; refuse before building a huge module list
-        raise BundleError(f"bundle config asks for {cfg.gnn_layers} GNN layers but holds {len(bundle.params)} tensors")
-    # On the meta device: shapes without storage, so a config claiming dim=10**6 costs nothing to check.
-    with torch.device("meta"):
-        expected = build_model(cfg, len(bundle.entities), len(bundle.relations),
-                               torch.from_numpy(bundle.reserved)).state_dict()
-    expected.pop("reserved", None)
-    for name, tensor in expected.items():
-        got = bundle.params.get(name)
-        if got is None or tuple(got.shape) != tuple(tensor.shape):
-            shape = None if got is None else tuple(got.shape)
-            raise BundleError(f"bundle tensor {name!r} has shape {shape}, the config implies {tuple(tensor.shape)}")
-    extra = set(bundle.params) - set(expected)
-    if extra:
-        raise BundleError(f"bundle holds tensors its config does not use: {sorted(extra)}")
+    b = decode(meta, tensors, source=str(path))
+    return Bundle(b.config, b.params, b.reserved, b.entities, b.relations, b.triples, b.metrics, b.precision,
+                  b.relation_labels, b.sha256, size, Path(path), b.coding)
 
 
 def bundle_from_model(

@@ -177,6 +177,18 @@ def read_safetensors(path: str | os.PathLike) -> tuple[dict[str, str], dict[str,
         data = path.read_bytes()
     except OSError as exc:
         raise BundleError(f"cannot read bundle {path}: {exc.strerror or exc}") from exc
+    meta, header_len = _header(data, path)
+    if payload_digest(data[8 + header_len :]) != meta.get("payload_sha256"):
+        raise BundleError(f"{path} is corrupted or truncated: the tensor payload does not match its SHA-256")
+    try:
+        tensors = st_load(data)
+    except Exception as exc:  # safetensors raises its own error types for malformed files
+        raise BundleError(f"{path} is corrupted: {exc}") from exc
+    return meta, _decode_weights(meta, tensors, path), len(data)
+
+
+def _header(data: bytes, path: Path) -> tuple[dict[str, str], int]:
+    """The metadata of an EARL bundle of a version this library reads, and the header's length."""
     if len(data) < 8:
         raise BundleError(f"{path} is not an EARL bundle: {len(data)} bytes, too short for a safetensors header")
     (header_len,) = struct.unpack("<Q", data[:8])
@@ -198,27 +210,25 @@ def read_safetensors(path: str | os.PathLike) -> tuple[dict[str, str], dict[str,
             f"{path} uses bundle format {version}, newer than this library's {FORMAT_VERSION} "
             f"(earl_service {__version__}); upgrade earl_service to read it"
         )
-    payload = data[8 + header_len :]
-    if payload_digest(payload) != meta.get("payload_sha256"):
-        raise BundleError(f"{path} is corrupted or truncated: the tensor payload does not match its SHA-256")
-    try:
-        tensors = st_load(data)
-    except Exception as exc:  # safetensors raises its own error types for malformed files
-        raise BundleError(f"{path} is corrupted: {exc}") from exc
+    return meta, header_len
+
+
+def _decode_weights(meta: dict[str, str], tensors: dict[str, np.ndarray], path: Path) -> dict[str, np.ndarray]:
+    """The tensors with coded weights (meta's weights_coding) decoded back into `param.*` tensors."""
     coding = meta.get("weights_coding", "plain")
     if coding not in CODINGS:
         raise BundleError(f"{path} uses weight coding {coding!r}, unknown to earl_service {__version__}")
-    if coding != "plain":
-        if "weights.packed" not in tensors or "weights_manifest" not in meta:
-            raise BundleError(f"{path} says its weights are {coding}-coded but holds no coded weights")
-        try:
-            decoded = unpack_weights(tensors.pop("weights.packed"), meta["weights_manifest"])
-        except lzma.LZMAError as exc:
-            raise BundleError(f"{path} is corrupted: its coded weights do not decompress ({exc})") from exc
-        if set(decoded) & set(tensors):
-            raise BundleError(f"{path} holds weights both coded and plain")
-        tensors.update(decoded)
-    return meta, tensors, len(data)
+    if coding == "plain":
+        return tensors
+    if "weights.packed" not in tensors or "weights_manifest" not in meta:
+        raise BundleError(f"{path} says its weights are {coding}-coded but holds no coded weights")
+    try:
+        decoded = unpack_weights(tensors.pop("weights.packed"), meta["weights_manifest"])
+    except lzma.LZMAError as exc:
+        raise BundleError(f"{path} is corrupted: its coded weights do not decompress ({exc})") from exc
+    if set(decoded) & set(tensors):
+        raise BundleError(f"{path} holds weights both coded and plain")
+    return tensors | decoded
 
 
 def write_safetensors(path: str | os.PathLike, tensors: dict[str, np.ndarray], metadata: dict[str, str]) -> Path:

@@ -1,92 +1,40 @@
-"""The `earl` command: train, evaluate (and, as they land, export, info, extend, worker, serve)."""
+"""The `earl` command: train, evaluate, export, info, extend, worker and serve."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import logging
+import os
 import sys
 from pathlib import Path
 
-from .config import ABLATIONS, ModelConfig, TrainConfig
-from .errors import EarlError
+from .compress_cli import add_compress_command
+from .config import ModelConfig, TrainConfig
+from .errors import ConfigError, EarlError
+from .options import add_train_options, configs_from_options
 
-D_MODEL, D_TRAIN = ModelConfig(), TrainConfig()
-
-
-def _add_train_options(p: argparse.ArgumentParser) -> None:
-    m = p.add_argument_group("model")
-    m.add_argument("--model", choices=["earl", "rotate"], default=D_MODEL.model)
-    m.add_argument("--dim", type=int, default=D_MODEL.dim, help="complex dimensions (2*dim reals per entity)")
-    m.add_argument("--reserved-ratio", type=float, default=D_MODEL.reserved_ratio)
-    m.add_argument("--k", type=int, default=D_MODEL.k, help="nearest reserved entities (kNResEnt)")
-    m.add_argument("--layers", type=int, default=D_MODEL.layers, help="GNN layers")
-    m.add_argument("--margin", "--gamma", dest="gamma", type=float, default=D_MODEL.gamma)
-    m.add_argument("--epsilon", type=float, default=D_MODEL.epsilon)
-    for name in ABLATIONS:
-        m.add_argument(f"--{name.replace('_', '-')}", action="store_true", help="ablation switch")
-    t = p.add_argument_group("training")
-    t.add_argument("--steps", type=int, default=D_TRAIN.steps)
-    t.add_argument("--batch-size", type=int, default=D_TRAIN.batch_size)
-    t.add_argument("--negatives", type=int, default=D_TRAIN.negatives, help="per side (head and tail)")
-    t.add_argument("--lr", type=float, default=D_TRAIN.lr)
-    t.add_argument("--temperature", dest="adversarial_temperature", type=float, default=D_TRAIN.adversarial_temperature,
-                   help="self-adversarial temperature alpha")
-    t.add_argument("--eval-every", type=int, default=D_TRAIN.eval_every, help="steps between validations (0: never)")
-    t.add_argument("--patience", type=int, default=D_TRAIN.patience)
-    t.add_argument("--eval-batch-size", type=int, default=D_TRAIN.eval_batch_size)
-    t.add_argument("--eval-max-triples", type=int, default=D_TRAIN.eval_max_triples,
-                   help="validate on a fixed random subset of this many triples (0: all)")
-    t.add_argument("--checkpoint-every", type=int, default=D_TRAIN.checkpoint_every)
-    t.add_argument("--time-limit", dest="time_limit_minutes", type=float, default=0.0, metavar="MINUTES")
-    t.add_argument("--bf16", action="store_true", help="bfloat16 autocast for the encoder's dense maps (CPU)")
-    t.add_argument("--device", default=D_TRAIN.device, help="auto | cpu | cuda")
-    t.add_argument("--threads", type=int, default=D_TRAIN.threads, help="torch threads (0: torch default)")
-    t.add_argument("--seed", type=int, default=0)
-    t.add_argument("--no-progress", action="store_true")
-    s = p.add_argument_group("sampled training (graphs whose full-graph encoding does not fit)")
-    s.add_argument("--sampled", action="store_true",
-                   help="encode each batch's entities and negatives through sampled neighbourhoods only")
-    s.add_argument("--fanout", type=_fanout, default=D_TRAIN.fanout, metavar="N,N",
-                   help="edges drawn per entity at hop 1, 2, ... (0 or 'all': every edge; default 10,10)")
-    s.add_argument("--negative-chunk", type=int, default=D_TRAIN.negative_chunk, metavar="C",
-                   help="this many positives share one draw of negatives (0: the whole batch)")
-    d = p.add_argument_group("distributed (torch.distributed DDP through torchrun)")
-    d.add_argument("--nproc-per-node", type=int, default=0, metavar="N",
-                   help="run N data-parallel processes on this machine (gloo on CPU, NCCL on CUDA)")
-    d.add_argument("--nnodes", default="1", help="machines taking part (torchrun's --nnodes)")
-    d.add_argument("--rdzv-endpoint", default=None, metavar="HOST:PORT",
-                   help="rendezvous address shared by all machines (default: a free local port, one machine)")
-    d.add_argument("--rdzv-backend", default="c10d")
-    d.add_argument("--rdzv-id", default=None, help="job id shared by all machines")
-    d.add_argument("--node-rank", type=int, default=None)
-
+COMMANDS_GROUP = "earl.commands"  # entry points: callables that add a subcommand (`earl serve`, from api/serve.py)
 
 LAUNCHER_OPTIONS = ("--nproc-per-node", "--nnodes", "--rdzv-endpoint", "--rdzv-backend", "--rdzv-id", "--node-rank")
 
 
-def _fanout(text: str) -> tuple[int, ...]:
-    try:
-        values = tuple(0 if x.strip() == "all" else int(x) for x in text.split(","))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers like 10,10, not {text!r}") from None
-    if any(v < 0 for v in values):
-        raise argparse.ArgumentTypeError("fan-outs must be >= 0 (0: every edge)")
-    return values
+def _add_launcher_options(p: argparse.ArgumentParser) -> None:
+    d = p.add_argument_group("distributed (torch.distributed DDP through torchrun)")
+    d.add_argument("--nproc-per-node", type=int, default=0, metavar="N",
+                   help="run N data-parallel processes on this machine (gloo on CPU, NCCL on CUDA; 0: no torchrun)")
+    d.add_argument("--nnodes", default="1", help="machines taking part (torchrun's --nnodes; default: %(default)s)")
+    d.add_argument("--rdzv-endpoint", default=None, metavar="HOST:PORT",
+                   help="rendezvous address shared by all machines (default: a free local port, one machine)")
+    d.add_argument("--rdzv-backend", default="c10d", help="torchrun's rendezvous backend (default: %(default)s)")
+    d.add_argument("--rdzv-id", default=None, help="job id shared by all machines")
+    d.add_argument("--node-rank", type=int, default=None, help="this machine's rank (default: torchrun's choice)")
 
 
 def _configs(a: argparse.Namespace) -> tuple[ModelConfig, TrainConfig]:
     if getattr(a, "config", None):
         return _configs_from_file(a.config)
-    model = ModelConfig(model=a.model, dim=a.dim, reserved_ratio=a.reserved_ratio, k=a.k, layers=a.layers,
-                        gamma=a.gamma, epsilon=a.epsilon, seed=a.seed, **{n: getattr(a, n) for n in ABLATIONS})
-    train = TrainConfig(steps=a.steps, batch_size=a.batch_size, negatives=a.negatives, lr=a.lr,
-                        adversarial_temperature=a.adversarial_temperature, eval_every=a.eval_every,
-                        patience=a.patience, eval_batch_size=a.eval_batch_size, eval_max_triples=a.eval_max_triples,
-                        checkpoint_every=a.checkpoint_every, time_limit_minutes=a.time_limit_minutes, bf16=a.bf16,
-                        device=a.device, threads=a.threads, seed=a.seed, progress=not a.no_progress,
-                        sampled=a.sampled, fanout=a.fanout, negative_chunk=a.negative_chunk)
-    return model, train
+    return configs_from_options(vars(a))
 
 
 def _configs_from_file(path: str) -> tuple[ModelConfig, TrainConfig]:
@@ -94,10 +42,11 @@ def _configs_from_file(path: str) -> tuple[ModelConfig, TrainConfig]:
     try:
         values = json.loads(Path(path).read_text())
     except (OSError, json.JSONDecodeError) as exc:
-        raise ValueError(f"--config {path}: {exc}") from None
-    values = values.get("config", values)
-    if not isinstance(values, dict) or not isinstance(values.get("model"), dict) or not isinstance(values.get("train"), dict):
-        raise ValueError(f"--config {path}: expected an object with 'model' and 'train' objects")  # noqa: TRY004
+        raise ConfigError(f"--config {path}: {exc}") from None
+    if isinstance(values, dict):
+        values = values.get("config", values)
+    if not isinstance(values, dict) or not all(isinstance(values.get(key), dict) for key in ("model", "train")):
+        raise ConfigError(f"--config {path}: expected an object with 'model' and 'train' objects")
     return ModelConfig.from_dict(values["model"]), TrainConfig.from_dict(values["train"])
 
 
@@ -142,7 +91,7 @@ def _progress_writer(path: str | None):
         return None
     import time
 
-    from .train import write_json_atomic
+    from .atomic import write_json
 
     last = [0.0]
 
@@ -150,36 +99,42 @@ def _progress_writer(path: str | None):
         now = time.monotonic()
         if now - last[0] >= 0.5 or progress["step"] == progress["total"]:
             last[0] = now
-            write_json_atomic(Path(path), progress)
+            write_json(Path(path), progress)
 
     return write
 
 
-def cmd_train(a: argparse.Namespace) -> int:
+def _join_process_group(train_cfg: TrainConfig) -> TrainConfig:
+    """Under torchrun: join the process group on this rank's device; only rank 0 shows progress."""
     import os
+    from dataclasses import replace
+
+    import torch
+
+    from .distributed import init_process_group
+    from .train import resolve_device
+
+    device = resolve_device(train_cfg.device)
+    if device.type == "cuda":  # one GPU per process
+        device = torch.device(f"cuda:{os.environ.get('LOCAL_RANK', '0')}")
+    init_process_group(device)
+    return replace(train_cfg, device=str(device), progress=train_cfg.progress and os.environ["RANK"] == "0")
+
+
+def cmd_train(a: argparse.Namespace) -> int:
     import signal
     import threading
-    from dataclasses import replace
 
     if a.nproc_per_node and not _under_torchrun():
         return launch_torchrun(a)
 
     from .data import load_dataset, relation_labels
-    from .train import resolve_device, train
+    from .train import train
 
     model_cfg, train_cfg = _configs(a)
     distributed = _under_torchrun()
     if distributed:
-        import torch
-        import torch.distributed as dist
-
-        from .distributed import init_process_group
-
-        device = resolve_device(train_cfg.device)
-        if device.type == "cuda":  # one GPU per process
-            device = torch.device(f"cuda:{os.environ.get('LOCAL_RANK', '0')}")
-        train_cfg = replace(train_cfg, device=str(device), progress=train_cfg.progress and os.environ["RANK"] == "0")
-        init_process_group(device)
+        train_cfg = _join_process_group(train_cfg)
     # SIGTERM (a stopping worker, torchrun passing one on) ends training at the next step with a checkpoint.
     stop = threading.Event()
     if distributed or a.progress_file:
@@ -191,16 +146,22 @@ def cmd_train(a: argparse.Namespace) -> int:
                         on_progress=_progress_writer(a.progress_file))
     finally:
         if distributed:
+            import torch.distributed as dist
+
             dist.destroy_process_group()
-    if "rank" in metrics:  # not rank 0: rank 0 reports
-        return 0
+    if "rank" not in metrics:  # other ranks leave the report to rank 0
+        print(json.dumps(_summary(metrics), indent=2))
+    return 0
+
+
+def _summary(metrics: dict) -> dict:
+    """What `earl train` prints: size, speed and the final metrics of a run's metrics.json."""
     keys = ("trainable_parameters", "steps", "median_step_seconds", "peak_rss_mb", "bundle_bytes")
     summary = {k: metrics.get(k) for k in keys}
     for split in ("valid", "test"):
         if split in metrics:
             summary[split] = {k: metrics[split][k] for k in ("mrr", "mr", "hits_at_1", "hits_at_3", "hits_at_10")}
-    print(json.dumps(summary, indent=2))
-    return 0
+    return summary
 
 
 def cmd_evaluate(a: argparse.Namespace) -> int:
@@ -254,37 +215,40 @@ def _add_coding_option(p: argparse.ArgumentParser) -> None:
                         "for fp32, planes-xz for fp16/int8")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="earl", description="Entity-agnostic knowledge-graph embeddings (EARL).")
-    parser.add_argument("-v", "--verbose", action="store_true")
-    sub = parser.add_subparsers(dest="command", required=True)
-
+def add_train_command(sub) -> None:
     p = sub.add_parser("train", help="train EARL (or the RotatE baseline) on a dataset folder")
     p.add_argument("data", help="folder with train.txt and optional valid.txt / test.txt")
     p.add_argument("--out", required=True, help="run directory (checkpoints, metrics.json, curves.png)")
     p.add_argument("--resume", action="store_true", help="continue from RUN_DIR's last checkpoint")
-    p.add_argument("--protocol", choices=["seen", "all"], default="seen", help="protocol of the final evaluation")
+    p.add_argument("--protocol", choices=["seen", "all"], default="seen",
+                   help="protocol of the final evaluation (default: %(default)s)")
     p.add_argument("--no-final-eval", action="store_true", help="skip the final valid/test evaluation")
     p.add_argument("--config", default=None, metavar="FILE",
                    help="take every model and training setting from FILE ({'model': ..., 'train': ...} or a "
                         "run's metrics.json); the model/training options below are then ignored")
     p.add_argument("--progress-file", default=None, metavar="FILE", help="keep FILE holding the latest progress (JSON)")
-    _add_train_options(p)
+    add_train_options(p)
+    _add_launcher_options(p)
     p.set_defaults(func=cmd_train)
 
+
+def add_evaluate_command(sub) -> None:
     p = sub.add_parser("evaluate", help="filtered ranking of a trained run's best checkpoint")
     p.add_argument("run_dir")
     p.add_argument("data")
-    p.add_argument("--split", default="test", choices=["train", "valid", "test"])
-    p.add_argument("--protocol", choices=["seen", "all"], default="seen")
-    p.add_argument("--batch-size", type=int, default=256)
-    p.add_argument("--device", default="auto")
+    p.add_argument("--split", default="test", choices=["train", "valid", "test"], help="(default: %(default)s)")
+    p.add_argument("--protocol", choices=["seen", "all"], default="seen", help="(default: %(default)s)")
+    p.add_argument("--batch-size", type=int, default=TrainConfig.eval_batch_size, help="(default: %(default)s)")
+    p.add_argument("--device", default=TrainConfig.device, help="auto | cpu | cuda | cuda:N (default: %(default)s)")
     p.set_defaults(func=cmd_evaluate)
 
+
+def add_bundle_commands(sub) -> None:
+    """`earl export`, `earl info` and `earl extend`: a bundle out of a run, described, or grown."""
     p = sub.add_parser("export", help="re-export a trained run's bundle (optionally at lower precision)")
     p.add_argument("run_dir")
     p.add_argument("--out", required=True)
-    p.add_argument("--precision", choices=["fp32", "fp16", "int8"], default="fp32")
+    p.add_argument("--precision", choices=["fp32", "fp16", "int8"], default="fp32", help="(default: %(default)s)")
     _add_coding_option(p)
     p.set_defaults(func=cmd_export)
 
@@ -296,20 +260,51 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("bundle")
     p.add_argument("--triples", required=True, help="triple file to add")
     p.add_argument("--out", required=True)
-    p.add_argument("--precision", choices=["fp32", "fp16", "int8"], default=None)
+    p.add_argument("--precision", choices=["fp32", "fp16", "int8"], default=None,
+                   help="(default: the bundle's own)")
     _add_coding_option(p)
     p.set_defaults(func=cmd_extend)
 
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="earl", description="Entity-agnostic knowledge-graph embeddings (EARL).")
+    parser.add_argument("-v", "--verbose", action="store_true")
+    sub = parser.add_subparsers(dest="command", required=True)
+    add_train_command(sub)
+    add_evaluate_command(sub)
+    add_bundle_commands(sub)
+    add_compress_command(sub)
     add_worker_command(sub)
-    add_serve_command(sub)
+    if not add_plugin_commands(sub):
+        parser.epilog = ("`earl serve` (the HTTP API) is added when the package is installed with its entry points: "
+                         "pip install 'earl-service[serve]', or pip install -e '.[serve]' in a checkout")
     return parser
 
 
-# ---------------------------------------------------------------- service: `earl worker` and `earl serve`
+def add_plugin_commands(sub) -> list[str]:
+    """Subcommands that installed packages add through the entry point group 'earl.commands' (pyproject.toml):
+    `earl serve` comes from api/serve.py, so the library never imports the web app. A command whose module cannot
+    be imported is left out. Returns the names added."""
+    from importlib.metadata import entry_points
+
+    added = []
+    for entry in entry_points(group=COMMANDS_GROUP):
+        try:
+            add_command = entry.load()
+        except ImportError as exc:
+            logging.getLogger(__name__).debug("earl %s left out: %s", entry.name, exc)
+            continue
+        add_command(sub)
+        added.append(entry.name)
+    return added
+
+
+# ---------------------------------------------------------------- service: `earl worker` (api/serve.py: `earl serve`)
 # The command line is the service's edge: EARL_HOME / EARL_STORE give the defaults, as for the API.
 
 
-def _add_service_options(p: argparse.ArgumentParser) -> None:
+def add_service_options(p: argparse.ArgumentParser) -> None:
+    """--home and --store, shared by `earl worker` and `earl serve`."""
     import os
 
     p.add_argument("--home", default=os.environ.get("EARL_HOME", "artifacts"),
@@ -321,7 +316,7 @@ def _add_service_options(p: argparse.ArgumentParser) -> None:
 def add_worker_command(sub) -> None:
     """`earl worker`: train queued jobs until SIGINT/SIGTERM (the running job is checkpointed and requeued)."""
     p = sub.add_parser("worker", help="run training jobs from the service queue until stopped")
-    _add_service_options(p)
+    add_service_options(p)
     p.add_argument("--threads", type=int, default=2, help="torch threads per job")
     p.add_argument("--device", default="auto", help="auto (CUDA when present) | cpu | cuda")
     p.add_argument("--poll", type=float, default=1.0, help="seconds between looks at an empty queue")
@@ -351,50 +346,13 @@ def cmd_worker(a: argparse.Namespace) -> int:
     return 0
 
 
-def add_serve_command(sub) -> None:
-    """`earl serve`: the API (uvicorn) and one worker process for one machine, until SIGINT/SIGTERM."""
-    p = sub.add_parser("serve", help="run the HTTP API and one training worker on this machine")
-    _add_service_options(p)
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8000)
-    p.add_argument("--worker-threads", type=int, default=2, help="torch threads of the worker")
-    p.add_argument("--no-worker", action="store_true", help="API only (workers run elsewhere)")
-    p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"],
-                   help="uvicorn's log level (warning hides the per-request access log)")
-    p.add_argument("--stop-timeout", type=float, default=60.0,
-                   help="seconds the worker gets to checkpoint its job on shutdown before it is killed")
-    p.set_defaults(func=cmd_serve)
+def _configure_kernels(environ: dict[str, str]) -> None:
+    """EARL_NO_EXTENSION and EARL_EXTENSION_WAIT_S into the kernel's settings (torch loads only if one is set)."""
+    if environ.get("EARL_NO_EXTENSION") or "EARL_EXTENSION_WAIT_S" in environ:
+        from . import kernels
 
-
-def cmd_serve(a: argparse.Namespace) -> int:
-    import signal
-    import subprocess
-
-    import uvicorn
-
-    from api.main import create_app
-    from api.settings import Settings
-
-    settings = Settings(home=Path(a.home), store=a.store)  # the token and limits still come from EARL_*
-    worker = None
-    if not a.no_worker:
-        worker = subprocess.Popen([sys.executable, "-m", "earl_service.cli", "worker", "--home", a.home,
-                                   "--store", a.store, "--threads", str(a.worker_threads)])
-    # uvicorn handles SIGINT/SIGTERM itself (drains requests, returns from run()), then re-raises the signal
-    # into the handlers it found. Make those no-ops so that we get here, stop the worker, and exit 0.
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(signum, lambda *_: None)
-    try:
-        uvicorn.Server(uvicorn.Config(create_app(settings), host=a.host, port=a.port, log_level=a.log_level)).run()
-    finally:
-        if worker is not None and worker.poll() is None:
-            worker.send_signal(signal.SIGTERM)
-            try:
-                worker.wait(timeout=a.stop_timeout)
-            except subprocess.TimeoutExpired:
-                worker.kill()
-                worker.wait()
-    return 0
+        kernels.configure(enabled=not environ.get("EARL_NO_EXTENSION"),
+                          build_wait_s=float(environ.get("EARL_EXTENSION_WAIT_S", "600")))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -404,6 +362,7 @@ def main(argv: list[str] | None = None) -> int:
     args.argv = argv  # `earl train --nproc-per-node` re-runs the same command under torchrun
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(message)s")
     try:
+        _configure_kernels(dict(os.environ))
         return args.func(args)
     except (EarlError, ValueError, FileNotFoundError) as exc:
         print(f"earl: error: {exc}", file=sys.stderr)

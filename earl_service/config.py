@@ -1,42 +1,104 @@
-"""Configuration as frozen dataclasses: what the model is and how it is trained."""
+"""Configuration as frozen dataclasses: what the model is and how it is trained, each field with its option."""
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
+
+from .errors import ConfigError
 
 ModelKind = Literal["earl", "rotate"]
 ABLATIONS = ("no_reserved", "no_conrel", "no_knn", "no_conrel_knn", "no_mulhop")
+_BOUNDS = {"ge": (">=", lambda v, b: v >= b), "gt": (">", lambda v, b: v > b), "le": ("<=", lambda v, b: v <= b)}
+
+
+class Text(NamedTuple):
+    """How an option that is not a plain number is written as text (command line, job form) and read back."""
+
+    parse: Callable[[str], Any]
+    format: Callable[[Any], str]
+    pattern: str  # what the job form accepts
+
+
+def setting(default: Any, help: str, *, option: str | None = "", group: str = "", aliases: tuple[str, ...] = (),
+            bounds: dict[str, float] | None = None, limits: dict[str, float] | None = None,
+            choices: tuple[str, ...] = (), cli_only: bool = False, metavar: str | None = None,
+            text: Text | None = None) -> Any:
+    """A config field with what earl_service/options.py needs to offer it as `earl train --NAME` and as a job
+    form field: `option` is its public name ("" for the field's own name, None for no option at all);
+    `bounds` (ge/gt/le) are hard validity, checked here for every caller; `limits` are the service's stricter
+    bounds on a job (the API form only); `cli_only` keeps an option out of the job form."""
+    metadata = {"help": help, "option": option, "group": group, "aliases": aliases, "bounds": bounds or {},
+                "limits": limits or {}, "choices": choices, "cli_only": cli_only, "metavar": metavar, "text": text}
+    return dataclasses.field(default=default, metadata=metadata)
+
+
+def out_of_bounds(value: Any, bounds: dict[str, float]) -> str | None:
+    """'must be >= 1' when `value` breaks one of `bounds` (ge/gt/le), else None."""
+    for key, bound in bounds.items():
+        sign, holds = _BOUNDS[key]
+        if not holds(value, bound):
+            return f"must be {sign} {bound}"
+    return None
+
+
+def _check_fields(config: Any) -> None:
+    """ConfigError for a field outside its declared bounds or choices; names the option where it differs."""
+    for f in dataclasses.fields(config):
+        value, meta = getattr(config, f.name), f.metadata
+        problem = out_of_bounds(value, meta.get("bounds", {}))
+        if meta.get("choices") and value not in meta["choices"]:
+            problem = "must be one of " + ", ".join(map(repr, meta["choices"]))
+        if problem:
+            name = f.name if meta.get("option") in ("", None, f.name) else f"{f.name} (option {meta['option']})"
+            raise ConfigError(f"{name} {problem}, not {value!r}")
+
+
+def parse_fanout(text: str) -> tuple[int, ...]:
+    """'10,10' or 'all,5' (all = 0: every edge) as the fan-out tuple."""
+    try:
+        values = tuple(0 if x.strip() == "all" else int(x) for x in text.split(","))
+    except ValueError:
+        raise ConfigError(f"expected comma-separated integers like 10,10, not {text!r}") from None
+    if any(v < 0 for v in values):
+        raise ConfigError("fan-outs must be >= 0 (0: every edge)")
+    return values
+
+
+# At most 8 hops in a job: more would only repeat the last value.
+FANOUT_TEXT = Text(parse_fanout, lambda values: ",".join(map(str, values)), r"^(\d+|all)(,(\d+|all)){0,7}$")
 
 
 @dataclass(frozen=True)
 class ModelConfig:
     """The architecture. `dim` counts complex dimensions: an entity is 2*dim reals, a relation dim phases."""
 
-    model: ModelKind = "earl"
-    dim: int = 150
-    reserved_ratio: float = 0.1  # share of training entities with their own embedding row
-    k: int = 10  # nearest reserved entities per entity (kNResEnt)
-    knn_temperature: float = 0.2  # softmax(sim / 0.2) over the k similarities, fixed as in the reference
-    layers: int = 2  # GNN layers (MulHop)
-    gamma: float = 10.0  # RotatE margin
-    epsilon: float = 2.0  # RotatE phase scaling: phase = r / ((gamma + epsilon) / dim) * pi
+    model: ModelKind = setting("earl", "EARL, or the RotatE baseline (one embedding row per entity)",
+                               choices=("earl", "rotate"))
+    dim: int = setting(150, "complex dimensions (2*dim reals per entity)", bounds={"ge": 1}, limits={"le": 1024})
+    reserved_ratio: float = setting(0.1, "share of training entities with their own embedding row",
+                                    bounds={"ge": 0.0, "le": 1.0})
+    k: int = setting(10, "nearest reserved entities per entity (kNResEnt)", bounds={"ge": 1}, limits={"le": 100})
+    # Fixed as in the reference, so no option: softmax(sim / 0.2) over the k similarities.
+    knn_temperature: float = setting(0.2, "kNResEnt softmax temperature", option=None, bounds={"gt": 0.0})
+    layers: int = setting(2, "GNN layers (MulHop)", bounds={"ge": 0}, limits={"le": 8})
+    gamma: float = setting(10.0, "RotatE margin", aliases=("margin",), bounds={"gt": 0.0}, limits={"le": 1000.0})
+    epsilon: float = setting(2.0, "RotatE phase scaling: phase = r / ((gamma + epsilon) / dim) * pi",
+                             bounds={"ge": 0.0}, limits={"le": 1000.0})
     # The paper's ablations (Tables 2 and 3).
-    no_reserved: bool = False  # no reserved entities, hence no kNResEnt either
-    no_conrel: bool = False
-    no_knn: bool = False
-    no_conrel_knn: bool = False  # fixed random GNN inputs instead of ConRel + kNResEnt
-    no_mulhop: bool = False  # no GNN: the encoder output is the combined ConRel/kNResEnt representation
-    seed: int = 0  # draws the reserved entities and the initial weights
+    no_reserved: bool = setting(False, "ablation: no reserved entities, hence no kNResEnt either")
+    no_conrel: bool = setting(False, "ablation: no ConRel (relational features)")
+    no_knn: bool = setting(False, "ablation: no kNResEnt")
+    no_conrel_knn: bool = setting(False, "ablation: fixed random GNN inputs instead of ConRel + kNResEnt")
+    no_mulhop: bool = setting(False, "ablation: no GNN; the encoder output is the combined ConRel/kNResEnt "
+                                     "representation")
+    seed: int = setting(0, "seed of the reserved entities, the initial weights, the batches and the negatives",
+                        bounds={"ge": 0}, limits={"le": 2**31 - 1})
 
     def __post_init__(self) -> None:
-        if self.model not in ("earl", "rotate"):
-            raise ValueError(f"model must be 'earl' or 'rotate', not {self.model!r}")
-        if self.dim < 1 or self.layers < 0 or self.k < 1:
-            raise ValueError("dim and k must be >= 1 and layers >= 0")
-        if not 0.0 <= self.reserved_ratio <= 1.0:
-            raise ValueError("reserved_ratio must lie in [0, 1]")
+        _check_fields(self)
 
     @property
     def uses_reserved(self) -> bool:
@@ -77,36 +139,47 @@ class ModelConfig:
 class TrainConfig:
     """The optimisation. Defaults are the paper's (batch 1024, 256 negatives per side, Adam 1e-3, margin 10)."""
 
-    steps: int = 100_000
-    batch_size: int = 1024
-    negatives: int = 256  # per side: this many head corruptions and this many tail corruptions
-    lr: float = 1e-3
-    adversarial_temperature: float = 1.0
-    eval_every: int = 100  # steps between validations; 0 disables validation during training
-    patience: int = 20  # validations without improvement before early stopping
-    eval_batch_size: int = 256
-    eval_max_triples: int = 0  # validate on a fixed random subset of this many valid triples (0: all)
-    time_limit_minutes: float = 0.0  # 0: no limit
-    checkpoint_every: int = 100  # steps between resumable checkpoints
-    bf16: bool = False  # bfloat16 autocast for the encoder's dense maps on CPU
-    device: str = "auto"  # auto | cpu | cuda
-    threads: int = 0  # torch intra-op threads (0: leave torch's default)
-    seed: int = 0
-    progress: bool = True
+    steps: int = setting(100_000, "training steps", bounds={"ge": 0}, limits={"le": 10_000_000})
+    batch_size: int = setting(1024, "positive triples per step", bounds={"ge": 1}, limits={"le": 65_536})
+    negatives: int = setting(256, "negatives per side (this many head and this many tail corruptions)",
+                             bounds={"ge": 1}, limits={"le": 4096})
+    lr: float = setting(1e-3, "Adam learning rate", bounds={"gt": 0.0}, limits={"le": 1.0})
+    adversarial_temperature: float = setting(1.0, "self-adversarial temperature alpha", option="temperature",
+                                             bounds={"ge": 0.0}, cli_only=True)
+    eval_every: int = setting(100, "steps between validations (0: no validation during training)",
+                              bounds={"ge": 0}, limits={"le": 10_000_000})
+    patience: int = setting(20, "validations without improvement before early stopping", bounds={"ge": 0},
+                            limits={"ge": 1, "le": 10_000})
+    eval_batch_size: int = setting(256, "queries per evaluation batch", bounds={"ge": 1}, cli_only=True)
+    eval_max_triples: int = setting(0, "validate on a fixed random subset of this many valid triples (0: all)",
+                                    bounds={"ge": 0}, cli_only=True)
+    time_limit_minutes: float = setting(0.0, "stop training after this many minutes (0: no limit)",
+                                        option="time_limit", metavar="MINUTES", bounds={"ge": 0.0},
+                                        limits={"le": 7 * 24 * 60})
+    checkpoint_every: int = setting(100, "steps between resumable checkpoints (0: none)", bounds={"ge": 0},
+                                    cli_only=True)
+    bf16: bool = setting(False, "bfloat16 autocast for the encoder's dense maps (CPU)", cli_only=True)
+    device: str = setting("auto", "auto | cpu | cuda | cuda:N", cli_only=True)
+    threads: int = setting(0, "torch intra-op threads (0: leave torch's default)", bounds={"ge": 0}, cli_only=True)
+    seed: int = setting(0, "seed of the reserved entities, the initial weights, the batches and the negatives",
+                        bounds={"ge": 0}, limits={"le": 2**31 - 1})
+    progress: bool = setting(True, "a progress bar while training", cli_only=True)
     # Sampled (mini-batch) training: each batch encodes only its entities and negatives through sampled
     # neighbourhoods (earl_service/sampling.py) instead of the whole graph.
-    sampled: bool = False
-    fanout: tuple[int, ...] = (10, 10)  # edges drawn per entity at hop 0 (the batch), 1, ...; 0: all of them
-    negative_chunk: int = 0  # sampled: this many positives share one draw of negatives (0: the whole batch)
+    sampled: bool = setting(False, "encode each batch's entities and negatives through sampled neighbourhoods "
+                                   "only", group="sampled")
+    fanout: tuple[int, ...] = setting((10, 10), "edges drawn per entity at hop 1, 2, ... (0 or 'all': every edge)",
+                                      group="sampled", metavar="N,N", text=FANOUT_TEXT)
+    negative_chunk: int = setting(0, "this many positives share one draw of negatives (0: the whole batch)",
+                                  group="sampled", metavar="C", bounds={"ge": 0}, limits={"le": 65_536})
 
     def __post_init__(self) -> None:
-        if self.batch_size < 1 or self.negatives < 1 or self.steps < 0 or self.lr <= 0:
-            raise ValueError("batch_size, negatives >= 1, steps >= 0 and lr > 0 are required")
+        _check_fields(self)
         if self.device not in ("auto", "cpu", "cuda") and not self.device.startswith("cuda:"):
-            raise ValueError(f"device must be auto, cpu or cuda, not {self.device!r}")
+            raise ConfigError(f"device must be auto, cpu, cuda or cuda:N, not {self.device!r}")
         object.__setattr__(self, "fanout", tuple(int(x) for x in self.fanout))  # JSON gives a list
-        if not self.fanout or any(x < 0 for x in self.fanout) or self.negative_chunk < 0:
-            raise ValueError("fanout needs at least one value, each >= 0 (0: every edge); negative_chunk >= 0")
+        if not self.fanout or any(x < 0 for x in self.fanout):
+            raise ConfigError(f"fanout needs at least one value, each >= 0 (0: every edge), not {self.fanout}")
 
     def fanout_for(self, layers: int) -> list[int | None]:
         """One fan-out per GNN layer: extra values are ignored, missing ones repeat the last; 0 -> None (all)."""
@@ -122,4 +195,4 @@ class TrainConfig:
         return cls(**{k: v for k, v in values.items() if k in names})
 
 
-__all__ = ["ABLATIONS", "ModelConfig", "TrainConfig"]
+__all__ = ["ABLATIONS", "ModelConfig", "Text", "TrainConfig", "parse_fanout", "setting"]

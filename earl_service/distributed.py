@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
+from .errors import ConfigError
+
 # Why training stopped, as the small integers rank 0 broadcasts.
 STOP_REASONS = (None, "time_limit", "cancelled", "early_stopping")
 
@@ -110,7 +112,7 @@ def torchrun_command(
         cmd.append("--standalone")
     else:
         if rdzv_endpoint is None:
-            raise ValueError("training on several machines needs --rdzv-endpoint HOST:PORT")
+            raise ConfigError("training on several machines needs --rdzv-endpoint HOST:PORT")
         cmd += [f"--rdzv-backend={rdzv_backend}", f"--rdzv-endpoint={rdzv_endpoint}"]
         if rdzv_id is not None:
             cmd.append(f"--rdzv-id={rdzv_id}")

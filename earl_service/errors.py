@@ -75,6 +75,28 @@ class UnknownRelationError(_UnknownNameError):
     kind = "relation"
 
 
+class _NotFoundError(_UnknownNameError):
+    """An id the service does not hold; the message reads "<kind> 'id' not found"."""
+
+    def __init__(self, name: str, suggestions: Sequence[str] = ()) -> None:
+        super().__init__(name, suggestions)
+        hint = "; did you mean " + ", ".join(repr(s) for s in self.suggestions) + "?" if self.suggestions else ""
+        self.message = f"{self.kind} {name!r} not found{hint}"
+        self.args = (self.message,)
+
+
+class UnknownModelError(_NotFoundError):
+    """No registered model has this id; ``suggestions`` holds close ids."""
+
+    kind = "model"
+
+
+class UnknownJobError(_NotFoundError):
+    """No job has this id."""
+
+    kind = "job"
+
+
 class TripleLimitError(TripleFileError):
     """A triple file holds more distinct triples than the reader was allowed to count (``limit``)."""
 

@@ -23,7 +23,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .graph import Graph, SparsePair, nearest_reserved
+from .core import knn as core_knn
+from .graph import Graph, SparsePair, csr_tensor
 
 Fanout = Sequence[int | None]  # per hop; None or <= 0: every incident edge
 
@@ -39,13 +40,6 @@ class Subgraph:
 
     def to(self, device: torch.device) -> Subgraph:
         return Subgraph(self.nodes.to(device), self.num_seeds, self.inputs.to(device), [g.to(device) for g in self.layers])
-
-
-def _ranges(starts: np.ndarray, counts: np.ndarray) -> np.ndarray:
-    """concat(arange(s, s + c) for s, c in zip(starts, counts)), vectorised."""
-    total = int(counts.sum())
-    offsets = np.repeat(np.cumsum(counts) - counts, counts)
-    return np.repeat(starts, counts) + (np.arange(total, dtype=np.int64) - offsets)
 
 
 def _floyd_sample(sizes: np.ndarray, k: int, rng: np.random.Generator) -> np.ndarray:
@@ -67,8 +61,7 @@ def _csr(rows: np.ndarray, cols: np.ndarray, vals: np.ndarray, shape: tuple[int,
     summed = np.bincount(inverse, weights=vals, minlength=len(unique))
     crow = np.zeros(shape[0] + 1, dtype=np.int64)
     np.cumsum(np.bincount(unique // shape[1], minlength=shape[0]), out=crow[1:])
-    return torch.sparse_csr_tensor(torch.from_numpy(crow), torch.from_numpy(unique % shape[1]),
-                                   torch.from_numpy(summed).to(dtype), shape, check_invariants=False)
+    return csr_tensor(crow, unique % shape[1], summed, shape).to(dtype)
 
 
 def _pair(rows: np.ndarray, cols: np.ndarray, vals: np.ndarray, shape: tuple[int, int], dtype: torch.dtype) -> SparsePair:
@@ -111,14 +104,10 @@ class NeighborIndex:
         np.cumsum(counts, out=self._indptr[1:])
 
         # Relational features f_e as CSR counts over the 2R slots (duplicate slots of one entity summed).
-        key = np.repeat(np.arange(n, dtype=np.int64), counts) * (2 * num_rel) + self._slot
-        key, slot_counts = np.unique(key, return_counts=True)
-        rows = key // (2 * num_rel)
-        self._feat_cols = (key % (2 * num_rel)).astype(np.int32)
-        self._feat_counts = slot_counts.astype(np.float64)
-        self._feat_indptr = np.zeros(n + 1, dtype=np.int64)
-        np.cumsum(np.bincount(rows, minlength=n), out=self._feat_indptr[1:])
-        del key, rows
+        features = core_knn.relational_features(edges, n, num_rel)
+        self._feat_cols = features.indices.astype(np.int32)
+        self._feat_counts = features.values  # float64
+        self._feat_indptr = features.indptr
 
         self.reserved = reserved.to(torch.long)
         self._reserved_pos = np.full(n, -1, dtype=np.int64)
@@ -126,7 +115,8 @@ class NeighborIndex:
         self.knn_ids = self.knn_weights = None
         if self.reserved.numel() > 0:
             if knn is None:
-                knn = nearest_reserved(self.features(), self.reserved, k, temperature)
+                ids, weights = core_knn.nearest_reserved(features, self.reserved.numpy(), k, temperature)
+                knn = torch.from_numpy(ids), torch.from_numpy(weights)
             self.knn_ids, self.knn_weights = knn[0].to(torch.long), knn[1].float()
         self._local = np.full(n, -1, dtype=np.int64)  # scratch: global id -> local id during `sample`
 
@@ -136,10 +126,8 @@ class NeighborIndex:
 
     def features(self) -> torch.Tensor:
         """f_e as a CSR (N, 2R) float32 count matrix, the same as graph.relational_features."""
-        return torch.sparse_csr_tensor(torch.from_numpy(self._feat_indptr),
-                                       torch.from_numpy(self._feat_cols.astype(np.int64)),
-                                       torch.from_numpy(self._feat_counts.astype(np.float32)),
-                                       (self.num_entities, 2 * self.num_relations), check_invariants=False)
+        return csr_tensor(self._feat_indptr, self._feat_cols, self._feat_counts.astype(np.float32),
+                          (self.num_entities, 2 * self.num_relations))
 
     def nbytes(self) -> int:
         """Bytes held by the index (what every batch shares)."""
@@ -155,7 +143,7 @@ class NeighborIndex:
         start, degree = self._indptr[frontier], self.degree[frontier]
         take = degree if fanout is None or fanout <= 0 else np.minimum(degree, fanout)
         whole = take == degree
-        pos = [_ranges(start[whole], degree[whole])]
+        pos = [core_knn.ranges(start[whole], degree[whole])]
         owner = [np.repeat(frontier[whole], degree[whole])]
         weight = [np.repeat(1.0 / np.maximum(degree[whole], 1), degree[whole])]
         part = np.flatnonzero(~whole)
@@ -214,16 +202,14 @@ class NeighborIndex:
             (n_out, 3 * n_in), self.dtype,
         )
         conrel = _pair(rows, slot, value, (n_out, 2 * num_rel), self.dtype)
-        empty = torch.zeros(0, dtype=torch.long)
-        return Graph(n_out, num_rel, torch.zeros(0, 3, dtype=torch.long), empty, conrel, message, None, None, None,
-                     torch.zeros(0))
+        return Graph.gnn_layer(message, conrel, num_relations=num_rel)
 
     def _input_graph(self, nodes: np.ndarray) -> Graph:
         """ConRel rows f_e / c_e, kNResEnt rows and reserved rows of `nodes` (global ids)."""
         n, num_rel = len(nodes), self.num_relations
         start = self._feat_indptr[nodes]
         count = self._feat_indptr[nodes + 1] - start
-        idx = _ranges(start, count)
+        idx = core_knn.ranges(start, count)
         rows = np.repeat(np.arange(n, dtype=np.int64), count)
         degree = self.degree[nodes]
         inv = 1.0 / np.maximum(degree, 1)
@@ -242,8 +228,8 @@ class NeighborIndex:
             knn = _pair(np.repeat(np.arange(n, dtype=np.int64), kk), columns.reshape(-1),
                         weights.reshape(-1).astype(np.float64), (n, len(unique)), self.dtype)
             knn_rows = torch.from_numpy(unique)
-        return Graph(n, num_rel, torch.zeros(0, 3, dtype=torch.long), reserved, conrel, None, knn, None, None,
-                     torch.from_numpy(degree).float(), reserved_rows=reserved_rows, knn_rows=knn_rows)
+        return Graph.encoder_inputs(n, num_rel, conrel=conrel, reserved=reserved, degree=torch.from_numpy(degree).float(),
+                                    knn=knn, reserved_rows=reserved_rows, knn_rows=knn_rows)
 
 
 @torch.no_grad()

@@ -22,6 +22,8 @@ from pathlib import Path
 
 import numpy as np
 
+from .errors import ConfigError
+
 log = logging.getLogger(__name__)
 
 
@@ -40,7 +42,7 @@ class SyntheticConfig:
 
     def __post_init__(self) -> None:
         if self.entities < 2 or self.relations < 1 or self.types < 1 or self.triples_per_entity <= 0:
-            raise ValueError("entities >= 2, relations >= 1, types >= 1 and triples_per_entity > 0 are required")
+            raise ConfigError("entities >= 2, relations >= 1, types >= 1 and triples_per_entity > 0 are required")
 
 
 @dataclass

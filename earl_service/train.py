@@ -1,16 +1,14 @@
-"""The training loop: negative sampling, self-adversarial loss, validation, early stopping, checkpoints, metrics."""
+"""The training loop: negative sampling, self-adversarial loss, the steps, validation, early stopping, outputs."""
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import os
-import resource
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -19,53 +17,34 @@ import torch
 import torch.nn.functional as F
 
 from . import __version__
-from .bundle import bundle_from_model
+from .bundle import Bundle, bundle_from_model
+from .checkpoint import BEST, CHECKPOINT, Checkpointer
 from .config import ModelConfig, TrainConfig
 from .data import Dataset, Vocab
 from .distributed import Ranks, wrap
+from .errors import ConfigError, RunError
 from .evaluate import KnownAnswers, rank_triples, summarize
 from .graph import Graph, build_graph, choose_reserved
 from .kernels import rotate_distance
+from .memory import MemoryUse, current_rss_mb, peak_rss_mb, reset_peak_rss
 from .model import RotatE, build_model, trainable_parameters
+from .run_outputs import BUNDLE, METRICS, write_run_outputs
 from .sampling import NeighborIndex, embed_all
+from .train_state import TrainState
 
 log = logging.getLogger(__name__)
 
-CHECKPOINT = "checkpoint.pt"  # last state, for --resume
-BEST = "best.pt"  # best weights by valid MRR
-METRICS = "metrics.json"
-BUNDLE = "bundle.safetensors"  # the deployable artifact (fp32)
 WARMUP_STEPS = 3  # first steps left out of median_step_seconds (allocator, caches and kernels warming up)
+
+ProgressCallback = Callable[[dict[str, Any]], None]
 
 
 def resolve_device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if name.startswith("cuda") and not torch.cuda.is_available():
-        raise RuntimeError("--device cuda was asked for, but torch sees no CUDA device")
+        raise ConfigError("--device cuda was asked for, but torch sees no CUDA device")
     return torch.device(name)
-
-
-def peak_rss_mb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0  # Linux reports KiB
-
-
-def current_rss_mb() -> float | None:
-    """Resident memory now (Linux /proc; None elsewhere)."""
-    try:
-        return int(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
-    except (OSError, ValueError, IndexError):
-        return None
-
-
-def reset_peak_rss() -> bool:
-    """Restart the peak-RSS count from the current RSS (Linux >= 4.0), so that the training steps' peak can
-    be told apart from the graph build's. False where the kernel does not allow it."""
-    try:
-        Path("/proc/self/clear_refs").write_text("5")
-        return True
-    except OSError:
-        return False
 
 
 class NegativeSampler:
@@ -148,18 +127,6 @@ def cpu_has_native_bf16() -> bool:
 
 
 @dataclass
-class History:
-    steps: list[int] = field(default_factory=list)
-    losses: list[float] = field(default_factory=list)
-    seconds: list[float] = field(default_factory=list)  # wall-clock since start at each logged step
-    step_times: list[float] = field(default_factory=list)
-    eval_steps: list[int] = field(default_factory=list)
-    eval_seconds: list[float] = field(default_factory=list)
-    eval_mrr: list[float] = field(default_factory=list)
-    encoded: list[int] = field(default_factory=list)  # sampled training: entities encoded per step (this rank)
-
-
-@dataclass
 class Run:
     """Everything built once for a dataset and model config.
 
@@ -230,7 +197,7 @@ class Run:
         if protocol == "seen":
             triples = triples[self.dataset.seen_mask(triples)]
         elif protocol != "all":
-            raise ValueError(f"protocol must be 'seen' or 'all', not {protocol!r}")
+            raise ConfigError(f"protocol must be 'seen' or 'all', not {protocol!r}")
         if limit and len(triples) > limit:
             triples = triples[np.random.default_rng(0).choice(len(triples), limit, replace=False)]
         if self.known is None:
@@ -248,33 +215,145 @@ def _all_triples(dataset: Dataset) -> np.ndarray:
     return np.concatenate(parts)
 
 
-def _atomic_torch_save(obj: Any, path: Path) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    torch.save(obj, tmp)
-    os.replace(tmp, path)
+@dataclass(frozen=True)
+class StopRules:
+    """When the loop ends before its step count; every rank acts on rank 0's decision.
+
+    Before a step: the time budget is spent (`time_limit`), or the caller asks to stop (`cancelled`). After a
+    step: `early_stopping`, once `patience` validations in a row found no better MRR. Only rank 0 validates, so
+    with several ranks its count is shared on the validation cadence.
+    """
+
+    time_limit_s: float = 0.0  # 0: no limit
+    cancel: Callable[[], bool] | None = None
+    patience: int = 0
+    eval_every: int = 0  # the validation cadence in steps; 0: never validated, so never stopped early
+    ranks: Ranks = field(default_factory=Ranks)
+
+    @classmethod
+    def for_run(cls, cfg: TrainConfig, ranks: Ranks, cancel: Callable[[], bool] | None, *, has_valid: bool) -> StopRules:
+        return cls(cfg.time_limit_minutes * 60, cancel, cfg.patience, cfg.eval_every if has_valid else 0, ranks)
+
+    def before_step(self, elapsed: float) -> str | None:
+        reason = None
+        if self.time_limit_s and elapsed > self.time_limit_s:
+            reason = "time_limit"
+        elif self.cancel is not None and self.cancel():
+            reason = "cancelled"
+        return self.ranks.agree(reason)
+
+    def after_step(self, step: int, bad_evals: int) -> str | None:
+        early = bool(self.eval_every) and bad_evals >= self.patience
+        if self.ranks.world > 1 and _due(step, self.eval_every):
+            early = self.ranks.agree("early_stopping" if early else None) is not None
+        return "early_stopping" if early else None
 
 
-def write_json_atomic(path: Path, obj: Any) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(obj, indent=2, default=str))
-    os.replace(tmp, path)
+def _due(step: int, every: int) -> bool:
+    """Whether `step` is on a cadence of `every` steps (0: never)."""
+    return bool(every) and step % every == 0
 
 
-ProgressCallback = Callable[[dict[str, Any]], None]
+@dataclass
+class Learner:
+    """What every training step works on, built once per run."""
+
+    run: Run
+    net: torch.nn.Module  # run.model, DDP-wrapped when there are several ranks
+    optimizer: torch.optim.Optimizer
+    sampler: NegativeSampler
+    triples: torch.Tensor  # (T, 3) the training triples, on the CPU
+    cfg: TrainConfig
+    ranks: Ranks
+    device: torch.device
+    autocast: bool  # bfloat16 autocast of the encoder's dense maps (CPU)
+    fanout: list[int | None]  # sampled training: edges drawn per entity at each layer
+
+    @classmethod
+    def build(
+        cls, run: Run, optimizer: torch.optim.Optimizer, cfg: TrainConfig, *, ranks: Ranks, device: torch.device,
+    ) -> Learner:
+        """Wraps the model in DDP over several ranks (it broadcasts rank 0's weights once): after a resume."""
+        ds = run.dataset
+        sampler = NegativeSampler(ds.train, ds.num_train_entities, ds.num_relations, device)
+        return cls(run, wrap(run.model, ranks, device), optimizer, sampler, torch.as_tensor(ds.train, dtype=torch.long),
+                   cfg, ranks, device, _bf16_autocast(cfg, device), cfg.fanout_for(run.model_config.gnn_layers))
+
+
+def _bf16_autocast(cfg: TrainConfig, device: torch.device) -> bool:
+    autocast = cfg.bf16 and device.type == "cpu"
+    if autocast and not cpu_has_native_bf16():
+        log.warning("--bf16: this CPU has no native bfloat16 matmul (no AVX512-BF16 / AMX); autocast emulates it and "
+                    "is several times slower than float32 here (bench/results/speed.md)")
+    return autocast
+
+
+def train_step(learner: Learner, state: TrainState) -> float:
+    """One optimisation step on the next global batch; returns the batch's mean loss over all ranks."""
+    cfg, ranks, run = learner.cfg, learner.ranks, learner.run
+    ids = state.next_rows(len(learner.triples), cfg.batch_size)
+    batch = learner.triples[ids].to(learner.device)  # the global batch: the same rows on every rank
+    rows, share = ranks.shard(len(batch))
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=learner.autocast):
+        if cfg.sampled:
+            rng = np.random.default_rng([cfg.seed, state.step, ranks.rank])
+            loss, encoded = _sampled_loss(learner.net, run, learner.sampler, batch, rows, cfg, learner.fanout,
+                                          state.rng, rng)
+            state.history.encoded.append(encoded)
+        else:
+            neg_heads, neg_tails = learner.sampler.sample(batch[:, 0], batch[:, 1], batch[:, 2], cfg.negatives,
+                                                          state.rng)
+            entities, relations = learner.net(run.graph)
+            loss = loss_fn(run.scorer, entities.float(), relations.float(), batch[rows], neg_heads[rows],
+                           neg_tails[rows], cfg.adversarial_temperature)
+    # DDP averages gradients over ranks: weigh each rank's mean by its share of the global batch.
+    scaled = loss if ranks.world == 1 else loss * (share * ranks.world)
+    learner.optimizer.zero_grad(set_to_none=True)
+    scaled.backward()
+    learner.optimizer.step()
+    state.step += 1
+    loss_value = float(loss.detach()) if ranks.world == 1 else ranks.sum(loss.detach() * share)
+    if not math.isfinite(loss_value):
+        raise FloatingPointError(f"loss became {loss_value} at step {state.step}; lower the learning rate")
+    return loss_value
+
+
+def validate(learner: Learner, state: TrainState, checkpoints: Checkpointer, *, start: float) -> bool:
+    """Validate the current weights and log their MRR; keep them in best.pt if they are the best so far."""
+    cfg = learner.cfg
+    mrr = learner.run.evaluate("valid", batch_size=cfg.eval_batch_size, limit=cfg.eval_max_triples)["mrr"]
+    best = state.record_validation(mrr, time.perf_counter() - start)
+    if best:
+        checkpoints.save_best()
+    return best
+
+
+class Progress:
+    """Rank 0's report of each step: the progress bar (TrainConfig.progress) and the caller's callback."""
+
+    def __init__(self, cfg: TrainConfig, initial: int, callback: ProgressCallback | None, *, enabled: bool) -> None:
+        self.total = cfg.steps
+        self.bar = _progress_bar(cfg, initial) if enabled else None
+        self.callback = callback if enabled else None
+
+    def update(self, state: TrainState, loss: float) -> None:
+        mrr = state.history.last_mrr
+        if self.bar is not None:
+            self.bar.update(1)
+            self.bar.set_postfix(loss=f"{loss:.4f}", mrr="-" if mrr is None else f"{mrr:.4f}")
+        if self.callback is not None:
+            self.callback({"step": state.step, "total": self.total, "loss": loss, "elapsed": state.elapsed,
+                           "valid_mrr": mrr})
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
 
 
 def train(
-    dataset: Dataset,
-    model_config: ModelConfig,
-    train_config: TrainConfig,
-    out_dir: str | os.PathLike,
-    *,
-    resume: bool = False,
-    final_eval: bool = True,
-    protocol: str = "seen",
-    on_progress: ProgressCallback | None = None,
-    should_stop: Callable[[], bool] | None = None,
-    relation_labels: dict[str, str] | None = None,
+    dataset: Dataset, model_config: ModelConfig, train_config: TrainConfig, out_dir: str | os.PathLike, *,
+    resume: bool = False, final_eval: bool = True, protocol: str = "seen", on_progress: ProgressCallback | None = None,
+    should_stop: Callable[[], bool] | None = None, relation_labels: dict[str, str] | None = None,
     write_bundle: bool = True,
 ) -> dict[str, Any]:
     """Train, keep the best checkpoint by valid MRR, evaluate it, write metrics.json; returns the metrics.
@@ -283,194 +362,139 @@ def train(
     every rank calls this: each takes its slice of every global batch, DDP all-reduces the gradients, and rank 0
     alone validates, decides when to stop and writes the run directory (the other ranks return a short dict).
     """
-    out = Path(out_dir)
+    out, cfg = Path(out_dir), train_config
     out.mkdir(parents=True, exist_ok=True)
-    cfg = train_config
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     device = resolve_device(cfg.device)
     ranks = Ranks.current(device)
     _check_sampled(cfg, model_config)
-    torch.manual_seed(cfg.seed)
-    build_start = time.perf_counter()
-    run = Run.build(dataset, model_config, device, sampled=cfg.sampled)
-    model = run.model
-    optimizer = torch.optim.Adam(model.parameters(), lr=cfg.lr)
-    sampler = NegativeSampler(dataset.train, dataset.num_train_entities, dataset.num_relations, device)
-    memory = {"graph_build_seconds": time.perf_counter() - build_start, "build_peak_rss_mb": peak_rss_mb(),
-              "after_build_rss_mb": current_rss_mb(), "index_mb": run.index.nbytes() / 2**20 if run.index else None}
-    gen = torch.Generator().manual_seed(cfg.seed)
-    train_ids = torch.as_tensor(dataset.train, dtype=torch.long)
-    has_valid = dataset.valid is not None and len(dataset.valid) > 0
-    state: dict[str, Any] = {"step": 0, "epoch_order": None, "epoch_pos": 0, "best_mrr": -1.0, "best_step": 0,
-                             "bad_evals": 0, "elapsed": 0.0, "stopped": "steps"}
-    history = History()
-    if resume and (out / CHECKPOINT).exists():
-        ckpt = torch.load(out / CHECKPOINT, map_location=device, weights_only=True)
-        model.load_state_dict(ckpt["model"])
-        optimizer.load_state_dict(ckpt["optimizer"])
-        gen.set_state(ckpt["generator"])
-        torch.set_rng_state(ckpt["torch_rng"])
-        state = {**ckpt["state"], "stopped": "steps"}  # why the previous attempt stopped is not this run's
-        history = History(**ckpt["history"])
-        log.info("resumed from step %d", state["step"])
-    net = wrap(model, ranks, device)  # DDP over several ranks; it broadcasts rank 0's weights once
-
-    def save_checkpoint() -> None:
-        if ranks.is_main:
-            _atomic_torch_save({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
-                                "generator": gen.get_state(), "torch_rng": torch.get_rng_state(),
-                                "state": state, "history": history.__dict__, "model_config": model_config.to_dict(),
-                                "train_config": cfg.to_dict()}, out / CHECKPOINT)
-
-    def next_batch() -> torch.Tensor:
-        if state["epoch_order"] is None or state["epoch_pos"] >= len(train_ids):
-            state["epoch_order"] = torch.randperm(len(train_ids), generator=gen)
-            state["epoch_pos"] = 0
-        ids = state["epoch_order"][state["epoch_pos"] : state["epoch_pos"] + cfg.batch_size]
-        state["epoch_pos"] += cfg.batch_size
-        return train_ids[ids].to(device)
-
-    if ranks.is_main and state["best_mrr"] < 0 and not (out / BEST).exists():
-        _atomic_torch_save(model.state_dict(), out / BEST)
-    autocast = cfg.bf16 and device.type == "cpu"
-    if autocast and not cpu_has_native_bf16():
-        log.warning("--bf16: this CPU has no native bfloat16 matmul (no AVX512-BF16 / AMX); autocast emulates it and "
-                    "is several times slower than float32 here (bench/results/speed.md)")
-    fanout = cfg.fanout_for(model_config.gnn_layers)
-    progress = _progress_bar(cfg, state["step"]) if ranks.is_main else None
-    # Build or load the fused CPU kernel now (a first build takes ~45 s), so that a time budget is spent on steps.
-    kernel_start = time.perf_counter()
-    extension = _extension_state()
-    memory["kernel_load_seconds"] = time.perf_counter() - kernel_start
+    run, memory = _build(dataset, model_config, cfg, device)
+    optimizer = torch.optim.Adam(run.model.parameters(), lr=cfg.lr)
+    state = TrainState.start(cfg.seed)
+    checkpoints = Checkpointer(out, run.model, optimizer, state, writes=ranks.is_main,
+                               configs={"model_config": model_config.to_dict(), "train_config": cfg.to_dict()})
+    if resume and checkpoints.can_resume():
+        checkpoints.restore()
+        log.info("resumed from step %d", state.step)
+    learner = Learner.build(run, optimizer, cfg, ranks=ranks, device=device)
+    if state.best_mrr < 0 and not checkpoints.has_best():
+        checkpoints.save_best()  # best.pt exists however the run ends
+    extension = _load_kernel(memory)
     peak_reset = reset_peak_rss()  # from here on the peak is the training steps' own
-    start = time.perf_counter() - state["elapsed"]
-
-    def validate(step: int) -> bool:
-        """Validate the current weights, log them, keep them as the best if they are; True if they were."""
-        mrr = run.evaluate("valid", batch_size=cfg.eval_batch_size, limit=cfg.eval_max_triples)["mrr"]
-        history.eval_steps.append(step)
-        history.eval_seconds.append(time.perf_counter() - start)
-        history.eval_mrr.append(mrr)
-        if mrr <= state["best_mrr"]:
-            return False
-        state.update(best_mrr=mrr, best_step=step, bad_evals=0)
-        _atomic_torch_save(model.state_dict(), out / BEST)
-        return True
-
-    model.train()
-    while state["step"] < cfg.steps:
-        reason = None
-        if cfg.time_limit_minutes and time.perf_counter() - start > cfg.time_limit_minutes * 60:
-            reason = "time_limit"
-        elif should_stop is not None and should_stop():
-            reason = "cancelled"
-        if (reason := ranks.agree(reason)) is not None:
-            state["stopped"] = reason
-            break
-        t0 = time.perf_counter()
-        batch = next_batch()  # the global batch: the same rows on every rank
-        rows, share = ranks.shard(len(batch))
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
-            if cfg.sampled:
-                rng = np.random.default_rng([cfg.seed, state["step"], ranks.rank])
-                loss, encoded = _sampled_loss(net, run, sampler, batch, rows, cfg, fanout, gen, rng)
-                history.encoded.append(encoded)
-            else:
-                neg_heads, neg_tails = sampler.sample(batch[:, 0], batch[:, 1], batch[:, 2], cfg.negatives, gen)
-                entities, relations = net(run.graph)
-                loss = loss_fn(run.scorer, entities.float(), relations.float(), batch[rows], neg_heads[rows],
-                               neg_tails[rows], cfg.adversarial_temperature)
-        # DDP averages gradients over ranks: weigh each rank's mean by its share of the global batch.
-        scaled = loss if ranks.world == 1 else loss * (share * ranks.world)
-        optimizer.zero_grad(set_to_none=True)
-        scaled.backward()
-        optimizer.step()
-        state["step"] += 1
-        step = state["step"]
-        loss_value = float(loss.detach()) if ranks.world == 1 else ranks.sum(loss.detach() * share)
-        if not math.isfinite(loss_value):
-            raise FloatingPointError(f"loss became {loss_value} at step {step}; lower the learning rate")
-        history.step_times.append(time.perf_counter() - t0)
-        history.steps.append(step)
-        history.losses.append(loss_value)
-        history.seconds.append(time.perf_counter() - start)
-        on_cadence = ranks.is_main and has_valid and cfg.eval_every and step % cfg.eval_every == 0
-        if on_cadence and not validate(step):
-            state["bad_evals"] += 1
-        state["elapsed"] = time.perf_counter() - start
-        if progress is not None:
-            progress.update(1)
-            progress.set_postfix(loss=f"{loss_value:.4f}", mrr=f"{history.eval_mrr[-1]:.4f}" if history.eval_mrr else "-")
-        if on_progress is not None and ranks.is_main:
-            on_progress({"step": step, "total": cfg.steps, "loss": loss_value, "elapsed": state["elapsed"],
-                         "valid_mrr": history.eval_mrr[-1] if history.eval_mrr else None})
-        if cfg.checkpoint_every and step % cfg.checkpoint_every == 0:
-            save_checkpoint()
-        early = has_valid and bool(cfg.eval_every) and state["bad_evals"] >= cfg.patience
-        if ranks.world > 1 and cfg.eval_every and step % cfg.eval_every == 0:
-            early = ranks.agree("early_stopping" if early else None) is not None  # only rank 0 validated
-        if early:
-            state["stopped"] = "early_stopping"
-            break
-    if progress is not None:
-        progress.close()
-    memory["train_peak_rss_mb"] = peak_rss_mb() if peak_reset else None
+    stop = StopRules.for_run(cfg, ranks, should_stop, has_valid=dataset.valid is not None and len(dataset.valid) > 0)
+    start = time.perf_counter() - state.elapsed
+    _loop(learner, state, stop, checkpoints, Progress(cfg, state.step, on_progress, enabled=ranks.is_main), start)
+    memory.train_peak_rss_mb = peak_rss_mb() if peak_reset else None
     # A run that ends between validations (a time limit, a step count off the cadence) would otherwise lose
     # every step since the last one. Validated outside the budget; off the cadence, so it counts for no patience.
-    unvalidated = state["step"] > (history.eval_steps[-1] if history.eval_steps else 0)
-    if ranks.is_main and has_valid and cfg.eval_every and unvalidated and state["stopped"] != "cancelled":
-        validate(state["step"])
-    save_checkpoint()
+    if ranks.is_main and stop.eval_every and state.unvalidated and state.stopped != "cancelled":
+        validate(learner, state, checkpoints, start=start)
+    checkpoints.save()
     if not ranks.is_main:
-        return {"rank": ranks.rank, "world_size": ranks.world, "steps": state["step"], "stopped": state["stopped"]}
-    if not history.eval_mrr:  # never validated: the final weights are the best we know
-        _atomic_torch_save(model.state_dict(), out / BEST)
+        return {"rank": ranks.rank, "world_size": ranks.world, "steps": state.step, "stopped": state.stopped}
+    metrics = _final_metrics(learner, state, checkpoints, memory=memory, extension=extension, protocol=protocol,
+                             final_eval=final_eval)
+    bundle = _bundle(run, metrics, relation_labels) if write_bundle else None
+    write_run_outputs(out, metrics, state.history, bundle=bundle)
+    return metrics
 
+
+def _build(dataset: Dataset, model_config: ModelConfig, cfg: TrainConfig, device: torch.device) -> tuple[Run, MemoryUse]:
+    """The run (graph or neighbour index, and the model) and the time and memory its build took."""
+    torch.manual_seed(cfg.seed)  # the model's initial weights
+    build_start = time.perf_counter()
+    run = Run.build(dataset, model_config, device, sampled=cfg.sampled)
+    return run, MemoryUse.after_build(time.perf_counter() - build_start, run.index.nbytes() if run.index else None)
+
+
+def _loop(
+    learner: Learner, state: TrainState, stop: StopRules, checkpoints: Checkpointer, progress: Progress, start: float,
+) -> None:
+    """Step until the step count or a stop rule ends the run; validate and checkpoint on their cadences."""
+    cfg = learner.cfg
+    learner.run.model.train()
+    while state.step < cfg.steps:
+        if (reason := stop.before_step(time.perf_counter() - start)) is not None:
+            state.stopped = reason
+            break
+        t0 = time.perf_counter()
+        loss = train_step(learner, state)
+        state.record_step(loss, time.perf_counter() - t0, time.perf_counter() - start)
+        validates = learner.ranks.is_main and _due(state.step, stop.eval_every)
+        if validates and not validate(learner, state, checkpoints, start=start):
+            state.bad_evals += 1
+        state.elapsed = time.perf_counter() - start
+        progress.update(state, loss)
+        if _due(state.step, cfg.checkpoint_every):
+            checkpoints.save()
+        if (reason := stop.after_step(state.step, state.bad_evals)) is not None:
+            state.stopped = reason
+            break
+    progress.close()
+
+
+def _load_kernel(memory: MemoryUse) -> str:
+    """Build or load the fused CPU kernel before the clock starts (a first build takes a while; see README),
+    so that a time budget is spent on steps. Returns which distance path the steps use."""
+    kernel_start = time.perf_counter()
+    extension = _extension_state()
+    memory.kernel_load_seconds = time.perf_counter() - kernel_start
+    return extension
+
+
+def _final_metrics(
+    learner: Learner, state: TrainState, checkpoints: Checkpointer, *, memory: MemoryUse, extension: str,
+    protocol: str, final_eval: bool,
+) -> dict[str, Any]:
+    """metrics.json's content: the run's facts, then (with `final_eval`) the best weights' valid and test ranks."""
+    run, cfg, history = learner.run, learner.cfg, state.history
+    if not history.eval_mrr:  # never validated: the final weights are the best we know
+        checkpoints.save_best()
     metrics: dict[str, Any] = {
         "version": __version__,
-        "trainable_parameters": trainable_parameters(model),
-        "entities": dataset.num_train_entities,
-        "relations": dataset.num_relations,
-        "train_triples": len(dataset.train),
-        "steps": state["step"],
-        "stopped": state["stopped"],
-        "best_step": state["best_step"],
+        "trainable_parameters": trainable_parameters(run.model),
+        "entities": run.dataset.num_train_entities,
+        "relations": run.dataset.num_relations,
+        "train_triples": len(run.dataset.train),
+        "steps": state.step,
+        "stopped": state.stopped,
+        "best_step": state.best_step,
         "median_step_seconds": (statistics.median(history.step_times[WARMUP_STEPS:])
                                 if len(history.step_times) > WARMUP_STEPS else None),
-        "train_seconds": state["elapsed"],
+        "train_seconds": state.elapsed,
         "median_encoded_entities": statistics.median(history.encoded) if history.encoded else None,
-        "device": str(device),
-        "world_size": ranks.world,
+        "device": str(learner.device),
+        "world_size": learner.ranks.world,
         "threads": torch.get_num_threads(),
         "extension": extension,
-        "memory": memory,
-        "config": {"model": model_config.to_dict(), "train": cfg.to_dict()},
+        "memory": asdict(memory),
+        "config": {"model": run.model_config.to_dict(), "train": cfg.to_dict()},
     }
-    model.load_state_dict(torch.load(out / BEST, map_location=device, weights_only=True))
+    checkpoints.load_best()
     if final_eval:
         for split in ("valid", "test"):
-            if getattr(dataset, split) is not None and len(getattr(dataset, split)):
+            if getattr(run.dataset, split) is not None and len(getattr(run.dataset, split)):
                 metrics[split] = run.evaluate(split, protocol, batch_size=cfg.eval_batch_size)
-    metrics["peak_rss_mb"] = max(peak_rss_mb(), memory["build_peak_rss_mb"])
-    if write_bundle:
-        bundle = bundle_from_model(model, model_config, Vocab(dataset.entities.names[: dataset.num_train_entities]),
-                                   dataset.relations, dataset.train, metrics=metrics, relation_labels=relation_labels)
-        metrics["bundle_bytes"] = bundle.save(out / BUNDLE).stat().st_size
-    write_json_atomic(out / METRICS, metrics)
-    write_json_atomic(out / "history.json", history.__dict__)
-    _plot_curves(history, out / "curves.png")
+    metrics["peak_rss_mb"] = max(peak_rss_mb(), memory.build_peak_rss_mb)
     return metrics
+
+
+def _bundle(run: Run, metrics: dict[str, Any], relation_labels: dict[str, str] | None) -> Bundle:
+    """The deployable bundle of the current (best) weights over the training entities."""
+    ds = run.dataset
+    return bundle_from_model(run.model, run.model_config, Vocab(ds.entities.names[: ds.num_train_entities]),
+                             ds.relations, ds.train, metrics=metrics, relation_labels=relation_labels)
 
 
 def _check_sampled(cfg: TrainConfig, model_config: ModelConfig) -> None:
     if not cfg.sampled:
         return
     if model_config.model != "earl":
-        raise ValueError("sampled training is for the EARL encoder; RotatE has no graph encoding to sample")
+        raise ConfigError("sampled training is for the EARL encoder; RotatE has no graph encoding to sample")
     if model_config.no_conrel_knn:
-        raise ValueError("sampled training needs ConRel or kNResEnt inputs; --no-conrel-knn draws one random "
-                         "input row per entity of the whole graph")
+        raise ConfigError("sampled training needs ConRel or kNResEnt inputs; --no-conrel-knn draws one random "
+                          "input row per entity of the whole graph")
 
 
 def _sampled_loss(
@@ -522,35 +546,21 @@ def _progress_bar(cfg: TrainConfig, initial: int):
     return tqdm(total=cfg.steps, initial=initial, desc="train", unit="step", dynamic_ncols=True, mininterval=1.0)
 
 
-def _plot_curves(history: History, path: Path) -> None:
-    """Loss and valid MRR against step and wall-clock (2 x 2 panels)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(2, 2, figsize=(10, 7))
-    for col, (xs, xe, label) in enumerate(((history.steps, history.eval_steps, "step"),
-                                            (history.seconds, history.eval_seconds, "wall-clock (s)"))):
-        axes[0, col].plot(xs, history.losses, lw=0.8)
-        axes[0, col].set(xlabel=label, ylabel="loss")
-        axes[1, col].plot(xe, history.eval_mrr, marker="o", ms=3)
-        axes[1, col].set(xlabel=label, ylabel="valid MRR (filtered)")
-    fig.tight_layout()
-    tmp = path.with_name(path.name + ".tmp.png")
-    fig.savefig(tmp, dpi=100)
-    plt.close(fig)
-    os.replace(tmp, path)
-
-
 def load_run(run_dir: str | os.PathLike, dataset: Dataset, *, device: str = "auto") -> Run:
     """Rebuild a trained run (config from its checkpoint, weights from best.pt) over `dataset`."""
     run_dir = Path(run_dir)
     if not (run_dir / CHECKPOINT).exists():
-        raise FileNotFoundError(f"{run_dir} holds no {CHECKPOINT}: is it a run directory written by `earl train`?")
+        raise RunError(f"{run_dir} holds no {CHECKPOINT}: is it a run directory written by `earl train`?")
     dev = resolve_device(device)
     ckpt = torch.load(run_dir / CHECKPOINT, map_location="cpu", weights_only=True)
     sampled = bool(ckpt.get("train_config", {}).get("sampled", False))  # evaluate a big graph layer by layer too
     run = Run.build(dataset, ModelConfig.from_dict(ckpt["model_config"]), dev, sampled=sampled)
     run.model.load_state_dict(torch.load(run_dir / BEST, map_location=dev, weights_only=True))
     return run
+
+
+__all__ = [
+    "BEST", "BUNDLE", "CHECKPOINT", "METRICS", "WARMUP_STEPS", "NegativeSampler", "Run", "StopRules",
+    "TrainState", "cpu_has_native_bf16", "current_rss_mb", "load_run", "loss_fn", "peak_rss_mb", "reset_peak_rss",
+    "resolve_device", "train", "train_step",
+]

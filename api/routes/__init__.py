@@ -1,1 +1,1 @@
-"""Thin routes: validate, call one library function, map its errors to status codes."""
+"""Thin routes: validate, call one library function, return; api/errors.py maps library errors to statuses."""

@@ -6,10 +6,12 @@ from typing import Annotated, Literal
 
 from fastapi import APIRouter, Depends, Form, HTTPException, Query, Request, UploadFile
 
-from earl_service.errors import TripleFileError
-from earl_service.worker.store import STATES, TERMINAL, new_id
+from earl_service.errors import UnknownJobError
+from earl_service.worker.records import STATES, TERMINAL, Job, new_id
 
-from ..deps import JobId, SettingsDep, StoreDep
+from ..deps import HomeDep, JobId, SettingsDep, StoreDep, presented_token
+from ..errors import NOT_FOUND
+from ..limits import bounded_job_params, client_key, unfinished_jobs
 from ..schemas import JobCreated, JobOut, TrainForm
 from ..uploads import save_job_files
 
@@ -25,29 +27,37 @@ async def reject_unknown_fields(request: Request) -> None:
                                  f"{', '.join(FILES)} and options {', '.join(TrainForm.model_fields)}")
 
 
-def _not_found(job_id: str) -> HTTPException:
-    return HTTPException(404, {"message": f"job {job_id!r} not found", "kind": "job", "name": job_id,
-                               "suggestions": []})
+def found(job: Job | None, job_id: str) -> Job:
+    """The store's answer, or UnknownJobError (404) when it holds no job `job_id`."""
+    if job is None:
+        raise UnknownJobError(job_id)
+    return job
 
 
 @router.post("", status_code=202, response_model=JobCreated,
              dependencies=[Depends(reject_unknown_fields)])
-def create_job(settings: SettingsDep, store: StoreDep, params: Annotated[TrainForm, Form()], train: UploadFile,
-               valid: UploadFile | None = None, test: UploadFile | None = None,
-               relation_labels: UploadFile | None = None) -> JobCreated:
+def create_job(request: Request, settings: SettingsDep, home: HomeDep, store: StoreDep,
+               form: Annotated[TrainForm, Form()], train: UploadFile, valid: UploadFile | None = None,
+               test: UploadFile | None = None, relation_labels: UploadFile | None = None) -> JobCreated:
     """Queue a training job; the files are checked (format, encoding, columns) before anything is queued.
 
     `relation_labels` (optional) is a JSON object mapping relation names to readable labels
     ({"P27": "country of citizenship"} or CoDEx's {"P27": {"label": ...}}); predictions then carry them.
+    The server's caps (EARL_MAX_JOB_*, 422) and the client's quota of unfinished jobs (EARL_MAX_QUEUED_JOBS,
+    429) are checked before any file is stored.
     """
+    client = client_key(settings, token=presented_token(request.scope["headers"]),
+                        address=request.client.host if request.client else None)
+    params = bounded_job_params(form.model_dump(), settings) | {"client": client}
+    if (unfinished := unfinished_jobs(store, client)) >= settings.max_queued_jobs:
+        raise HTTPException(429, f"this client already has {unfinished} unfinished (queued or running) jobs, the "
+                                 f"most this server allows (EARL_MAX_QUEUED_JOBS={settings.max_queued_jobs}); wait "
+                                 "for one to finish or cancel one", headers={"Retry-After": "60"})
     job_id = new_id()
-    try:
-        files, counts = save_job_files(settings.home, job_id, {"train": train, "valid": valid, "test": test},
-                                       labels=relation_labels, max_bytes=settings.max_unpacked_bytes,
-                                       max_triples=settings.max_upload_triples)
-    except (TripleFileError, ValueError) as exc:
-        raise HTTPException(422, str(exc)) from None
-    job = store.create_job(params.model_dump(), files, job_id=job_id)
+    files, counts = save_job_files(home, job_id, {"train": train, "valid": valid, "test": test},
+                                   labels=relation_labels, max_bytes=settings.max_unpacked_bytes,
+                                   max_triples=settings.max_upload_triples)
+    job = store.create_job(params, files, job_id=job_id)
     return JobCreated(id=job.id, state=job.state, triples=counts)
 
 
@@ -57,20 +67,15 @@ def list_jobs(store: StoreDep, state: Annotated[Literal[STATES] | None, Query()]
     return [JobOut(**j.to_dict()) for j in store.list_jobs(state=state, limit=limit)]
 
 
-@router.get("/{job_id}", response_model=JobOut)
+@router.get("/{job_id}", response_model=JobOut, responses=NOT_FOUND)
 def get_job(job_id: JobId, store: StoreDep) -> JobOut:
-    job = store.get_job(job_id)
-    if job is None:
-        raise _not_found(job_id)
-    return JobOut(**job.to_dict())
+    return JobOut(**found(store.get_job(job_id), job_id).to_dict())
 
 
-@router.post("/{job_id}/cancel", response_model=JobOut)
+@router.post("/{job_id}/cancel", response_model=JobOut, responses=NOT_FOUND)
 def cancel_job(job_id: JobId, store: StoreDep) -> JobOut:
     """Cancel a queued job at once; a running one stops at its next step (state becomes cancelled)."""
-    job = store.request_cancel(job_id)
-    if job is None:
-        raise _not_found(job_id)
+    job = found(store.request_cancel(job_id), job_id)
     if job.state in TERMINAL and job.state != "cancelled":
         raise HTTPException(409, f"job {job_id} already {job.state}; nothing to cancel")
     return JobOut(**job.to_dict())

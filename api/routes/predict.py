@@ -2,26 +2,29 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import APIRouter, HTTPException, Query
 from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
-from earl_service.errors import BundleError, UnknownEntityError, UnknownRelationError
+from earl_service.errors import BundleError
+from earl_service.predict import LinkPredictor
+from earl_service.worker.registry import ModelRegistry
 
-from ..deps import ID_PATTERN, CacheDep, SettingsDep, StoreDep
+from ..cache import PredictorCache
+from ..deps import ID_PATTERN, CacheDep, PredictSlotsDep, RegistryDep
+from ..errors import NOT_FOUND
 from ..schemas import PredictionOut
-from .models import get_record
 
 router = APIRouter(tags=["predict"])
 
 
-@router.get("/predict", response_model=PredictionOut)
+@router.get("/predict", response_model=PredictionOut, responses=NOT_FOUND)
 async def predict(
-    settings: SettingsDep,
-    store: StoreDep,
+    registry: RegistryDep,
     cache: CacheDep,
+    slots: PredictSlotsDep,
     model: Annotated[str, Query(pattern=ID_PATTERN)],
     relation: Annotated[str, Query(min_length=1, max_length=1000)],
     head: Annotated[str | None, Query(min_length=1, max_length=1000)] = None,
@@ -32,30 +35,42 @@ async def predict(
     """Give exactly one of `head` (predict tails) or `tail` (predict heads); known answers are left out."""
     if (head is None) == (tail is None):
         raise HTTPException(422, "give exactly one of 'head' (to predict tails) or 'tail' (to predict heads)")
+    if not await slots.acquire():  # waits on the event loop, holding no thread
+        raise HTTPException(503, slots.busy, headers={"Retry-After": slots.retry_after})
+    try:
+        # One threadpool hop for all the blocking work (store lookup, a bundle load on a cache miss, the search).
+        return JSONResponse(await run_in_threadpool(answer, registry, cache, model=model, relation=relation,
+                                                    head=head, tail=tail, k=k, exclude_known=exclude_known))
+    finally:
+        slots.release()
 
-    def answer() -> dict:
-        # One threadpool hop for all the blocking work (store lookup, a bundle load on a cache miss, the
-        # search). The body is built as plain JSON: FastAPI would otherwise re-validate our own PredictionOut
-        # (tests/api/test_api_models.py checks the body against that schema, field for field).
-        record = get_record(model, store)
-        try:
-            predictor = cache.get(record, settings.home)
-        except (BundleError, FileNotFoundError) as exc:
-            raise HTTPException(500, f"model {model} is registered but its bundle cannot be read: {exc}") from None
-        try:
-            if head is not None:
-                found = predictor.predict_tails(head, relation, k, exclude_known=exclude_known)
-            else:
-                found = predictor.predict_heads(tail, relation, k, exclude_known=exclude_known)  # type: ignore[arg-type]
-        except (UnknownEntityError, UnknownRelationError) as exc:
-            raise HTTPException(404, {"message": str(exc), "kind": exc.kind, "name": exc.name,
-                                      "suggestions": exc.suggestions}) from None
-        label = predictor.relation_labels.get(relation)
-        if isinstance(label, dict):  # {"label": ..., "description": ...} as in CoDEx's relations.en.json
-            label = label.get("label")
-        return {"model": model, "direction": "tail" if head is not None else "head", "head": head,
-                "relation": relation, "relation_label": label if isinstance(label, str) else None, "tail": tail,
-                "k": k, "exclude_known": exclude_known,
-                "predictions": [{"entity": e, "score": s} for e, s in found]}
 
-    return JSONResponse(await run_in_threadpool(answer))
+def answer(registry: ModelRegistry, cache: PredictorCache, *, model: str, relation: str, head: str | None,
+           tail: str | None, k: int, exclude_known: bool) -> dict[str, Any]:
+    """The prediction as plain JSON: FastAPI would otherwise re-validate our own PredictionOut
+    (tests/api/test_api_models.py checks the body against that schema, field for field)."""
+    predictor = load_predictor(registry, cache, model)
+    if head is not None:
+        found = predictor.predict_tails(head, relation, k, exclude_known=exclude_known)
+    else:
+        assert tail is not None
+        found = predictor.predict_heads(tail, relation, k, exclude_known=exclude_known)
+    return {"model": model, "direction": "tail" if head is not None else "head", "head": head,
+            "relation": relation, "relation_label": relation_label(predictor, relation), "tail": tail,
+            "k": k, "exclude_known": exclude_known, "predictions": [{"entity": e, "score": s} for e, s in found]}
+
+
+def load_predictor(registry: ModelRegistry, cache: PredictorCache, model_id: str) -> LinkPredictor:
+    """The model's predictor; a registered bundle that cannot be read is the server's fault (500), not the client's."""
+    record = registry.get(model_id)
+    try:
+        return cache.get(record, registry.bundle_path(record))
+    except (BundleError, FileNotFoundError) as exc:
+        raise HTTPException(500, f"model {model_id} is registered but its bundle cannot be read: {exc}") from None
+
+
+def relation_label(predictor: LinkPredictor, relation: str) -> str | None:
+    label = predictor.relation_labels.get(relation)
+    if isinstance(label, dict):  # {"label": ..., "description": ...} as in CoDEx's relations.en.json
+        label = label.get("label")
+    return label if isinstance(label, str) else None

@@ -18,10 +18,12 @@ log = logging.getLogger(__name__)
 EPS = 1e-12  # keeps the modulus differentiable at 0; far below any distance that matters
 _SOURCE = Path(__file__).with_name("rotate_dist.cpp")
 _CFLAGS = ("-O3", "-march=native", "-fopenmp-simd", "-ffast-math")
-# How long a process waits for another one's build (~45 s here) before it gives up on the kernel for its lifetime.
-BUILD_WAIT_S = float(os.environ.get("EARL_EXTENSION_WAIT_S", "600"))
 _extension = None
 _extension_failed = False
+# Settings, from configure(): whether to use the C++ kernel at all, and how long a process waits for another one's
+# build before it gives up on the kernel for its lifetime.
+_enabled = True
+_build_wait_s = 600.0
 
 try:
     import fcntl
@@ -61,12 +63,20 @@ def _build_lock(build_dir: Path, timeout: float):
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
+def configure(*, enabled: bool = True, build_wait_s: float = 600.0) -> None:
+    """How the C++ kernel loads: `enabled` False keeps the pure-torch path (at once, even after a load);
+    `build_wait_s` bounds the wait for a build another process holds. Settings enter here from the edge: the
+    `earl` command reads EARL_NO_EXTENSION and EARL_EXTENSION_WAIT_S."""
+    global _enabled, _build_wait_s
+    _enabled, _build_wait_s = enabled, float(build_wait_s)
+
+
 def build_dir() -> Path:
     """Where this source is built: one directory per CPU architecture, torch version, source and flags.
 
     -march=native code must not be reused by another kind of machine sharing the cache directory. The build
     compiles a copy of the source kept in this directory: the build files name the source's path, so compiling
-    each checkout's file in place would rebuild (~45 s) whenever another checkout of the same code had used the
+    each checkout's file in place would rebuild it whenever another checkout of the same code had used the
     cache last.
     """
     from torch.utils import cpp_extension
@@ -74,6 +84,7 @@ def build_dir() -> Path:
     tag = (f"{platform.machine()}_py{sys.version_info.major}{sys.version_info.minor}_"
            f"{torch.__version__.replace('.', '_').replace('+', '_')}")
     digest = hashlib.sha256(_SOURCE.read_bytes() + " ".join(_CFLAGS).encode()).hexdigest()[:12]
+    # torch's own variable, read as torch's builds read it (torch's default root ignores it).
     root = os.environ.get("TORCH_EXTENSIONS_DIR") or cpp_extension.get_default_build_root()
     return Path(root) / f"earl_rotate_dist_{tag}_{digest}"
 
@@ -81,11 +92,10 @@ def build_dir() -> Path:
 def _load_extension():
     """Compile (once per machine, cached by torch) and return the C++ kernel, or None if impossible."""
     global _extension, _extension_failed
+    if not _enabled:
+        return None
     if _extension is not None or _extension_failed:
         return _extension
-    if os.environ.get("EARL_NO_EXTENSION"):
-        _extension_failed = True
-        return None
     try:
         from torch.utils import cpp_extension
 
@@ -96,7 +106,7 @@ def _load_extension():
             tmp = copy.with_suffix(f".{os.getpid()}.tmp")
             tmp.write_bytes(_SOURCE.read_bytes())
             os.replace(tmp, copy)  # atomic: a concurrent loader never compiles a partial file
-        with _build_lock(folder, BUILD_WAIT_S):
+        with _build_lock(folder, _build_wait_s):
             _extension = cpp_extension.load(name=folder.name, sources=[str(copy)], extra_cflags=list(_CFLAGS),
                                             build_directory=str(folder), verbose=False)
     except Exception as exc:  # no compiler, no headers, no ninja, a build that never ends: fall back, say so once

@@ -1,10 +1,8 @@
-"""The worker: claim a queued job, train it, write its bundle atomically, record the outcome; repeat.
+"""The worker: claim a queued job, train it, publish its bundle, record the outcome; repeat.
 
-Layout under the service home (shared with the API):
-    uploads/<job id>/train.txt (+ valid/test)   written by the API
-    runs/<job id>/                              the training run (checkpoints, metrics.json)
-    models/<model id>.safetensors               the bundle; the model id is the job id
-Torch uses `threads` (2 by default) intra-op threads, on CUDA when present (`device="auto"`).
+It reads uploads/<job id>/ and trains in runs/<job id>/ of the service home (home.py); the bundle is published as
+models/<job id>/v1.safetensors (the model id is the job id). Torch uses `threads` (2 by default) intra-op threads, on
+CUDA when present (`device="auto"`).
 """
 
 from __future__ import annotations
@@ -18,15 +16,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..config import ABLATIONS, ModelConfig, TrainConfig
-from ..errors import EarlError
-from .store import Job, JobStore, ModelRecord, open_store, store_target
+from ..config import ModelConfig, TrainConfig
+from ..errors import DatasetError, EarlError
+from ..options import FORM_OPTIONS, configs_from_options
+from .home import ServiceHome
+from .housekeeping import sweep_staging
+from .records import Job
+from .registry import ModelRegistry
+from .store import JobStore
 
 log = logging.getLogger(__name__)
-
-MODEL_PARAMS = ("model", "dim", "reserved_ratio", "k", "layers", "gamma", "epsilon", *ABLATIONS)
-TRAIN_PARAMS = ("steps", "batch_size", "negatives", "lr", "eval_every", "patience", "seed", "sampled", "fanout",
-                "negative_chunk")
 
 
 def default_worker_id() -> str:
@@ -49,73 +48,53 @@ class WorkerConfig:
     max_jobs: int = 0  # stop after this many jobs (0: run until stopped)
     nproc_per_node: int = 0  # > 0: train through torchrun with this many DDP processes (a job's own value wins)
 
-    @property
-    def store_target(self) -> str:
-        return store_target(self.home, self.store)
-
-
-def model_path(home: Path, model_id: str) -> Path:
-    return home / "models" / f"{model_id}.safetensors"
-
 
 def configs_from_params(params: dict[str, Any], cfg: WorkerConfig) -> tuple[ModelConfig, TrainConfig]:
-    """The job's form fields (named like the CLI options) as the library's configs."""
-    model = ModelConfig(**{k: params[k] for k in MODEL_PARAMS if k in params})
-    values = {k: params[k] for k in TRAIN_PARAMS if k in params}
-    if isinstance(values.get("fanout"), str):  # "10,10" as typed on the command line
-        values["fanout"] = tuple(0 if x.strip() == "all" else int(x) for x in values["fanout"].split(","))
-    train = TrainConfig(**values,
-                        time_limit_minutes=float(params.get("time_limit", 0.0)), device=cfg.device,
-                        threads=cfg.threads, progress=False)
-    return model, train
-
-
-def record_for(model_id: str, path: Path, home: Path, *, job_id: str | None = None,
-               rebuild: bool = False) -> ModelRecord:
-    """A registry entry for the bundle at `path`, with what load_bundle reports (verifies the file).
-
-    `rebuild` (for bundles from outside) also rebuilds every embedding once, so a file that passes the format
-    checks but cannot be served (a negative reserved id, NaN weights) is refused now, not at its first query.
-    """
-    import torch
-
-    from ..bundle import load_bundle
-    from ..errors import BundleError
-
-    bundle = load_bundle(path)
-    if rebuild:
-        try:
-            finite = bool(torch.isfinite(bundle.entity_embeddings()).all())
-        except Exception as exc:  # noqa: BLE001 - whatever the encoder trips on, the file is the cause
-            raise BundleError(f"{path}: its encoder cannot rebuild the embeddings ({type(exc).__name__}: {exc})"
-                              ) from None
-        if not finite:
-            raise BundleError(f"{path}: the rebuilt embeddings hold NaN or infinite values")
-    return ModelRecord(id=model_id, path=os.path.relpath(path, home), sha256=bundle.sha256, bytes=bundle.num_bytes,
-                       config=bundle.config.to_dict(), metrics=bundle.metrics, created=time.time(),
-                       parameters=bundle.trainable_parameters, precision=bundle.precision,
-                       entities=len(bundle.entities), relations=len(bundle.relations), job_id=job_id)
+    """The job's form fields (the option table's names) as the library's configs; where the job runs (device,
+    threads) is the worker's choice, and nobody watches a progress bar."""
+    values = {option.name: params[option.name] for option in FORM_OPTIONS if option.name in params}
+    return configs_from_options({**values, "device": cfg.device, "threads": cfg.threads, "progress": False})
 
 
 class _Heartbeat(threading.Thread):
     """Sends the latest progress every `interval` seconds and reads back the cancel flag and ownership.
 
-    A thread rather than the training callback, so heartbeats go on through validation and export.
+    A thread rather than the training callback, so heartbeats go on through validation and export; the callback
+    (`report`) only leaves the progress here.
     """
 
     def __init__(self, store: JobStore, job: Job, worker: str, interval: float) -> None:
         super().__init__(name=f"heartbeat-{job.id[:8]}", daemon=True)
         self.store, self.job_id, self.worker, self.interval = store, job.id, worker, interval
+        self.attempts = job.attempts
         self.progress: dict[str, Any] | None = None
         self.cancelled = job.cancel_requested
         self.lost = False  # another worker took the job over (we were presumed dead)
         self._done = threading.Event()
+        self._resumed_from: int | None = None  # the step the checkpoint held; 0 for a fresh run
+        self._last_log = 0.0
+
+    def report(self, progress: dict[str, Any]) -> None:
+        """train()'s on_progress: keep the progress for the next beat (with the step it resumed from), log it."""
+        if self._resumed_from is None:
+            self._resumed_from = progress["step"] - 1
+            if self._resumed_from:
+                log.info("job %s: resumed at step %d (attempt %d)", self.job_id, self._resumed_from, self.attempts)
+        self.progress = {**progress, "resumed_from": self._resumed_from}
+        now = time.monotonic()
+        if now - self._last_log >= 1.0 or progress["step"] == progress["total"]:
+            self._last_log = now
+            log.debug("job %s: step %d/%d loss %.4f", self.job_id, progress["step"], progress["total"],
+                      progress["loss"])
 
     def beat(self) -> None:
         try:
             job = self.store.heartbeat(self.job_id, self.worker, self.progress)
-        except EarlError as exc:  # the store is briefly unreachable: keep training, try again
+        except EarlError as exc:  # the store is briefly locked or unreachable: keep training, try again
             log.warning("heartbeat for job %s failed: %s", self.job_id, exc)
+            return
+        except Exception:  # a store that raised something else: a dead heartbeat thread would go unnoticed
+            log.exception("heartbeat for job %s failed", self.job_id)
             return
         if job is None:
             self.lost = True
@@ -138,10 +117,9 @@ class Worker:
 
     def __init__(self, config: WorkerConfig, store: JobStore | None = None) -> None:
         self.config = config
-        self.home = Path(config.home)
-        for sub in ("uploads", "runs", "models"):
-            (self.home / sub).mkdir(parents=True, exist_ok=True)
-        self.store = store if store is not None else open_store(config.store_target)
+        self.home = ServiceHome(config.home).create()
+        self.store = store if store is not None else self.home.open_store(config.store)
+        self.registry = ModelRegistry(self.home, self.store)
         self._stop = threading.Event()
 
     def stop(self) -> None:
@@ -157,13 +135,18 @@ class Worker:
         import torch
 
         torch.set_num_threads(self.config.threads)
-        log.info("worker %s: home %s, store %s", self.config.worker_id, self.home, self.config.store_target)
+        log.info("worker %s: home %s, store %s", self.config.worker_id, self.home.root,
+                 self.home.store_target(self.config.store))
+        sweep_staging(self.home)  # what a killed worker or API left; by age, since others may be writing now
         handled = 0
         while not self._stop.is_set():
             try:
                 job = self.run_once()
-            except EarlError as exc:  # the store is unreachable: wait and retry
+            except EarlError as exc:  # the store is locked or unreachable: wait and retry
                 log.warning("worker %s: %s", self.config.worker_id, exc)
+                job = None
+            except Exception:  # anything else from the store: the worker must outlive it too
+                log.exception("worker %s: store call failed", self.config.worker_id)
                 job = None
             if job is None:
                 self._stop.wait(self.config.poll_seconds)
@@ -197,7 +180,7 @@ class Worker:
         except OSError as exc:  # disk full, unwritable home: the job fails, the worker lives on
             log.error("job %s: storage error: %s", job.id, exc)
             target = exc.filename2 or exc.filename  # os.replace(src, dst) fails for want of dst's folder
-            where = f" ({os.path.relpath(target, self.home)})" if isinstance(target, str) else ""
+            where = f" ({self.home.relative(target)})" if isinstance(target, str) else ""
             error = f"storage error: cannot write the run or the bundle{where}: {exc.strerror or exc}"
         except Exception as exc:  # a bug or resource problem: keep the worker alive, record what happened
             log.exception("job %s failed", job.id)
@@ -216,33 +199,16 @@ class Worker:
         return finished or job
 
     def _train(self, job: Job, beat: _Heartbeat) -> str | None:
-        """Train and export; returns the model id, or None if the job was cancelled."""
-        from ..bundle import export_bundle
+        """Train and publish; returns the model id, or None if the job was cancelled."""
         from ..data import load_dataset, relation_labels
         from ..train import CHECKPOINT, train
 
-        uploads = self.home / "uploads" / job.id
+        uploads = self.home.upload_dir(job.id)
         if "train" not in job.files:
-            raise ValueError("the job has no train file")
-        run_dir = self.home / "runs" / job.id
+            raise DatasetError("the job has no train file")
+        run_dir = self.home.run_dir(job.id)
         model_cfg, train_cfg = configs_from_params(job.params, self.config)
         dataset = load_dataset(uploads)
-        last_report = 0.0
-        resumed_from: int | None = None  # the step the checkpoint held; 0 for a fresh run
-
-        def on_progress(progress: dict[str, Any]) -> None:
-            nonlocal last_report, resumed_from
-            if resumed_from is None:
-                resumed_from = progress["step"] - 1
-                if resumed_from:
-                    log.info("job %s: resumed at step %d (attempt %d)", job.id, resumed_from, job.attempts)
-            beat.progress = {**progress, "resumed_from": resumed_from}  # the heartbeat thread sends it
-            now = time.monotonic()
-            if now - last_report >= 1.0 or progress["step"] == progress["total"]:
-                last_report = now
-                log.debug("job %s: step %d/%d loss %.4f", job.id, progress["step"], progress["total"],
-                          progress["loss"])
-
         asked_to_stop = False
 
         def should_stop() -> bool:
@@ -259,23 +225,25 @@ class Worker:
                             should_stop=should_stop)
         else:
             train(dataset, model_cfg, train_cfg, run_dir, resume=resume, final_eval=True,
-                  on_progress=on_progress, should_stop=should_stop, relation_labels=relation_labels(uploads))
+                  on_progress=beat.report, should_stop=should_stop, relation_labels=relation_labels(uploads))
         # Our own flag, not metrics["stopped"]: a resumed run may carry its predecessor's stop reason.
         if beat.lost or (asked_to_stop and beat.cancelled):
             return None
         if asked_to_stop:
             raise _Interrupted
-        # Exported inside the run directory, then one os.replace into models/ (same file system: HOME), so
-        # models/ never holds a partial bundle, whenever this process dies.
-        final = model_path(self.home, job.id)
-        tmp = run_dir / f"export.{self.config.worker_id}.tmp.safetensors"
-        try:
-            export_bundle(run_dir, tmp, precision=job.params.get("precision", "fp32"))
-            os.replace(tmp, final)
-        finally:
-            tmp.unlink(missing_ok=True)
-        self.store.add_model(record_for(job.id, final, self.home, job_id=job.id))
+        self._publish(job, run_dir)
         return job.id
+
+    def _publish(self, job: Job, run_dir: Path) -> None:
+        """Export the bundle inside the run directory, then publish it: models/ never holds a partial bundle."""
+        from ..bundle import export_bundle
+
+        staged = run_dir / f".export.{self.config.worker_id}.tmp"  # hidden .tmp: swept if a crash leaves it
+        try:
+            export_bundle(run_dir, staged, precision=job.params.get("precision", "fp32"))
+            self.registry.publish(job.id, staged, job_id=job.id)
+        finally:
+            staged.unlink(missing_ok=True)
 
 
 def _train_torchrun(uploads: Path, run_dir: Path, model_cfg: ModelConfig, train_cfg: TrainConfig, nproc: int, *,
@@ -288,12 +256,12 @@ def _train_torchrun(uploads: Path, run_dir: Path, model_cfg: ModelConfig, train_
     import sys
     from dataclasses import replace
 
-    from ..train import write_json_atomic
+    from ..atomic import write_json
 
     run_dir.mkdir(parents=True, exist_ok=True)
     threads = max(1, train_cfg.threads // nproc) if train_cfg.threads else 0  # the worker's threads, shared
     config = run_dir / "job_config.json"
-    write_json_atomic(config, {"model": model_cfg.to_dict(), "train": replace(train_cfg, threads=threads).to_dict()})
+    write_json(config, {"model": model_cfg.to_dict(), "train": replace(train_cfg, threads=threads).to_dict()})
     progress, log_path = run_dir / "progress.json", run_dir / "train.log"
     cmd = [sys.executable, "-m", "earl_service.cli", "train", str(uploads), "--out", str(run_dir), "--config",
            str(config), "--progress-file", str(progress), "--nproc-per-node", str(nproc),
@@ -314,7 +282,7 @@ def _train_torchrun(uploads: Path, run_dir: Path, model_cfg: ModelConfig, train_
         lines = log_path.read_text(errors="replace").splitlines()
         said = [line.split("earl: error: ", 1)[1] for line in lines if "earl: error: " in line]
         if said:
-            raise ValueError(said[-1])
+            raise EarlError(said[-1])
         raise RuntimeError(f"distributed training exited with status {proc.returncode}: {' | '.join(lines[-5:])}")
 
 
@@ -322,4 +290,4 @@ class _Interrupted(Exception):
     """Training stopped because the worker is shutting down (not cancelled): requeue the job."""
 
 
-__all__ = ["Worker", "WorkerConfig", "configs_from_params", "model_path", "record_for"]
+__all__ = ["Worker", "WorkerConfig", "configs_from_params"]

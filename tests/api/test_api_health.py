@@ -4,7 +4,7 @@ from fastapi.testclient import TestClient
 
 from api.main import create_app
 from api.settings import Settings
-from earl_service.worker.store import StoreError
+from earl_service.errors import StoreError
 
 
 def test_health_ready_and_metrics(tmp_path):

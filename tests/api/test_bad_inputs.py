@@ -279,11 +279,11 @@ def test_bad_request(ctx, case):
 
 def test_refused_uploads_leave_nothing_behind(ctx):
     """After the corpus: models/ holds only complete bundles, and no staging file lingers in uploads/."""
-    for path in (ctx.home / "models").iterdir():
+    for path in (ctx.home / "models").rglob("*.safetensors"):
         load_bundle(path)
     assert not [p for p in (ctx.home / "uploads").iterdir() if p.name.startswith(".")]
     listed = {m["id"] for m in ctx.client.get("/models").json()}
-    assert {p.stem for p in (ctx.home / "models").iterdir()} == listed
+    assert {p.name for p in (ctx.home / "models").iterdir()} == listed  # models/<id>/v<N>.safetensors
 
 
 # ---------------------------------------------------------------- malicious ids, on every route with an id

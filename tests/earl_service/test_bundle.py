@@ -1,9 +1,9 @@
 """The bundle: exact rebuild, integrity checks, precisions, the torch-free edge reader, and extension."""
 
 import json
+import re
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -12,7 +12,7 @@ from conftest import codex_s_path
 
 from earl_service import edge
 from earl_service.bundle import export_bundle, load_bundle
-from earl_service.bundle_format import pack_graph, unpack_graph
+from earl_service.bundle_format import pack_graph, pack_strings, unpack_graph, unpack_strings, write_safetensors
 from earl_service.cli import main
 from earl_service.config import ModelConfig, TrainConfig
 from earl_service.data import load_dataset
@@ -49,48 +49,130 @@ def test_rebuild_equals_trained_model(trained_run):
     assert bundle.metrics["test"]["mrr"] > 0
 
 
-def _corrupt(src: Path, dst: Path, how: str) -> Path:
-    data = bytearray(src.read_bytes())
-    if how == "truncated":
-        data = data[: len(data) // 2]
-    elif how == "flipped":
-        data[-100] ^= 0xFF
-    elif how == "empty":
-        data = bytearray()
-    elif how == "garbage":
-        data = bytearray(b"\x89PNG not a bundle at all" * 10)
-    dst.write_bytes(bytes(data))
-    return dst
+# ---------------------------------------------------------------- damaged bundles: both readers refuse them
 
 
-@pytest.mark.parametrize("how", ["truncated", "flipped", "empty", "garbage"])
-def test_damaged_bundles_are_refused(trained_run, tmp_path, how):
-    out, _ = trained_run
-    with pytest.raises(BundleError):
-        load_bundle(_corrupt(out / BUNDLE, tmp_path / "bad.safetensors", how))
+def _bytes(change):
+    """Damage to the file's bytes."""
+    return lambda src, dst: dst.write_bytes(change(src.read_bytes()))
 
 
-def test_foreign_and_newer_files_are_refused(trained_run, tmp_path):
+def _parts(change, precision="fp32", coding=None):
+    """A well-formed file (consistent checksum) whose tensors and metadata `change(tensors, meta)` edits."""
+    def make(src, dst):
+        tensors, meta = load_bundle(src).to_tensors(precision, coding)
+        write_safetensors(dst, *change(dict(tensors), dict(meta)))
+    return make
+
+
+def _flip(data: bytes, at: int) -> bytes:
+    data = bytearray(data)
+    data[at] ^= 0xFF
+    return bytes(data)
+
+
+def _config(**changes):
+    return lambda t, m: (t, {**m, "config": json.dumps({**json.loads(m["config"]), **changes})})
+
+
+def _tensor(name, change):
+    return lambda t, m: ({**t, name: change(t[name])}, m)
+
+
+def _without(name):
+    return lambda t, m: ({k: v for k, v in t.items() if k != name}, {k: v for k, v in m.items() if k != name})
+
+
+def _manifest(change):
+    def edit(t, m):
+        manifest = json.loads(m["weights_manifest"])
+        change(manifest)
+        return t, {**m, "weights_manifest": json.dumps(manifest)}
+    return edit
+
+
+def _lying_manifest(manifest):
+    manifest[0][2] = [x * 2 for x in manifest[0][2]]
+
+
+def _foreign(src, dst):
     from safetensors.numpy import save_file
 
-    save_file({"w": np.zeros(3, np.float32)}, str(tmp_path / "foreign.safetensors"))
-    with pytest.raises(BundleError, match="not an EARL bundle"):
-        load_bundle(tmp_path / "foreign.safetensors")
-    out, _ = trained_run
-    b = load_bundle(out / BUNDLE)
-    tensors, meta = b.to_tensors()
-    meta["format_version"] = "99"
-    from earl_service.bundle_format import write_safetensors
+    save_file({"w": np.zeros(3, np.float32)}, str(dst))
 
-    write_safetensors(tmp_path / "newer.safetensors", tensors, meta)
-    with pytest.raises(BundleError, match="newer"):
-        load_bundle(tmp_path / "newer.safetensors")
-    # Consistent checksum but a tensor whose shape the config does not imply.
-    tensors["param.relations"] = tensors["param.relations"][:-1]
-    write_safetensors(tmp_path / "shape.safetensors", tensors, {k: v for k, v in meta.items() if k != "format_version"}
-                      | {"format_version": "1"})
-    with pytest.raises(BundleError, match="shape"):
-        load_bundle(tmp_path / "shape.safetensors")
+
+def _vocab_bomb(t, m):
+    import lzma
+
+    return {**t, "vocab.entities": np.frombuffer(lzma.compress(b"\0" * (200 << 20), preset=9), dtype=np.uint8)}, m
+
+
+def _names(name, change):
+    return _tensor(name, lambda blob: pack_strings(change(unpack_strings(blob))))
+
+
+DAMAGED = {  # name: (how to make it from a good bundle, a fragment of the refusal)
+    "empty": (_bytes(lambda d: b""), "too short for a safetensors header"),
+    "garbage": (_bytes(lambda d: b"\x89PNG not a bundle at all" * 10), "not an EARL bundle"),
+    "random bytes": (_bytes(lambda d: bytes(range(256)) * 40), "is not an EARL bundle"),
+    "cut inside its header": (_bytes(lambda d: d[:100]), "is not an EARL bundle (truncated"),
+    "truncated": (_bytes(lambda d: d[: len(d) // 2]), "corrupted or truncated"),
+    "missing its last byte": (_bytes(lambda d: d[:-1]), "corrupted or truncated"),
+    "flipped payload byte": (_bytes(lambda d: _flip(d, -100)), "does not match its SHA-256"),
+    "foreign safetensors": (_foreign, "not an EARL bundle"),
+    "newer format": (_parts(lambda t, m: (t, {**m, "format_version": "99"})), "newer"),
+    "config missing": (_parts(_without("config")), "missing or malformed content"),
+    "config not JSON": (_parts(lambda t, m: (t, {**m, "config": "{nope"})), "missing or malformed content"),
+    "config a JSON list": (_parts(lambda t, m: (t, {**m, "config": "[1]"})), "missing or malformed content"),
+    "config with a bad model": (_parts(_config(model="x")), "malformed content"),
+    "config claims dim 10**6": (_parts(_config(dim=10**6)), "the config implies"),
+    "config claims 10**9 layers": (_parts(_config(layers=10**9)), "GNN layers"),
+    "metrics not JSON": (_parts(lambda t, m: (t, {**m, "metrics": "{"})), "malformed content"),
+    "entity vocabulary missing": (_parts(_without("vocab.entities")), "missing or malformed content"),
+    "entity vocabulary not xz": (_parts(_tensor("vocab.entities", lambda b: b[::-1].copy())), "malformed content"),
+    "duplicate entity names": (_parts(_names("vocab.entities", lambda n: [n[1], *n[1:]])), "vocabulary is invalid"),
+    "vocabulary bomb": (_parts(_vocab_bomb), "bomb"),
+    "graph past the entity vocabulary": (_parts(_names("vocab.entities", lambda n: n[:-50])),
+                                         "outside the vocabulary"),
+    "graph past the relation vocabulary": (_parts(_names("vocab.relations", lambda n: n[:-5])),
+                                           "outside the vocabulary"),
+    "graph missing": (_parts(_without("graph.packed")), "missing or malformed content"),
+    "negative reserved id": (_parts(_tensor("buffer.reserved", lambda r: -r.astype(np.int64) - 1)),
+                             "reserved entity ids outside the vocabulary"),
+    "reserved id past the vocabulary": (_parts(_tensor("buffer.reserved", lambda r: r.astype(np.int64) + 10**6)),
+                                        "reserved entity ids outside the vocabulary"),
+    "tensor of the wrong shape": (_parts(_tensor("param.relations", lambda x: x[:-1])), "shape"),
+    "tensor missing": (_parts(_without("param.relations")), "'relations' has shape None"),
+    "tensor the config does not use": (_parts(lambda t, m: ({**t, "param.extra": np.zeros(2, np.float32)}, m)),
+                                       "does not use"),
+    "int8 scales missing": (_parts(_without("param.relation_ends.scale"), "int8", "plain"), "malformed content"),
+    "coded weights flipped": (_parts(_tensor("weights.packed", lambda b: np.frombuffer(_flip(b.tobytes(), len(b) // 2), np.uint8)), "fp16"),
+                              "coded weights"),
+    "coded weights with a lying manifest": (_parts(_manifest(_lying_manifest), "fp16"), "coded weights"),
+    "coded weights of a bad dtype": (_parts(_manifest(lambda m: m[0].__setitem__(1, "object")), "fp16"),
+                                     "manifest is malformed"),
+    "coded weights missing": (_parts(_without("weights.packed"), "fp16"), "holds no coded weights"),
+    "unknown weight coding": (_parts(lambda t, m: (t, {**m, "weights_coding": "zstd"}), "fp16"), "'zstd'"),
+}
+
+
+@pytest.fixture(scope="module")
+def damaged(trained_run, tmp_path_factory):
+    """Every case of DAMAGED as a file, made once for both readers."""
+    out, _ = trained_run
+    folder = tmp_path_factory.mktemp("damaged")
+    paths = {}
+    for i, (name, (make, _)) in enumerate(DAMAGED.items()):
+        paths[name] = folder / f"{i}.safetensors"
+        make(out / BUNDLE, paths[name])
+    return paths
+
+
+@pytest.mark.parametrize("reader", [load_bundle, edge.load], ids=["load_bundle", "edge.load"])
+@pytest.mark.parametrize("case", DAMAGED)
+def test_damaged_bundles_are_refused_by_both_readers(damaged, case, reader):
+    with pytest.raises(BundleError, match=re.escape(DAMAGED[case][1])):
+        reader(damaged[case])
 
 
 @pytest.mark.parametrize("precision,atol,saved", [("fp16", 5e-3, 0.45), ("int8", 5e-2, 0.6)])
@@ -165,10 +247,10 @@ def guarded(name, *args, **kwargs):
     return real_import(name, *args, **kwargs)
 builtins.__import__ = guarded
 from earl_service import edge
-m = edge.load(sys.argv[1])
+m = edge.load(sys.argv[1], use_scipy=json.loads(sys.argv[4]))
 queries = json.loads(sys.argv[2])
 out = {"tails": [m.predict_tails(h, r, 10) for h, r in queries], "heads": [m.predict_heads(t, r, 10) for t, r in queries],
-       "scipy": edge._sparse is not None}
+       "scipy": "scipy.sparse" in sys.modules}
 import numpy as np
 np.save(sys.argv[3], m.entity_embeddings)
 print(json.dumps(out))
@@ -176,17 +258,15 @@ print(json.dumps(out))
 
 
 @pytest.mark.parametrize("precision,scipy", [("fp32", True), ("fp32", False), ("fp16", True)])
-def test_edge_reader_without_torch(trained_run, tmp_path, precision, scipy, monkeypatch):
+def test_edge_reader_without_torch(trained_run, tmp_path, precision, scipy):
     """fp32: plain tensors; fp16: weights byte-plane + xz coded (the default for the small bundles); with and
     without the optional scipy sparse products."""
-    if not scipy:
-        monkeypatch.setenv("EARL_EDGE_NO_SCIPY", "1")
     out, ds = trained_run
     path = out / BUNDLE if precision == "fp32" else export_bundle(out, tmp_path / "b.safetensors", precision=precision)
     bundle = load_bundle(path)
     queries = [(ds.entities.name(int(h)), ds.relations.name(int(r))) for h, r, _ in ds.test[:15]]
     result = subprocess.run([sys.executable, "-c", EDGE_SCRIPT, str(path), json.dumps(queries),
-                             str(tmp_path / "emb.npy")], capture_output=True, text=True, timeout=120)
+                             str(tmp_path / "emb.npy"), json.dumps(scipy)], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     got = json.loads(result.stdout)
     assert got["scipy"] == scipy  # the path under test really ran (scipy is a dev dependency)
@@ -230,16 +310,3 @@ def test_extend_embeds_new_entities_without_parameter_changes(trained_run, tmp_p
     bad = tmp_path / "bad.tsv"
     bad.write_text(f"NEW_3\tno_such_relation\t{names[0]}\n")
     assert main(["extend", str(out / BUNDLE), "--triples", str(bad), "--out", str(tmp_path / "y.safetensors")]) == 2
-
-
-def test_decompression_bomb_inside_a_bundle_is_refused(trained_run, tmp_path):
-    import lzma
-
-    from earl_service.bundle_format import write_safetensors
-
-    out, _ = trained_run
-    tensors, meta = load_bundle(out / BUNDLE).to_tensors()
-    tensors["vocab.entities"] = np.frombuffer(lzma.compress(b"\0" * (200 << 20), preset=9), dtype=np.uint8)
-    write_safetensors(tmp_path / "bomb.safetensors", tensors, meta)
-    with pytest.raises(BundleError, match="bomb"):
-        load_bundle(tmp_path / "bomb.safetensors")

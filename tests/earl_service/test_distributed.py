@@ -79,8 +79,8 @@ def test_torchrun_command_line():
 def test_worker_runs_a_job_through_torchrun(tmp_path):
     """A job asking for nproc_per_node=2 trains in 2 gloo processes; progress and the bundle come back."""
     from earl_service.bundle import load_bundle
-    from earl_service.worker.loop import Worker, WorkerConfig, model_path
-    from earl_service.worker.store import new_id
+    from earl_service.worker.loop import Worker, WorkerConfig
+    from earl_service.worker.records import new_id
 
     worker = Worker(WorkerConfig(home=tmp_path, heartbeat_seconds=0.05, poll_seconds=0.05, threads=2))
     try:
@@ -95,6 +95,6 @@ def test_worker_runs_a_job_through_torchrun(tmp_path):
         metrics = json.loads((tmp_path / "runs" / job_id / "metrics.json").read_text())
         assert metrics["world_size"] == 2 and metrics["config"]["train"]["fanout"] == [5, 0]
         assert metrics["config"]["train"]["threads"] == 1  # the worker's 2 threads shared by 2 processes
-        assert len(load_bundle(model_path(tmp_path, job_id)).entities) == metrics["entities"] == 39
+        assert len(load_bundle(worker.home.version_path(job_id, 1)).entities) == metrics["entities"] == 39
     finally:
         worker.store.close()

@@ -76,8 +76,9 @@ def test_fast_nearest_reserved_equals_the_exhaustive_search(case, small_graph_tr
     (and weights) of the exhaustive float64 search, ties included."""
     from conftest import codex_s_path
 
+    from earl_service.core.knn import nearest_reserved_exhaustive
     from earl_service.data import load_dataset
-    from earl_service.graph import nearest_reserved_exhaustive
+    from earl_service.graph import _sparse_rows
     from earl_service.synthetic import SyntheticConfig, generate
 
     k, ratio, block = 10, 0.2, 1 << 24
@@ -96,6 +97,6 @@ def test_fast_nearest_reserved_equals_the_exhaustive_search(case, small_graph_tr
     feats = relational_features(triples, n, num_rel)
     reserved = choose_reserved(n, ratio, seed=3)
     fast = nearest_reserved(feats, reserved, k, 0.2, max_block_elements=block)
-    slow = nearest_reserved_exhaustive(feats, reserved, k, 0.2)
-    assert torch.equal(fast[0], slow[0])
-    assert torch.equal(fast[1], slow[1])
+    slow = nearest_reserved_exhaustive(_sparse_rows(feats), reserved.numpy(), k, 0.2)
+    assert torch.equal(fast[0], torch.from_numpy(slow[0]))
+    assert torch.equal(fast[1], torch.from_numpy(slow[1]))

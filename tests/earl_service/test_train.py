@@ -11,7 +11,8 @@ from conftest import codex_s_path, tiny_dataset
 from earl_service.cli import main
 from earl_service.config import ModelConfig, TrainConfig
 from earl_service.data import Dataset, Vocab, load_dataset
-from earl_service.train import CHECKPOINT, NegativeSampler, train
+from earl_service.train import CHECKPOINT, NegativeSampler, StopRules, train
+from earl_service.train_state import TrainState
 
 FAST = dict(batch_size=32, negatives=8, eval_every=5, eval_batch_size=16, progress=False, checkpoint_every=5)
 
@@ -51,7 +52,7 @@ def test_training_is_deterministic(tmp_path):
 
 
 def test_the_kernel_is_loaded_before_the_time_budget_starts(tmp_path, monkeypatch):
-    """A first build of the C++ kernel takes ~45 s: it must not be spent out of a run's wall-clock budget."""
+    """A first build of the C++ kernel takes a while: it must not be spent out of a run's wall-clock budget."""
     from earl_service import train as train_module
 
     events = []
@@ -143,3 +144,83 @@ def test_protocols_seen_and_all(tmp_path):
     assert everything["count"] == 2 * (len(base.test) + 2)
     # The extra entity is a candidate only under `all`: 41 entities, and its embedding is the empty-context one.
     assert run.graph_for("all").num_entities == 41 and run.graph_for("seen").num_entities == 40
+
+
+def _cancel_after(steps):
+    calls = []
+    return lambda: calls.append(1) or len(calls) > steps
+
+
+@pytest.mark.parametrize("sampled", [False, True])
+def test_a_resumed_run_repeats_the_uninterrupted_runs_losses(tmp_path, sampled):
+    """Interrupted after 7 steps (cancelled: no extra validation) and resumed: the same losses, validations and
+    weights as 12 steps in one go."""
+    ds, cfg = tiny_dataset(), ModelConfig(dim=4, k=3, reserved_ratio=0.2)
+    tcfg = TrainConfig(steps=12, sampled=sampled, fanout=(3, 2), negative_chunk=8, **{**FAST, "eval_every": 3})
+    train(ds, cfg, tcfg, tmp_path / "straight", final_eval=False, write_bundle=False)
+    first = train(ds, cfg, tcfg, tmp_path / "split", final_eval=False, write_bundle=False,
+                  should_stop=_cancel_after(7))
+    assert first["steps"] == 7 and first["stopped"] == "cancelled"
+    resumed = train(ds, cfg, tcfg, tmp_path / "split", resume=True, final_eval=False, write_bundle=False)
+    assert resumed["steps"] == 12 and resumed["stopped"] == "steps"
+    a, b = (torch.load(tmp_path / run / CHECKPOINT, weights_only=True) for run in ("straight", "split"))
+    for key in ("steps", "losses", "eval_steps", "eval_mrr", "encoded"):
+        assert a["history"][key] == b["history"][key], key
+    assert len(a["history"]["losses"]) == 12 and (len(a["history"]["encoded"]) == 12) is sampled
+    for key in ("step", "epoch_pos", "best_mrr", "best_step", "bad_evals"):
+        assert a["state"][key] == b["state"][key], key
+    assert torch.equal(a["state"]["epoch_order"], b["state"]["epoch_order"])
+    assert torch.equal(a["generator"], b["generator"])
+    for key in a["model"]:
+        assert torch.equal(a["model"][key], b["model"][key]), key
+
+
+def test_train_state_saves_and_loads_itself():
+    state = TrainState.start(seed=5)
+    state.next_rows(10, 4)
+    state.step, state.best_mrr, state.stopped = 3, 0.25, "time_limit"
+    state.record_step(1.5, 0.1, 0.2)
+    saved = state.state_dict()
+    again = TrainState.start(seed=99)
+    again.load_state_dict(saved)
+    assert (again.step, again.epoch_pos, again.best_mrr, again.history.losses) == (3, 4, 0.25, [1.5])
+    assert again.stopped == "steps"  # why the previous attempt stopped is not the resumed run's
+    for _ in range(3):  # the same batches from here on, into the next epoch's permutation
+        assert torch.equal(again.next_rows(10, 4), state.next_rows(10, 4))
+
+
+class _RankOne:
+    """Rank 1 of 2: `agree` answers with rank 0's decision, whatever this rank proposes."""
+
+    world, rank, is_main = 2, 1, False
+
+    def __init__(self, rank_zero_says):
+        self.says, self.proposed = rank_zero_says, []
+
+    def agree(self, reason):
+        self.proposed.append(reason)
+        return self.says
+
+
+def test_stop_rules():
+    assert StopRules().before_step(1e9) is None and StopRules().after_step(10, 99) is None
+    # The time budget, then a cancel request.
+    limited = StopRules(time_limit_s=60.0, cancel=lambda: True)
+    assert limited.before_step(61.0) == "time_limit" and limited.before_step(59.0) == "cancelled"
+    assert StopRules(time_limit_s=60.0, cancel=lambda: False).before_step(59.0) is None
+    # Early stopping once `patience` validations in a row found nothing better; never without validation.
+    assert StopRules(patience=3, eval_every=5).after_step(7, 3) == "early_stopping"
+    assert StopRules(patience=3, eval_every=5).after_step(7, 2) is None
+    assert StopRules(patience=3, eval_every=0).after_step(10, 3) is None
+
+
+def test_stop_rules_follow_rank_zero():
+    """Every rank stops when rank 0 does: before each step, and for early stopping on the validation cadence
+    (only rank 0 validates, so only it knows the count)."""
+    told = _RankOne("time_limit")
+    assert StopRules(ranks=told).before_step(0.0) == "time_limit" and told.proposed == [None]
+    told = _RankOne("early_stopping")
+    rules = StopRules(patience=2, eval_every=5, ranks=told)
+    assert rules.after_step(9, 0) is None and told.proposed == []  # off the cadence: nothing to agree on
+    assert rules.after_step(10, 0) == "early_stopping" and told.proposed == [None]
+    assert StopRules(patience=2, eval_every=5, ranks=_RankOne(None)).after_step(10, 0) is None

@@ -22,8 +22,10 @@ from conftest import REPO, codex_s_path, random_triples
 
 from earl_service.bundle import load_bundle
 from earl_service.train import CHECKPOINT
-from earl_service.worker.loop import Worker, WorkerConfig, model_path
-from earl_service.worker.store import SqliteStore, new_id
+from earl_service.worker.home import ServiceHome
+from earl_service.worker.loop import Worker, WorkerConfig
+from earl_service.worker.records import new_id
+from earl_service.worker.sqlite_store import SqliteStore
 
 # About 20 ms a step on 2 busy cores: a checkpoint every 100 steps (TrainConfig default) lands every ~2 s.
 CODEX_JOB = {"dim": 16, "batch_size": 256, "negatives": 16, "eval_every": 0}
@@ -80,7 +82,7 @@ def stop(proc):
 
 def complete_bundles_only(home):
     """Every file in models/ is a complete, verified bundle (no temporary or partial name ever appears there)."""
-    names = sorted(p.name for p in (home / "models").iterdir())
+    names = sorted(str(p.relative_to(home / "models")) for p in (home / "models").rglob("*") if p.is_file())
     for name in names:
         load_bundle(home / "models" / name)
     return names
@@ -125,8 +127,8 @@ def test_sigkill_mid_training_resumes_from_the_last_checkpoint(home, store):
     assert f"resumed at step {saved_step} (attempt 2)" in (home / "worker-second.log").read_text()
     history = json.loads((run / "history.json").read_text())
     assert history["steps"] == list(range(1, 301))  # one continuous run: nothing lost, nothing repeated
-    assert complete_bundles_only(home) == [f"{job.id}.safetensors"]
-    assert store.get_model(job.id).sha256 == load_bundle(model_path(home, job.id)).sha256
+    assert complete_bundles_only(home) == [f"{job.id}/v1.safetensors"]
+    assert store.get_model(job.id).sha256 == load_bundle(ServiceHome(home).version_path(job.id, 1)).sha256
 
 
 def test_a_job_that_keeps_killing_its_worker_fails_after_max_attempts(home, store):
@@ -217,7 +219,7 @@ def test_storage_failure_fails_the_job_cleanly(home, store, monkeypatch, break_s
         (home / "models").mkdir()
     again = submit_tiny(store, home, seed=1)
     assert worker.run_once().state == "succeeded" and store.get_model(again.id) is not None
-    assert complete_bundles_only(home) == [f"{again.id}.safetensors"]
+    assert complete_bundles_only(home) == [f"{again.id}/v1.safetensors"]
 
 
 def test_bundles_reach_models_only_by_rename(home, store, monkeypatch):
@@ -235,4 +237,4 @@ def test_bundles_reach_models_only_by_rename(home, store, monkeypatch):
     job = submit_tiny(store, home)
     assert worker.run_once().state == "succeeded"
     assert written and not [p for p in written if p.startswith(str(home / "models"))]
-    assert complete_bundles_only(home) == [f"{job.id}.safetensors"]
+    assert complete_bundles_only(home) == [f"{job.id}/v1.safetensors"]

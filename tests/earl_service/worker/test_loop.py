@@ -9,8 +9,8 @@ from conftest import random_triples
 
 from earl_service.bundle import load_bundle
 from earl_service.train import CHECKPOINT
-from earl_service.worker.loop import Worker, WorkerConfig, model_path
-from earl_service.worker.store import new_id
+from earl_service.worker.loop import Worker, WorkerConfig
+from earl_service.worker.records import new_id
 
 TINY = {"dim": 4, "k": 3, "reserved_ratio": 0.2, "steps": 6, "batch_size": 32, "negatives": 4, "eval_every": 3}
 
@@ -23,7 +23,7 @@ def write_split(folder, name, triples):
 def submit(worker, params, *, bad=False):
     """Queue a job the way the API does: files under HOME/uploads/<id>/, paths relative to HOME."""
     job_id = new_id()
-    folder = worker.home / "uploads" / job_id
+    folder = worker.home.upload_dir(job_id)
     triples = np.unique(random_triples(40, 3, 300, seed=3), axis=0)
     write_split(folder, "train", triples[:250])
     write_split(folder, "valid", triples[250:])
@@ -44,7 +44,7 @@ def test_job_becomes_a_registered_bundle(worker):
     done = worker.run_once()
     assert (done.id, done.state, done.error) == (job.id, "succeeded", None)
     assert done.model_id == job.id and done.progress["step"] == done.progress["total"] == 6
-    path = model_path(worker.home, job.id)
+    path = worker.home.version_path(job.id, 1)
     bundle = load_bundle(path)
     record = worker.store.get_model(job.id)
     assert (record.sha256, record.bytes, record.precision) == (bundle.sha256, bundle.num_bytes, "fp16")
@@ -90,7 +90,7 @@ def test_cancel_stops_a_running_job(worker):
     _wait(lambda: worker.store.get_job(job.id).state == "cancelled")
     worker.stop()
     thread.join(timeout=30)
-    assert worker.store.get_model(job.id) is None and not model_path(worker.home, job.id).exists()
+    assert worker.store.get_model(job.id) is None and not worker.home.model_dir(job.id).exists()
 
 
 def test_stopping_worker_requeues_and_next_worker_resumes(worker, tmp_path):
@@ -117,7 +117,7 @@ def test_dead_workers_job_is_taken_over(worker):
     job = submit(worker, TINY)
     worker.store.claim_job("dead-worker")
     time.sleep(0.05)
-    taker = Worker(WorkerConfig(home=worker.home, worker_id="taker", stale_after=0.01, threads=1))
+    taker = Worker(WorkerConfig(home=worker.home.root, worker_id="taker", stale_after=0.01, threads=1))
     done = taker.run_once()
     assert (done.id, done.state, done.attempts) == (job.id, "succeeded", 2)
 
@@ -132,12 +132,12 @@ def test_tiny_graphs_train_into_a_bundle(worker, text, params):
     from earl_service.predict import LinkPredictor
 
     job_id = new_id()
-    folder = worker.home / "uploads" / job_id
+    folder = worker.home.upload_dir(job_id)
     folder.mkdir(parents=True)
     (folder / "train.txt").write_text(text)
     worker.store.create_job({**TINY, "eval_every": 0, **params}, {"train": f"uploads/{job_id}/train.txt"},
                             job_id=job_id)
     done = worker.run_once()
     assert done.state == "succeeded", done.error
-    predictor = LinkPredictor.from_bundle(load_bundle(model_path(worker.home, job_id)))
+    predictor = LinkPredictor.from_bundle(load_bundle(worker.home.version_path(job_id, 1)))
     assert len(predictor.predict_tails("a", "r", 5, exclude_known=False)) == len(predictor.entities)

@@ -7,7 +7,9 @@ import time
 
 import pytest
 
-from earl_service.worker.store import STATES, ModelRecord, StoreError, open_store
+from earl_service.errors import StoreError
+from earl_service.worker.records import STATES, ModelRecord
+from earl_service.worker.store import open_store
 
 
 @pytest.fixture(params=["sqlite", "redis"])
@@ -127,6 +129,20 @@ def test_model_registry(store):
     assert store.get_model("m1") is None
 
 
+def test_deleting_a_model_clears_its_jobs_model_id(store):
+    """The job that produced a model stays, but no longer names it; other jobs are untouched."""
+    made, other = store.create_job({"dim": 8}, {}), store.create_job({}, {})
+    for job in (made, other):
+        store.claim_job("w")
+        store.finish_job(job.id, "w", "succeeded", model_id=job.id)
+        store.add_model(ModelRecord(id=job.id, path=f"models/{job.id}/v1.safetensors", sha256="ab" * 32, bytes=1,
+                                    job_id=job.id))
+    assert store.delete_model(made.id) and not store.delete_model(made.id)
+    after = store.get_job(made.id)
+    assert (after.state, after.model_id, after.params) == ("succeeded", None, {"dim": 8})
+    assert store.get_job(other.id).model_id == other.id and store.get_model(other.id) is not None
+
+
 def test_open_store_rejects_unknown_urls(tmp_path):
     with pytest.raises(StoreError):
         open_store("postgres://x")
@@ -169,3 +185,20 @@ def test_concurrent_workers_never_share_a_job(store, store_url, tmp_path):
     owners = {j.id: j.worker for j in store.list_jobs(limit=1000)}
     for i, ids in enumerate(claimed):
         assert all(owners[job_id] == f"w{i}" for job_id in ids)
+
+
+def test_redis_scripts_ship_as_package_data():
+    """RedisStore loads its Lua scripts from files: pyproject's package-data must name them, or a wheel lacks them."""
+    import fnmatch
+    import tomllib
+    from pathlib import Path
+
+    import earl_service
+
+    package = Path(earl_service.__file__).parent
+    root = package.parent
+    patterns = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]
+    scripts = [p.relative_to(package).as_posix() for p in (package / "worker" / "lua").glob("*.lua")]
+    assert sorted(scripts) == ["worker/lua/cancel.lua", "worker/lua/claim.lua", "worker/lua/delete_model.lua",
+                              "worker/lua/update_owned.lua"]
+    assert all(any(fnmatch.fnmatch(s, pat) for pat in patterns["earl_service"]) for s in scripts)

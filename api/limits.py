@@ -1,0 +1,73 @@
+"""Bounds on the work one request can start: predictions in flight, the size of a job, a client's queued jobs."""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from typing import Any
+
+import anyio
+
+from earl_service.errors import ConfigError
+from earl_service.worker.store import JobStore
+
+from .settings import Settings
+
+UNFINISHED = ("queued", "running")
+SCANNED_JOBS = 10_000  # newest jobs per state looked at by the quota count: enough for any quota, bounded
+
+
+class PredictSlots:
+    """At most `size` predictions computed at once. The others wait on the event loop (holding no thread, so the
+    thread pool stays free for everything else) for up to `wait` seconds, then get a 503 with Retry-After."""
+
+    def __init__(self, size: int, *, wait: float) -> None:
+        self.size, self.wait = size, wait
+        self._semaphore = anyio.Semaphore(size)
+
+    async def acquire(self) -> bool:
+        """True with a slot held (give it back with `release`), False when none freed up in time."""
+        with anyio.move_on_after(self.wait):
+            await self._semaphore.acquire()
+            return True
+        return False
+
+    def release(self) -> None:
+        self._semaphore.release()
+
+    @property
+    def retry_after(self) -> str:
+        return str(max(1, math.ceil(self.wait)))
+
+    @property
+    def busy(self) -> str:
+        return (f"the server is computing {self.size} predictions at once (EARL_MAX_CONCURRENT_PREDICTS) and none "
+                f"finished within {self.wait:g} s (EARL_PREDICT_QUEUE_SECONDS); try again shortly")
+
+
+def bounded_job_params(params: dict[str, Any], settings: Settings) -> dict[str, Any]:
+    """`params` within this server's caps (on top of the form's own limits): ConfigError (422) naming every cap
+    exceeded and the setting that raises it. A job without a time limit gets EARL_MAX_JOB_MINUTES."""
+    caps = [("dim", params["dim"], settings.max_job_dim, "EARL_MAX_JOB_DIM"),
+            ("batch_size x negatives", params["batch_size"] * params["negatives"], settings.max_batch_x_negatives,
+             "EARL_MAX_BATCH_X_NEGATIVES"),
+            ("nproc_per_node", params["nproc_per_node"], settings.max_nproc, "EARL_MAX_NPROC"),
+            ("time_limit (minutes)", params["time_limit"], settings.max_job_minutes, "EARL_MAX_JOB_MINUTES")]
+    over = [f"{name} {value:,} is over {cap:,} ({setting})" for name, value, cap, setting in caps if value > cap]
+    if over:
+        raise ConfigError(f"this server's job limits: {'; '.join(over)}; ask for less, or ask its operator to "
+                          "raise the setting")
+    return {**params, "time_limit": params["time_limit"] or settings.max_job_minutes}
+
+
+def client_key(settings: Settings, *, token: bytes, address: str | None) -> str:
+    """Who a job belongs to, for the queue quota: its token when the server has one, else its network address;
+    hashed, since a job's params are readable by anyone who may read jobs."""
+    who = b"token:" + token if settings.api_token is not None else f"addr:{address}".encode()
+    return hashlib.sha256(who).hexdigest()[:16]
+
+
+def unfinished_jobs(store: JobStore, client: str) -> int:
+    """How many queued or running jobs `client` has."""
+    return sum(job.params.get("client") == client
+               for state in UNFINISHED for job in store.list_jobs(state=state, limit=SCANNED_JOBS))

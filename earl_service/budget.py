@@ -1,0 +1,157 @@
+"""Bundle bytes before training: byte-size parsing, exact file sizes from shapes, a fixed-size metrics field."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from .bundle import Bundle
+from .bundle_format import quantize
+from .config import ModelConfig
+from .data import Dataset, Vocab
+from .errors import BundleError, ConfigError
+from .graph import choose_reserved
+from .model import build_model
+
+# Plain tensors: their bytes follow from shapes alone. planes-xz would be ~15% smaller at fp16 (~5% at int8,
+# bench/results/bundle_sizes.md) but its size depends on the trained values, so it cannot be known in advance.
+CODING = "plain"
+MIN_DIM = 8  # the smallest candidate dim worth training
+# Header bytes every compress bundle gives its metrics JSON: the metrics are padded to exactly this, so the
+# file size is known before training whatever the metrics turn out to be.
+METRICS_ROOM = 2048
+PAD_KEY = "pad"
+
+# SI prefixes are powers of ten (2MB = 2,000,000 bytes), as disk and network sizes are; KiB/MiB/GiB powers of two.
+_UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9, "gb": 10**9,
+          "kib": 2**10, "mib": 2**20, "gib": 2**30}
+_SIZE = re.compile(r"(?P<number>[0-9]*\.?[0-9]+(?:e[+-]?[0-9]+)?)\s*(?P<unit>[a-z]*)", re.IGNORECASE)
+
+
+def parse_size(value: str | int | float) -> int:
+    """Bytes from '2MB' (2 * 10**6), '1.5 MiB' (1.5 * 2**20), '500000' or '2e6' (rounded down)."""
+    if isinstance(value, bool):
+        raise ConfigError(f"a size must be a number of bytes or a string like '2MB', not {value!r}")
+    if isinstance(value, int | float):
+        number, unit = float(value), 1
+    else:
+        text = str(value).strip()
+        match = _SIZE.fullmatch(text)
+        if text.startswith("-"):
+            raise ConfigError(f"a size must be positive, not {value!r}")
+        if match is None or match["unit"].lower() not in _UNITS:
+            raise ConfigError(f"cannot read {value!r} as a size; write e.g. 2MB (10**6 bytes), 1.5MiB (2**20), "
+                              f"500000 or 2e6")
+        number, unit = float(match["number"]), _UNITS[match["unit"].lower()]
+    if not math.isfinite(number) or number * unit < 1:
+        raise ConfigError(f"a size must be at least 1 byte, not {value!r}")
+    return int(number * unit)
+
+
+def _header_bytes(text: str) -> int:
+    """Bytes a metadata string takes in the safetensors header, whose JSON escapes quotes and backslashes.
+    json.dumps writes ASCII only, so no other character is escaped or widened."""
+    return len(text) + text.count('"') + text.count("\\")
+
+
+def padded_metrics(metrics: dict[str, Any]) -> dict[str, Any]:
+    """`metrics` plus a run of spaces under PAD_KEY that makes its header field exactly METRICS_ROOM bytes
+    (Bundle.to_tensors writes json.dumps(metrics, default=str))."""
+    room = METRICS_ROOM - _header_bytes(json.dumps({**metrics, PAD_KEY: ""}, default=str))
+    if room < 0:
+        raise BundleError(f"bundle metrics take {METRICS_ROOM - room} header bytes, more than the {METRICS_ROOM} "
+                          "reserved for them")
+    return {**metrics, PAD_KEY: " " * room}
+
+
+def save_exact(bundle: Bundle, path: str | os.PathLike, *, precision: str, metrics: dict[str, Any],
+               expected: int) -> Path:
+    """Write `bundle` at `precision` carrying `metrics`; the file must be `expected` bytes, as predicted."""
+    out = replace(bundle, metrics=padded_metrics(metrics)).save(path, precision=precision, coding=CODING)
+    size = out.stat().st_size
+    if size != expected:
+        raise BundleError(f"{out} is {size} bytes, the size model predicted {expected}: the bundle format changed "
+                          "under earl_service.budget")
+    return out
+
+
+class BundleSizes:
+    """Exact bundle file bytes for (model, dim, precision) over one dataset: an untrained bundle written to a
+    temporary file. Plain-coded weights and a padded metrics field make the size independent of training."""
+
+    def __init__(self, dataset: Dataset, *, relation_labels: dict[str, str] | None = None, seed: int = 0,
+                 base: ModelConfig | None = None) -> None:
+        # What train() puts in its bundle: the training entities, every relation, the training graph.
+        self.entities = Vocab(dataset.entities.names[: dataset.num_train_entities])
+        self.relations = dataset.relations
+        self.triples = dataset.train
+        self.labels = relation_labels or {}
+        self.base = replace(base or ModelConfig(), seed=seed)
+        self._bytes: dict[tuple[str, int, str], int] = {}
+        self._packed: dict[str, tuple[dict[str, np.ndarray], dict[str, str]]] = {}
+
+    def config(self, model: str, dim: int) -> ModelConfig:
+        return replace(self.base, model=model, dim=dim)
+
+    def untrained(self, config: ModelConfig) -> Bundle:
+        """A bundle with zero weights of the shapes `config` implies (no weights are initialised)."""
+        n = len(self.entities)
+        reserved = (choose_reserved(n, config.reserved_ratio, config.seed)
+                    if config.model == "earl" and config.uses_reserved else torch.zeros(0, dtype=torch.long))
+        with torch.device("meta"):  # shapes without storage
+            shapes = build_model(config, n, len(self.relations), reserved).state_dict()
+        params = {name: np.zeros(tuple(t.shape), np.float32) for name, t in shapes.items() if name != "reserved"}
+        return Bundle(config, params, reserved.numpy().astype(np.int64), self.entities, self.relations, self.triples,
+                      padded_metrics({}), relation_labels=self.labels)
+
+    def bytes(self, model: str, dim: int, precision: str) -> int:
+        key = (model, dim, precision)
+        if key not in self._bytes:
+            self._bytes[key] = len(self._serialise(self.untrained(self.config(model, dim)), precision))
+        return self._bytes[key]
+
+    def _serialise(self, bundle: Bundle, precision: str) -> bytes:
+        """The file write_safetensors would write for `bundle` (checksum zeroed: same length)."""
+        from safetensors.numpy import save as st_save
+
+        # Bundle.to_tensors xz-packs the graph and vocabularies at preset 9 (tenths of a second even for a tiny
+        # graph), and only the weights and the config change with dim: pack once per model, then swap those in.
+        if bundle.config.model not in self._packed:
+            self._packed[bundle.config.model] = bundle.to_tensors("fp32", CODING)
+        tensors, metadata = self._packed[bundle.config.model]
+        tensors = {name: t for name, t in tensors.items() if not name.startswith("param.")}
+        for name, value in bundle.params.items():
+            tensors.update(quantize(f"param.{name}", value, precision))
+        metadata = {**metadata, "precision": precision, "config": json.dumps(bundle.config.to_dict()),
+                    "trainable_parameters": str(bundle.trainable_parameters), "payload_sha256": "0" * 64}
+        return st_save(tensors, metadata=metadata)
+
+    def fixed_bytes(self) -> int:
+        """Bytes of the graph and vocabularies, which every candidate carries whatever its weights."""
+        tensors, _ = self.untrained(self.config("rotate", 1)).to_tensors("fp32", CODING)
+        return int(sum(tensors[name].nbytes for name in tensors if name.startswith(("graph.", "vocab."))))
+
+    def max_dim(self, model: str, precision: str, max_bytes: int) -> int | None:
+        """The largest dim whose bundle fits in `max_bytes` (None below MIN_DIM): bytes grow with dim, so
+        double until it no longer fits, then bisect."""
+        if self.bytes(model, MIN_DIM, precision) > max_bytes:
+            return None
+        fits, too_big = MIN_DIM, 2 * MIN_DIM
+        while self.bytes(model, too_big, precision) <= max_bytes:
+            fits, too_big = too_big, 2 * too_big
+        while too_big - fits > 1:
+            mid = (fits + too_big) // 2
+            fits, too_big = (mid, too_big) if self.bytes(model, mid, precision) <= max_bytes else (fits, mid)
+        return fits
+
+
+__all__ = ["CODING", "METRICS_ROOM", "MIN_DIM", "PAD_KEY", "BundleSizes", "padded_metrics", "parse_size",
+           "save_exact"]

@@ -1,0 +1,410 @@
+"""`earl compress`: the most accurate bundle under a byte budget, by successive halving over models and dims."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import math
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .atomic import write_json
+from .bundle import load_bundle
+from .bundle_format import PRECISIONS
+from .budget import MIN_DIM, BundleSizes, save_exact
+from .compress_cli import MODELS
+from .config import ModelConfig, TrainConfig
+from .data import Dataset
+from .errors import ConfigError, DatasetError
+from .train import BUNDLE, Run, load_run, train
+
+log = logging.getLogger(__name__)
+
+METRICS = {"mrr": "mrr", "hits@10": "hits_at_10"}  # --metric -> the key in evaluation results
+STATE, PICK = "compress_state.json", "bundle.safetensors"
+SUMMARY_KEYS = ("mrr", "mr", "hits_at_1", "hits_at_3", "hits_at_10")
+EVAL_SHARE = 0.5  # most of the time limit the search's validations may take (candidates are dropped to fit)
+ProgressCallback = Callable[[dict[str, Any]], None]
+
+
+@dataclass(frozen=True)
+class CompressConfig:
+    """What to search: the byte and time budgets, the models and precisions, the metric that picks."""
+
+    max_bytes: int
+    time_limit_minutes: float
+    models: tuple[str, ...] = MODELS
+    precisions: tuple[str, ...] = PRECISIONS
+    metric: str = "mrr"
+    seed: int = 0
+    eta: int = 2  # successive halving keeps the best 1/eta of the candidates at each rung
+
+    def __post_init__(self) -> None:
+        if self.max_bytes < 1:
+            raise ConfigError(f"max_bytes must be at least 1, not {self.max_bytes}")
+        if not self.time_limit_minutes > 0:
+            raise ConfigError(f"the time limit must be positive, not {self.time_limit_minutes} minutes")
+        for kind, names, known in (("model", self.models, MODELS), ("precision", self.precisions, PRECISIONS)):
+            if not names or any(n not in known for n in names):
+                unknown = [n for n in names if n not in known] or ["(none given)"]
+                raise ConfigError(f"unknown {kind} {', '.join(map(repr, unknown))}; choose from {', '.join(known)}")
+        if self.metric not in METRICS:
+            raise ConfigError(f"unknown metric {self.metric!r}; choose from {', '.join(METRICS)}")
+        if self.eta < 2:
+            raise ConfigError("eta must be at least 2")
+
+    def settings(self) -> dict[str, Any]:
+        """What a resumed job must share with the one it continues (the time limit may change)."""
+        return {"max_bytes": self.max_bytes, "models": list(self.models), "precisions": list(self.precisions),
+                "metric": self.metric, "seed": self.seed, "eta": self.eta}
+
+
+@dataclass
+class Job:
+    """One compress job: its inputs and the state that survives a restart (saved as STATE after every step)."""
+
+    dataset: Dataset
+    out: Path
+    config: CompressConfig
+    train_config: TrainConfig
+    labels: dict[str, str]
+    state: dict[str, Any]
+    on_progress: ProgressCallback | None = None
+    should_stop: Callable[[], bool] | None = None
+    started: float = field(default_factory=time.monotonic)
+    spent_before: float = 0.0
+
+    @property
+    def spent(self) -> float:
+        return self.spent_before + time.monotonic() - self.started
+
+    @property
+    def time_left(self) -> float:
+        return max(0.0, self.config.time_limit_minutes * 60 - self.spent)
+
+    def save(self) -> None:
+        self.state["spent_seconds"] = self.spent
+        write_json(self.out / STATE, self.state)
+
+    def emit(self, stage: str, candidate: str | None = None, **extra: Any) -> None:
+        if self.on_progress is not None:
+            rungs = self.state["rungs"]
+            self.on_progress({"stage": stage, "candidate": candidate, "rung": len(rungs) - 1 if rungs else None,
+                              "rungs": self.state.get("rung_count"), "time_left": self.time_left, **extra})
+
+    def unit(self, name: str) -> dict[str, Any]:
+        return next(u for u in self.state["candidates"] if u["name"] == name)
+
+    def run_dir(self, name: str) -> Path:
+        return self.out / "candidates" / name
+
+
+# ---------------------------------------------------------------- planning: candidates and checks before training
+
+
+def plan_candidates(sizes: BundleSizes, config: CompressConfig) -> list[dict[str, Any]]:
+    """Per model: the largest dim that fits at each precision, and half the smallest of those; each trained
+    once in fp32 and exported at every precision that fits at its dim. Raises when nothing fits."""
+    units = []
+    for model in config.models:
+        tops = [d for p in config.precisions if (d := sizes.max_dim(model, p, config.max_bytes))]
+        if not tops:
+            continue
+        dims = set(tops) | ({min(tops) // 2} if min(tops) // 2 >= MIN_DIM else set())
+        for dim in sorted(dims, reverse=True):
+            fitting = {p: b for p in config.precisions if (b := sizes.bytes(model, dim, p)) <= config.max_bytes}
+            units.append({"name": f"{model}-d{dim}", "model": model, "dim": dim, "bytes": fitting,
+                          "config": sizes.config(model, dim).to_dict()})
+    if not units:
+        smallest = min((sizes.bytes(m, MIN_DIM, p), m, p) for m in config.models for p in config.precisions)
+        raise ConfigError(
+            f"max_bytes {config.max_bytes} is below the smallest bundle for this graph: {smallest[0]} bytes "
+            f"({smallest[1]} dim {MIN_DIM} {smallest[2]}); the graph and vocabularies alone take "
+            f"{sizes.fixed_bytes()} bytes")
+    return units
+
+
+def rung_sizes(count: int, eta: int) -> list[int]:
+    """Candidates per rung: count, ceil(count / eta), ... down to 1."""
+    sizes = [count]
+    while sizes[-1] > 1:
+        sizes.append(math.ceil(sizes[-1] / eta))
+    return sizes
+
+
+def _device(name: str) -> torch.device:
+    return torch.device("cuda" if name == "auto" and torch.cuda.is_available() else "cpu" if name == "auto" else name)
+
+
+def validation_seconds(dataset: Dataset, sizes: BundleSizes, units: list[dict], train_config: TrainConfig,
+                       ) -> dict[str, float]:
+    """Seconds of one validation pass of each model's largest candidate (untrained), measured here."""
+    seconds = {}
+    for model in dict.fromkeys(u["model"] for u in units):
+        dim = max(u["dim"] for u in units if u["model"] == model)
+        run = Run.build(dataset, sizes.config(model, dim), _device(train_config.device))
+        times = []
+        for _ in range(2):  # the first pass also builds the known-answer filter and warms caches
+            start = time.perf_counter()
+            run.evaluate("valid", batch_size=train_config.eval_batch_size)
+            times.append(time.perf_counter() - start)
+        seconds[model] = min(times)
+    return seconds
+
+
+def validation_cost(units: list[dict], seconds: dict[str, float], eta: int) -> float:
+    """Seconds the whole halving schedule spends validating: every export of each rung's survivors."""
+    per_candidate = sum(seconds[u["model"]] * len(u["bytes"]) for u in units) / len(units)
+    return per_candidate * sum(rung_sizes(len(units), eta))
+
+
+def fit_to_time(config: CompressConfig, units: list[dict], seconds: dict[str, float]) -> list[dict]:
+    """Drop the smallest candidates until the schedule's validations take at most EVAL_SHARE of the time
+    limit; refuse a limit shorter than validating the remaining candidates once."""
+    limit, kept = config.time_limit_minutes * 60, list(units)
+    while len(kept) > 1 and validation_cost(kept, seconds, config.eta) > EVAL_SHARE * limit:
+        counts = {m: sum(u["model"] == m for u in kept) for m in seconds}
+        crowded = max(counts, key=lambda m: counts[m])  # keep every model while another has more candidates
+        kept.remove(min((u for u in kept if u["model"] == crowded), key=lambda u: u["dim"]))
+    need = sum(seconds[u["model"]] * len(u["bytes"]) for u in kept)
+    if limit < need:
+        raise ConfigError(
+            f"a time limit of {config.time_limit_minutes:g} min is too short: validating {len(kept)} "
+            f"candidate(s) once takes about {need:.1f} s here (one validation pass: "
+            + ", ".join(f"{m} {s:.2f} s" for m, s in seconds.items())
+            + f"); give at least {math.ceil(need / 60 / EVAL_SHARE)} min so that training gets time too")
+    if len(kept) < len(units):
+        log.info("kept %d of %d candidates so that validation takes at most %.0f%% of the time", len(kept),
+                 len(units), 100 * EVAL_SHARE)
+    return kept
+
+
+def dataset_fingerprint(dataset: Dataset) -> str:
+    digest = hashlib.sha256()
+    for part in (dataset.train, dataset.valid):
+        digest.update(part.tobytes() if part is not None else b"")
+    return digest.hexdigest()[:16]
+
+
+def new_state(job_config: CompressConfig, dataset: Dataset, sizes: BundleSizes, units: list[dict],
+              seconds: dict[str, float]) -> dict[str, Any]:
+    return {"settings": {**job_config.settings(), "dataset": dataset_fingerprint(dataset)},
+            "graph_bytes": sizes.fixed_bytes(), "validation_seconds": seconds, "candidates": units,
+            "rung_count": len(rung_sizes(len(units), job_config.eta)), "rungs": [], "spent_seconds": 0.0,
+            "done": False}
+
+
+def load_state(out: Path, config: CompressConfig, dataset: Dataset) -> dict[str, Any] | None:
+    """The saved state of a job in `out` with the same settings (None if there is none); refuses another job's."""
+    path = out / STATE
+    if not path.exists():
+        return None
+    state = json.loads(path.read_text())
+    wanted = {**config.settings(), "dataset": dataset_fingerprint(dataset)}
+    if state.get("settings") != wanted:
+        raise ConfigError(f"{out} holds a compress job with other settings or data ({state.get('settings')}); "
+                          "give another --out, or the same settings to continue it")
+    return state
+
+
+# ---------------------------------------------------------------- successive halving
+
+
+def train_slice(job: Job, name: str, seconds: float) -> dict[str, Any] | None:
+    """Train candidate `name` for about `seconds` more (continuing its checkpoint); None if stopped."""
+    unit = job.unit(name)
+    done_before = unit.get("train_seconds", 0.0)
+    # train() counts time_limit_minutes from its checkpoint's elapsed time; 0 would mean no limit at all.
+    limit = max(done_before + seconds, 1e-3) / 60
+    # No validation inside train(): evaluate_exports validates every slice's weights, export by export, and a
+    # second pass would take time from training (best.pt is then the slice's last weights).
+    config = replace(job.train_config, time_limit_minutes=limit, seed=job.config.seed, progress=False, eval_every=0)
+
+    def forward(progress: dict[str, Any]) -> None:
+        job.emit("train", name, step=progress["step"], loss=progress["loss"], valid_mrr=progress["valid_mrr"])
+
+    metrics = train(job.dataset, ModelConfig.from_dict(unit["config"]), config, job.run_dir(name), resume=True,
+                    final_eval=False, on_progress=forward, should_stop=job.should_stop, relation_labels=job.labels)
+    if metrics["stopped"] == "cancelled":
+        return None
+    unit["train_seconds"], unit["steps"] = metrics["train_seconds"], metrics["steps"]
+    return metrics
+
+
+def evaluate_exports(job: Job, name: str, split: str = "valid") -> dict[str, dict[str, Any]]:
+    """Each precision's export of the candidate's best weights: its file bytes and `split` metrics of the
+    dequantized weights. Quantized variants come from the same fp32 training, never a retraining."""
+    unit, run_dir = job.unit(name), job.run_dir(name)
+    source = load_bundle(run_dir / BUNDLE)
+    run = load_run(run_dir, job.dataset, device=job.train_config.device)
+    results = {}
+    for precision, expected in unit["bytes"].items():
+        job.emit("evaluate", name, precision=precision)
+        path = save_exact(source, run_dir / f"export-{precision}.safetensors", precision=precision,
+                          metrics={"compress": {"candidate": name}}, expected=expected)
+        results[precision] = {"bytes": path.stat().st_size,
+                              **evaluate_bundle(run, path, split, batch_size=job.train_config.eval_batch_size)}
+    return results
+
+
+def evaluate_bundle(run: Run, path: Path, split: str, *, batch_size: int = 256) -> dict[str, Any]:
+    """`split` metrics of the weights stored in bundle `path` (dequantized), through `run`'s model and graph."""
+    params = {k: torch.from_numpy(v) for k, v in load_bundle(path).params.items()}
+    run.model.load_state_dict(params, strict=False)  # every weight; the reserved ids are the run's own
+    result = run.evaluate(split, batch_size=batch_size)
+    return {k: result[k] for k in SUMMARY_KEYS}
+
+
+def score(job: Job, results: dict[str, dict]) -> float:
+    return max(r[METRICS[job.config.metric]] for r in results.values())
+
+
+def run_rung(job: Job) -> bool:
+    """Train and evaluate every survivor of the current rung that has no result yet; False if stopped."""
+    rung = job.state["rungs"][-1]
+    rungs_left = job.state["rung_count"] - rung["index"]
+    rung.setdefault("budget_seconds", job.time_left / rungs_left)
+    rung.setdefault("spent_at_start", job.spent)
+    for name in rung["survivors"]:
+        if name in rung["results"]:
+            continue  # done before a restart
+        if job.should_stop is not None and job.should_stop():
+            return False
+        pending = sum(1 for n in rung["survivors"] if n not in rung["results"])
+        share = (rung["budget_seconds"] - (job.spent - rung["spent_at_start"])) / pending
+        overhead = job.unit(name).get("overhead_seconds", 0.0)  # build, validation, export: measured last rung
+        started = time.monotonic()
+        job.emit("train", name, seconds=max(share - overhead, 0.0))
+        if train_slice(job, name, max(share - overhead, 0.0)) is None:
+            return False
+        results = evaluate_exports(job, name)
+        unit = job.unit(name)
+        wall = time.monotonic() - started
+        unit["overhead_seconds"] = max(wall - max(share - overhead, 0.0), 0.0)
+        rung["results"][name] = {"exports": results, "train_seconds": unit["train_seconds"], "steps": unit["steps"],
+                                 "score": score(job, results)}
+        log.info("rung %d %s: %s %.4f after %d steps", rung["index"], name, job.config.metric,
+                 rung["results"][name]["score"], unit["steps"])
+        job.save()
+    return True
+
+
+def next_rung(job: Job) -> None:
+    """Keep the best 1/eta by score, or mark the search done after the last rung."""
+    rung = job.state["rungs"][-1]
+    if rung["index"] + 1 >= job.state["rung_count"]:
+        job.state["done"] = True
+    else:
+        keep = rung_sizes(len(job.state["candidates"]), job.config.eta)[rung["index"] + 1]
+        ranked = sorted(rung["survivors"], key=lambda n: -rung["results"][n]["score"])
+        job.state["rungs"].append({"index": rung["index"] + 1, "survivors": ranked[:keep], "results": {}})
+    job.save()
+
+
+def search(job: Job) -> bool:
+    """Successive halving from wherever the saved state stopped; False if stopped before the last rung."""
+    if not job.state["rungs"]:
+        job.state["rungs"].append({"index": 0, "survivors": [u["name"] for u in job.state["candidates"]],
+                                   "results": {}})
+    while not job.state["done"]:
+        if not run_rung(job):
+            job.save()
+            return False
+        next_rung(job)
+    return True
+
+
+# ---------------------------------------------------------------- the pick and its outputs
+
+
+def exports_table(job: Job) -> list[dict[str, Any]]:
+    """One row per candidate and precision: its latest evaluation (from the last rung it reached)."""
+    latest: dict[str, tuple[int, dict]] = {}
+    for rung in job.state["rungs"]:
+        for name, result in rung["results"].items():
+            latest[name] = (rung["index"], result)
+    rows = []
+    for name, (index, result) in latest.items():
+        unit = job.unit(name)
+        for precision, values in result["exports"].items():
+            rows.append({"candidate": name, "model": unit["model"], "dim": unit["dim"], "precision": precision,
+                         "rung": index, "steps": result["steps"], "train_seconds": result["train_seconds"],
+                         **values})
+    return rows
+
+
+def choose(rows: list[dict[str, Any]], metric: str) -> dict[str, Any]:
+    """The best row on validation; among equals, the smaller file."""
+    key = METRICS[metric]
+    return max(rows, key=lambda r: (r[key], -r["bytes"]))
+
+
+def finish(job: Job) -> dict[str, Any]:
+    """Write the pick as OUT/bundle.safetensors with its test metrics, and the report beside it."""
+    from .compress_report import build_report, write_report
+
+    rows = exports_table(job)
+    pick = choose(rows, job.config.metric)
+    name, precision = pick["candidate"], pick["precision"]
+    job.emit("export", name, precision=precision)
+    test = None
+    if job.dataset.test is not None and len(job.dataset.test):
+        run = load_run(job.run_dir(name), job.dataset, device=job.train_config.device)
+        test = evaluate_bundle(run, job.run_dir(name) / f"export-{precision}.safetensors", "test",
+                               batch_size=job.train_config.eval_batch_size)
+    report = build_report(job, rows, pick, test)
+    source = load_bundle(job.run_dir(name) / BUNDLE)
+    save_exact(source, job.out / PICK, precision=precision, metrics=pick_metrics(report),
+               expected=job.unit(name)["bytes"][precision])
+    write_report(job.out, report)
+    job.emit("done", name, precision=precision)
+    return report
+
+
+def pick_metrics(report: dict[str, Any]) -> dict[str, Any]:
+    """The short summary the pick's bundle carries (shown by `earl info`); report.json has the rest."""
+    pick = report["pick"]
+    return {"valid": {k: pick[k] for k in SUMMARY_KEYS}, "test": report["test"],
+            "compress": {"max_bytes": report["max_bytes"], "bytes": pick["bytes"], "candidate": pick["candidate"],
+                         "precision": pick["precision"], "metric": report["metric"],
+                         "candidates": len(report["candidates"]), "exports": len(report["exports"]),
+                         "rungs": len(report["rungs"]), "minutes": round(report["spent_seconds"] / 60, 2),
+                         "report": "report.json"}}
+
+
+def compress(dataset: Dataset, out_dir: str | os.PathLike, config: CompressConfig, *,
+             train_config: TrainConfig | None = None, relation_labels: dict[str, str] | None = None,
+             on_progress: ProgressCallback | None = None, should_stop: Callable[[], bool] | None = None,
+             ) -> dict[str, Any] | None:
+    """Search for the most accurate bundle of at most config.max_bytes bytes within the time limit; writes
+    OUT/bundle.safetensors, report.json, report.md and frontier.png and returns the report. A job stopped
+    by `should_stop` returns None; run it again with the same OUT to continue from where it stopped."""
+    if dataset.valid is None or not len(dataset.valid):
+        raise DatasetError("compress picks on validation metrics: the dataset needs a valid split")
+    out = Path(out_dir)
+    train_config = train_config or TrainConfig(progress=False)
+    labels = relation_labels or {}
+    state = load_state(out, config, dataset)
+    if state is None:
+        sizes = BundleSizes(dataset, relation_labels=labels, seed=config.seed)
+        units = plan_candidates(sizes, config)
+        seconds = validation_seconds(dataset, sizes, units, train_config)
+        units = fit_to_time(config, units, seconds)
+        state = new_state(config, dataset, sizes, units, seconds)
+    out.mkdir(parents=True, exist_ok=True)
+    job = Job(dataset, out, config, train_config, labels, state, on_progress, should_stop,
+              spent_before=state["spent_seconds"])
+    job.save()
+    if not search(job):
+        return None
+    return finish(job)
+
+
+__all__ = ["CompressConfig", "compress", "evaluate_bundle", "pick_metrics"]

@@ -1,0 +1,62 @@
+"""The `earl compress` command (light imports: the search itself loads torch only when it runs)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any, get_args
+
+from .bundle_format import PRECISIONS
+from .config import ModelKind
+
+MODELS: tuple[str, ...] = get_args(ModelKind)
+
+
+def _names(text: str) -> tuple[str, ...]:
+    return tuple(x.strip() for x in text.split(",") if x.strip())
+
+
+def add_compress_command(sub) -> None:
+    p = sub.add_parser("compress", help="find the most accurate bundle under a byte budget (models, dims, precisions)")
+    p.add_argument("data", help="folder with train.txt, valid.txt and optional test.txt")
+    p.add_argument("--out", required=True,
+                   help="job folder: the pick (bundle.safetensors), report.json/.md, frontier.png, candidates/; "
+                        "run again with the same folder to continue a stopped job")
+    p.add_argument("--max-bytes", required=True, metavar="SIZE",
+                   help="most bytes the bundle file may take: 2MB (= 2,000,000: kB/MB/GB are powers of 10), "
+                        "1.5MiB (= 1.5 * 2**20: KiB/MiB/GiB are powers of 2), 500000 or 2e6")
+    p.add_argument("--time-limit", type=float, required=True, metavar="MINUTES",
+                   help="minutes for the search (training, validation, exports; the final test evaluation comes after)")
+    p.add_argument("--models", default=",".join(MODELS), help=f"comma-separated, from {', '.join(MODELS)}")
+    p.add_argument("--precisions", default=",".join(PRECISIONS), help=f"comma-separated, from {', '.join(PRECISIONS)}")
+    p.add_argument("--metric", default="mrr", help="validation metric that picks: mrr or hits@10")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--device", default="auto", help="auto | cpu | cuda")
+    p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch default)")
+    p.set_defaults(func=cmd_compress)
+
+
+def _show(progress: dict[str, Any]) -> None:
+    """Stage changes on stderr (not every training step)."""
+    if progress["stage"] != "train" or "seconds" in progress:
+        what = " ".join(str(progress[k]) for k in ("candidate", "precision") if progress.get(k))
+        print(f"rung {progress['rung'] + 1} of {progress['rungs']}: {progress['stage']} {what} "
+              f"({progress['time_left']:.0f} s left)", file=sys.stderr)
+
+
+def cmd_compress(a: argparse.Namespace) -> int:
+    from .budget import parse_size
+    from .compress import PICK, CompressConfig, compress, pick_metrics
+    from .config import TrainConfig
+    from .data import load_dataset, relation_labels
+
+    config = CompressConfig(max_bytes=parse_size(a.max_bytes), time_limit_minutes=a.time_limit,
+                            models=_names(a.models), precisions=_names(a.precisions), metric=a.metric, seed=a.seed)
+    train_config = TrainConfig(progress=False, device=a.device, threads=a.threads, seed=a.seed)
+    report = compress(load_dataset(a.data), a.out, config, train_config=train_config,
+                      relation_labels=relation_labels(a.data), on_progress=_show)
+    assert report is not None  # nothing stops the command line's job but a signal, which ends the process
+    print(json.dumps({"bundle": str(Path(a.out) / PICK), **pick_metrics(report)}, indent=2))
+    return 0

@@ -1,0 +1,159 @@
+"""The option table: `earl train`'s options, the API's job form and the worker's job mapping, from config fields.
+
+Each option is a field of ModelConfig or TrainConfig (`--seed` is a field of both) declared with
+`config.setting(...)`; its public name spells `--name-with-dashes` on the command line and `name` in the job
+form and in a job's params. Bounds come in two tiers:
+  - hard validity (`bounds`): checked by the dataclasses themselves, so the CLI, the worker and any library
+    caller refuse a bad value with the same ConfigError;
+  - service limits (`limits`): stricter bounds that keep one API request from asking for an absurd job
+    (dim <= 1024, at most a week); only the job form applies them, on top of the hard ones.
+`cli_only` options (device, threads, progress, ...) are the worker's own business and stay out of the form;
+the form's service-only fields (precision, nproc_per_node) live in api/schemas.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import typing
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal
+
+from .config import ModelConfig, Text, TrainConfig
+from .errors import ConfigError
+
+if TYPE_CHECKING:  # pydantic comes with the service extras; `earl train` runs without it
+    from pydantic import BaseModel
+
+CONFIGS = (ModelConfig, TrainConfig)
+GROUPS = {"model": "model", "training": "training",
+          "sampled": "sampled training (graphs whose full-graph encoding does not fit)"}
+
+
+@dataclass(frozen=True)
+class Option:
+    """One public option and the config fields it sets."""
+
+    name: str  # --name-with-dashes on the command line, `name` in the job form and a job's params
+    fields: tuple[tuple[type, str], ...]  # (config class, field name)
+    type: Any  # int, float, bool, str or the field's own type when `parsed` from text
+    default: Any
+    help: str
+    group: str
+    aliases: tuple[str, ...]
+    bounds: dict[str, float]  # hard validity, checked by the config dataclass
+    limits: dict[str, float]  # the service's stricter bounds, form only
+    choices: tuple[str, ...]
+    cli_only: bool
+    metavar: str | None
+    text: Text | None  # written as text ("10,10" for fanout) on the command line, in the form and in params
+
+    @property
+    def flags(self) -> list[str]:
+        return [f"--{n.replace('_', '-')}" for n in (self.name, *self.aliases)]
+
+    def value(self, raw: Any) -> Any:
+        """`raw` as the config wants it: a text option is parsed from its text."""
+        return self.text.parse(raw) if self.text and isinstance(raw, str) else raw
+
+
+def _option(cls: type, f: dataclasses.Field, hints: dict[str, Any]) -> Option:
+    meta = f.metadata
+    group = meta["group"] or ("model" if cls is ModelConfig else "training")
+    return Option(name=meta["option"] or f.name, fields=((cls, f.name),), type=hints[f.name], default=f.default,
+                  help=meta["help"], group=group, aliases=meta["aliases"], bounds=meta["bounds"],
+                  limits=meta["limits"], choices=meta["choices"], cli_only=meta["cli_only"], metavar=meta["metavar"],
+                  text=meta["text"])
+
+
+def _table() -> tuple[Option, ...]:
+    """Every option in field order; a name declared by both configs (seed) becomes one option setting both."""
+    table: dict[str, Option] = {}
+    for cls in CONFIGS:
+        hints = typing.get_type_hints(cls)
+        for f in dataclasses.fields(cls):
+            if f.metadata.get("option", "") is None:  # a field with no public option (knn_temperature)
+                continue
+            option = _option(cls, f, hints)
+            if option.name in table:  # the same option: it must be declared alike in both configs
+                first = table[option.name]
+                assert dataclasses.replace(option, fields=first.fields, group=first.group) == first, option.name
+                option = dataclasses.replace(first, fields=first.fields + option.fields)
+            table[option.name] = option
+    return tuple(table.values())
+
+
+OPTIONS = _table()
+FORM_OPTIONS = tuple(o for o in OPTIONS if not o.cli_only)
+
+
+def configs_from_options(values: Mapping[str, Any]) -> tuple[ModelConfig, TrainConfig]:
+    """Configs from option values keyed by public name (a parsed command line, a job's params); options
+    missing from `values` keep the dataclass default, other keys are ignored. ConfigError for a bad value."""
+    kwargs: dict[type, dict[str, Any]] = {cls: {} for cls in CONFIGS}
+    for option in OPTIONS:
+        if option.name in values:
+            for cls, field in option.fields:
+                kwargs[cls][field] = option.value(values[option.name])
+    return ModelConfig(**kwargs[ModelConfig]), TrainConfig(**kwargs[TrainConfig])
+
+
+def _cli_type(parse: Callable[[str], Any]) -> Callable[[str], Any]:
+    """`parse` for argparse: its ConfigError's message becomes argparse's ("argument --fanout: expected ...")."""
+    def convert(text: str) -> Any:
+        try:
+            return parse(text)
+        except ConfigError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    return convert
+
+
+def _add_argument(group: argparse._ArgumentGroup, option: Option) -> None:
+    help_text = option.help.replace("%", "%%")
+    if option.type is bool and option.default:  # a switch that turns an option off: --no-progress
+        group.add_argument(f"--no-{option.name.replace('_', '-')}", dest=option.name, action="store_false",
+                           help=f"{help_text} (default: on; this switch turns it off)")
+        return
+    if option.type is bool:
+        group.add_argument(*option.flags, dest=option.name, action="store_true", help=f"{help_text} (default: off)")
+        return
+    if option.text:
+        kind, default = _cli_type(option.text.parse), option.text.format(option.default)  # argparse parses it
+    else:
+        kind, default = (str if option.choices else option.type), option.default
+    group.add_argument(*option.flags, dest=option.name, type=kind, default=default, choices=option.choices or None,
+                       metavar=option.metavar, help=f"{help_text} (default: %(default)s)")
+
+
+def add_train_options(parser: argparse.ArgumentParser) -> None:
+    """`earl train`'s model, training and sampled-training option groups."""
+    groups = {key: parser.add_argument_group(title) for key, title in GROUPS.items()}
+    for option in OPTIONS:
+        _add_argument(groups[option.group], option)
+
+
+def _form_field(option: Option) -> tuple[Any, Any]:
+    """(type, pydantic Field) of `option` in the job form: hard bounds, then the service limits over them."""
+    from pydantic import Field
+
+    constraints: dict[str, Any] = {**option.bounds, **option.limits}
+    kind, default = option.type, option.default
+    if option.choices:
+        kind = Literal[option.choices]  # type: ignore[valid-type]
+    elif option.text:
+        kind, default = str, option.text.format(option.default)
+        constraints["pattern"] = option.text.pattern
+    return kind, Field(default, description=option.help, **constraints)
+
+
+def form_model(name: str = "TrainOptions") -> type[BaseModel]:
+    """The job form's training options as a pydantic model (unknown fields are the route's to refuse)."""
+    from pydantic import ConfigDict, create_model
+
+    fields: dict[str, Any] = {option.name: _form_field(option) for option in FORM_OPTIONS}
+    return create_model(name, __config__=ConfigDict(extra="ignore"), **fields)
+
+
+__all__ = ["FORM_OPTIONS", "OPTIONS", "Option", "add_train_options", "configs_from_options", "form_model"]

@@ -1,0 +1,80 @@
+"""What the job store holds: a training `Job`, a served `ModelRecord`, the job states and new ids."""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
+
+STATES = ("queued", "running", "succeeded", "failed", "cancelled")
+TERMINAL = ("succeeded", "failed", "cancelled")
+
+
+def new_id() -> str:
+    return uuid.uuid4().hex
+
+
+@dataclass
+class Job:
+    """One training request. `files` maps split names to paths relative to the service home."""
+
+    id: str
+    state: str = "queued"
+    params: dict[str, Any] = field(default_factory=dict)
+    files: dict[str, str] = field(default_factory=dict)
+    created: float = 0.0
+    started: float | None = None
+    finished: float | None = None
+    progress: dict[str, Any] = field(default_factory=dict)  # step, total, loss, valid_mrr, elapsed
+    error: str | None = None
+    model_id: str | None = None
+    attempts: int = 0
+    worker: str | None = None
+    heartbeat: float | None = None
+    cancel_requested: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> Job:
+        names = {f.name for f in fields(cls)}
+        job = cls(**{k: v for k, v in values.items() if k in names})
+        job.cancel_requested = bool(job.cancel_requested)
+        for key in ("params", "files", "progress"):  # cjson turns an empty object into an empty array
+            if not isinstance(getattr(job, key), dict):
+                setattr(job, key, {})
+        return job
+
+
+@dataclass
+class ModelRecord:
+    """A bundle the service can serve: where it lies and what load_bundle said about it."""
+
+    id: str
+    path: str  # relative to the service home
+    sha256: str
+    bytes: int
+    config: dict[str, Any] = field(default_factory=dict)
+    metrics: dict[str, Any] = field(default_factory=dict)
+    created: float = 0.0
+    parameters: int = 0
+    precision: str = "fp32"
+    entities: int = 0
+    relations: int = 0
+    job_id: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> ModelRecord:
+        names = {f.name for f in fields(cls)}
+        record = cls(**{k: v for k, v in values.items() if k in names})
+        for key in ("config", "metrics"):
+            if not isinstance(getattr(record, key), dict):
+                setattr(record, key, {})
+        return record
+
+
+__all__ = ["STATES", "TERMINAL", "Job", "ModelRecord", "new_id"]

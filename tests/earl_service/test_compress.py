@@ -1,0 +1,275 @@
+"""Compress to a byte budget: exact sizes, the search, its report, resuming, and every bad input."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from conftest import codex_s_path, tiny_dataset
+
+from earl_service import compress as compress_module
+from earl_service.budget import METRICS_ROOM, MIN_DIM, BundleSizes, padded_metrics, parse_size, save_exact
+from earl_service.bundle import bundle_from_model, load_bundle
+from earl_service.bundle_format import PRECISIONS
+from earl_service.cli import bundle_info, main
+from earl_service.compress import PICK, STATE, CompressConfig, compress
+from earl_service.config import TrainConfig
+from earl_service.data import Dataset, Vocab, load_dataset
+from earl_service.errors import BundleError, ConfigError, DatasetError
+from earl_service.graph import choose_reserved
+from earl_service.model import build_model
+
+TINY = TrainConfig(batch_size=64, negatives=8, eval_every=0, progress=False, threads=1)
+
+
+# ---------------------------------------------------------------- sizes
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    ("2MB", 2_000_000), ("1.5 MiB", 1_572_864), ("500000", 500_000), ("2e6", 2_000_000), ("0.5mb", 500_000),
+    ("3 kB", 3000), ("1GiB", 2**30), (123456, 123456), (2.5e6, 2_500_000),
+])
+def test_parse_size_reads_si_and_binary_units(text, expected):
+    assert parse_size(text) == expected
+
+
+@pytest.mark.parametrize("text", ["-2MB", "-1", "0", "garbage", "2XB", "", "MB", "nan", "inf", "1e-9", "2 MB MB",
+                                  True, -5, float("nan")])
+def test_parse_size_refuses_bad_sizes(text):
+    with pytest.raises(ConfigError, match="size"):
+        parse_size(text)
+
+
+def _random_bundle(dataset: Dataset, sizes: BundleSizes, model: str, dim: int):
+    """A bundle of a freshly initialised model: real (non-zero, random) weights, as after training."""
+    config = sizes.config(model, dim)
+    n = dataset.num_train_entities
+    reserved = (choose_reserved(n, config.reserved_ratio, config.seed) if model == "earl"
+                else torch.zeros(0, dtype=torch.long))
+    net = build_model(config, n, dataset.num_relations, reserved)
+    return bundle_from_model(net, config, Vocab(dataset.entities.names[:n]), dataset.relations, dataset.train,
+                             relation_labels={"r0": 'a "quoted" label é'})
+
+
+@pytest.mark.parametrize("model", ["earl", "rotate"])
+@pytest.mark.parametrize("precision", PRECISIONS)
+@pytest.mark.parametrize("data", ["tiny", "codex-s"])
+def test_predicted_bytes_equal_the_written_file(tmp_path, model, precision, data):
+    dataset = tiny_dataset() if data == "tiny" else load_dataset(codex_s_path())
+    sizes = BundleSizes(dataset, relation_labels={"r0": 'a "quoted" label é'})
+    metrics = {"valid": {"mrr": 0.123456789, "note": 'quotes " and \\ and é'}, "steps": 12345}
+    for dim in (MIN_DIM, 37):
+        bundle = _random_bundle(dataset, sizes, model, dim)
+        bundle.metrics = padded_metrics(metrics)
+        path = bundle.save(tmp_path / f"{dim}.safetensors", precision=precision, coding="plain")
+        assert path.stat().st_size == sizes.bytes(model, dim, precision)
+        assert load_bundle(path).metrics["valid"] == metrics["valid"]
+
+
+def test_max_dim_is_the_largest_that_fits():
+    sizes = BundleSizes(tiny_dataset())
+    budget = sizes.bytes("rotate", 50, "fp16") + 3
+    for precision in PRECISIONS:
+        dim = sizes.max_dim("rotate", precision, budget)
+        assert sizes.bytes("rotate", dim, precision) <= budget < sizes.bytes("rotate", dim + 1, precision)
+    assert sizes.max_dim("rotate", "fp16", budget) == 50
+    assert sizes.max_dim("earl", "fp32", 100) is None
+
+
+def test_save_exact_refuses_a_size_it_did_not_predict(tmp_path):
+    dataset = tiny_dataset()
+    sizes = BundleSizes(dataset)
+    bundle = _random_bundle(dataset, sizes, "rotate", 16)
+    with pytest.raises(BundleError, match="predicted"):
+        save_exact(bundle, tmp_path / "b.safetensors", precision="fp32", metrics={},
+                   expected=sizes.bytes("rotate", 16, "fp32") + 1)
+    with pytest.raises(BundleError, match="reserved"):
+        padded_metrics({"x": "y" * METRICS_ROOM})
+
+
+# ---------------------------------------------------------------- the search
+
+
+@pytest.fixture(scope="module")
+def tiny_job(tmp_path_factory):
+    """One tiny compress run (both models, two precisions, ~3 s of search) shared by the report tests."""
+    dataset = tiny_dataset()
+    budget = BundleSizes(dataset).bytes("rotate", 32, "fp32")
+    out = tmp_path_factory.mktemp("compress")
+    config = CompressConfig(max_bytes=budget, time_limit_minutes=0.05, precisions=("fp32", "int8"))
+    progress = []
+    report = compress(dataset, out, config, train_config=TINY, on_progress=progress.append)
+    return out, report, progress
+
+
+def test_compress_delivers_the_best_valid_export_within_budget(tiny_job):
+    out, report, _ = tiny_job
+    budget, key, pick = report["max_bytes"], report["metric_key"], report["pick"]
+    size = (out / PICK).stat().st_size
+    assert size == pick["bytes"] <= budget
+    assert all(row["bytes"] <= budget for row in report["exports"])
+    assert all(row[key] <= pick[key] for row in report["exports"])  # no candidate under the budget beats it
+    assert {u["model"] for u in report["candidates"]} == {"earl", "rotate"}
+    bundle = load_bundle(out / PICK)
+    assert (bundle.config.model, bundle.config.dim, bundle.precision) == (pick["model"], pick["dim"], pick["precision"])
+    assert report["test"] is not None and 0 < report["test"]["mrr"] <= 1
+
+
+def test_compress_writes_its_evidence(tiny_job):
+    out, report, progress = tiny_job
+    for name in ("report.json", "report.md", "frontier.png", STATE):
+        assert (out / name).stat().st_size > 0
+    assert json.loads((out / "report.json").read_text())["pick"] == report["pick"]
+    assert report["pick"]["candidate"] in (out / "report.md").read_text()
+    summary = bundle_info(str(out / PICK))["metrics"]
+    assert summary["compress"]["candidate"] == report["pick"]["candidate"]
+    assert summary["valid"]["mrr"] == report["pick"]["mrr"] and summary["test"] == report["test"]
+    assert {"candidate", "rung", "rungs", "time_left"} <= set(progress[0])
+    assert progress[-1]["stage"] == "done"
+
+
+def test_quantized_exports_share_one_training(tiny_job):
+    out, report, _ = tiny_job
+    by_candidate: dict[str, set] = {}
+    for row in report["exports"]:
+        by_candidate.setdefault(row["candidate"], set()).add((row["steps"], row["train_seconds"]))
+    assert all(len(runs) == 1 for runs in by_candidate.values())
+    assert all(not (out / "candidates" / name / "export-fp16.safetensors").exists() for name in by_candidate)
+
+
+def test_successive_halving_keeps_the_best_half(tiny_job):
+    _, report, _ = tiny_job
+    rungs = report["rungs"]
+    assert [len(r["survivors"]) for r in rungs] == compress_module.rung_sizes(len(report["candidates"]), 2)
+    for before, after in zip(rungs, rungs[1:], strict=False):
+        ranked = sorted(before["scores"], key=lambda n: -before["scores"][n])
+        assert after["survivors"] == ranked[: len(after["survivors"])]
+
+
+def test_a_killed_job_continues_after_its_last_completed_rung(tmp_path, monkeypatch):
+    dataset = tiny_dataset()
+    config = CompressConfig(max_bytes=BundleSizes(dataset).bytes("rotate", 24, "fp32"), time_limit_minutes=0.05,
+                            models=("rotate",), precisions=("fp32", "int8"))
+
+    class Killed(Exception):
+        pass
+
+    def kill_in_rung_1(progress):
+        if progress["rung"] == 1 and progress["stage"] == "train":
+            raise Killed
+
+    with pytest.raises(Killed):
+        compress(dataset, tmp_path, config, train_config=TINY, on_progress=kill_in_rung_1)
+    before = json.loads((tmp_path / STATE).read_text())
+    assert set(before["rungs"][0]["results"]) == set(before["rungs"][0]["survivors"]) and not before["done"]
+    trained = []
+    real_train = compress_module.train
+
+    def spy(dataset, model_config, train_config, out_dir, **kwargs):
+        trained.append(Path(out_dir).name)
+        assert kwargs["resume"]
+        return real_train(dataset, model_config, train_config, out_dir, **kwargs)
+
+    monkeypatch.setattr(compress_module, "train", spy)
+    report = compress(dataset, tmp_path, config, train_config=TINY)
+    later = [name for rung in report["rungs"][1:] for name in rung["survivors"]]
+    assert trained == later  # rung 0 was not trained again
+    assert report["rungs"][0]["scores"] == {n: r["score"] for n, r in before["rungs"][0]["results"].items()}
+    with pytest.raises(ConfigError, match="other settings"):
+        compress(dataset, tmp_path, CompressConfig(max_bytes=config.max_bytes - 1, time_limit_minutes=0.05,
+                                                   models=("rotate",), precisions=("fp32", "int8")))
+
+
+def test_a_stopped_job_returns_none_and_trains_nothing(tmp_path, monkeypatch):
+    monkeypatch.setattr(compress_module, "train", _never)
+    config = CompressConfig(max_bytes=50_000, time_limit_minutes=1, models=("rotate",))
+    assert compress(tiny_dataset(), tmp_path, config, train_config=TINY, should_stop=lambda: True) is None
+    assert json.loads((tmp_path / STATE).read_text())["rungs"][0]["results"] == {}
+
+
+# ---------------------------------------------------------------- bad input
+
+
+def _never(*args, **kwargs):
+    raise AssertionError("nothing may be trained")
+
+
+def test_a_budget_below_the_smallest_bundle_fails_before_training(tmp_path, monkeypatch):
+    monkeypatch.setattr(compress_module, "train", _never)
+    dataset = tiny_dataset()
+    sizes = BundleSizes(dataset)
+    smallest = min(sizes.bytes(m, MIN_DIM, p) for m in ("earl", "rotate") for p in PRECISIONS)
+    with pytest.raises(ConfigError, match=f"{smallest} bytes") as error:
+        compress(dataset, tmp_path / "job", CompressConfig(max_bytes=smallest - 1, time_limit_minutes=1))
+    assert f"alone take {sizes.fixed_bytes()} bytes" in str(error.value)
+    assert not (tmp_path / "job").exists()
+
+
+def test_a_time_limit_shorter_than_one_validation_fails(tmp_path, monkeypatch):
+    monkeypatch.setattr(compress_module, "train", _never)
+    with pytest.raises(ConfigError, match="too short"):
+        compress(tiny_dataset(), tmp_path, CompressConfig(max_bytes=50_000, time_limit_minutes=1e-6), train_config=TINY)
+
+
+def test_candidates_are_dropped_until_validation_leaves_time_to_train():
+    units = [{"name": f"{m}-d{d}", "model": m, "dim": d, "bytes": {"fp32": 1, "int8": 1}}
+             for m in ("earl", "rotate") for d in (80, 40, 20)]
+    seconds = {"earl": 1.0, "rotate": 0.5}
+    config = CompressConfig(max_bytes=10**6, time_limit_minutes=0.5)
+    kept = compress_module.fit_to_time(config, units, seconds)
+    assert compress_module.validation_cost(kept, seconds, 2) <= 15 < compress_module.validation_cost(units, seconds, 2)
+    assert {u["model"] for u in kept} == {"earl", "rotate"}
+    assert min(u["dim"] for u in kept) > 20  # the smallest go first
+    assert compress_module.fit_to_time(replace(config, time_limit_minutes=60), units, seconds) == units
+
+
+@pytest.mark.parametrize(("settings", "message"), [
+    ({"models": ("earl", "transe")}, "unknown model 'transe'"),
+    ({"models": ()}, "unknown model"),
+    ({"precisions": ("fp8",)}, "unknown precision 'fp8'"),
+    ({"metric": "hits@3"}, "unknown metric"),
+    ({"time_limit_minutes": 0}, "time limit must be positive"),
+    ({"time_limit_minutes": -1}, "time limit must be positive"),
+    ({"max_bytes": 0}, "max_bytes"),
+])
+def test_bad_settings_are_refused(settings, message):
+    with pytest.raises(ConfigError, match=message):
+        CompressConfig(**{"max_bytes": 10**6, "time_limit_minutes": 1, **settings})
+
+
+def test_a_dataset_without_valid_split_is_refused(tmp_path):
+    dataset = tiny_dataset()
+    dataset.valid = None
+    with pytest.raises(DatasetError, match="valid"):
+        compress(dataset, tmp_path, CompressConfig(max_bytes=10**6, time_limit_minutes=1))
+
+
+@pytest.mark.parametrize(("option", "value", "message"), [
+    ("--max-bytes", "2 parsecs", "cannot read '2 parsecs' as a size"),
+    ("--max-bytes", "-3MB", "must be positive"),
+    ("--models", "earl,transe", "unknown model 'transe'"),
+    ("--precisions", "fp32,bf16", "unknown precision 'bf16'"),
+])
+def test_the_command_line_reports_bad_input(tmp_path, capsys, option, value, message):
+    args = {"--max-bytes": "2MB", "--time-limit": "1", "--models": "earl,rotate", "--precisions": "fp32", option: value}
+    argv = ["compress", str(tmp_path), "--out", str(tmp_path / "job")] + [f"{k}={v}" for k, v in args.items()]
+    assert main(argv) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_candidates_only_hold_precisions_that_fit():
+    dataset = tiny_dataset()
+    sizes = BundleSizes(dataset)
+    config = CompressConfig(max_bytes=sizes.bytes("rotate", 40, "fp16"), time_limit_minutes=1)
+    units = compress_module.plan_candidates(sizes, config)
+    for unit in units:
+        assert unit["bytes"] and all(b <= config.max_bytes for b in unit["bytes"].values())
+        too_big = set(PRECISIONS) - set(unit["bytes"])
+        assert all(sizes.bytes(unit["model"], unit["dim"], p) > config.max_bytes for p in too_big)
+    rotate_dims = sorted(u["dim"] for u in units if u["model"] == "rotate")
+    assert rotate_dims[-1] == sizes.max_dim("rotate", "int8", config.max_bytes)
+    assert np.all(np.diff(rotate_dims) > 0)
