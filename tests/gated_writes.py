@@ -14,6 +14,10 @@ import sys
 import time
 from pathlib import Path
 
+# Run as a script, sys.path[0] is tests/, whose earl_service/ (the tests' mirror, no __init__) would shadow the
+# package as a namespace: the checkout comes first.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
 WAIT_S = 120.0
 
 
