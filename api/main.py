@@ -26,7 +26,7 @@ from .cache import PredictorCache
 from .deps import check_access
 from .errors import BodyLimitMessage, add_error_handlers
 from .metrics import Metrics, MetricsMiddleware
-from .routes import health, jobs, models, predict
+from .routes import health, jobs, models, predict, reports
 from .settings import Settings
 
 log = logging.getLogger(__name__)
@@ -67,7 +67,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.metrics = Metrics()
     add_error_handlers(app)
     app.add_middleware(MetricsMiddleware, metrics=app.state.metrics)
-    for module in (jobs, models, predict, health):
+    for module in (jobs, models, reports, predict, health):
         app.include_router(module.router)
     return app
 

@@ -9,6 +9,7 @@ from fastapi import APIRouter, Depends, Form, HTTPException, Query, Request, Upl
 from earl_service.errors import UnknownJobError
 from earl_service.worker.records import STATES, TERMINAL, Job, new_id
 
+from ..compress_jobs import check_uploads, job_params
 from ..deps import HomeDep, JobId, SettingsDep, StoreDep
 from ..errors import NOT_FOUND
 from ..schemas import JobCreated, JobOut, TrainForm
@@ -38,15 +39,19 @@ def found(job: Job | None, job_id: str) -> Job:
 def create_job(settings: SettingsDep, home: HomeDep, store: StoreDep, params: Annotated[TrainForm, Form()],
                train: UploadFile, valid: UploadFile | None = None, test: UploadFile | None = None,
                relation_labels: UploadFile | None = None) -> JobCreated:
-    """Queue a training job; the files are checked (format, encoding, columns) before anything is queued.
+    """Queue a training job, or with `max_bytes` a compress job; the files are checked (format, encoding,
+    columns) before anything is queued, and a compress job's settings, valid file and budget too.
 
     `relation_labels` (optional) is a JSON object mapping relation names to readable labels
     ({"P27": "country of citizenship"} or CoDEx's {"P27": {"label": ...}}); predictions then carry them.
     """
+    stored, compress = job_params(params.model_dump())
     job_id = new_id()
     files, counts = save_job_files(home, job_id, {"train": train, "valid": valid, "test": test},
                                    labels=relation_labels, max_bytes=settings.max_unpacked_bytes)
-    job = store.create_job(params.model_dump(), files, job_id=job_id)
+    if compress is not None:
+        check_uploads(home, job_id, files, compress, max_unpacked=settings.max_unpacked_bytes)
+    job = store.create_job(stored, files, job_id=job_id)
     return JobCreated(id=job.id, state=job.state, triples=counts)
 
 
