@@ -21,17 +21,18 @@ from earl_service.errors import (
     UnknownJobError,
     UnknownModelError,
     UnknownRelationError,
+    UnknownReportError,
 )
 
 from .schemas import NotFound, NotFoundResponse
 
 log = logging.getLogger(__name__)
 
-NOT_FOUND_ERRORS = (UnknownModelError, UnknownJobError, UnknownEntityError, UnknownRelationError)
+NOT_FOUND_ERRORS = (UnknownModelError, UnknownJobError, UnknownEntityError, UnknownRelationError, UnknownReportError)
 UNPROCESSABLE_ERRORS = (BundleError, TripleFileError, ConfigError, DatasetError)  # the client's file or option
 # For a route's `responses=`, so the OpenAPI schema shows the 404 body.
 NOT_FOUND: dict[int | str, dict[str, Any]] = {
-    404: {"model": NotFoundResponse, "description": "unknown model, job, entity or relation"}}
+    404: {"model": NotFoundResponse, "description": "unknown model, job, entity or relation, or no report"}}
 
 
 def add_error_handlers(app: FastAPI) -> None:

@@ -6,12 +6,30 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
+from earl_service.compress_config import METRICS
 from earl_service.options import form_model
 
 
-class TrainForm(form_model()):  # type: ignore[misc]  # a derived base is dynamic to mypy
+class CompressForm(BaseModel):
+    """The form fields of a compress job: POST /jobs with max_bytes searches models, dims and precisions for the
+    most accurate bundle under that size within `time_limit` minutes (required then) instead of training one
+    model. Service options, not TrainConfig fields; read by earl_service.worker.compress_job.compress_settings."""
+
+    max_bytes: str | None = Field(None, max_length=40, description=(
+        "compress job: most bytes the bundle file may take: 2MB (10**6 bytes: kB/MB/GB are powers of 10), "
+        "1.5MiB (2**20: KiB/MiB/GiB), 500000 or 2e6; the job needs time_limit and a valid file"))
+    models: str | None = Field(None, max_length=200, description="compress job: comma-separated models to "
+                                                                  "search, e.g. earl,rotate (default: all)")
+    precisions: str | None = Field(None, max_length=200, description="compress job: comma-separated precisions "
+                                                                      "to export, e.g. fp32,fp16,int8 (default: all)")
+    metric: Literal[tuple(METRICS)] | None = Field(  # type: ignore[valid-type]
+        None, description="compress job: the validation metric that picks (default: mrr)")
+
+
+class TrainForm(form_model(), CompressForm):  # type: ignore[misc]  # a derived base is dynamic to mypy
     """Form fields of POST /jobs: the option table's service options (earl_service/options.py, with its limits
-    that keep one request from asking for an absurd job), plus how the service runs and exports the job.
+    that keep one request from asking for an absurd job), plus how the service runs and exports the job, and
+    the compress job's fields (CompressForm).
 
     Unknown fields are refused by the route (`reject_unknown_fields`), not here: the form also carries the files.
     """
@@ -90,10 +108,10 @@ class PredictionOut(BaseModel):
 
 
 class NotFound(BaseModel):
-    """`detail` of a 404 for an unknown model, entity or relation."""
+    """`detail` of a 404 for an unknown model, job, entity or relation, or a model without a compress report."""
 
     message: str
-    kind: Literal["model", "job", "entity", "relation"]
+    kind: Literal["model", "job", "entity", "relation", "report"]
     name: str
     suggestions: list[str]
 

@@ -1,11 +1,9 @@
-"""Bundle bytes before training: byte-size parsing, exact file sizes from shapes, a fixed-size metrics field."""
+"""Bundle bytes before training: exact file sizes from shapes, a fixed-size metrics field."""
 
 from __future__ import annotations
 
 import json
-import math
 import os
-import re
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -15,9 +13,10 @@ import torch
 
 from .bundle import Bundle
 from .bundle_format import quantize
+from .compress_config import PAD_KEY, graph_bytes, parse_size
 from .config import ModelConfig
 from .data import Dataset, Vocab
-from .errors import BundleError, ConfigError
+from .errors import BundleError
 from .graph import choose_reserved
 from .model import build_model
 
@@ -28,32 +27,6 @@ MIN_DIM = 8  # the smallest candidate dim worth training
 # Header bytes every compress bundle gives its metrics JSON: the metrics are padded to exactly this, so the
 # file size is known before training whatever the metrics turn out to be.
 METRICS_ROOM = 2048
-PAD_KEY = "pad"
-
-# SI prefixes are powers of ten (2MB = 2,000,000 bytes), as disk and network sizes are; KiB/MiB/GiB powers of two.
-_UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9, "gb": 10**9,
-          "kib": 2**10, "mib": 2**20, "gib": 2**30}
-_SIZE = re.compile(r"(?P<number>[0-9]*\.?[0-9]+(?:e[+-]?[0-9]+)?)\s*(?P<unit>[a-z]*)", re.IGNORECASE)
-
-
-def parse_size(value: str | int | float) -> int:
-    """Bytes from '2MB' (2 * 10**6), '1.5 MiB' (1.5 * 2**20), '500000' or '2e6' (rounded down)."""
-    if isinstance(value, bool):
-        raise ConfigError(f"a size must be a number of bytes or a string like '2MB', not {value!r}")
-    if isinstance(value, int | float):
-        number, unit = float(value), 1
-    else:
-        text = str(value).strip()
-        match = _SIZE.fullmatch(text)
-        if text.startswith("-"):
-            raise ConfigError(f"a size must be positive, not {value!r}")
-        if match is None or match["unit"].lower() not in _UNITS:
-            raise ConfigError(f"cannot read {value!r} as a size; write e.g. 2MB (10**6 bytes), 1.5MiB (2**20), "
-                              f"500000 or 2e6")
-        number, unit = float(match["number"]), _UNITS[match["unit"].lower()]
-    if not math.isfinite(number) or number * unit < 1:
-        raise ConfigError(f"a size must be at least 1 byte, not {value!r}")
-    return int(number * unit)
 
 
 def _header_bytes(text: str) -> int:
@@ -136,8 +109,7 @@ class BundleSizes:
 
     def fixed_bytes(self) -> int:
         """Bytes of the graph and vocabularies, which every candidate carries whatever its weights."""
-        tensors, _ = self.untrained(self.config("rotate", 1)).to_tensors("fp32", CODING)
-        return int(sum(tensors[name].nbytes for name in tensors if name.startswith(("graph.", "vocab."))))
+        return graph_bytes(self.triples, self.entities.names, self.relations.names)
 
     def max_dim(self, model: str, precision: str, max_bytes: int) -> int | None:
         """The largest dim whose bundle fits in `max_bytes` (None below MIN_DIM): bytes grow with dim, so

@@ -183,12 +183,13 @@ def cmd_export(a: argparse.Namespace) -> int:
 
 def bundle_info(path: str) -> dict:
     from .bundle import load_bundle
+    from .compress_config import shown_metrics
 
     b = load_bundle(path)
     return {"path": str(path), "bytes": b.num_bytes, "precision": b.precision, "sha256": b.sha256,
             "trainable_parameters": b.trainable_parameters, "entities": len(b.entities),
             "relations": len(b.relations), "triples": len(b.triples), "model": b.config.model,
-            "dim": b.config.dim, "weights_coding": b.coding, "metrics": b.metrics}
+            "dim": b.config.dim, "weights_coding": b.coding, "metrics": shown_metrics(b.metrics)}
 
 
 def cmd_info(a: argparse.Namespace) -> int:

@@ -17,9 +17,8 @@ import torch
 
 from .atomic import write_json
 from .bundle import load_bundle
-from .bundle_format import PRECISIONS
 from .budget import MIN_DIM, BundleSizes, save_exact
-from .compress_cli import MODELS
+from .compress_config import METRICS, CompressConfig
 from .config import ModelConfig, TrainConfig
 from .data import Dataset
 from .errors import ConfigError, DatasetError
@@ -27,43 +26,10 @@ from .train import BUNDLE, Run, load_run, train
 
 log = logging.getLogger(__name__)
 
-METRICS = {"mrr": "mrr", "hits@10": "hits_at_10"}  # --metric -> the key in evaluation results
 STATE, PICK = "compress_state.json", "bundle.safetensors"
 SUMMARY_KEYS = ("mrr", "mr", "hits_at_1", "hits_at_3", "hits_at_10")
 EVAL_SHARE = 0.5  # most of the time limit the search's validations may take (candidates are dropped to fit)
 ProgressCallback = Callable[[dict[str, Any]], None]
-
-
-@dataclass(frozen=True)
-class CompressConfig:
-    """What to search: the byte and time budgets, the models and precisions, the metric that picks."""
-
-    max_bytes: int
-    time_limit_minutes: float
-    models: tuple[str, ...] = MODELS
-    precisions: tuple[str, ...] = PRECISIONS
-    metric: str = "mrr"
-    seed: int = 0
-    eta: int = 2  # successive halving keeps the best 1/eta of the candidates at each rung
-
-    def __post_init__(self) -> None:
-        if self.max_bytes < 1:
-            raise ConfigError(f"max_bytes must be at least 1, not {self.max_bytes}")
-        if not self.time_limit_minutes > 0:
-            raise ConfigError(f"the time limit must be positive, not {self.time_limit_minutes} minutes")
-        for kind, names, known in (("model", self.models, MODELS), ("precision", self.precisions, PRECISIONS)):
-            if not names or any(n not in known for n in names):
-                unknown = [n for n in names if n not in known] or ["(none given)"]
-                raise ConfigError(f"unknown {kind} {', '.join(map(repr, unknown))}; choose from {', '.join(known)}")
-        if self.metric not in METRICS:
-            raise ConfigError(f"unknown metric {self.metric!r}; choose from {', '.join(METRICS)}")
-        if self.eta < 2:
-            raise ConfigError("eta must be at least 2")
-
-    def settings(self) -> dict[str, Any]:
-        """What a resumed job must share with the one it continues (the time limit may change)."""
-        return {"max_bytes": self.max_bytes, "models": list(self.models), "precisions": list(self.precisions),
-                "metric": self.metric, "seed": self.seed, "eta": self.eta}
 
 
 @dataclass

@@ -14,7 +14,8 @@ from .config import ModelKind
 MODELS: tuple[str, ...] = get_args(ModelKind)
 
 
-def _names(text: str) -> tuple[str, ...]:
+def split_names(text: str) -> tuple[str, ...]:
+    """'earl, rotate' -> ('earl', 'rotate'): the --models and --precisions lists (and the job form's)."""
     return tuple(x.strip() for x in text.split(",") if x.strip())
 
 
@@ -53,7 +54,8 @@ def cmd_compress(a: argparse.Namespace) -> int:
     from .data import load_dataset, relation_labels
 
     config = CompressConfig(max_bytes=parse_size(a.max_bytes), time_limit_minutes=a.time_limit,
-                            models=_names(a.models), precisions=_names(a.precisions), metric=a.metric, seed=a.seed)
+                            models=split_names(a.models), precisions=split_names(a.precisions), metric=a.metric,
+                            seed=a.seed)
     train_config = TrainConfig(progress=False, device=a.device, threads=a.threads, seed=a.seed)
     report = compress(load_dataset(a.data), a.out, config, train_config=train_config,
                       relation_labels=relation_labels(a.data), on_progress=_show)

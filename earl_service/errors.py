@@ -106,3 +106,14 @@ class TripleLimitError(TripleFileError):
 
     def __reduce__(self):
         return type(self), (self.path, self.limit)
+
+
+class UnknownReportError(_NotFoundError):
+    """The model exists but has no compress report (only a compress job's model has one); ``name`` is its id."""
+
+    kind = "report"
+
+    def __init__(self, model_id: str) -> None:
+        super().__init__(model_id)
+        self.message = f"model {model_id!r} has no compress report: only a compress job (max_bytes) leaves one"
+        self.args = (self.message,)

@@ -9,6 +9,7 @@ from fastapi import APIRouter, Depends, Form, HTTPException, Query, Request, Upl
 from earl_service.errors import UnknownJobError
 from earl_service.worker.records import STATES, TERMINAL, Job, new_id
 
+from ..compress_jobs import check_uploads, job_params
 from ..deps import HomeDep, JobId, SettingsDep, StoreDep, presented_token
 from ..errors import NOT_FOUND
 from ..limits import bounded_job_params, client_key, unfinished_jobs
@@ -39,7 +40,8 @@ def found(job: Job | None, job_id: str) -> Job:
 def create_job(request: Request, settings: SettingsDep, home: HomeDep, store: StoreDep,
                form: Annotated[TrainForm, Form()], train: UploadFile, valid: UploadFile | None = None,
                test: UploadFile | None = None, relation_labels: UploadFile | None = None) -> JobCreated:
-    """Queue a training job; the files are checked (format, encoding, columns) before anything is queued.
+    """Queue a training job, or with `max_bytes` a compress job; the files are checked (format, encoding,
+    columns) before anything is queued, and a compress job's settings, valid file and budget too.
 
     `relation_labels` (optional) is a JSON object mapping relation names to readable labels
     ({"P27": "country of citizenship"} or CoDEx's {"P27": {"label": ...}}); predictions then carry them.
@@ -48,7 +50,8 @@ def create_job(request: Request, settings: SettingsDep, home: HomeDep, store: St
     """
     client = client_key(settings, token=presented_token(request.scope["headers"]),
                         address=request.client.host if request.client else None)
-    params = bounded_job_params(form.model_dump(), settings) | {"client": client}
+    stored, compress = job_params(form.model_dump())
+    params = bounded_job_params(stored, settings) | {"client": client}
     if (unfinished := unfinished_jobs(store, client)) >= settings.max_queued_jobs:
         raise HTTPException(429, f"this client already has {unfinished} unfinished (queued or running) jobs, the "
                                  f"most this server allows (EARL_MAX_QUEUED_JOBS={settings.max_queued_jobs}); wait "
@@ -57,6 +60,8 @@ def create_job(request: Request, settings: SettingsDep, home: HomeDep, store: St
     files, counts = save_job_files(home, job_id, {"train": train, "valid": valid, "test": test},
                                    labels=relation_labels, max_bytes=settings.max_unpacked_bytes,
                                    max_triples=settings.max_upload_triples)
+    if compress is not None:
+        check_uploads(home, job_id, files, compress, max_unpacked=settings.max_unpacked_bytes)
     job = store.create_job(params, files, job_id=job_id)
     return JobCreated(id=job.id, state=job.state, triples=counts)
 

@@ -10,6 +10,7 @@ from .records import new_id
 from .store import JobStore, open_store
 
 SUBFOLDERS = ("uploads", "runs", "models")
+REPORT_FILES = {"json": "report.json", "md": "report.md", "png": "frontier.png"}  # a compress model's evidence
 
 
 @dataclass(frozen=True)
@@ -21,6 +22,7 @@ class ServiceHome:
         runs/<job id>/                                                   a training run: checkpoints, metrics.json
         models/<model id>/v<N>.safetensors                               a model's versions (each extend adds one):
                                                                          complete, verified, never rewritten
+        models/<model id>/report.json, report.md, frontier.png           a compress job's report on its pick
         models/.<model id>.lock                                          held while a model is written (locks.py)
         models/<model id>.safetensors                                    version 1 of a model from before versions
         earl.sqlite3                                                     the job store, unless EARL_STORE names another
@@ -59,6 +61,10 @@ class ServiceHome:
     def version_path(self, model_id: str, version: int) -> Path:
         return self.model_dir(model_id) / f"v{version}.safetensors"
 
+    def report_path(self, model_id: str, kind: str) -> Path:
+        """A compress model's report beside its versions (REPORT_FILES: json, md or png); a delete removes it."""
+        return self.model_dir(model_id) / REPORT_FILES[kind]
+
     def legacy_model_path(self, model_id: str) -> Path:
         """Where a bundle lay before models had versions; read as version 1 where no v1.safetensors exists."""
         return self.models / f"{model_id}.safetensors"
@@ -87,4 +93,4 @@ class ServiceHome:
         return open_store(self.store_target(store))
 
 
-__all__ = ["SUBFOLDERS", "ServiceHome"]
+__all__ = ["REPORT_FILES", "SUBFOLDERS", "ServiceHome"]

@@ -19,6 +19,7 @@ from typing import Any
 from ..config import ModelConfig, TrainConfig
 from ..errors import DatasetError, EarlError
 from ..options import FORM_OPTIONS, configs_from_options
+from .compress_job import compress_settings
 from .home import ServiceHome
 from .housekeeping import sweep_staging
 from .records import Job
@@ -171,7 +172,7 @@ class Worker:
         beat.start()
         state, error, model_id = "failed", None, None
         try:
-            model_id = self._train(job, beat)
+            model_id = self._compress(job, beat) if compress_settings(job.params) else self._train(job, beat)
             state = "succeeded" if model_id else "cancelled"
         except _Interrupted:
             state = "interrupted"
@@ -232,6 +233,27 @@ class Worker:
         if asked_to_stop:
             raise _Interrupted
         self._publish(job, run_dir)
+        return job.id
+
+    def _compress(self, job: Job, beat: _Heartbeat) -> str | None:
+        """A compress job (max_bytes): the search in the run folder, then its pick published with the report;
+        returns the model id, or None if the job was cancelled. A stop for shutdown requeues it (_Interrupted)."""
+        from .compress_job import publish_pick, run_compress
+
+        if "train" not in job.files:
+            raise DatasetError("the job has no train file")
+        _, train_cfg = configs_from_params(job.params, self.config)
+
+        def forward(progress: dict[str, Any]) -> None:
+            beat.progress = progress
+
+        pick = run_compress(self.home, job, train_cfg, on_progress=forward,
+                            should_stop=lambda: beat.cancelled or beat.lost or self._stop.is_set())
+        if pick is None:
+            if beat.cancelled or beat.lost:
+                return None
+            raise _Interrupted
+        publish_pick(self.registry, job, pick, worker_id=self.config.worker_id)
         return job.id
 
     def _publish(self, job: Job, run_dir: Path) -> None:

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO
 
+from ..compress_config import shown_metrics
 from ..errors import BundleError, TripleFileError, UnknownModelError
 from .home import ServiceHome
 from .housekeeping import remove
@@ -238,9 +239,9 @@ def verify_bundle(path: Path, *, rebuild: bool = False) -> Bundle:
 
 
 def describe(bundle: Bundle, model_id: str, path: str, *, job_id: str | None, created: float) -> ModelRecord:
-    """The registry entry of `bundle`, stored at `path` (relative to the home)."""
+    """The registry entry of `bundle`, stored at `path` (relative to the home); its metrics as shown (no padding)."""
     return ModelRecord(id=model_id, path=path, sha256=bundle.sha256, bytes=bundle.num_bytes,
-                       config=bundle.config.to_dict(), metrics=bundle.metrics, created=created,
+                       config=bundle.config.to_dict(), metrics=shown_metrics(bundle.metrics), created=created,
                        parameters=bundle.trainable_parameters, precision=bundle.precision,
                        entities=len(bundle.entities), relations=len(bundle.relations), job_id=job_id)
 

@@ -24,6 +24,7 @@ def test_the_openapi_schema_documents_each_404(client):
     assert documented == {("GET", "/jobs/{job_id}"), ("POST", "/jobs/{job_id}/cancel"), ("GET", "/models/{model_id}"),
                           ("DELETE", "/models/{model_id}"), ("GET", "/models/{model_id}/bundle"),
                           ("GET", "/models/{model_id}/versions"), ("POST", "/models/{model_id}/triples"),
+                          ("GET", "/models/{model_id}/report"), ("GET", "/models/{model_id}/frontier.png"),
                           ("GET", "/predict")}
 
 

@@ -13,11 +13,12 @@ from earl_service.options import GROUPS, OPTIONS
 from earl_service.worker.loop import WorkerConfig, configs_from_params
 
 pytest.importorskip("fastapi")
-from api.schemas import TrainForm  # noqa: E402
+from api.schemas import CompressForm, TrainForm  # noqa: E402
 
 CLI_ONLY = {"temperature", "eval_batch_size", "eval_max_triples", "checkpoint_every", "bf16", "device", "threads",
             "progress"}  # the worker decides these (device, threads, progress) or keeps the defaults
-SERVICE_ONLY = {"precision", "nproc_per_node"}  # how the service exports and launches a job
+# How the service exports and launches a job, and a compress job's fields (`earl compress` options, below).
+SERVICE_ONLY = {"precision", "nproc_per_node"} | set(CompressForm.model_fields)
 WORKER = WorkerConfig(device="cpu", threads=3)
 # One non-default value for every form option, as a client would type it.
 CHANGED = {"model": "rotate", "dim": "32", "reserved_ratio": "0.2", "k": "5", "layers": "1", "gamma": "6.5",
@@ -43,6 +44,12 @@ def as_worker_runs(configs):
 def cli_option_names():
     train = next(a for a in build_parser()._actions if a.dest == "command").choices["train"]
     return {a.dest for g in train._action_groups if g.title in GROUPS.values() for a in g._group_actions}
+
+
+def test_compress_form_fields_are_earl_compress_options():
+    compress = next(a for a in build_parser()._actions if a.dest == "command").choices["compress"]
+    assert set(CompressForm.model_fields) <= {a.dest for a in compress._actions}
+    assert {"time_limit", "seed"} <= {a.dest for a in compress._actions} & set(TrainForm.model_fields)
 
 
 def cli_args(form):

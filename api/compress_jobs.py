@@ -1,0 +1,48 @@
+"""A compress job's checks before it is queued: its settings, a valid split, a budget above the graph's own bytes.
+
+Torch-free and one pass over the train file: the exact smallest bundle (weights at the smallest dim) needs the
+models' shapes, so a budget between the graph's bytes and that fails in the worker, with the minimum in the job's
+error.
+"""
+
+from __future__ import annotations
+
+import shutil
+from typing import Any
+
+from earl_service.compress_config import CompressConfig, graph_bytes
+from earl_service.data import read_table
+from earl_service.errors import ConfigError, DatasetError
+from earl_service.worker.compress_job import compress_settings
+from earl_service.worker.home import ServiceHome
+
+from .schemas import CompressForm
+
+
+def job_params(form: dict[str, Any]) -> tuple[dict[str, Any], CompressConfig | None]:
+    """The params to store and the compress settings (None for a training job, whose params keep no compress
+    field); ConfigError (422) for bad ones. max_bytes is stored in bytes, so the job shows what '2MB' meant."""
+    config = compress_settings(form)
+    if config is None:
+        return {k: v for k, v in form.items() if k not in CompressForm.model_fields}, None
+    return {**form, "max_bytes": config.max_bytes}, config
+
+
+def check_uploads(home: ServiceHome, job_id: str, files: dict[str, str], config: CompressConfig, *,
+                  max_unpacked: int) -> None:
+    """Refuse a compress job whose uploads cannot give a pick; the job's upload folder is removed then."""
+    try:
+        if "valid" not in files:
+            raise DatasetError("a compress job picks on validation metrics: upload a valid file too")
+        table = read_table(home.root / files["train"], max_bytes=max_unpacked)
+        floor = graph_bytes(table.ids, table.entities, table.relations)
+        if config.max_bytes <= floor:
+            raise ConfigError(f"max_bytes {config.max_bytes} is below the smallest bundle for this graph: the graph "
+                              f"and vocabularies alone take {floor} bytes, the weights come on top; give more than "
+                              f"{floor} bytes")
+    except BaseException:
+        shutil.rmtree(home.upload_dir(job_id), ignore_errors=True)
+        raise
+
+
+__all__ = ["check_uploads", "job_params"]

@@ -1,0 +1,94 @@
+"""What a compress job asks for, checked without torch (the API refuses a bad job before queueing it):
+byte sizes ('2MB'), the job's settings, and the bytes of the graph and vocabularies every bundle carries."""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from .bundle_format import PRECISIONS, pack_graph, pack_strings
+from .compress_cli import MODELS
+from .errors import ConfigError
+
+METRICS = {"mrr": "mrr", "hits@10": "hits_at_10"}  # --metric -> the key in evaluation results
+# The metrics key whose run of spaces pads a compress bundle's metrics to a fixed size (budget.padded_metrics):
+# part of the file, never something to show.
+PAD_KEY = "pad"
+
+# SI prefixes are powers of ten (2MB = 2,000,000 bytes), as disk and network sizes are; KiB/MiB/GiB powers of two.
+_UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9, "gb": 10**9,
+          "kib": 2**10, "mib": 2**20, "gib": 2**30}
+_SIZE = re.compile(r"(?P<number>[0-9]*\.?[0-9]+(?:e[+-]?[0-9]+)?)\s*(?P<unit>[a-z]*)", re.IGNORECASE)
+
+
+def parse_size(value: str | int | float) -> int:
+    """Bytes from '2MB' (2 * 10**6), '1.5 MiB' (1.5 * 2**20), '500000' or '2e6' (rounded down)."""
+    if isinstance(value, bool):
+        raise ConfigError(f"a size must be a number of bytes or a string like '2MB', not {value!r}")
+    if isinstance(value, int | float):
+        number, unit = float(value), 1
+    else:
+        text = str(value).strip()
+        match = _SIZE.fullmatch(text)
+        if text.startswith("-"):
+            raise ConfigError(f"a size must be positive, not {value!r}")
+        if match is None or match["unit"].lower() not in _UNITS:
+            raise ConfigError(f"cannot read {value!r} as a size; write e.g. 2MB (10**6 bytes), 1.5MiB (2**20), "
+                              f"500000 or 2e6")
+        number, unit = float(match["number"]), _UNITS[match["unit"].lower()]
+    if not math.isfinite(number) or number * unit < 1:
+        raise ConfigError(f"a size must be at least 1 byte, not {value!r}")
+    return int(number * unit)
+
+
+def shown_metrics(metrics: dict[str, Any]) -> dict[str, Any]:
+    """A bundle's metrics as `earl info` and the API show them: without the padding."""
+    return {k: v for k, v in metrics.items() if k != PAD_KEY}
+
+
+def graph_bytes(triples: np.ndarray, entities: Sequence[str], relations: Sequence[str]) -> int:
+    """Bytes of the packed graph and vocabularies in a bundle of these training triples and names: what every
+    candidate carries whatever its weights, so no budget below it can be met."""
+    parts = (pack_graph(triples, len(entities), len(relations)), pack_strings(list(entities)),
+             pack_strings(list(relations)))
+    return int(sum(part.nbytes for part in parts))
+
+
+@dataclass(frozen=True)
+class CompressConfig:
+    """What to search: the byte and time budgets, the models and precisions, the metric that picks."""
+
+    max_bytes: int
+    time_limit_minutes: float
+    models: tuple[str, ...] = MODELS
+    precisions: tuple[str, ...] = PRECISIONS
+    metric: str = "mrr"
+    seed: int = 0
+    eta: int = 2  # successive halving keeps the best 1/eta of the candidates at each rung
+
+    def __post_init__(self) -> None:
+        if self.max_bytes < 1:
+            raise ConfigError(f"max_bytes must be at least 1, not {self.max_bytes}")
+        if not self.time_limit_minutes > 0:
+            raise ConfigError(f"the time limit must be positive, not {self.time_limit_minutes} minutes")
+        for kind, names, known in (("model", self.models, MODELS), ("precision", self.precisions, PRECISIONS)):
+            if not names or any(n not in known for n in names):
+                unknown = [n for n in names if n not in known] or ["(none given)"]
+                raise ConfigError(f"unknown {kind} {', '.join(map(repr, unknown))}; choose from {', '.join(known)}")
+        if self.metric not in METRICS:
+            raise ConfigError(f"unknown metric {self.metric!r}; choose from {', '.join(METRICS)}")
+        if self.eta < 2:
+            raise ConfigError("eta must be at least 2")
+
+    def settings(self) -> dict[str, Any]:
+        """What a resumed job must share with the one it continues (the time limit may change)."""
+        return {"max_bytes": self.max_bytes, "models": list(self.models), "precisions": list(self.precisions),
+                "metric": self.metric, "seed": self.seed, "eta": self.eta}
+
+
+__all__ = ["METRICS", "PAD_KEY", "CompressConfig", "graph_bytes", "parse_size", "shown_metrics"]
