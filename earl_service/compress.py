@@ -16,11 +16,11 @@ from typing import Any
 import torch
 
 from .atomic import write_json
+from .budget import MIN_DIM, BundleSizes, save_exact
 from .bundle import load_bundle
 from .bundle_format import PRECISIONS
-from .budget import MIN_DIM, BundleSizes, save_exact
 from .compress_cli import MODELS
-from .config import ModelConfig, TrainConfig
+from .config import ModelConfig, ModelKind, TrainConfig
 from .data import Dataset
 from .errors import ConfigError, DatasetError
 from .train import BUNDLE, Run, load_run, train
@@ -40,7 +40,7 @@ class CompressConfig:
 
     max_bytes: int
     time_limit_minutes: float
-    models: tuple[str, ...] = MODELS
+    models: tuple[ModelKind, ...] = MODELS  # __post_init__ refuses other names, from a command line or a file
     precisions: tuple[str, ...] = PRECISIONS
     metric: str = "mrr"
     seed: int = 0

@@ -6,12 +6,12 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import Any, get_args
+from typing import Any, cast, get_args
 
 from .bundle_format import PRECISIONS
 from .config import ModelKind
 
-MODELS: tuple[str, ...] = get_args(ModelKind)
+MODELS: tuple[ModelKind, ...] = get_args(ModelKind)
 
 
 def _names(text: str) -> tuple[str, ...]:
@@ -53,7 +53,7 @@ def cmd_compress(a: argparse.Namespace) -> int:
     from .data import load_dataset, relation_labels
 
     config = CompressConfig(max_bytes=parse_size(a.max_bytes), time_limit_minutes=a.time_limit,
-                            models=_names(a.models), precisions=_names(a.precisions), metric=a.metric, seed=a.seed)
+                            models=cast("tuple[ModelKind, ...]", _names(a.models)), precisions=_names(a.precisions), metric=a.metric, seed=a.seed)
     train_config = TrainConfig(progress=False, device=a.device, threads=a.threads, seed=a.seed)
     report = compress(load_dataset(a.data), a.out, config, train_config=train_config,
                       relation_labels=relation_labels(a.data), on_progress=_show)
