@@ -94,7 +94,7 @@ class Machine:
         ticks = _cpu_ticks()
         steal = None
         if self.ticks and ticks:
-            delta = [b - a for a, b in zip(self.ticks, ticks)]
+            delta = [b - a for a, b in zip(self.ticks, ticks, strict=True)]  # same kernel, same /proc/stat columns
             total = sum(delta[:8])  # user nice system idle iowait irq softirq steal (guest time is inside user)
             steal = round(delta[7] / total, 4) if total > 0 else None
         return {"load_average_1min": {"start": round(self.load[0], 2), "end": round(os.getloadavg()[0], 2)},

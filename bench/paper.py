@@ -40,8 +40,17 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import (RESULTS, default_datasets, describe_machine, environment, md_table, pyplot, save_png, widen_ylim,
-                    write_results)
+from common import (
+    RESULTS,
+    default_datasets,
+    describe_machine,
+    environment,
+    md_table,
+    pyplot,
+    save_png,
+    widen_ylim,
+    write_results,
+)
 from harness import (
     Budget,
     NodePieceSpec,
@@ -449,7 +458,7 @@ def _main_png(b: Bench, names: list[str]) -> str:
     colour = {"earl": "C0", "rotate": "C1", "pykeen_rotate": "C2", "pykeen_nodepiece": "C3"}
     paper_colour = {"EARL+RotatE": "C0", "RotatE": "C1", "NodePiece+RotatE": "C3"}
     fig, axes = plt.subplots(1, len(names), figsize=(5.5 * len(names), 4.2), squeeze=False)
-    for ax, name in zip(axes[0], names):
+    for ax, name in zip(axes[0], names, strict=True):
         points = [(r["parameters"] / 1e6, mrr, r) for r in b.records
                   if r["dataset"] == name and r.get("row") in colour and (mrr := _row_metrics(r)[0]) is not None]
         for x, y, r in points:
@@ -533,7 +542,7 @@ def _common_eval_step(recs: list[dict]) -> int | None:
 
 def _valid_mrr_at(rec: dict, step: int | None) -> float | None:
     hist = rec.get("history") or {}
-    return dict(zip(hist.get("eval_steps", []), hist.get("eval_mrr", []))).get(step)
+    return dict(zip(hist.get("eval_steps", []), hist.get("eval_mrr", []), strict=True)).get(step)
 
 
 # ---------------------------------------------------------------- parameter budget (Figure 4)
@@ -565,9 +574,9 @@ def cmd_budget(args: argparse.Namespace) -> None:
         recs = sorted((r for r in b.records if r["model_kind"] == model and "error" not in r),
                       key=lambda r: r["parameters"])
         xs = [r["parameters"] / 1e6 for r in recs]
-        for ax, key in zip(axes, ("mrr", "hits_at_10")):
+        for ax, key in zip(axes, ("mrr", "hits_at_10"), strict=True):
             ax.plot(xs, [r["test"]["seen"][key] for r in recs], marker="o", label=label)
-    for ax, key in zip(axes, ("MRR", "Hits@10")):
+    for ax, key in zip(axes, ("MRR", "Hits@10"), strict=True):
         ax.set(xlabel="trainable parameters (M)", ylabel=f"test {key} (filtered)", title=f"{name}: {key} vs #P")
         widen_ylim(ax, PLOT_MIN_SPAN)
         ax.grid(alpha=0.3)
@@ -716,7 +725,7 @@ def cmd_convergence(args: argparse.Namespace) -> None:
     panels = len(names) + bool(searched)  # no empty search panel when the search was skipped
     fig, axes = plt.subplots(1, panels, figsize=(5.5 * panels, 4.2), squeeze=False)
     axes = axes[0]
-    for ax, name in zip(axes, names):
+    for ax, name in zip(axes, names, strict=False):  # the search panel, if any, comes after
         for r in (r for r in curves if r["dataset"] == name):
             h = r["history"]
             colour = "C1" if r["model_kind"] == "rotate" else "C2" if "best searched" in r["label"] else "C0"

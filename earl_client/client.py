@@ -124,7 +124,7 @@ class Client:
                 k: int = 10) -> dict[str, Any]:
         """Top-k tails of (head, relation, ?) or heads of (?, relation, tail): give exactly one of head, tail."""
         anchors = {name: value for name, value in (("head", head), ("tail", tail)) if value is not None}
-        params = {"model": model_id, "relation": relation, "k": k, **anchors}
+        params: dict[str, str | int] = {"model": model_id, "relation": relation, "k": k, **anchors}
         return self._json(self.http.get("/predict", params=params))
 
     def download(self, model_id: str, path: str | PathLike) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import builtins
 import json
 import os
 from dataclasses import replace
@@ -14,7 +15,7 @@ import torch
 from .bundle import Bundle
 from .bundle_format import quantize
 from .compress_config import PAD_KEY, graph_bytes, parse_size
-from .config import ModelConfig
+from .config import ModelConfig, ModelKind
 from .data import Dataset, Vocab
 from .errors import BundleError
 from .graph import choose_reserved
@@ -71,7 +72,7 @@ class BundleSizes:
         self._bytes: dict[tuple[str, int, str], int] = {}
         self._packed: dict[str, tuple[dict[str, np.ndarray], dict[str, str]]] = {}
 
-    def config(self, model: str, dim: int) -> ModelConfig:
+    def config(self, model: ModelKind, dim: int) -> ModelConfig:
         return replace(self.base, model=model, dim=dim)
 
     def untrained(self, config: ModelConfig) -> Bundle:
@@ -85,13 +86,13 @@ class BundleSizes:
         return Bundle(config, params, reserved.numpy().astype(np.int64), self.entities, self.relations, self.triples,
                       padded_metrics({}), relation_labels=self.labels)
 
-    def bytes(self, model: str, dim: int, precision: str) -> int:
+    def bytes(self, model: ModelKind, dim: int, precision: str) -> int:
         key = (model, dim, precision)
         if key not in self._bytes:
             self._bytes[key] = len(self._serialise(self.untrained(self.config(model, dim)), precision))
         return self._bytes[key]
 
-    def _serialise(self, bundle: Bundle, precision: str) -> bytes:
+    def _serialise(self, bundle: Bundle, precision: str) -> builtins.bytes:  # the method `bytes` shadows the type
         """The file write_safetensors would write for `bundle` (checksum zeroed: same length)."""
         from safetensors.numpy import save as st_save
 
@@ -111,7 +112,7 @@ class BundleSizes:
         """Bytes of the graph and vocabularies, which every candidate carries whatever its weights."""
         return graph_bytes(self.triples, self.entities.names, self.relations.names)
 
-    def max_dim(self, model: str, precision: str, max_bytes: int) -> int | None:
+    def max_dim(self, model: ModelKind, precision: str, max_bytes: int) -> int | None:
         """The largest dim whose bundle fits in `max_bytes` (None below MIN_DIM): bytes grow with dim, so
         double until it no longer fits, then bisect."""
         if self.bytes(model, MIN_DIM, precision) > max_bytes:

@@ -16,8 +16,8 @@ from typing import Any
 import torch
 
 from .atomic import write_json
-from .bundle import load_bundle
 from .budget import MIN_DIM, BundleSizes, save_exact
+from .bundle import load_bundle
 from .compress_config import METRICS, CompressConfig
 from .config import ModelConfig, TrainConfig
 from .data import Dataset

@@ -6,17 +6,22 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import Any, get_args
+from typing import Any, cast, get_args
 
 from .bundle_format import PRECISIONS
 from .config import ModelKind
 
-MODELS: tuple[str, ...] = get_args(ModelKind)
+MODELS: tuple[ModelKind, ...] = get_args(ModelKind)
 
 
 def split_names(text: str) -> tuple[str, ...]:
     """'earl, rotate' -> ('earl', 'rotate'): the --models and --precisions lists (and the job form's)."""
     return tuple(x.strip() for x in text.split(",") if x.strip())
+
+
+def split_models(text: str) -> tuple[ModelKind, ...]:
+    """split_names typed as model kinds: CompressConfig refuses any other name with the choices."""
+    return cast("tuple[ModelKind, ...]", split_names(text))
 
 
 def add_compress_command(sub) -> None:
@@ -54,7 +59,7 @@ def cmd_compress(a: argparse.Namespace) -> int:
     from .data import load_dataset, relation_labels
 
     config = CompressConfig(max_bytes=parse_size(a.max_bytes), time_limit_minutes=a.time_limit,
-                            models=split_names(a.models), precisions=split_names(a.precisions), metric=a.metric,
+                            models=split_models(a.models), precisions=split_names(a.precisions), metric=a.metric,
                             seed=a.seed)
     train_config = TrainConfig(progress=False, device=a.device, threads=a.threads, seed=a.seed)
     report = compress(load_dataset(a.data), a.out, config, train_config=train_config,

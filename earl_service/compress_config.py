@@ -13,6 +13,7 @@ import numpy as np
 
 from .bundle_format import PRECISIONS, pack_graph, pack_strings
 from .compress_cli import MODELS
+from .config import ModelKind
 from .errors import ConfigError
 
 METRICS = {"mrr": "mrr", "hits@10": "hits_at_10"}  # --metric -> the key in evaluation results
@@ -65,7 +66,7 @@ class CompressConfig:
 
     max_bytes: int
     time_limit_minutes: float
-    models: tuple[str, ...] = MODELS
+    models: tuple[ModelKind, ...] = MODELS
     precisions: tuple[str, ...] = PRECISIONS
     metric: str = "mrr"
     seed: int = 0

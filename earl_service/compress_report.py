@@ -33,7 +33,7 @@ def build_report(job: Job, rows: list[dict[str, Any]], pick: dict[str, Any], tes
         "max_bytes": job.config.max_bytes, "time_limit_minutes": job.config.time_limit_minutes,
         "metric": job.config.metric, "metric_key": key, "seed": job.config.seed, "eta": job.config.eta,
         "dataset": {"entities": ds.num_entities, "train_entities": ds.num_train_entities,
-                    "relations": ds.num_relations, "train": len(ds.train), "valid": len(ds.valid),
+                    "relations": ds.num_relations, "train": len(ds.train), "valid": len(ds.split("valid")),
                     "test": 0 if ds.test is None else len(ds.test)},
         "graph_bytes": job.state["graph_bytes"], "validation_seconds": job.state["validation_seconds"],
         "sizes": f"exact: weights as {CODING} tensors, metrics padded to {METRICS_ROOM} header bytes; every "

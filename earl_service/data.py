@@ -185,7 +185,8 @@ def _bulk_fields(lines: list[str]) -> list[str] | None:
 def _line_fields(path: Path, first: int, lines: list[str], seen: Counter) -> tuple[list[str], np.ndarray]:
     """The ``(fields, counts)`` of a chunk parsed line by line, for padded fields, blank or malformed lines; the
     first bad line (by first appearance) is reported."""
-    fields, counts = [], []
+    fields: list[str] = []
+    counts: list[int] = []
     for line, count in seen.items():  # in order of first appearance
         try:
             triple = _fields(line.split("\t"), is_csv=False)
@@ -282,7 +283,7 @@ def _intern(index: dict[str, int], names: list[str]) -> np.ndarray:
     # Look each distinct name up once in the big index; the rest are lookups in a small, cache-warm dict.
     local = dict.fromkeys(names)
     ids = np.fromiter((index.setdefault(name, len(index)) for name in local), dtype=np.int64, count=len(local))
-    local.update(zip(local, range(len(local))))
+    local.update(zip(local, range(len(local)), strict=True))
     return ids[np.fromiter(map(local.__getitem__, names), dtype=np.int64, count=len(names))]
 
 

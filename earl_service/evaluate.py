@@ -7,7 +7,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import torch
 
-from .core.known import KnownAnswers
+from .core.known import KnownAnswers, Side
 from .kernels import rotate_distance_all
 from .model import RotatE
 
@@ -79,7 +79,9 @@ def rank_triples(
     for start in range(0, len(triples), batch_size):
         batch = triples[start : start + batch_size]
         h, r, t = (torch.as_tensor(batch[:, i], dtype=torch.long, device=device) for i in range(3))
-        for predict, anchor, target, inverse in (("tail", h, t, False), ("head", t, h, True)):
+        directions: tuple[tuple[Side, torch.Tensor, torch.Tensor, bool], ...] = (("tail", h, t, False),
+                                                                                 ("head", t, h, True))
+        for predict, anchor, target, inverse in directions:
             # Head prediction uses |h o r - t| = |h - conj(r) o t|, since every |r_i| = 1.
             query = scorer.rotate(entities[anchor], relations[r], inverse=inverse)  # (B, 2d)
             dist = rotate_distance_all(query, entities)  # (B, N)

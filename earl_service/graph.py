@@ -163,6 +163,7 @@ class Graph:
                       reserved_rows=move(self.reserved_rows), knn_rows=move(self.knn_rows))
         if self.compact is not None:  # its first layer shares every tensor but `message` with this graph
             c = self.compact
+            assert c.first_layer.message is not None  # a first layer is a GNN layer: it has its message matrix
             moved.compact = CompactInputs(c.inputs.to(device), replace(moved, message=c.first_layer.message.to(device)),
                                           c.index.to(device))
         return moved

@@ -183,7 +183,8 @@ class ProxyIndex:
         if self.kind == "hnsw":
             import faiss
 
-            params = faiss.SearchParametersHNSW(efSearch=max(2 * size, HNSW_EF_SEARCH))
+            # faiss's __init__.pyi leaves out this swig class (swigfaiss.py defines it).
+            params = faiss.SearchParametersHNSW(efSearch=max(2 * size, HNSW_EF_SEARCH))  # type: ignore[attr-defined]
             proxy, ids = self.faiss_index.search(lifted, size, params=params)
         else:
             proxy, ids = self.faiss_index.search(lifted, size)

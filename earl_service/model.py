@@ -104,12 +104,21 @@ def _mlp(width_in: int, width: int) -> nn.Sequential:
     return nn.Sequential(nn.Linear(width_in, width), nn.ReLU(), nn.Linear(width, width))
 
 
+def _linears(mlp: nn.Sequential) -> tuple[nn.Linear, nn.Linear]:
+    """The two Linear maps of an `_mlp` (the ReLU sits between them)."""
+    first, second = mlp[0], mlp[2]
+    assert isinstance(first, nn.Linear) and isinstance(second, nn.Linear)
+    return first, second
+
+
 class EARL(nn.Module):
     """Entity-agnostic encoder: every entity embedding is rebuilt from graph features and shared weights.
 
     Trainable state: reserved-entity rows (N_res, 2d), relation-end embeddings (2R, 2d), ConRel MLP,
     combining MLP f_m, relation table (R, d) and the GNN layers. None of it has one row per entity.
     """
+
+    reserved: torch.Tensor  # (N_res,) buffer: the reserved entities' ids (typed here; Module.__getattr__ is not)
 
     def __init__(self, config: ModelConfig, num_relations: int, reserved: torch.Tensor):
         super().__init__()
@@ -155,12 +164,12 @@ class EARL(nn.Module):
         if self.combine is None:
             h0 = self.random_inputs(graph.num_entities, self.relations.device).to(self.relations.dtype)
         else:
-            first, second = self.combine[0], self.combine[2]
-            pre = first.bias
+            first, second = _linears(self.combine)
+            pre: torch.Tensor = first.bias
             offset = 0
             if self.conrel_mlp is not None:
                 assert self.relation_ends is not None
-                lin1, lin2 = self.conrel_mlp[0], self.conrel_mlp[2]
+                lin1, lin2 = _linears(self.conrel_mlp)
                 # W1 (f_e^T R_end) = f_e^T (R_end W1^T): the first ConRel map runs on the 2R relation-end rows.
                 ends = self.relation_ends @ lin1.weight.T  # (2R, 2d)
                 conrel = lin2(F.relu(graph.conrel @ ends + lin1.bias))  # (N, 2d)
@@ -174,7 +183,7 @@ class EARL(nn.Module):
                 pre = pre + graph.knn @ res
             h0 = second(F.relu(pre))  # (N, 2d)
         if self.reserved_embeddings is not None:
-            own = self.reserved_embeddings
+            own: torch.Tensor = self.reserved_embeddings
             if graph.reserved_rows is not None:
                 own = own[graph.reserved_rows]  # (n_res_local, 2d)
             h0 = h0.index_copy(0, graph.reserved, own.to(h0.dtype))
@@ -193,7 +202,8 @@ class EARL(nn.Module):
         if layers is None and graph.compact is not None and self.combine is not None and self.gnn:
             # h^0 depends on an entity's input rows only: compute it, and the first layer's transforms, once per
             # distinct input row (see CompactInputs); the first layer's messages then reach every entity.
-            graph, layers = graph.compact.inputs, [graph.compact.first_layer, *[graph] * (len(self.gnn) - 1)]
+            compact = graph.compact
+            graph, layers = compact.inputs, [compact.first_layer, *[graph] * (len(self.gnn) - 1)]
         h, rel = self.initial(graph), self.relations
         for i, layer in enumerate(self.gnn):
             h, rel = layer(h, rel, graph if layers is None else layers[i])

@@ -141,7 +141,7 @@ def _form_field(option: Option) -> tuple[Any, Any]:
     constraints: dict[str, Any] = {**option.bounds, **option.limits}
     kind, default = option.type, option.default
     if option.choices:
-        kind = Literal[option.choices]  # type: ignore[valid-type]
+        kind = Literal[option.choices]
     elif option.text:
         kind, default = str, option.text.format(option.default)
         constraints["pattern"] = option.text.pattern

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 
 from .core import rotate
-from .core.known import KnownAnswers
+from .core.known import KnownAnswers, Side
 from .data import Vocab
 from .errors import ConfigError
 from .index import CALIBRATION_QUERIES, HNSW_THRESHOLD, ProxyIndex, SampleQuery
@@ -112,7 +112,8 @@ class LinkPredictor:
                            rng.integers(n, size=size)], 1))
         sample = []
         for h, r, t in picks:
-            for side, anchor in (("tail", int(h)), ("head", int(t))):
+            directions: tuple[tuple[Side, int], ...] = (("tail", int(h)), ("head", int(t)))
+            for side, anchor in directions:
                 sample.append((self.query_vector(side, anchor, int(r)), self.known.answers(side, anchor, int(r))))
         return sample
 
@@ -135,12 +136,12 @@ class LinkPredictor:
                           ) -> list[Prediction]:
         return self._predict("head", tail, relation, k, exclude_known, exact=True)
 
-    def known_answers(self, side: Literal["tail", "head"], anchor: str, relation: str) -> list[str]:
+    def known_answers(self, side: Side, anchor: str, relation: str) -> list[str]:
         """Names of the known tails of (anchor, relation, ?) or heads of (?, relation, anchor)."""
         ids = self.known.answers(side, self.entities.id(anchor), self.relations.id(relation))
         return [self.entities.names[i] for i in ids]
 
-    def query_vector(self, side: Literal["tail", "head"], anchor: int, relation: int) -> np.ndarray:
+    def query_vector(self, side: Side, anchor: int, relation: int) -> np.ndarray:
         """(2d,) h o r for tail queries, conj(r) o t for head queries (|h o r - t| = |h - conj(r) o t|)."""
         return rotate.query(self.entity_embeddings[anchor], self.relation_embeddings[relation],
                             scale=self.phase_scale, inverse=side == "head")
@@ -149,7 +150,7 @@ class LinkPredictor:
         """Exact RotatE distance sum_i |q_i - e_i| from query (2d,) to entities `ids` (all when None)."""
         return rotate.distances(query, self.entity_embeddings, ids)
 
-    def _predict(self, side: Literal["tail", "head"], anchor_name: str, relation_name: str, k: int,
+    def _predict(self, side: Side, anchor_name: str, relation_name: str, k: int,
                  exclude_known: bool, *, exact: bool) -> list[Prediction]:
         if k < 1:
             raise ConfigError(f"k must be >= 1, not {k}")

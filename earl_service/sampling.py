@@ -25,6 +25,7 @@ import torch
 
 from .core import knn as core_knn
 from .graph import Graph, SparsePair, csr_tensor
+from .model import EARL
 
 Fanout = Sequence[int | None]  # per hop; None or <= 0: every incident edge
 
@@ -148,6 +149,7 @@ class NeighborIndex:
         weight = [np.repeat(1.0 / np.maximum(degree[whole], 1), degree[whole])]
         part = np.flatnonzero(~whole)
         if part.size:
+            assert fanout is not None  # only a finite fan-out takes fewer edges than an entity's degree
             if rng is None:
                 raise ValueError("a finite fan-out needs a random generator")
             offsets = _floyd_sample(degree[part], int(fanout), rng)  # (M, fanout)
@@ -233,7 +235,7 @@ class NeighborIndex:
 
 
 @torch.no_grad()
-def embed_all(model: torch.nn.Module, index: NeighborIndex, *, chunk: int = 4096) -> tuple[torch.Tensor, torch.Tensor]:
+def embed_all(model: EARL, index: NeighborIndex, *, chunk: int = 4096) -> tuple[torch.Tensor, torch.Tensor]:
     """Every entity's embedding (N, 2d) and the relations (R, d), layer by layer over full neighbourhoods.
 
     Exact (the full-graph forward up to float summation order) in bounded memory: two (N, 2d) tables plus one
@@ -241,14 +243,14 @@ def embed_all(model: torch.nn.Module, index: NeighborIndex, *, chunk: int = 4096
     """
     device = model.relations.device
     n = index.num_entities
-    h = None
+    h: torch.Tensor | None = None
     for start in range(0, n, chunk):
         nodes = np.arange(start, min(n, start + chunk))
         rows = model.initial(index.sample(nodes, []).to(device).inputs)  # (c, 2d)
         if h is None:
             h = rows.new_empty(n, rows.shape[1])
         h[start : start + len(nodes)] = rows
-    assert h is not None or n == 0
+    assert h is not None, "an index has at least one entity"
     rel = model.relations
     for layer in model.gnn:
         out = torch.empty_like(h)

@@ -27,7 +27,7 @@ from .evaluate import KnownAnswers, rank_triples, summarize
 from .graph import Graph, build_graph, choose_reserved
 from .kernels import rotate_distance
 from .memory import MemoryUse, current_rss_mb, peak_rss_mb, reset_peak_rss
-from .model import RotatE, build_model, trainable_parameters
+from .model import EARL, RotatE, build_model, trainable_parameters
 from .run_outputs import BUNDLE, METRICS, write_run_outputs
 from .sampling import NeighborIndex, embed_all
 from .train_state import TrainState
@@ -187,7 +187,7 @@ class Run:
     @torch.no_grad()
     def embed(self, protocol: str = "seen") -> tuple[torch.Tensor, torch.Tensor]:
         """Every entity's embedding (N, 2d) and the relations' (R, d) under `protocol`."""
-        if self.index is not None and self.model_config.model == "earl":
+        if self.index is not None and isinstance(self.model, EARL):
             return embed_all(self.model, self.index_for(protocol))
         return self.model(self.graph_for(protocol))
 

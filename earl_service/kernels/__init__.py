@@ -25,10 +25,11 @@ _extension_failed = False
 _enabled = True
 _build_wait_s = 600.0
 
-try:
-    import fcntl
-except ImportError:  # not POSIX: torch's own lock file only
+# A platform check rather than try/except ImportError, so that mypy knows which branch holds on this platform.
+if sys.platform == "win32":  # not POSIX: torch's own lock file only
     fcntl = None
+else:
+    import fcntl
 
 
 @contextlib.contextmanager
@@ -51,7 +52,8 @@ def _build_lock(build_dir: Path, timeout: float):
                 break
             except BlockingIOError:
                 if time.monotonic() >= deadline:
-                    raise TimeoutError(f"another process has been building {build_dir} for over {timeout:.0f} s")
+                    msg = f"another process has been building {build_dir} for over {timeout:.0f} s"
+                    raise TimeoutError(msg) from None  # the BlockingIOError is only the lock being busy
                 time.sleep(0.2)
         try:
             stale = build_dir / "lock"

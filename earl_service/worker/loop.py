@@ -7,6 +7,7 @@ CUDA when present (`device="auto"`).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import socket
@@ -292,10 +293,8 @@ def _train_torchrun(uploads: Path, run_dir: Path, model_cfg: ModelConfig, train_
         proc = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT)
         signalled = False
         while proc.poll() is None:
-            try:
+            with contextlib.suppress(OSError, ValueError):  # not written yet, or caught mid-replace
                 beat.progress = json.loads(progress.read_text())
-            except (OSError, ValueError):
-                pass
             if not signalled and should_stop():
                 proc.send_signal(signal.SIGTERM)
                 signalled = True

@@ -200,7 +200,7 @@ def test_weight_coding_is_lossless_and_smaller(trained_run, tmp_path, precision)
     from safetensors import safe_open
 
     with safe_open(str(coded), "np") as f:
-        assert not any(k.startswith("param.") for k in f.keys()) and f.metadata()["format_version"] == "2"
+        assert not any(k.startswith("param.") for k in f.keys())  # noqa: SIM118 (safe_open has no __iter__) and f.metadata()["format_version"] == "2"
     with safe_open(str(plain), "np") as f:
         assert f.metadata()["format_version"] == "1"  # readable by version-1 readers
     default = export_bundle(out, tmp_path / "default.safetensors", precision=precision)
@@ -274,7 +274,7 @@ def test_edge_reader_without_torch(trained_run, tmp_path, precision, scipy):
     # The same top-10 as the torch path (in-process edge model fed torch's embeddings ranks identically).
     ent, rel = bundle.entity_embeddings(), bundle.relation_embeddings()
     scorer = bundle.scorer
-    for (h, r), tails in zip(queries, got["tails"]):
+    for (h, r), tails in zip(queries, got["tails"], strict=True):
         q = scorer.rotate(ent[bundle.entities.id(h)][None], rel[bundle.relations.id(r)][None])
         score = scorer.gamma - scorer.distance(q, ent)
         known = bundle.triples[(bundle.triples[:, 0] == bundle.entities.id(h)) & (bundle.triples[:, 1] ==

@@ -36,7 +36,7 @@ def test_training_step_cuda_matches_cpu(model):
     ds = tiny_dataset()
     cfg = ModelConfig(model=model, dim=8, k=3, reserved_ratio=0.2)
     cpu, gpu = Run.build(ds, cfg, torch.device("cpu")), Run.build(ds, cfg, CUDA)
-    for (name, a), b in zip(cpu.model.state_dict().items(), gpu.model.state_dict().values()):
+    for (name, a), b in zip(cpu.model.state_dict().items(), gpu.model.state_dict().values(), strict=True):
         assert torch.equal(a, b.cpu()), name  # the same seeded initial weights on both devices
     batch = torch.as_tensor(ds.train[:64], dtype=torch.long)
     sampler = NegativeSampler(ds.train, ds.num_train_entities, ds.num_relations, torch.device("cpu"))
@@ -78,7 +78,7 @@ def test_negative_sampler_on_cuda_avoids_true_answers():
     heads, tails = sampler.sample(batch[:, 0], batch[:, 1], batch[:, 2], 16, torch.Generator().manual_seed(0))
     assert heads.device.type == tails.device.type == "cuda"
     true = {tuple(x) for x in ds.train.tolist()}
-    for (h, r, t), hs, ts in zip(ds.train.tolist(), heads.tolist(), tails.tolist()):
+    for (h, r, t), hs, ts in zip(ds.train.tolist(), heads.tolist(), tails.tolist(), strict=True):
         assert all((x, r, t) not in true for x in hs)
         assert all((h, r, x) not in true for x in ts)
 

@@ -51,7 +51,7 @@ def test_fast_gnn_equals_naive_per_edge(small_graph_triples):
         params = [x, rel, *layer.parameters()]
         fast_grads = torch.autograd.grad((fast_h * g_h).sum() + (fast_r * g_r).sum(), params)
         naive_grads = torch.autograd.grad((naive_h * g_h).sum() + (naive_r * g_r).sum(), params)
-        for a, b in zip(fast_grads, naive_grads):
+        for a, b in zip(fast_grads, naive_grads, strict=True):
             torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
 
 
@@ -77,7 +77,7 @@ def test_repeated_input_rows_are_encoded_once_with_the_same_result(ablation):
     full_ent, full_grads = run(replace(graph, compact=None))
     assert compact_ent.shape == (n, 6)
     torch.testing.assert_close(compact_ent, full_ent, rtol=1e-10, atol=1e-10)
-    for a, b in zip(compact_grads, full_grads):
+    for a, b in zip(compact_grads, full_grads, strict=True):
         assert (a is None) == (b is None)
         if a is not None:
             torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)

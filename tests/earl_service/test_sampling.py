@@ -45,7 +45,7 @@ def test_full_neighbourhood_sampling_is_the_full_graph_encoder(ablation, layers)
     full_out, full_rel = model(graph)
     full_grads = torch.autograd.grad((full_out[seeds] * weight).sum() + full_rel.sum(), list(model.parameters()),
                                      allow_unused=True)
-    for a, b in zip(local_grads, full_grads):
+    for a, b in zip(local_grads, full_grads, strict=True):
         if b is None:
             assert a is None or not a.any()
         else:
