@@ -21,7 +21,10 @@ venv: $(BIN)/earl
 demo: venv
 	$(BIN)/python scripts/demo.py
 
+# Lint and types first (seconds), then the suite.
 test: venv
+	$(BIN)/ruff check .
+	$(BIN)/mypy
 	$(BIN)/python -m pytest tests
 
 serve: venv
