@@ -49,9 +49,9 @@ class ModelRegistry:
         """
         bundle = verify_bundle(staged, rebuild=rebuild)
         final = self.home.model_path(model_id)
-        os.replace(staged, final)
         record = describe(bundle, model_id, self.home.relative(final), job_id=job_id,
                           created=time.time() if created is None else created)
+        os.replace(staged, final)
         self.store.add_model(record)
         return record
 
@@ -65,6 +65,9 @@ class ModelRegistry:
             return self.publish(model_id, staged, rebuild=True)
         except BundleError as exc:
             raise BundleError(str(exc).replace(str(staged), shown_name)) from None
+        except BaseException:  # all or nothing: a file that reached models/ but not the store goes (a new id's)
+            self.home.model_path(model_id).unlink(missing_ok=True)
+            raise
         finally:
             staged.unlink(missing_ok=True)
 
@@ -102,20 +105,18 @@ class ModelRegistry:
 
 def verify_bundle(path: Path, *, rebuild: bool = False) -> Bundle:
     """load_bundle's checks; with `rebuild`, every embedding is also rebuilt once, so a file that passes the format
-    checks but cannot be served (a negative reserved id, NaN weights) is refused now, not at its first query."""
-    import torch
-
+    checks but cannot be served (NaN or overflowing embeddings) is refused now, not at its first query."""
     from ..bundle import load_bundle
+    from ..core.decode import check_embeddings
 
     bundle = load_bundle(path)
     if rebuild:
         try:
-            finite = bool(torch.isfinite(bundle.entity_embeddings()).all())
+            entities, relations = bundle.entity_embeddings().numpy(), bundle.relation_embeddings().numpy()
         except Exception as exc:  # noqa: BLE001 - whatever the encoder trips on, the file is the cause
             raise BundleError(f"{path}: its encoder cannot rebuild the embeddings ({type(exc).__name__}: {exc})"
                               ) from None
-        if not finite:
-            raise BundleError(f"{path}: the rebuilt embeddings hold NaN or infinite values")
+        check_embeddings(bundle.config, entities, relations, source=str(path))
     return bundle
 
 
