@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import os
 import threading
 from collections import OrderedDict
 from pathlib import Path
 
+from earl_service.errors import BundleError
 from earl_service.predict import LinkPredictor
 from earl_service.worker.records import ModelRecord
 
@@ -16,6 +18,7 @@ class PredictorCache:
     def __init__(self, size: int) -> None:
         self.size = size
         self._items: OrderedDict[tuple[str, str], LinkPredictor] = OrderedDict()
+        self._failed: OrderedDict[tuple[str, str], tuple[tuple[int, int, int], str]] = OrderedDict()
         self._lock = threading.Lock()
 
     def __len__(self) -> int:
@@ -30,7 +33,12 @@ class PredictorCache:
             if key in self._items:
                 self._items.move_to_end(key)
                 return self._items[key]
-        predictor = LinkPredictor.from_bundle(load_bundle(path))
+        self._refuse_known_failure(key, path)
+        try:
+            predictor = LinkPredictor.from_bundle(load_bundle(path))
+        except BundleError as exc:
+            self._remember_failure(key, path, str(exc))
+            raise
         with self._lock:
             self._items[key] = predictor
             self._items.move_to_end(key)
@@ -42,3 +50,32 @@ class PredictorCache:
         with self._lock:
             for key in [k for k in self._items if k[0] == model_id]:
                 del self._items[key]
+            for key in [k for k in self._failed if k[0] == model_id]:
+                del self._failed[key]
+
+    # A bundle that failed to load fails the same way until its file changes: re-reading it on every request
+    # would cost a full load (seconds, memory) per request for the same error.
+
+    def _refuse_known_failure(self, key: tuple[str, str], path: Path) -> None:
+        """BundleError at once if `key`'s bundle failed to load before and its file is unchanged since."""
+        with self._lock:
+            known = self._failed.get(key)
+        if known is not None and known[0] == _file_signature(path):
+            raise BundleError(known[1])
+
+    def _remember_failure(self, key: tuple[str, str], path: Path, reason: str) -> None:
+        signature = _file_signature(path)
+        if signature is None:  # no file to compare with later: nothing worth remembering
+            return
+        with self._lock:
+            self._failed[key] = (signature, reason)
+            while len(self._failed) > max(self.size, 16):
+                self._failed.popitem(last=False)
+
+
+def _file_signature(path: Path) -> tuple[int, int, int] | None:
+    try:
+        stat = os.stat(path)
+    except OSError:
+        return None
+    return stat.st_ino, stat.st_size, stat.st_mtime_ns
