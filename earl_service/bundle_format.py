@@ -29,7 +29,7 @@ HEADER_LIMIT = 4 * 2**20  # the whole safetensors header: metadata, weight manif
 METADATA_LIMITS = {"config": 16 * 2**10, "metrics": 64 * 2**10, "relation_labels": 2 * 2**20}  # bytes per entry
 # How deep any JSON in a bundle may nest (a trained bundle's metrics: 3): what a JSON answer can still carry.
 JSON_DEPTH = 32
-_JSON_NAMES = {dict: "object", list: "array", str: "string"}
+_JSON_NAMES: dict[type, str] = {dict: "object", list: "array", str: "string"}
 RATIO_LIMIT = 64  # xz output per input byte: honest graphs and names shrink 2-4x, weights 1-2x, a bomb 1000x
 RATIO_FLOOR = 16 << 20  # bytes any xz part may decode to, whatever its packed size
 
@@ -283,17 +283,7 @@ def _header(data: bytes, path: Path) -> tuple[dict[str, str], int]:
     if header_len > HEADER_LIMIT:
         raise BundleError(f"{path}: its header takes {header_len:,} bytes, more than a bundle may "
                           f"(bundle_format.HEADER_LIMIT = {HEADER_LIMIT:,})")
-    try:
-        meta = parse_json(data[8 : 8 + header_len], "the safetensors header").get("__metadata__") or {}
-        if not isinstance(meta, dict) or not all(isinstance(v, str) for v in meta.values()):
-            raise ValueError("__metadata__ must be a JSON object of strings")
-    except ValueError as exc:
-        raise BundleError(f"{path} is not an EARL bundle: unreadable safetensors header ({exc})") from exc
-    for key, limit in METADATA_LIMITS.items():
-        size = len(meta.get(key, "").encode("utf-8"))
-        if size > limit:
-            raise BundleError(f"{path}: its {key!r} metadata takes {size:,} bytes, more than a bundle's {key!r} "
-                              f"may ({limit:,}, bundle_format.METADATA_LIMITS)")
+    meta = _metadata(data[8 : 8 + header_len], path)
     if meta.get("format") != FORMAT:
         raise BundleError(f"{path} is a safetensors file but not an EARL bundle (format={meta.get('format')!r})")
     try:
@@ -306,6 +296,22 @@ def _header(data: bytes, path: Path) -> tuple[dict[str, str], int]:
             f"(earl_service {__version__}); upgrade earl_service to read it"
         )
     return meta, header_len
+
+
+def _metadata(header: bytes, path: Path) -> dict[str, str]:
+    """The `__metadata__` of a safetensors header: an object of strings, each entry within METADATA_LIMITS."""
+    try:
+        meta = parse_json(header, "the safetensors header").get("__metadata__") or {}
+        if not isinstance(meta, dict) or not all(isinstance(v, str) for v in meta.values()):
+            raise ValueError("__metadata__ must be a JSON object of strings")
+    except ValueError as exc:
+        raise BundleError(f"{path} is not an EARL bundle: unreadable safetensors header ({exc})") from exc
+    for key, limit in METADATA_LIMITS.items():
+        size = len(meta.get(key, "").encode("utf-8"))
+        if size > limit:
+            raise BundleError(f"{path}: its {key!r} metadata takes {size:,} bytes, more than a bundle's {key!r} "
+                              f"may ({limit:,}, bundle_format.METADATA_LIMITS)")
+    return meta
 
 
 def write_safetensors(path: str | os.PathLike, tensors: dict[str, np.ndarray], metadata: dict[str, str]) -> Path:
