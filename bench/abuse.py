@@ -286,7 +286,9 @@ def measure(tree: Path, sources: Sources, cases: list[Case]) -> list[dict]:
     rows = []
     with tempfile.TemporaryDirectory() as home, api_server(Path(home), tree=tree, env={"PYTHONPATH": str(tree)},
                                                            timeout=600) as (base, server):
-        with httpx.Client(base_url=base, timeout=600) as http:
+        # A fresh connection per request: after an unhandled error (a 500) the server closes the connection, and a
+        # pooled one would fail the next request with a reset.
+        with httpx.Client(base_url=base, timeout=600, headers={"Connection": "close"}) as http:
             warm = http.post("/models", files={"bundle": ("good.safetensors", sources.earl)})  # imports, first load
             assert warm.status_code == 201, warm.text
             for case in cases:
@@ -311,9 +313,12 @@ def measure(tree: Path, sources: Sources, cases: list[Case]) -> list[dict]:
 
 
 def _detail(answer: httpx.Response) -> str:
+    """The error message of an answer ('' for a success)."""
+    if answer.status_code < 400:
+        return ""
     try:
         detail = answer.json().get("detail", "")
-    except ValueError:
+    except (ValueError, AttributeError):
         detail = answer.text
     return (detail if isinstance(detail, str) else json.dumps(detail))[:160]
 
@@ -344,14 +349,14 @@ def report(results: dict[str, list[dict]], args: argparse.Namespace) -> str:
     rows = []
     for before, after in zip(results["before"], results["after"], strict=True):
         rows.append([before["item"], before["case"], *_cells(before), *_cells(after)])
-    table = md_table(["item", "case", "before: status", "before: s", "before: peak RSS MiB", "after: status",
-                      "after: s", "after: peak RSS MiB"], rows)
+    table = md_table(["item", "case", "before: status", "s", "peak RSS MiB", "models kept", "after: status", "s",
+                      "peak RSS MiB", "models kept"], rows)
     load = os.getloadavg()[1]
     return (f"# Hostile requests against a live API server (issue 34)\n\n"
             f"One `uvicorn api.main:app` per code over a fresh home; 'before' is commit `{args.before}`, 'after' "
             f"this tree. Peak RSS growth: the server's VmHWM after the case minus its VmRSS before (the peak is "
             f"reset before each case). Status and seconds list every request of a case (upload, then the predict, "
-            f"repeat or listings it names). The item-1 bomb decodes to {args.weights_mib} MiB. The machine was "
+            f"repeat or listings it names); 'models kept' counts the models the case left registered. The item-1 bomb decodes to {args.weights_mib} MiB. The machine was "
             f"shared with other work (load average {load:.1f}): times are upper bounds.\n\n" + table)
 
 
@@ -361,7 +366,7 @@ def _cells(row: dict) -> list:
         status += " (server died)"
     seconds = " ".join(f"{s:.2f}" for s in row["seconds"])
     grown = None if row["peak_rss_growth_mib"] is None else round(row["peak_rss_growth_mib"])
-    return [status, seconds, grown]
+    return [status, seconds, grown, row["models_registered"]]
 
 
 if __name__ == "__main__":
