@@ -2,25 +2,33 @@
 
 from __future__ import annotations
 
+import os
 import threading
 from collections import OrderedDict
 from concurrent.futures import Future
 from pathlib import Path
 
+from earl_service.errors import BundleError
 from earl_service.predict import LinkPredictor
 from earl_service.worker.records import ModelRecord
 
 Key = tuple[str, str]  # (model id, sha256)
+Signature = tuple[int, int, int]  # (inode, size, mtime_ns) of a bundle file
 
 
 class PredictorCache:
     """At most `size` predictors. A missing one is loaded once, outside the lock, for all the requests that want
-    it meanwhile (they wait for that load instead of each loading its own copy); hits never wait for a load."""
+    it meanwhile (they wait for that load instead of each loading its own copy); hits never wait for a load.
+
+    A bundle that failed to load fails the same way until its file changes: re-reading it on every request would
+    cost a full load (seconds, memory) per request for the same error.
+    """
 
     def __init__(self, size: int) -> None:
         self.size = size
         self._items: OrderedDict[Key, LinkPredictor] = OrderedDict()
         self._loading: dict[Key, Future[LinkPredictor]] = {}
+        self._failed: OrderedDict[Key, tuple[Signature, str]] = OrderedDict()
         self._lock = threading.Lock()
 
     def __len__(self) -> int:
@@ -40,10 +48,15 @@ class PredictorCache:
         return self._load(key, path, loading) if mine else loading.result()
 
     def _load(self, key: Key, path: Path, loading: Future[LinkPredictor]) -> LinkPredictor:
-        """Load for every request waiting on `loading`; a predictor is kept, an error is not (raised in each
-        waiting request, and the next request tries again)."""
+        """Load for every request waiting on `loading`; a predictor is kept, an error is raised in each waiting
+        request (and a BundleError remembered against the file, see the class doc)."""
         try:
-            predictor = load_predictor(path)
+            self._refuse_known_failure(key, path)
+            try:
+                predictor = load_predictor(path)
+            except BundleError as exc:
+                self._remember_failure(key, path, str(exc))
+                raise
         except BaseException as exc:
             with self._lock:
                 del self._loading[key]
@@ -61,9 +74,35 @@ class PredictorCache:
         with self._lock:
             for key in [k for k in self._items if k[0] == model_id]:
                 del self._items[key]
+            for key in [k for k in self._failed if k[0] == model_id]:
+                del self._failed[key]
+
+    def _refuse_known_failure(self, key: Key, path: Path) -> None:
+        """BundleError at once if `key`'s bundle failed to load before and its file is unchanged since."""
+        with self._lock:
+            known = self._failed.get(key)
+        if known is not None and known[0] == _file_signature(path):
+            raise BundleError(known[1])
+
+    def _remember_failure(self, key: Key, path: Path, reason: str) -> None:
+        signature = _file_signature(path)
+        if signature is None:  # no file to compare with later: nothing worth remembering
+            return
+        with self._lock:
+            self._failed[key] = (signature, reason)
+            while len(self._failed) > max(self.size, 16):
+                self._failed.popitem(last=False)
 
 
 def load_predictor(path: Path) -> LinkPredictor:
     from earl_service.bundle import load_bundle
 
     return LinkPredictor.from_bundle(load_bundle(path))
+
+
+def _file_signature(path: Path) -> Signature | None:
+    try:
+        stat = os.stat(path)
+    except OSError:
+        return None
+    return stat.st_ino, stat.st_size, stat.st_mtime_ns

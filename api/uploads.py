@@ -10,7 +10,8 @@ from pathlib import Path
 
 from fastapi import UploadFile
 
-from earl_service.data import DEFAULT_MAX_BYTES, SPLIT_SUFFIXES, count_triples
+from earl_service.bundle_format import METADATA_LIMITS, parse_json
+from earl_service.data import DEFAULT_MAX_BYTES, SPLIT_SUFFIXES, count_triples, relation_labels
 from earl_service.errors import DatasetError, TripleFileError, TripleLimitError
 from earl_service.worker.home import ServiceHome
 
@@ -58,19 +59,26 @@ def check_triples(path: Path, shown_name: str | None, *, max_bytes: int = DEFAUL
 
 
 def save_labels(upload: UploadFile, dest: Path) -> Path:
-    """A relation-label JSON object (what data.relation_labels reads); DatasetError with the reason if not."""
+    """A relation-label JSON object (what data.relation_labels reads) saved as `dest` (relations.en.json);
+    DatasetError with the reason if it is not one, or if its labels would not fit in a bundle."""
     upload.file.seek(0)
     raw = upload.file.read(LABELS_MAX_BYTES + 1)
     if len(raw) > LABELS_MAX_BYTES:
         raise DatasetError(f"relation_labels: larger than {LABELS_MAX_BYTES // 2**20} MiB")
     try:
-        labels = json.loads(raw.decode("utf-8-sig"))
+        labels = parse_json(raw.decode("utf-8-sig"), "relation_labels", object, nonfinite_as_null=True)
     except (UnicodeDecodeError, ValueError) as exc:
         raise DatasetError(f"relation_labels: not a UTF-8 JSON document ({exc})") from None
     if not isinstance(labels, dict):
         raise DatasetError('relation_labels: expected a JSON object such as {"P27": "country of citizenship"}')
     dest.parent.mkdir(parents=True, exist_ok=True)
     dest.write_bytes(raw)
+    # The trained bundle carries the labels relation_labels keeps; refuse now what its publishing would refuse.
+    kept, limit = len(json.dumps(relation_labels(dest.parent))), METADATA_LIMITS["relation_labels"]
+    if kept > limit:
+        dest.unlink()
+        raise DatasetError(f"relation_labels: its labels take {kept:,} bytes, more than a bundle may carry "
+                           f"({limit:,}, bundle_format.METADATA_LIMITS)")
     return dest
 
 

@@ -141,16 +141,16 @@ def free_port() -> int:
 
 @contextmanager
 def api_server(home: Path, *, token: str = "", log: Path | None = None, env: dict[str, str] | None = None,
-               timeout: float = 120.0) -> Iterator[tuple[str, subprocess.Popen]]:
-    """`uvicorn api.main:app` on a free 127.0.0.1 port over `home` (SQLite store); yields (base URL, process)
-    once /readyz answers 200, and stops it (SIGTERM) afterwards. Its output goes to `log` if given."""
+               timeout: float = 120.0, tree: Path = REPO) -> Iterator[tuple[str, subprocess.Popen]]:
+    """`uvicorn api.main:app` of the code in `tree` on a free 127.0.0.1 port over `home` (SQLite store); yields
+    (base URL, process) once /readyz answers 200, and stops it (SIGTERM) afterwards. Its output goes to `log`."""
     import httpx
 
     port = free_port()
     env = {**os.environ, "EARL_HOME": str(home), "EARL_STORE": "sqlite", "EARL_API_TOKEN": token, **(env or {})}
     out = log.open("w") if log else subprocess.DEVNULL
     proc = subprocess.Popen([sys.executable, "-m", "uvicorn", "api.main:app", "--host", "127.0.0.1", "--port",
-                             str(port), "--log-level", "warning"], cwd=REPO, env=env, stdout=out,
+                             str(port), "--log-level", "warning"], cwd=tree, env=env, stdout=out,
                             stderr=subprocess.STDOUT)
     base = f"http://127.0.0.1:{port}"
     try:

@@ -5,9 +5,11 @@ from __future__ import annotations
 import hashlib
 import json
 import lzma
+import math
 import os
 import struct
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -21,7 +23,46 @@ FORMAT_VERSION = 2
 PRECISIONS = ("fp32", "fp16", "int8")
 CODINGS = ("plain", "planes-xz")
 _CODED_DTYPES = {"float32": np.float32, "float16": np.float16, "int8": np.int8}
-_HEADER_LIMIT = 100 * 1024 * 1024  # a sane bundle header is a few KB
+# Bounds on what a bundle may declare, so that a small file cannot make its reader (or the API's listings) big.
+# A trained bundle's header is a few KB: its metrics about 2.5 KB, its config 250 bytes.
+HEADER_LIMIT = 4 * 2**20  # the whole safetensors header: metadata, weight manifest and tensor table
+METADATA_LIMITS = {"config": 16 * 2**10, "metrics": 64 * 2**10, "relation_labels": 2 * 2**20}  # bytes per entry
+# How deep any JSON in a bundle may nest (a trained bundle's metrics: 3): what a JSON answer can still carry.
+JSON_DEPTH = 32
+_JSON_NAMES: dict[type, str] = {dict: "object", list: "array", str: "string"}
+RATIO_LIMIT = 64  # xz output per input byte: honest graphs and names shrink 2-4x, weights 1-2x, a bomb 1000x
+RATIO_FLOOR = 16 << 20  # bytes any xz part may decode to, whatever its packed size
+
+
+def parse_json(text: str | bytes, what: str, kind: type = dict, *, nonfinite_as_null: bool = False) -> Any:
+    """`text` as JSON of type `kind`, nested at most JSON_DEPTH deep; ValueError naming `what` if not. NaN and
+    Infinity are refused (no JSON answer can carry them) or, with `nonfinite_as_null`, read as None."""
+    def constant(name: str) -> None:
+        if not nonfinite_as_null:
+            raise ValueError(f"{what} holds {name}, which JSON does not allow")
+
+    too_deep = ValueError(f"{what} is nested more than {JSON_DEPTH} deep")
+    try:
+        value = json.loads(text, parse_constant=constant)
+    except RecursionError:  # deeper than the interpreter's own limit
+        raise too_deep from None
+    if _depth(value) > JSON_DEPTH:
+        raise too_deep
+    if not isinstance(value, kind):
+        raise ValueError(f"{what} must be a JSON {_JSON_NAMES.get(kind, kind.__name__)}, "
+                         f"not {_JSON_NAMES.get(type(value), type(value).__name__)}")
+    return value
+
+
+def _depth(value: Any) -> int:
+    """How deeply lists and objects nest in a parsed JSON value (a scalar: 0), without recursion."""
+    deepest, todo = 0, [(value, 1)]
+    while todo:
+        item, level = todo.pop()
+        if isinstance(item, dict | list):
+            deepest = max(deepest, level)
+            todo.extend((child, level + 1) for child in (item.values() if isinstance(item, dict) else item))
+    return deepest
 
 
 def pack_strings(names: list[str]) -> np.ndarray:
@@ -29,9 +70,13 @@ def pack_strings(names: list[str]) -> np.ndarray:
     return np.frombuffer(lzma.compress("\0".join(names).encode("utf-8"), preset=9), dtype=np.uint8)
 
 
+def _ratio_limit(blob: np.ndarray) -> int:
+    return max(RATIO_LIMIT * blob.size, RATIO_FLOOR)
+
+
 def _decompress(blob: np.ndarray, what: str) -> bytes:
-    """xz-decompress with a ratio cap: honest graphs and names shrink 2-4x, a decompression bomb 1000x."""
-    limit = max(64 * blob.size, 16 << 20)
+    """xz-decompress with a ratio cap (RATIO_LIMIT): a decompression bomb stops at the cap."""
+    limit = _ratio_limit(blob)
     decompressor = lzma.LZMADecompressor()
     raw = decompressor.decompress(blob.tobytes(), max_length=limit)
     if not decompressor.eof:
@@ -52,11 +97,13 @@ def narrowest_uint(max_value: int) -> np.dtype:
 
 
 def pack_graph(triples: np.ndarray, num_entities: int, num_relations: int) -> np.ndarray:
-    """Triples sorted by (head, relation, tail) as CSR (per-head counts, relations, tails) in the narrowest
-    unsigned types, xz-compressed. Edge order does not matter to the encoder (sums are order-free up to
-    float rounding, and the CSR build sorts anyway), so sorting loses nothing."""
+    """Distinct triples sorted by (head, relation, tail) as CSR (per-head counts, relations, tails) in the
+    narrowest unsigned types, xz-compressed. Edge order does not matter to the encoder (sums are order-free up
+    to float rounding, and the CSR build sorts anyway), so sorting loses nothing; a repeated triple is dropped,
+    since unpack_graph refuses repeats (a graph is a set: every reader of this library dedupes its triples)."""
     t = np.asarray(triples, dtype=np.int64).reshape(-1, 3)
     t = t[np.lexsort((t[:, 2], t[:, 1], t[:, 0]))]
+    t = t[np.concatenate([[True], (t[1:] != t[:-1]).any(axis=1)])] if len(t) else t
     counts = np.bincount(t[:, 0], minlength=num_entities)
     count_type = narrowest_uint(int(counts.max(initial=0)))
     header = np.array([num_entities, num_relations, len(t), count_type.itemsize], dtype=np.uint64)
@@ -70,18 +117,43 @@ def pack_graph(triples: np.ndarray, num_entities: int, num_relations: int) -> np
 
 
 def unpack_graph(blob: np.ndarray) -> np.ndarray:
+    """Inverse of pack_graph: (E, 3) int64. Every size is checked against the decoded bytes before anything the
+    header declares is built, and the edges must come as pack_graph writes them: sorted, without repeats."""
     raw = _decompress(blob, "graph")
+    if len(raw) < 32:
+        raise BundleError(f"the bundle's graph is {len(raw)} bytes, shorter than its 32-byte header")
     n, num_rel, e, count_size = (int(x) for x in np.frombuffer(raw[:32], dtype=np.uint64))
-    count_type = np.dtype(f"uint{8 * count_size}")
-    pos = 32
-    out = []
-    for count, dt in ((n, count_type), (e, narrowest_uint(num_rel)), (e, narrowest_uint(n))):
-        arr = np.frombuffer(raw, dtype=dt, count=count, offset=pos)
-        pos += count * dt.itemsize
-        out.append(arr.astype(np.int64))
-    counts, rel, tail = out
-    heads = np.repeat(np.arange(n, dtype=np.int64), counts)
-    return np.stack([heads, rel, tail], 1)
+    if count_size not in (1, 2, 4, 8):
+        raise BundleError(f"the bundle's graph header gives {count_size}-byte counts (1, 2, 4 or 8)")
+    rel_type, tail_type = narrowest_uint(num_rel), narrowest_uint(n)
+    size = 32 + n * count_size + e * (rel_type.itemsize + tail_type.itemsize)
+    if size != len(raw):
+        raise BundleError(f"the bundle's graph header declares {size} bytes, the graph holds {len(raw)}")
+    counts = np.frombuffer(raw, dtype=f"uint{8 * count_size}", count=n, offset=32)
+    rel = np.frombuffer(raw, dtype=rel_type, count=e, offset=32 + n * count_size)
+    tail = np.frombuffer(raw, dtype=tail_type, count=e, offset=32 + n * count_size + e * rel_type.itemsize)
+    if int(counts.sum(dtype=np.uint64)) != e or (n and int(counts.max()) > e):  # the max: a sum that wrapped
+        raise BundleError(f"the bundle's graph counts {int(counts.sum(dtype=np.uint64))} edges, its header {e}")
+    _check_edge_order(counts, rel, tail)
+    triples = np.empty((e, 3), dtype=np.int64)
+    triples[:, 0] = np.repeat(np.arange(n, dtype=np.int64), counts.astype(np.int64))
+    triples[:, 1], triples[:, 2] = rel, tail
+    return triples
+
+
+def _check_edge_order(counts: np.ndarray, rel: np.ndarray, tail: np.ndarray) -> None:
+    """Within each head, (relation, tail) strictly increase: pack_graph's order, and no edge twice. A repeated
+    edge is malformed (it would count twice in every sum of the encoder, and cost the server per copy).
+    Compared in the stored narrow types, so checking costs a few bytes per edge."""
+    if len(rel) < 2:
+        return
+    new_head = np.zeros(len(rel), dtype=bool)
+    new_head[np.cumsum(counts[counts > 0], dtype=np.int64)[:-1]] = True
+    later_rel, later_tail = rel[1:], tail[1:]
+    increasing = (later_rel > rel[:-1]) | ((later_rel == rel[:-1]) & (later_tail > tail[:-1]))
+    if not (increasing | new_head[1:]).all():
+        raise BundleError("the bundle's graph holds a repeated edge or is out of order; a bundle's graph is a "
+                          "set of distinct triples sorted by head, relation and tail (as pack_graph writes it)")
 
 
 def default_coding(precision: str) -> str:
@@ -107,19 +179,32 @@ def pack_weights(tensors: dict[str, np.ndarray]) -> tuple[np.ndarray, str]:
     return np.frombuffer(lzma.compress(planes, preset=9), dtype=np.uint8), json.dumps(manifest)
 
 
-def unpack_weights(blob: np.ndarray, manifest_json: str) -> dict[str, np.ndarray]:
-    """Inverse of pack_weights. The manifest fixes the decoded size, so no decompression bomb gets through."""
+def weights_manifest(manifest_json: str) -> list[tuple[str, np.dtype, tuple[int, ...]]]:
+    """pack_weights' manifest as (name, dtype, shape) per coded tensor; BundleError if malformed."""
     try:
-        manifest = [(str(n), _CODED_DTYPES[d], tuple(int(x) for x in shape)) for n, d, shape in json.loads(manifest_json)]
+        manifest = [(str(n), np.dtype(_CODED_DTYPES[d]), tuple(int(x) for x in shape))
+                    for n, d, shape in parse_json(manifest_json, "the weight manifest", list)]
     except (ValueError, KeyError, TypeError) as exc:
         raise BundleError(f"the bundle's weight manifest is malformed: {exc}") from exc
-    counts = [int(np.prod(shape, dtype=np.int64)) for _, _, shape in manifest]
-    sizes = [np.dtype(dt).itemsize for _, dt, _ in manifest]
-    if any(c < 0 for c in counts):
+    if any(x < 0 for _, _, shape in manifest for x in shape):
         raise BundleError("the bundle's weight manifest has a negative shape")
+    return manifest
+
+
+def unpack_weights(blob: np.ndarray, manifest: list[tuple[str, np.dtype, tuple[int, ...]]]) -> dict[str, np.ndarray]:
+    """Inverse of pack_weights. The manifest (check its shapes first) fixes the decoded size, and that size must
+    stay within the ratio cap, so a bomb is refused before one byte is decoded."""
+    counts = [math.prod(shape) for _, _, shape in manifest]
+    sizes = [dt.itemsize for _, dt, _ in manifest]
     expected = sum(c * w for c, w in zip(counts, sizes, strict=True))
+    if expected > _ratio_limit(blob):
+        raise BundleError(f"the bundle's coded weights would decode to {expected} bytes from {blob.size}: "
+                          f"more than {RATIO_LIMIT}x, refusing a possible bomb")
     decompressor = lzma.LZMADecompressor()
-    raw = decompressor.decompress(blob.tobytes(), max_length=expected + 1)
+    try:
+        raw = decompressor.decompress(blob.tobytes(), max_length=expected + 1)
+    except lzma.LZMAError as exc:
+        raise BundleError(f"the bundle is corrupted: its coded weights do not decompress ({exc})") from exc
     if len(raw) != expected or not decompressor.eof:
         raise BundleError(f"the bundle's coded weights decode to {len(raw)}+ bytes, the manifest says {expected}")
     cols = [np.empty((c, w), dtype=np.uint8) for c, w in zip(counts, sizes, strict=True)]
@@ -169,7 +254,8 @@ def payload_digest(data: bytes) -> str:
 
 
 def read_safetensors(path: str | os.PathLike) -> tuple[dict[str, str], dict[str, np.ndarray], int]:
-    """Parse and verify a bundle file without trusting it: (metadata, tensors, size in bytes)."""
+    """Parse and verify a bundle file without trusting it: (metadata, tensors, size in bytes). Coded weights stay
+    coded ("weights.packed"): core.decode decodes them once their shapes agree with the config."""
     from safetensors.numpy import load as st_load
 
     path = Path(path)
@@ -184,7 +270,7 @@ def read_safetensors(path: str | os.PathLike) -> tuple[dict[str, str], dict[str,
         tensors = st_load(data)
     except Exception as exc:  # safetensors raises its own error types for malformed files
         raise BundleError(f"{path} is corrupted: {exc}") from exc
-    return meta, _decode_weights(meta, tensors, path), len(data)
+    return meta, tensors, len(data)
 
 
 def _header(data: bytes, path: Path) -> tuple[dict[str, str], int]:
@@ -192,13 +278,12 @@ def _header(data: bytes, path: Path) -> tuple[dict[str, str], int]:
     if len(data) < 8:
         raise BundleError(f"{path} is not an EARL bundle: {len(data)} bytes, too short for a safetensors header")
     (header_len,) = struct.unpack("<Q", data[:8])
-    if header_len > min(_HEADER_LIMIT, len(data) - 8):
+    if header_len > len(data) - 8:
         raise BundleError(f"{path} is not an EARL bundle (truncated, or not a safetensors file)")
-    try:
-        header = json.loads(data[8 : 8 + header_len])
-        meta = header.get("__metadata__") or {}
-    except (ValueError, AttributeError) as exc:
-        raise BundleError(f"{path} is not an EARL bundle: unreadable safetensors header") from exc
+    if header_len > HEADER_LIMIT:
+        raise BundleError(f"{path}: its header takes {header_len:,} bytes, more than a bundle may "
+                          f"(bundle_format.HEADER_LIMIT = {HEADER_LIMIT:,})")
+    meta = _metadata(data[8 : 8 + header_len], path)
     if meta.get("format") != FORMAT:
         raise BundleError(f"{path} is a safetensors file but not an EARL bundle (format={meta.get('format')!r})")
     try:
@@ -213,22 +298,20 @@ def _header(data: bytes, path: Path) -> tuple[dict[str, str], int]:
     return meta, header_len
 
 
-def _decode_weights(meta: dict[str, str], tensors: dict[str, np.ndarray], path: Path) -> dict[str, np.ndarray]:
-    """The tensors with coded weights (meta's weights_coding) decoded back into `param.*` tensors."""
-    coding = meta.get("weights_coding", "plain")
-    if coding not in CODINGS:
-        raise BundleError(f"{path} uses weight coding {coding!r}, unknown to earl_service {__version__}")
-    if coding == "plain":
-        return tensors
-    if "weights.packed" not in tensors or "weights_manifest" not in meta:
-        raise BundleError(f"{path} says its weights are {coding}-coded but holds no coded weights")
+def _metadata(header: bytes, path: Path) -> dict[str, str]:
+    """The `__metadata__` of a safetensors header: an object of strings, each entry within METADATA_LIMITS."""
     try:
-        decoded = unpack_weights(tensors.pop("weights.packed"), meta["weights_manifest"])
-    except lzma.LZMAError as exc:
-        raise BundleError(f"{path} is corrupted: its coded weights do not decompress ({exc})") from exc
-    if set(decoded) & set(tensors):
-        raise BundleError(f"{path} holds weights both coded and plain")
-    return tensors | decoded
+        meta = parse_json(header, "the safetensors header").get("__metadata__") or {}
+        if not isinstance(meta, dict) or not all(isinstance(v, str) for v in meta.values()):
+            raise ValueError("__metadata__ must be a JSON object of strings")
+    except ValueError as exc:
+        raise BundleError(f"{path} is not an EARL bundle: unreadable safetensors header ({exc})") from exc
+    for key, limit in METADATA_LIMITS.items():
+        size = len(meta.get(key, "").encode("utf-8"))
+        if size > limit:
+            raise BundleError(f"{path}: its {key!r} metadata takes {size:,} bytes, more than a bundle's {key!r} "
+                              f"may ({limit:,}, bundle_format.METADATA_LIMITS)")
+    return meta
 
 
 def write_safetensors(path: str | os.PathLike, tensors: dict[str, np.ndarray], metadata: dict[str, str]) -> Path:

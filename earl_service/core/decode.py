@@ -2,17 +2,29 @@
 
 from __future__ import annotations
 
-import json
+import dataclasses
 import lzma
+import math
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from ..bundle_format import dequantize, unpack_graph, unpack_strings
+from ..bundle_format import (
+    CODINGS,
+    PRECISIONS,
+    dequantize,
+    parse_json,
+    unpack_graph,
+    unpack_strings,
+    unpack_weights,
+    weights_manifest,
+)
 from ..config import ModelConfig
 from ..data import Vocab
 from ..errors import BundleError
+
+F32_MAX = float(np.finfo(np.float32).max)
 
 
 @dataclass(frozen=True)
@@ -35,7 +47,10 @@ class DecodedBundle:
 def decode(meta: dict[str, str], tensors: dict[str, np.ndarray], *, source: str = "bundle") -> DecodedBundle:
     """The parts of a bundle (bundle_format.read_safetensors' metadata and tensors), checked: content present and
     well-formed, vocabularies valid, graph and reserved ids within them, every tensor the config implies present
-    with its shape and no other. `source` (the file) prefixes the messages."""
+    with its shape and no other, then every weight finite (and RotatE's scores finite in float32).
+
+    Sizes come before contents: every declared weight shape is held against the config before any coded weight is
+    decoded, so what a small file can make this function allocate is bounded by what its config implies."""
     bundle = _parse(meta, tensors, source)
     n, num_rel = len(bundle.entities), len(bundle.relations)
     triples, reserved = bundle.triples, bundle.reserved
@@ -43,28 +58,60 @@ def decode(meta: dict[str, str], tensors: dict[str, np.ndarray], *, source: str 
         raise BundleError(f"{source}: the graph refers to entities or relations outside the vocabulary")
     if reserved.size and (reserved.max() >= n or reserved.min() < 0):
         raise BundleError(f"{source}: reserved entity ids outside the vocabulary")
-    _check_shapes(bundle)
-    return bundle
+    stored = _stored_weights(meta, tensors, bundle.coding, source)
+    _check_shapes(bundle, stored, coded=bundle.coding != "plain")
+    params = _weights(meta, tensors, bundle.coding, source)
+    _check_values(bundle.config, params, source)
+    return dataclasses.replace(bundle, params=params)
 
 
 def _parse(meta: dict[str, str], tensors: dict[str, np.ndarray], source: str) -> DecodedBundle:
+    """Every part but the weights (params left empty): those are decoded once their shapes are known to fit."""
     try:
         return DecodedBundle(  # in the order load_bundle has always read them: the first fault is the one named
-            config=ModelConfig.from_dict(json.loads(meta["config"])),
-            metrics=json.loads(meta.get("metrics", "{}")),
-            relation_labels=json.loads(meta.get("relation_labels", "{}")),
+            config=_config(meta["config"]),
+            # Metrics are informational: a NaN a training run wrote reads as null rather than refusing the model.
+            metrics=parse_json(meta.get("metrics", "{}"), "metrics", nonfinite_as_null=True),
+            relation_labels=parse_json(meta.get("relation_labels", "{}"), "relation_labels"),
             entities=_vocab(unpack_strings(tensors["vocab.entities"]), "entity"),
             relations=_vocab(unpack_strings(tensors["vocab.relations"]), "relation"),
             triples=unpack_graph(tensors["graph.packed"]),
             reserved=tensors["buffer.reserved"].astype(np.int64),
-            params={name[len("param.") :]: dequantize(tensors, name) for name in tensors
-                    if name.startswith("param.") and not name.endswith(".scale")},
-            precision=meta.get("precision", "fp32"),
+            params={},
+            precision=_choice(meta.get("precision", "fp32"), PRECISIONS, "precision"),
             coding=meta.get("weights_coding", "plain"),
             sha256=meta["payload_sha256"],
         )
     except (KeyError, ValueError, lzma.LZMAError, TypeError, AttributeError) as exc:
         raise BundleError(f"{source} is an EARL bundle with missing or malformed content: {exc}") from exc
+
+
+def _config(text: str) -> ModelConfig:
+    """The bundle's ModelConfig; ValueError unless every field has its type (finite numbers) and the RotatE phase
+    scale pi / ((gamma + epsilon) / dim) is a finite float32, as the scorers compute it."""
+    values = parse_json(text, "config")
+    for f in dataclasses.fields(ModelConfig):
+        if f.name in values and not _fits(values[f.name], type(f.default)):
+            raise ValueError(f"config {f.name} must be a finite {type(f.default).__name__}, not {values[f.name]!r}")
+    config = ModelConfig.from_dict(values)
+    if not config.embedding_range * F32_MAX > math.pi or not math.isfinite(config.embedding_range):
+        raise ValueError(f"config gamma {config.gamma}, epsilon {config.epsilon} and dim {config.dim} give a RotatE "
+                         "phase scale that float32 cannot hold")
+    return config
+
+
+def _fits(value: Any, kind: type) -> bool:
+    if kind is bool or isinstance(value, bool):
+        return isinstance(value, kind)
+    if kind is float:
+        return isinstance(value, int | float) and math.isfinite(value)
+    return isinstance(value, kind)
+
+
+def _choice(value: str, choices: tuple[str, ...], what: str) -> str:
+    if value not in choices:
+        raise ValueError(f"{what} must be one of {choices}, not {value[:100]!r}")
+    return value
 
 
 def _vocab(names: list[str], kind: str) -> Vocab:
@@ -74,20 +121,90 @@ def _vocab(names: list[str], kind: str) -> Vocab:
         raise BundleError(f"bundle {kind} vocabulary is invalid: {exc}") from exc
 
 
-def _check_shapes(bundle: DecodedBundle) -> None:
-    """Every tensor the config implies is present with its shape, and no other."""
+def _stored_weights(meta: dict[str, str], tensors: dict[str, np.ndarray], coding: str, source: str,
+                    ) -> dict[str, tuple[np.dtype, tuple[int, ...]]]:
+    """dtype and shape of every `param.*` tensor as the file declares it (coded ones from the manifest), unread."""
+    if coding not in CODINGS:
+        raise BundleError(f"{source} uses weight coding {coding!r}, unknown to this earl_service")
+    stored = {name: (t.dtype, t.shape) for name, t in tensors.items() if name.startswith("param.")}
+    if coding == "plain":
+        return stored
+    if "weights.packed" not in tensors or "weights_manifest" not in meta:
+        raise BundleError(f"{source} says its weights are {coding}-coded but holds no coded weights")
+    coded = {name: (dtype, shape) for name, dtype, shape in weights_manifest(meta["weights_manifest"])}
+    if set(coded) & set(stored):
+        raise BundleError(f"{source} holds weights both coded and plain")
+    return stored | coded
+
+
+def _check_shapes(bundle: DecodedBundle, stored: dict[str, tuple[np.dtype, tuple[int, ...]]], *,
+                  coded: bool) -> None:
+    """Every tensor the config implies is stored with its shape, and no other; int8 matrices with their scales."""
     cfg = bundle.config
-    if cfg.gnn_layers > len(bundle.params):  # every layer has weights; refuse before listing a huge layer count
-        raise BundleError(f"bundle config asks for {cfg.gnn_layers} GNN layers but holds {len(bundle.params)} tensors")
+    shapes = {name[len("param.") :]: shape for name, (_, shape) in stored.items() if not name.endswith(".scale")}
+    if cfg.gnn_layers > len(shapes):  # every layer has weights; refuse before listing a huge layer count
+        raise BundleError(f"bundle config asks for {cfg.gnn_layers} GNN layers but holds {len(shapes)} tensors")
     expected = expected_shapes(cfg, len(bundle.entities), len(bundle.relations), len(bundle.reserved))
+    where = " in its coded weights" if coded else ""
     for name, shape in expected.items():
-        got = bundle.params.get(name)
-        if got is None or got.shape != shape:
-            raise BundleError(f"bundle tensor {name!r} has shape {None if got is None else got.shape}, "
-                              f"the config implies {shape}")
-    extra = set(bundle.params) - set(expected)
+        if shapes.get(name) != shape:
+            raise BundleError(f"bundle tensor {name!r} has shape {shapes.get(name)}{where}, the config implies {shape}")
+    extra = set(shapes) - set(expected)
     if extra:
         raise BundleError(f"bundle holds tensors its config does not use: {sorted(extra)}")
+    for name, (dtype, shape) in stored.items():
+        if not _stored_as_quantize_writes(name, dtype, shape, stored):
+            raise BundleError(f"bundle tensor {name!r} has missing or malformed content: {dtype} {shape}, "
+                              f"{'with' if name + '.scale' in stored else 'without'} a scale")
+
+
+def _stored_as_quantize_writes(name: str, dtype: np.dtype, shape: tuple[int, ...],
+                               stored: dict[str, tuple[np.dtype, tuple[int, ...]]]) -> bool:
+    """float32 or float16; or an int8 matrix with a float32 scale per row (bundle_format.quantize)."""
+    if name.endswith(".scale"):
+        base = stored.get(name.removesuffix(".scale"))
+        return base is not None and base[0] == np.int8 and dtype == np.float32 and shape == base[1][:1]
+    if dtype == np.int8:
+        return len(shape) == 2 and name + ".scale" in stored
+    return dtype in (np.float32, np.float16) and name + ".scale" not in stored
+
+
+def _weights(meta: dict[str, str], tensors: dict[str, np.ndarray], coding: str, source: str,
+             ) -> dict[str, np.ndarray]:
+    """The float32 trainable tensors by state_dict name: coded weights decoded (their shapes already checked)."""
+    if coding != "plain":
+        decoded = unpack_weights(tensors["weights.packed"], weights_manifest(meta["weights_manifest"]))
+        tensors = {name: t for name, t in tensors.items() if name != "weights.packed"} | decoded
+    return {name[len("param.") :]: dequantize(tensors, name) for name in tensors
+            if name.startswith("param.") and not name.endswith(".scale")}
+
+
+def _check_values(config: ModelConfig, params: dict[str, np.ndarray], source: str) -> None:
+    """Every weight finite; RotatE's, which are its embeddings, small enough that its scores stay finite."""
+    for name, value in params.items():
+        if not np.isfinite(value).all():
+            raise BundleError(f"bundle tensor {name!r} is not finite: the rebuilt embeddings hold NaN or infinite "
+                              "values")
+    if config.model == "rotate":
+        check_embeddings(config, params["entities"], params["relations"], source=source)
+
+
+def check_embeddings(config: ModelConfig, entities: np.ndarray, relations: np.ndarray, *,
+                     source: str = "bundle") -> None:
+    """BundleError unless every RotatE score of these embeddings is finite in float32: entities (N, 2d), relation
+    values (R, d). A rotated query's reals are at most sqrt(2) * max |x|, so each real of e - q is under
+    3 * max |x|, and a row's sum of squares (what an L2 index adds up over all 2d reals) under 9 * max|x|^2 * 2d:
+    that must stay below float32's max. Relation values times the phase scale must too."""
+    if not (np.isfinite(entities).all() and np.isfinite(relations).all()):
+        raise BundleError(f"{source}: the rebuilt embeddings hold NaN or infinite values")
+    largest = float(np.abs(entities).max(initial=0.0))
+    limit = math.sqrt(F32_MAX / (9 * max(entities.shape[-1], 1)))
+    if largest > limit:
+        raise BundleError(f"{source}: the entity embeddings reach {largest:.3g}; scores stay finite in float32 "
+                          f"only up to {limit:.3g}")
+    phase = float(np.abs(relations).max(initial=0.0)) * math.pi / config.embedding_range
+    if phase >= F32_MAX:
+        raise BundleError(f"{source}: the relation embeddings give phases up to {phase:.3g}, past float32's range")
 
 
 def expected_shapes(config: ModelConfig, num_entities: int, num_relations: int, num_reserved: int,

@@ -107,7 +107,9 @@ class RedisStore:
         return None if text is None else ModelRecord.from_dict(json.loads(text))
 
     def list_models(self) -> list[ModelRecord]:
-        records = [ModelRecord.from_dict(json.loads(v)) for v in self._call(self._redis.hvals, self._models)]
+        """Every record, newest first, without its config and metrics (as SqliteStore.list_models)."""
+        records = [ModelRecord.from_dict(json.loads(v) | {"config": {}, "metrics": {}})
+                   for v in self._call(self._redis.hvals, self._models)]
         return sorted(records, key=lambda r: r.created, reverse=True)
 
     def delete_model(self, model_id: str) -> bool:

@@ -146,10 +146,11 @@ class ModelRegistry:
                job_id: str | None, created: float | None) -> ModelRecord:
         """Under the model's lock: move the verified bundle at `staged` in as the next version, then record it."""
         final = self.home.version_path(model_id, 1 if previous is None else version_number(previous) + 1)
-        final.parent.mkdir(parents=True, exist_ok=True)
-        os.replace(staged, final)
+        # Described before the move: a bundle whose record cannot be built never reaches models/.
         record = describe(bundle, model_id, self.home.relative(final), job_id=job_id,
                           created=time.time() if created is None else created)
+        final.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(staged, final)
         try:
             self.store.add_model(record)
         except BaseException:
@@ -221,20 +222,18 @@ def payload_sha256(path: Path) -> str:
 
 def verify_bundle(path: Path, *, rebuild: bool = False) -> Bundle:
     """load_bundle's checks; with `rebuild`, every embedding is also rebuilt once, so a file that passes the format
-    checks but cannot be served (a negative reserved id, NaN weights) is refused now, not at its first query."""
-    import torch
-
+    checks but cannot be served (NaN or overflowing embeddings) is refused now, not at its first query."""
     from ..bundle import load_bundle
+    from ..core.decode import check_embeddings
 
     bundle = load_bundle(path)
     if rebuild:
         try:
-            finite = bool(torch.isfinite(bundle.entity_embeddings()).all())
+            entities, relations = bundle.entity_embeddings().numpy(), bundle.relation_embeddings().numpy()
         except Exception as exc:  # noqa: BLE001 - whatever the encoder trips on, the file is the cause
             raise BundleError(f"{path}: its encoder cannot rebuild the embeddings ({type(exc).__name__}: {exc})"
                               ) from None
-        if not finite:
-            raise BundleError(f"{path}: the rebuilt embeddings hold NaN or infinite values")
+        check_embeddings(bundle.config, entities, relations, source=str(path))
     return bundle
 
 

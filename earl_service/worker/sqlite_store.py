@@ -18,6 +18,7 @@ from .records import STATES, TERMINAL, Job, ModelRecord, new_id
 
 _JOB_COLUMNS = [f.name for f in fields(Job)]
 _JSON_COLUMNS = ("params", "files", "progress", "config", "metrics")
+_LISTED_COLUMNS = "id, path, sha256, bytes, created, parameters, precision, entities, relations, job_id"
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS jobs (
     id TEXT PRIMARY KEY, state TEXT NOT NULL, params TEXT NOT NULL, files TEXT NOT NULL,
@@ -175,9 +176,11 @@ class SqliteStore:
         return None if row is None else ModelRecord.from_dict(row)
 
     def list_models(self) -> list[ModelRecord]:
+        """Every record, newest first, without its config and metrics: a listing (or a 404's suggestions) shows
+        neither, and decoding them for every model made each listing cost the sum of all models' metadata."""
         with self._locked():
-            rows = self._db.execute("SELECT * FROM models ORDER BY created DESC").fetchall()
-        return [ModelRecord.from_dict(_decode_row(r)) for r in rows]
+            rows = self._db.execute(f"SELECT {_LISTED_COLUMNS} FROM models ORDER BY created DESC").fetchall()
+        return [ModelRecord.from_dict(dict(r)) for r in rows]
 
     def delete_model(self, model_id: str) -> bool:
         with self._locked(), self._tx():

@@ -11,6 +11,7 @@ import gzip
 import json
 import resource
 import struct
+import sys
 import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -19,13 +20,16 @@ from pathlib import Path
 import httpx
 import numpy as np
 import pytest
-from conftest import api_operations
+from conftest import REPO, api_operations
 from fastapi.testclient import TestClient
 
 from api.main import create_app
 from api.settings import Settings
 from earl_service.bundle import load_bundle
 from earl_service.bundle_format import read_safetensors, write_safetensors
+
+sys.path.insert(0, str(REPO / "bench"))
+import abuse  # noqa: E402 - the hostile bundles of issue 34, shared with bench/abuse.py
 
 TOKEN = "bad-inputs-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -249,6 +253,43 @@ CASES = [
     Case("bundle with a negative reserved id",
          upload_bundle(with_tensor("buffer.reserved", lambda t: -t.astype(np.int64) - 1)), 422,
          "reserved entity ids outside the vocabulary"),
+    # issue 34: memory bombs (the corpus test bounds the memory of each), unservable bundles, malformed metadata
+    Case("bundle weights declaring a 512 MiB tensor", upload_bundle(lambda d: abuse.weights_bomb(d, decoded_mib=512)),
+         422, "in its coded weights, the config implies"),
+    Case("bundle graph of 2**27 edges for one entity", upload_bundle(abuse.graph_bomb), 422,
+         "graph counts 134217728 edges"),
+    Case("bundle graph of 5.5M repeated edges", upload_bundle(abuse.duplicate_edges), 422, "repeated edge"),
+    Case("RotatE bundle with a NaN relation row",
+         upload_bundle(lambda d: abuse.with_tensor("param.relations", abuse._nan_row)(abuse.source_bundle("rotate"))),
+         422, "'relations' is not finite"),
+    Case("RotatE bundle with entity values of 1e30",
+         upload_bundle(lambda d: abuse.with_tensor("param.entities", lambda x: x * 0 + 1e30)(
+             abuse.source_bundle("rotate"))), 422, "scores stay finite in float32"),
+    Case("bundle with gamma = -epsilon", upload_bundle(abuse.with_config(gamma=-2.0, epsilon=2.0)), 422,
+         "gamma must be > 0"),
+    Case("bundle config gamma Infinity", upload_bundle(abuse.with_config(gamma=float("inf"))), 422,
+         "config holds Infinity"),
+    Case("bundle __metadata__ a JSON list", upload_bundle(abuse.with_header(lambda h: {**h, "__metadata__": [1]})),
+         422, "__metadata__ must be a JSON object of strings"),
+    Case("bundle config a JSON string", upload_bundle(abuse.with_metadata(config='"earl"')), 422,
+         "config must be a JSON object"),
+    Case("bundle config nested 100k deep", upload_bundle(abuse.with_metadata(config=abuse.NESTED)), 422,
+         "METADATA_LIMITS"),
+    Case("bundle config nested 5000 deep", upload_bundle(abuse.with_metadata(config="[" * 5000 + "]" * 5000)), 422,
+         "config is nested more than 32 deep"),
+    Case("bundle relation labels nested 100k deep", upload_bundle(abuse.with_metadata(relation_labels=abuse.NESTED)),
+         422, "relation_labels is nested more than 32 deep"),
+    Case("bundle header nested 100k deep", upload_bundle(abuse.with_header(lambda h: abuse.NESTED.encode())), 422,
+         "nested more than 32 deep"),
+    Case("bundle metrics a JSON string", upload_bundle(abuse.with_metadata(metrics='"good"')), 422,
+         "metrics must be a JSON object"),
+    Case("bundle metrics of 1 MB", upload_bundle(abuse.with_metadata(metrics=json.dumps({"x": "x" * 2**20}))), 422,
+         "'metrics' may (65,536, bundle_format.METADATA_LIMITS)"),
+    Case("relation labels nested 100k deep", job(GOOD, relation_labels=("labels.json", abuse.NESTED.encode())), 422,
+         "relation_labels: not a UTF-8 JSON document (relation_labels is nested more than 32 deep)"),
+    Case("relation labels too large for a bundle",
+         job(GOOD, relation_labels=("labels.json", json.dumps({"r": "x" * 3 * MB}).encode())), 422,
+         "more than a bundle may carry"),
     Case("streamed bundle over the limit (no Content-Length)",
          lambda c: c.client.post("/models", content=(b"\0" * MB for _ in range(LIMIT_MB + 2)), headers={
              **AUTH, "Content-Type": "multipart/form-data; boundary=xyz"}), 413, "EARL_MAX_UPLOAD_MB"),
@@ -275,6 +316,53 @@ def test_bad_request(ctx, case):
     # Bounded memory: the 10 MB line and the 64 MB gzip bomb never cost more than a few copies of the upload.
     assert (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - peak) / 1024 < 256
     assert ctx.client.get("/healthz").json() == {"status": "ok"}
+
+
+def test_a_refused_bundle_is_never_registered(ctx):
+    """Registration is all or nothing: a client retrying a refused bundle never makes duplicates."""
+    listed = len(ctx.client.get("/models").json())
+    bad = abuse.with_metadata(metrics='"good"')(ctx.bundle)
+    for _ in range(2):
+        r = ctx.client.post("/models", files={"bundle": ("m.safetensors", bad)}, headers=AUTH)
+        assert r.status_code == 422, r.text
+    assert len(ctx.client.get("/models").json()) == listed
+
+
+def test_a_failed_load_is_remembered_until_the_file_changes(ctx, monkeypatch):
+    """A registered model whose file went bad answers 500 with the reason at once: the file is read once, not
+    once per request. A changed file (restored from a backup) is read again."""
+    import earl_service.bundle
+
+    model = ctx.client.post("/models", files={"bundle": ("m.safetensors", ctx.bundle)}, headers=AUTH).json()["id"]
+    path = ctx.home / "models" / f"{model}.safetensors"
+    path.write_bytes(ctx.bundle[: len(ctx.bundle) // 2])
+    loads = []
+    real_load = earl_service.bundle.load_bundle
+    monkeypatch.setattr(earl_service.bundle, "load_bundle", lambda p: loads.append(p) or real_load(p))
+    query = {"model": model, "relation": ctx.relation, "head": ctx.head}
+    for _ in range(3):
+        r = ctx.client.get("/predict", params=query)
+        assert r.status_code == 500 and "corrupted or truncated" in r.json()["detail"], r.text
+    assert len(loads) == 1
+    path.write_bytes(ctx.bundle)
+    assert ctx.client.get("/predict", params=query).status_code == 200 and len(loads) == 2
+    assert ctx.client.delete(f"/models/{model}", headers=AUTH).status_code == 204
+
+
+def test_listings_do_not_decode_config_or_metrics(ctx):
+    """/models, /metrics and a 404's suggestions list every model: the store leaves out what they never show."""
+    from earl_service.worker.records import ModelRecord
+    from earl_service.worker.sqlite_store import SqliteStore
+
+    store = SqliteStore(ctx.home / "earl.sqlite3")
+    try:
+        store.add_model(ModelRecord(id="listed", path="models/listed.safetensors", sha256="0" * 64, bytes=1,
+                                    config={"dim": 8}, metrics={"pad": "x" * 60_000}))
+        assert [(m.config, m.metrics) for m in store.list_models() if m.id == "listed"] == [({}, {})]
+        assert store.get_model("listed").metrics == {"pad": "x" * 60_000}
+        store.delete_model("listed")
+    finally:
+        store.close()
 
 
 def test_refused_uploads_leave_nothing_behind(ctx):

@@ -8,16 +8,20 @@ import sys
 import numpy as np
 import pytest
 import torch
-from conftest import codex_s_path
+from conftest import REPO, codex_s_path
 
 from earl_service import edge
 from earl_service.bundle import export_bundle, load_bundle
 from earl_service.bundle_format import pack_graph, pack_strings, unpack_graph, unpack_strings, write_safetensors
 from earl_service.cli import main
 from earl_service.config import ModelConfig, TrainConfig
+from earl_service.core.decode import expected_shapes
 from earl_service.data import load_dataset
 from earl_service.errors import BundleError
 from earl_service.train import BUNDLE, load_run, train
+
+sys.path.insert(0, str(REPO / "bench"))
+import abuse  # noqa: E402 - the hostile bundles of issue 34, shared with bench/abuse.py
 
 
 @pytest.fixture(scope="module")
@@ -111,6 +115,28 @@ def _names(name, change):
     return _tensor(name, lambda blob: pack_strings(change(unpack_strings(blob))))
 
 
+def _rotate(change):
+    """Damage to a RotatE bundle's bytes (the source bundle is EARL; this one is made aside, untrained)."""
+    return lambda src, dst: dst.write_bytes(change(abuse.source_bundle("rotate")))
+
+
+def _honest_manifest(**config):
+    """A config claiming `config`, and a weight manifest declaring exactly what that config implies."""
+    def edit(t, m):
+        cfg = ModelConfig.from_dict({**json.loads(m["config"]), **config})
+        sizes = (len(unpack_strings(t["vocab.entities"])), len(unpack_strings(t["vocab.relations"])),
+                 len(t["buffer.reserved"]))
+        manifest = [[f"param.{n}", "float16", list(shape)] for n, shape in expected_shapes(cfg, *sizes).items()]
+        return t, {**m, "config": json.dumps(cfg.to_dict()), "weights_manifest": json.dumps(manifest)}
+    return edit
+
+
+def _int8_vector(t, m):
+    """A bias stored as int8 with a scale per value: dequantizing would broadcast it to a square matrix."""
+    name = "param.combine.0.bias"
+    return {**t, name: np.ones(len(t[name]), np.int8), name + ".scale": np.ones(len(t[name]), np.float32)}, m
+
+
 DAMAGED = {  # name: (how to make it from a good bundle, a fragment of the refusal)
     "empty": (_bytes(lambda d: b""), "too short for a safetensors header"),
     "garbage": (_bytes(lambda d: b"\x89PNG not a bundle at all" * 10), "not an EARL bundle"),
@@ -153,6 +179,54 @@ DAMAGED = {  # name: (how to make it from a good bundle, a fragment of the refus
                                      "manifest is malformed"),
     "coded weights missing": (_parts(_without("weights.packed"), "fp16"), "holds no coded weights"),
     "unknown weight coding": (_parts(lambda t, m: (t, {**m, "weights_coding": "zstd"}), "fp16"), "'zstd'"),
+    # issue 34, item 1: declared sizes are checked against the config before anything is decoded
+    "coded weights declaring a huge tensor": (_bytes(lambda d: abuse.weights_bomb(d, decoded_mib=32)),
+                                              "in its coded weights, the config implies"),
+    "coded weights past the xz ratio cap": (_parts(_honest_manifest(dim=4096), "fp16"), "refusing a possible bomb"),
+    "int8 vector with a scale per value": (_parts(_int8_vector, "int8", "plain"), "malformed content"),
+    # item 3: the graph's counts are checked before its edges are built
+    "graph header: 2**27 edges for one entity": (_bytes(abuse.graph_bomb), "graph counts 134217728 edges"),
+    "graph shorter than its header says": (_bytes(lambda d: abuse._graph(
+        d, lambda n, r, e: np.array([n, r, e, 4], np.uint64).tobytes())), "the graph holds 32"),
+    "graph with 3-byte counts": (_bytes(lambda d: abuse._graph(
+        d, lambda n, r, e: np.array([n, r, 0, 3], np.uint64).tobytes())), "3-byte counts"),
+    # item 4: a graph is a set
+    "graph with repeated edges": (_bytes(lambda d: abuse.duplicate_edges(d, 1000)), "repeated edge"),
+    # item 5: weights and config numbers whose scores would not be finite
+    "EARL weight infinite": (_parts(_tensor("param.relations", lambda x: x + np.inf)), "is not finite"),
+    "RotatE with a NaN relation row": (_rotate(abuse.with_tensor("param.relations", abuse._nan_row)),
+                                       "'relations' is not finite"),
+    "RotatE entity values of 1e30": (_rotate(abuse.with_tensor("param.entities", lambda x: x * 0 + 1e30)),
+                                     "scores stay finite in float32 only up to"),
+    "RotatE relation phases past float32": (_rotate(abuse.with_tensor("param.relations", lambda x: x * 0 + 1e38)),
+                                            "past float32's range"),
+    "EARL with gamma = -epsilon": (_parts(_config(gamma=-2.0, epsilon=2.0)), "gamma must be > 0"),
+    "config gamma Infinity": (_parts(_config(gamma=float("inf"))), "config holds Infinity"),
+    "config gamma 1e-300": (_parts(_config(gamma=1e-300, epsilon=0.0)), "phase scale that float32 cannot hold"),
+    "config dim a string": (_parts(_config(dim="16")), "config dim must be a finite int"),
+    "config ablation a number": (_parts(_config(no_knn=1)), "config no_knn must be a finite bool"),
+    "precision unknown": (_parts(lambda t, m: (t, {**m, "precision": "fp8"})), "precision must be one of"),
+    # item 6: malformed metadata is a BundleError, never a crash
+    "__metadata__ a JSON list": (_bytes(abuse.with_header(lambda h: {**h, "__metadata__": [1, 2]})),
+                                 "__metadata__ must be a JSON object of strings"),
+    "metadata value an object": (_bytes(abuse.with_header(lambda h: {**h, "__metadata__": {
+        **h["__metadata__"], "config": {"dim": 16}}})), "__metadata__ must be a JSON object of strings"),
+    "header nested 100k deep": (_bytes(abuse.with_header(lambda h: abuse.NESTED.encode())), "nested more than 32"),
+    "config a JSON string": (_bytes(abuse.with_metadata(config='"earl"')), "config must be a JSON object"),
+    "config nested 5000 deep": (_bytes(abuse.with_metadata(config="[" * 5000 + "]" * 5000)), "nested more than 32"),
+    "relation labels nested 100k deep": (_bytes(abuse.with_metadata(relation_labels=abuse.NESTED)),
+                                         "relation_labels is nested more than 32"),
+    "relation labels a JSON list": (_bytes(abuse.with_metadata(relation_labels="[]")),
+                                    "relation_labels must be a JSON object"),
+    "metrics a JSON string": (_bytes(abuse.with_metadata(metrics='"good"')), "metrics must be a JSON object"),
+    "metrics nested 100 deep": (_bytes(abuse.with_metadata(metrics='{"a":' * 100 + "1" + "}" * 100)),
+                                "metrics is nested more than 32"),
+    # item 7: declared bounds on metadata
+    "metrics of 100 KB": (_bytes(abuse.with_metadata(metrics=json.dumps({"pad": "x" * 100_000}))),
+                          "'metrics' may (65,536, bundle_format.METADATA_LIMITS)"),
+    "relation labels of 3 MiB": (_bytes(abuse.with_metadata(relation_labels=json.dumps({"r": "x" * 3 * 2**20}))),
+                                 "METADATA_LIMITS"),
+    "header of 5 MiB": (_bytes(abuse.with_metadata(notes="x" * 5 * 2**20)), "bundle_format.HEADER_LIMIT"),
 }
 
 
@@ -173,6 +247,25 @@ def damaged(trained_run, tmp_path_factory):
 def test_damaged_bundles_are_refused_by_both_readers(damaged, case, reader):
     with pytest.raises(BundleError, match=re.escape(DAMAGED[case][1])):
         reader(damaged[case])
+
+
+def test_metrics_nan_reads_as_null(trained_run, tmp_path):
+    """Metrics are informational: a NaN a run wrote (JSON cannot carry it) reads as null, the bundle stays usable."""
+    out, _ = trained_run
+    bundle = load_bundle(out / BUNDLE)
+    bundle.metrics = {"valid": {"mrr": float("nan")}, "steps": 3}
+    assert load_bundle(bundle.save(tmp_path / "nan.safetensors")).metrics == {"valid": {"mrr": None}, "steps": 3}
+
+
+def test_bundles_written_here_hold_no_repeated_edge(trained_run, tmp_path):
+    """The reader refuses repeated edges, so the writer drops them; extend_with adds only new triples."""
+    out, _ = trained_run
+    bundle = load_bundle(out / BUNDLE)
+    graph = bundle.triples
+    bundle.triples = np.concatenate([graph, graph[:100]])
+    assert np.array_equal(load_bundle(bundle.save(tmp_path / "twice.safetensors")).triples, graph)
+    extended = load_bundle(out / BUNDLE).extend_with(graph[:100], [])
+    assert np.array_equal(load_bundle(extended.save(tmp_path / "extended.safetensors")).triples, graph)
 
 
 @pytest.mark.parametrize("precision,atol,saved", [("fp16", 5e-3, 0.45), ("int8", 5e-2, 0.6)])
