@@ -334,7 +334,8 @@ def test_a_failed_load_is_remembered_until_the_file_changes(ctx, monkeypatch):
     import earl_service.bundle
 
     model = ctx.client.post("/models", files={"bundle": ("m.safetensors", ctx.bundle)}, headers=AUTH).json()["id"]
-    path = ctx.home / "models" / f"{model}.safetensors"
+    path = ctx.home / "models" / model / "v1.safetensors"  # ServiceHome.version_path
+    assert path.is_file()
     path.write_bytes(ctx.bundle[: len(ctx.bundle) // 2])
     loads = []
     real_load = earl_service.bundle.load_bundle
