@@ -22,25 +22,30 @@ static void sort_by_entity(const int64_t* idx, int64_t n, int64_t N, int64_t* or
   for (int64_t p = 0; p < n; ++p) order[next[idx[p]]++] = p;
 }
 
+// sum_i |q_i - e_i| over d complex dims, q and e as [re | im] rows of 2d reals (both passes' inner loop).
+template <typename scalar_t>
+static inline scalar_t row_distance(const scalar_t* q, const scalar_t* e, int64_t d, scalar_t eps) {
+  const scalar_t* qi = q + d;
+  const scalar_t* ei = e + d;
+  scalar_t acc = 0;
+#pragma omp simd reduction(+ : acc)
+  for (int64_t i = 0; i < d; ++i) {
+    scalar_t re = q[i] - e[i];
+    scalar_t im = qi[i] - ei[i];
+    acc += std::sqrt(re * re + im * im + eps);
+  }
+  return acc;
+}
+
 template <typename scalar_t>
 static void forward_kernel(const scalar_t* q, const scalar_t* ent, const int64_t* order, const int64_t* offsets,
                            scalar_t* out, int64_t N, int64_t K, int64_t d, scalar_t eps) {
   at::parallel_for(0, N, 64, [&](int64_t e0, int64_t e1) {
     for (int64_t e = e0; e < e1; ++e) {
-      const scalar_t* er = ent + e * 2 * d;
-      const scalar_t* ei = er + d;
+      const scalar_t* row = ent + e * 2 * d;
       for (int64_t p = offsets[e]; p < offsets[e + 1]; ++p) {
         const int64_t flat = order[p];
-        const scalar_t* qr = q + (flat / K) * 2 * d;
-        const scalar_t* qi = qr + d;
-        scalar_t acc = 0;
-#pragma omp simd reduction(+ : acc)
-        for (int64_t i = 0; i < d; ++i) {
-          scalar_t re = qr[i] - er[i];
-          scalar_t im = qi[i] - ei[i];
-          acc += std::sqrt(re * re + im * im + eps);
-        }
-        out[flat] = acc;
+        out[flat] = row_distance(q + (flat / K) * 2 * d, row, d, eps);
       }
     }
   });
@@ -96,20 +101,8 @@ static void all_pairs_kernel(const scalar_t* q, const scalar_t* ent, scalar_t* o
     for (int64_t j0 = t0 * tile; j0 < std::min(N, t1 * tile); j0 += tile) {
       const int64_t j1 = std::min(N, j0 + tile);
       for (int64_t b = 0; b < B; ++b) {
-        const scalar_t* qr = q + b * 2 * d;
-        const scalar_t* qi = qr + d;
-        for (int64_t j = j0; j < j1; ++j) {
-          const scalar_t* er = ent + j * 2 * d;
-          const scalar_t* ei = er + d;
-          scalar_t acc = 0;
-#pragma omp simd reduction(+ : acc)
-          for (int64_t i = 0; i < d; ++i) {
-            scalar_t re = qr[i] - er[i];
-            scalar_t im = qi[i] - ei[i];
-            acc += std::sqrt(re * re + im * im + eps);
-          }
-          out[b * N + j] = acc;
-        }
+        const scalar_t* row = q + b * 2 * d;
+        for (int64_t j = j0; j < j1; ++j) out[b * N + j] = row_distance(row, ent + j * 2 * d, d, eps);
       }
     }
   });
