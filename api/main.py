@@ -54,7 +54,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         configure_threads(1)
         app.state.home = ServiceHome(settings.home).create()
         app.state.store = app.state.home.open_store(settings.store)
-        app.state.registry = ModelRegistry(app.state.home, app.state.store)
+        app.state.registry = ModelRegistry(app.state.home, app.state.store, limits=settings.bundle_limits)
         app.state.cache = PredictorCache(settings.cache_models)
         sweep = partial(housekeeping.sweep, app.state.home, app.state.store, keep_days=settings.run_retention_days)
         await run_sweep(sweep)  # before the first request: what a crash left, runs past retention

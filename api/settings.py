@@ -7,12 +7,15 @@ from pathlib import Path
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from earl_service.bundle_format import BundleLimits
+
 
 class Settings(BaseSettings):
     """EARL_HOME, EARL_STORE, EARL_API_TOKEN, EARL_PROTECT_READS, EARL_MAX_UPLOAD_MB, EARL_MAX_UNPACKED_MB,
     EARL_CACHE_MODELS; and the bounds on work: EARL_ALLOW_OPEN_WRITES, EARL_MAX_CONCURRENT_PREDICTS,
     EARL_PREDICT_QUEUE_SECONDS, EARL_MAX_JOB_DIM, EARL_MAX_BATCH_X_NEGATIVES, EARL_MAX_NPROC, EARL_MAX_JOB_MINUTES,
-    EARL_MAX_QUEUED_JOBS, EARL_MAX_UPLOAD_TRIPLES (docs/api.md#settings)."""
+    EARL_MAX_QUEUED_JOBS, EARL_MAX_UPLOAD_TRIPLES, EARL_MAX_BUNDLE_ENTITIES, EARL_MAX_BUNDLE_TRIPLES
+    (docs/api.md#settings)."""
 
     model_config = SettingsConfigDict(env_prefix="EARL_", extra="ignore")
 
@@ -39,6 +42,11 @@ class Settings(BaseSettings):
     max_queued_jobs: int = Field(10, ge=1)  # unfinished (queued or running) jobs per client (token, else address)
     # Bound on the distinct triples of one uploaded file: the upload check keeps 8 bytes for each (16 while merging).
     max_upload_triples: int = Field(10_000_000, ge=1)
+    # The largest bundle POST /models registers (names per vocabulary, triples): checked while it decompresses,
+    # so a small file with a huge vocabulary is refused before its names are built (the 64x xz cap alone lets a
+    # 100 MiB upload unpack to GiBs of names).
+    max_bundle_entities: int = Field(2_000_000, ge=1)
+    max_bundle_triples: int = Field(20_000_000, ge=1)
 
     @field_validator("api_token", mode="before")
     @classmethod
@@ -58,3 +66,8 @@ class Settings(BaseSettings):
     @property
     def max_unpacked_bytes(self) -> int:
         return int(self.max_unpacked_mb * 1024 * 1024)
+
+    @property
+    def bundle_limits(self) -> BundleLimits:
+        return BundleLimits(max_names=self.max_bundle_entities, max_triples=self.max_bundle_triples,
+                            origin="EARL_MAX_BUNDLE_ENTITIES / EARL_MAX_BUNDLE_TRIPLES")

@@ -17,6 +17,7 @@ from .bundle_format import (
     FORMAT,
     FORMAT_VERSION,
     PRECISIONS,
+    BundleLimits,
     default_coding,
     encode_weights,
     narrowest_uint,
@@ -146,11 +147,11 @@ class Bundle:
         return replace(self, entities=entities, triples=triples, sha256="", num_bytes=0, path=None, _cache={})
 
 
-def load_bundle(path: str | os.PathLike) -> Bundle:
+def load_bundle(path: str | os.PathLike, *, limits: BundleLimits | None = None) -> Bundle:
     """Read and verify a bundle: format and version, checksum, then every check of core.decode (vocabularies,
-    graph and reserved ids, tensor shapes against the config)."""
+    graph and reserved ids, tensor shapes against the config; sizes within `limits`)."""
     meta, tensors, size = read_safetensors(path)
-    b = decode(meta, tensors, source=str(path))
+    b = decode(meta, tensors, source=str(path), limits=limits)
     return Bundle(b.config, b.params, b.reserved, b.entities, b.relations, b.triples, b.metrics, b.precision,
                   b.relation_labels, b.sha256, size, Path(path), b.coding)
 

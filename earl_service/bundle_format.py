@@ -8,6 +8,8 @@ import lzma
 import math
 import os
 import struct
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -74,18 +76,49 @@ def _ratio_limit(blob: np.ndarray) -> int:
     return max(RATIO_LIMIT * blob.size, RATIO_FLOOR)
 
 
-def _decompress(blob: np.ndarray, what: str) -> bytes:
-    """xz-decompress with a ratio cap (RATIO_LIMIT): a decompression bomb stops at the cap."""
+@dataclass(frozen=True)
+class BundleLimits:
+    """The largest bundle a reader takes: names per vocabulary and edges in the graph (None: no limit). Checked
+    while the xz streams decompress, so a file that holds more is refused before its names or edges are built;
+    `origin` says where the numbers come from (a server's settings), for the message."""
+
+    max_names: int | None = None
+    max_triples: int | None = None
+    origin: str = "the reader's limit"
+
+
+_INFLATE_CHUNK = 1 << 22  # bytes of xz output per step: limits are checked between steps
+
+
+def _decompress(blob: np.ndarray, what: str, watch: Callable[[bytearray], None] | None = None) -> bytearray:
+    """xz-decompress with a ratio cap (RATIO_LIMIT): a decompression bomb stops at the cap. `watch` sees the
+    output after every step and raises to stop early (BundleLimits)."""
     limit = _ratio_limit(blob)
     decompressor = lzma.LZMADecompressor()
-    raw = decompressor.decompress(blob.tobytes(), max_length=limit)
+    data, out = blob.tobytes(), bytearray()
+    while not decompressor.eof and len(out) < limit:
+        chunk = decompressor.decompress(data, max_length=min(_INFLATE_CHUNK, limit - len(out)))
+        data = b""
+        if not chunk and decompressor.needs_input:  # truncated: no more output will come
+            break
+        out += chunk
+        if watch is not None:
+            watch(out)
     if not decompressor.eof:
         raise BundleError(f"the bundle's {what} decompresses to more than {limit} bytes: refusing a possible bomb")
-    return raw
+    return out
 
 
-def unpack_strings(blob: np.ndarray) -> list[str]:
-    text = _decompress(blob, "vocabulary").decode("utf-8")
+def unpack_strings(blob: np.ndarray, limits: BundleLimits | None = None) -> list[str]:
+    most = limits.max_names if limits is not None else None
+
+    def watch(out: bytearray) -> None:  # names = separators + 1
+        if most is not None and out.count(0) >= most:
+            assert limits is not None
+            raise BundleError(f"the bundle's vocabulary holds more than {most:,} names; at most {most:,} are taken "
+                              f"({limits.origin})")
+
+    text = _decompress(blob, "vocabulary", watch).decode("utf-8")
     return text.split("\0") if text else []
 
 
@@ -116,10 +149,18 @@ def pack_graph(triples: np.ndarray, num_entities: int, num_relations: int) -> np
     return np.frombuffer(lzma.compress(b"".join(parts), preset=9 | lzma.PRESET_EXTREME), dtype=np.uint8)
 
 
-def unpack_graph(blob: np.ndarray) -> np.ndarray:
+def unpack_graph(blob: np.ndarray, limits: BundleLimits | None = None) -> np.ndarray:
     """Inverse of pack_graph: (E, 3) int64. Every size is checked against the decoded bytes before anything the
     header declares is built, and the edges must come as pack_graph writes them: sorted, without repeats."""
-    raw = _decompress(blob, "graph")
+
+    def watch(out: bytearray) -> None:  # the header's edge count, as soon as it has streamed in
+        if limits is not None and limits.max_triples is not None and len(out) >= 32:
+            edges = int(np.frombuffer(bytes(out[16:24]), dtype=np.uint64)[0])
+            if edges > limits.max_triples:
+                raise BundleError(f"the bundle's graph holds {edges:,} triples; at most {limits.max_triples:,} are "
+                                  f"taken ({limits.origin})")
+
+    raw = _decompress(blob, "graph", watch)
     if len(raw) < 32:
         raise BundleError(f"the bundle's graph is {len(raw)} bytes, shorter than its 32-byte header")
     n, num_rel, e, count_size = (int(x) for x in np.frombuffer(raw[:32], dtype=np.uint64))

@@ -13,6 +13,7 @@ import numpy as np
 from ..bundle_format import (
     CODINGS,
     PRECISIONS,
+    BundleLimits,
     dequantize,
     parse_json,
     unpack_graph,
@@ -44,14 +45,16 @@ class DecodedBundle:
     sha256: str  # of the tensor payload
 
 
-def decode(meta: dict[str, str], tensors: dict[str, np.ndarray], *, source: str = "bundle") -> DecodedBundle:
+def decode(meta: dict[str, str], tensors: dict[str, np.ndarray], *, source: str = "bundle",
+           limits: BundleLimits | None = None) -> DecodedBundle:
     """The parts of a bundle (bundle_format.read_safetensors' metadata and tensors), checked: content present and
     well-formed, vocabularies valid, graph and reserved ids within them, every tensor the config implies present
     with its shape and no other, then every weight finite (and RotatE's scores finite in float32).
 
     Sizes come before contents: every declared weight shape is held against the config before any coded weight is
-    decoded, so what a small file can make this function allocate is bounded by what its config implies."""
-    bundle = _parse(meta, tensors, source)
+    decoded, so what a small file can make this function allocate is bounded by what its config implies; `limits`
+    bounds the vocabularies and the graph while they decompress."""
+    bundle = _parse(meta, tensors, source, limits)
     n, num_rel = len(bundle.entities), len(bundle.relations)
     triples, reserved = bundle.triples, bundle.reserved
     if triples.size and (triples[:, [0, 2]].max() >= n or triples[:, 1].max() >= num_rel):
@@ -65,7 +68,8 @@ def decode(meta: dict[str, str], tensors: dict[str, np.ndarray], *, source: str 
     return dataclasses.replace(bundle, params=params)
 
 
-def _parse(meta: dict[str, str], tensors: dict[str, np.ndarray], source: str) -> DecodedBundle:
+def _parse(meta: dict[str, str], tensors: dict[str, np.ndarray], source: str,
+           limits: BundleLimits | None) -> DecodedBundle:
     """Every part but the weights (params left empty): those are decoded once their shapes are known to fit."""
     try:
         return DecodedBundle(  # in the order load_bundle has always read them: the first fault is the one named
@@ -73,9 +77,9 @@ def _parse(meta: dict[str, str], tensors: dict[str, np.ndarray], source: str) ->
             # Metrics are informational: a NaN a training run wrote reads as null rather than refusing the model.
             metrics=parse_json(meta.get("metrics", "{}"), "metrics", nonfinite_as_null=True),
             relation_labels=parse_json(meta.get("relation_labels", "{}"), "relation_labels"),
-            entities=_vocab(unpack_strings(tensors["vocab.entities"]), "entity"),
-            relations=_vocab(unpack_strings(tensors["vocab.relations"]), "relation"),
-            triples=unpack_graph(tensors["graph.packed"]),
+            entities=_vocab(unpack_strings(tensors["vocab.entities"], limits), "entity"),
+            relations=_vocab(unpack_strings(tensors["vocab.relations"], limits), "relation"),
+            triples=unpack_graph(tensors["graph.packed"], limits),
             reserved=tensors["buffer.reserved"].astype(np.int64),
             params={},
             precision=_choice(meta.get("precision", "fp32"), PRECISIONS, "precision"),

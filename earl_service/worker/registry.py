@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO
 
+from ..bundle_format import BundleLimits
 from ..compress_config import shown_metrics
 from ..errors import BundleError, TripleFileError, UnknownModelError
 from .home import ServiceHome
@@ -47,9 +48,10 @@ class ModelRegistry:
     never rewritten afterwards; the record names the latest, and earlier versions stay until the model is deleted.
     """
 
-    def __init__(self, home: ServiceHome, store: JobStore) -> None:
+    def __init__(self, home: ServiceHome, store: JobStore, *, limits: BundleLimits | None = None) -> None:
         self.home = home
         self.store = store
+        self.limits = limits  # for bundles from outside (publish with rebuild): the server's largest model
 
     def get(self, model_id: str) -> ModelRecord:
         """The model's record; UnknownModelError (with close ids) if none is registered under `model_id`."""
@@ -90,7 +92,7 @@ class ModelRegistry:
 
         `rebuild` (for bundles from outside) also rebuilds every embedding once: see `verify_bundle`.
         """
-        bundle = verify_bundle(staged, rebuild=rebuild)
+        bundle = verify_bundle(staged, rebuild=rebuild, limits=self.limits if rebuild else None)
         with self._locked(model_id):
             previous = self.store.get_model(model_id)  # a worker that publishes a job twice makes a new version
             return self._place(model_id, staged, bundle, previous=previous, job_id=job_id, created=created)
@@ -220,13 +222,14 @@ def payload_sha256(path: Path) -> str:
         return json.loads(fh.read(size))["__metadata__"]["payload_sha256"]
 
 
-def verify_bundle(path: Path, *, rebuild: bool = False) -> Bundle:
-    """load_bundle's checks; with `rebuild`, every embedding is also rebuilt once, so a file that passes the format
-    checks but cannot be served (NaN or overflowing embeddings) is refused now, not at its first query."""
+def verify_bundle(path: Path, *, rebuild: bool = False, limits: BundleLimits | None = None) -> Bundle:
+    """load_bundle's checks (within `limits`); with `rebuild`, every embedding is also rebuilt once, so a file that
+    passes the format checks but cannot be served (NaN or overflowing embeddings) is refused now, not at its first
+    query."""
     from ..bundle import load_bundle
     from ..core.decode import check_embeddings
 
-    bundle = load_bundle(path)
+    bundle = load_bundle(path, limits=limits)
     if rebuild:
         try:
             entities, relations = bundle.entity_embeddings().numpy(), bundle.relation_embeddings().numpy()

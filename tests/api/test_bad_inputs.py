@@ -414,3 +414,15 @@ def test_unknown_well_formed_id_is_404(ctx, method, path):
     files = {"triples": ("t.txt", GOOD)} if url.endswith("/triples") else None
     r = ctx.client.request(method, url, headers=AUTH, files=files)
     assert r.status_code == 404 and r.json()["detail"]["name"] == "0" * 32
+
+
+@pytest.mark.parametrize(("limit", "needle"), [({"max_bundle_entities": 1000}, "names"),
+                                               ({"max_bundle_triples": 1000}, "triples")])
+def test_a_bundle_larger_than_the_server_takes_is_refused(tmp_path, codex_bundle, limit, needle):
+    """EARL_MAX_BUNDLE_ENTITIES / _TRIPLES: the CoDEx-S bundle (2,034 entities, 32,888 triples) over a server that
+    takes 1,000 is a 422 naming the setting, and nothing is registered."""
+    settings = Settings(home=tmp_path, api_token=TOKEN, **limit)
+    with TestClient(create_app(settings)) as client:
+        r = client.post("/models", files={"bundle": ("big.safetensors", codex_bundle.read_bytes())}, headers=AUTH)
+        assert r.status_code == 422 and needle in r.text and "EARL_MAX_BUNDLE_ENTITIES" in r.text, r.text
+        assert client.get("/models").json() == []

@@ -403,3 +403,20 @@ def test_extend_embeds_new_entities_without_parameter_changes(trained_run, tmp_p
     bad = tmp_path / "bad.tsv"
     bad.write_text(f"NEW_3\tno_such_relation\t{names[0]}\n")
     assert main(["extend", str(out / BUNDLE), "--triples", str(bad), "--out", str(tmp_path / "y.safetensors")]) == 2
+
+
+def test_limits_refuse_a_large_vocabulary_or_graph_while_it_decompresses():
+    """BundleLimits stop the xz stream once it holds more names (or its graph header more edges) than allowed,
+    before any name or edge is built; at the limit everything reads as before."""
+    from earl_service.bundle_format import BundleLimits
+
+    names = [f"e{i}" for i in range(5000)]
+    assert unpack_strings(pack_strings(names), BundleLimits(max_names=5000)) == names
+    with pytest.raises(BundleError, match=r"more than 4,999 names.*\(settings X\)"):
+        unpack_strings(pack_strings(names), BundleLimits(max_names=4999, origin="settings X"))
+    triples = np.array([[i % 50, 0, (i * 7) % 50] for i in range(2500)])
+    blob = pack_graph(triples, 50, 1)
+    kept = len(unpack_graph(blob))
+    assert len(unpack_graph(blob, BundleLimits(max_triples=kept))) == kept
+    with pytest.raises(BundleError, match=f"holds {kept:,} triples; at most {kept - 1:,}"):
+        unpack_graph(blob, BundleLimits(max_triples=kept - 1))
