@@ -23,10 +23,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import REPO, default_datasets, md_table, pyplot, save_png, write_results
 
-from earl_service.budget import BundleSizes, parse_size, save_exact
+from earl_service.budget import BundleSizes, save_exact
 from earl_service.bundle import load_bundle
 from earl_service.bundle_format import PRECISIONS
-from earl_service.compress import CompressConfig, compress, evaluate_bundle
+from earl_service.compress import compress, evaluate_bundle
+from earl_service.compress_config import CompressConfig, parse_size
 from earl_service.config import ModelConfig, TrainConfig
 from earl_service.data import load_dataset, relation_labels
 from earl_service.train import BUNDLE, load_run, train

@@ -14,7 +14,7 @@ import torch
 
 from .bundle import Bundle
 from .bundle_format import quantize
-from .compress_config import PAD_KEY, graph_bytes, parse_size
+from .compress_config import PAD_KEY, graph_bytes
 from .config import ModelConfig, ModelKind
 from .data import Dataset, Vocab
 from .errors import BundleError
@@ -126,5 +126,4 @@ class BundleSizes:
         return fits
 
 
-__all__ = ["CODING", "METRICS_ROOM", "MIN_DIM", "PAD_KEY", "BundleSizes", "padded_metrics", "parse_size",
-           "save_exact"]
+__all__ = ["CODING", "METRICS_ROOM", "MIN_DIM", "BundleSizes", "padded_metrics", "save_exact"]

@@ -373,4 +373,4 @@ def compress(dataset: Dataset, out_dir: str | os.PathLike, config: CompressConfi
     return finish(job)
 
 
-__all__ = ["CompressConfig", "compress", "evaluate_bundle", "pick_metrics"]
+__all__ = ["compress", "evaluate_bundle", "pick_metrics"]

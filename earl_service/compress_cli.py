@@ -6,22 +6,10 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import Any, cast, get_args
+from typing import Any
 
 from .bundle_format import PRECISIONS
-from .config import ModelKind
-
-MODELS: tuple[ModelKind, ...] = get_args(ModelKind)
-
-
-def split_names(text: str) -> tuple[str, ...]:
-    """'earl, rotate' -> ('earl', 'rotate'): the --models and --precisions lists (and the job form's)."""
-    return tuple(x.strip() for x in text.split(",") if x.strip())
-
-
-def split_models(text: str) -> tuple[ModelKind, ...]:
-    """split_names typed as model kinds: CompressConfig refuses any other name with the choices."""
-    return cast("tuple[ModelKind, ...]", split_names(text))
+from .config import MODELS
 
 
 def add_compress_command(sub) -> None:
@@ -53,14 +41,13 @@ def _show(progress: dict[str, Any]) -> None:
 
 
 def cmd_compress(a: argparse.Namespace) -> int:
-    from .budget import parse_size
-    from .compress import PICK, CompressConfig, compress, pick_metrics
+    from .compress import PICK, compress, pick_metrics
+    from .compress_config import CompressConfig
     from .config import TrainConfig
     from .data import load_dataset, relation_labels
 
-    config = CompressConfig(max_bytes=parse_size(a.max_bytes), time_limit_minutes=a.time_limit,
-                            models=split_models(a.models), precisions=split_names(a.precisions), metric=a.metric,
-                            seed=a.seed)
+    config = CompressConfig.from_text(a.max_bytes, a.time_limit, models=a.models, precisions=a.precisions,
+                                      metric=a.metric, seed=a.seed)
     train_config = TrainConfig(progress=False, device=a.device, threads=a.threads, seed=a.seed)
     report = compress(load_dataset(a.data), a.out, config, train_config=train_config,
                       relation_labels=relation_labels(a.data), on_progress=_show)

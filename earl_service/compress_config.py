@@ -7,13 +7,12 @@ import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
 from .bundle_format import PRECISIONS, pack_graph, pack_strings
-from .compress_cli import MODELS
-from .config import ModelKind
+from .config import MODELS, ModelKind
 from .errors import ConfigError
 
 METRICS = {"mrr": "mrr", "hits@10": "hits_at_10"}  # --metric -> the key in evaluation results
@@ -60,6 +59,16 @@ def graph_bytes(triples: np.ndarray, entities: Sequence[str], relations: Sequenc
     return int(sum(part.nbytes for part in parts))
 
 
+def split_names(text: str) -> tuple[str, ...]:
+    """'earl, rotate' -> ('earl', 'rotate'): the --models and --precisions lists (and the job form's)."""
+    return tuple(x.strip() for x in text.split(",") if x.strip())
+
+
+def split_models(text: str) -> tuple[ModelKind, ...]:
+    """split_names typed as model kinds: CompressConfig refuses any other name with the choices."""
+    return cast("tuple[ModelKind, ...]", split_names(text))
+
+
 @dataclass(frozen=True)
 class CompressConfig:
     """What to search: the byte and time budgets, the models and precisions, the metric that picks."""
@@ -86,10 +95,21 @@ class CompressConfig:
         if self.eta < 2:
             raise ConfigError("eta must be at least 2")
 
+    @classmethod
+    def from_text(cls, max_bytes: str | int | float, time_limit_minutes: float, *, models: str | None = None,
+                  precisions: str | None = None, metric: str | None = None, seed: int = 0) -> CompressConfig:
+        """The search as the command line and the job form write it: a size ('2MB'), comma-separated models and
+        precisions (None: all); ConfigError for a bad size or an unknown name."""
+        return cls(max_bytes=parse_size(max_bytes), time_limit_minutes=time_limit_minutes,
+                   models=MODELS if models is None else split_models(models),
+                   precisions=PRECISIONS if precisions is None else split_names(precisions),
+                   metric=metric or cls.metric, seed=seed)
+
     def settings(self) -> dict[str, Any]:
         """What a resumed job must share with the one it continues (the time limit may change)."""
         return {"max_bytes": self.max_bytes, "models": list(self.models), "precisions": list(self.precisions),
                 "metric": self.metric, "seed": self.seed, "eta": self.eta}
 
 
-__all__ = ["METRICS", "PAD_KEY", "CompressConfig", "graph_bytes", "parse_size", "shown_metrics"]
+__all__ = ["METRICS", "PAD_KEY", "CompressConfig", "graph_bytes", "parse_size", "shown_metrics", "split_models",
+           "split_names"]

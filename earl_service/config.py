@@ -5,11 +5,12 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Literal, NamedTuple
+from typing import Any, Literal, NamedTuple, get_args
 
 from .errors import ConfigError
 
 ModelKind = Literal["earl", "rotate"]
+MODELS: tuple[ModelKind, ...] = get_args(ModelKind)
 ABLATIONS = ("no_reserved", "no_conrel", "no_knn", "no_conrel_knn", "no_mulhop")
 _BOUNDS = {"ge": (">=", lambda v, b: v >= b), "gt": (">", lambda v, b: v > b), "le": ("<=", lambda v, b: v <= b)}
 
@@ -76,7 +77,7 @@ class ModelConfig:
     """The architecture. `dim` counts complex dimensions: an entity is 2*dim reals, a relation dim phases."""
 
     model: ModelKind = setting("earl", "EARL, or the RotatE baseline (one embedding row per entity)",
-                               choices=("earl", "rotate"))
+                               choices=MODELS)
     dim: int = setting(150, "complex dimensions (2*dim reals per entity)", bounds={"ge": 1}, limits={"le": 1024})
     reserved_ratio: float = setting(0.1, "share of training entities with their own embedding row",
                                     bounds={"ge": 0.0, "le": 1.0})

@@ -9,8 +9,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from ..compress_cli import MODELS, split_models, split_names
-from ..compress_config import CompressConfig, parse_size
+from ..compress_config import CompressConfig
 from ..config import TrainConfig
 from ..errors import ConfigError
 from .home import ServiceHome
@@ -34,12 +33,9 @@ def compress_settings(params: Mapping[str, Any]) -> CompressConfig | None:
         raise ConfigError("a compress job (max_bytes) needs time_limit: the minutes the search may take")
     if params.get("nproc_per_node"):
         raise ConfigError("a compress job trains in the worker's own process: leave nproc_per_node at 0")
-    return CompressConfig(
-        max_bytes=parse_size(params["max_bytes"]), time_limit_minutes=float(params["time_limit"]),
-        models=split_models(params["models"]) if params.get("models") is not None else MODELS,
-        precisions=(split_names(params["precisions"]) if params.get("precisions") is not None
-                    else CompressConfig.precisions),
-        metric=params.get("metric") or CompressConfig.metric, seed=int(params.get("seed") or 0))
+    return CompressConfig.from_text(params["max_bytes"], float(params["time_limit"]), models=params.get("models"),
+                                    precisions=params.get("precisions"), metric=params.get("metric"),
+                                    seed=int(params.get("seed") or 0))
 
 
 def job_progress(event: dict[str, Any], *, resumed: bool) -> dict[str, Any]:

@@ -12,11 +12,12 @@ import torch
 from conftest import codex_s_path, tiny_dataset
 
 from earl_service import compress as compress_module
-from earl_service.budget import METRICS_ROOM, MIN_DIM, BundleSizes, padded_metrics, parse_size, save_exact
+from earl_service.budget import METRICS_ROOM, MIN_DIM, BundleSizes, padded_metrics, save_exact
 from earl_service.bundle import bundle_from_model, load_bundle
 from earl_service.bundle_format import PRECISIONS
 from earl_service.cli import bundle_info, main
-from earl_service.compress import PICK, STATE, CompressConfig, compress
+from earl_service.compress import PICK, STATE, compress
+from earl_service.compress_config import CompressConfig, parse_size
 from earl_service.config import TrainConfig
 from earl_service.data import Dataset, Vocab, load_dataset
 from earl_service.errors import BundleError, ConfigError, DatasetError
