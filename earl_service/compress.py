@@ -22,7 +22,7 @@ from .compress_config import METRICS, CompressConfig
 from .config import ModelConfig, TrainConfig
 from .data import Dataset
 from .errors import ConfigError, DatasetError
-from .train import BUNDLE, Run, load_run, train
+from .train import BUNDLE, Run, load_run, resolve_device, train
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +71,10 @@ class Job:
     def run_dir(self, name: str) -> Path:
         return self.out / "candidates" / name
 
+    def export_path(self, name: str, precision: str) -> Path:
+        """Where candidate `name`'s best weights are saved at `precision` (evaluated, and the pick's source)."""
+        return self.run_dir(name) / f"export-{precision}.safetensors"
+
 
 # ---------------------------------------------------------------- planning: candidates and checks before training
 
@@ -105,17 +109,13 @@ def rung_sizes(count: int, eta: int) -> list[int]:
     return sizes
 
 
-def _device(name: str) -> torch.device:
-    return torch.device("cuda" if name == "auto" and torch.cuda.is_available() else "cpu" if name == "auto" else name)
-
-
 def validation_seconds(dataset: Dataset, sizes: BundleSizes, units: list[dict], train_config: TrainConfig,
                        ) -> dict[str, float]:
     """Seconds of one validation pass of each model's largest candidate (untrained), measured here."""
     seconds = {}
     for model in dict.fromkeys(u["model"] for u in units):
         dim = max(u["dim"] for u in units if u["model"] == model)
-        run = Run.build(dataset, sizes.config(model, dim), _device(train_config.device))
+        run = Run.build(dataset, sizes.config(model, dim), resolve_device(train_config.device))
         times = []
         for _ in range(2):  # the first pass also builds the known-answer filter and warms caches
             start = time.perf_counter()
@@ -213,7 +213,7 @@ def evaluate_exports(job: Job, name: str, split: str = "valid") -> dict[str, dic
     results = {}
     for precision, expected in unit["bytes"].items():
         job.emit("evaluate", name, precision=precision)
-        path = save_exact(source, run_dir / f"export-{precision}.safetensors", precision=precision,
+        path = save_exact(source, job.export_path(name, precision), precision=precision,
                           metrics={"compress": {"candidate": name}}, expected=expected)
         results[precision] = {"bytes": path.stat().st_size,
                               **evaluate_bundle(run, path, split, batch_size=job.train_config.eval_batch_size)}
@@ -323,7 +323,7 @@ def finish(job: Job) -> dict[str, Any]:
     test = None
     if job.dataset.test is not None and len(job.dataset.test):
         run = load_run(job.run_dir(name), job.dataset, device=job.train_config.device)
-        test = evaluate_bundle(run, job.run_dir(name) / f"export-{precision}.safetensors", "test",
+        test = evaluate_bundle(run, job.export_path(name, precision), "test",
                                batch_size=job.train_config.eval_batch_size)
     report = build_report(job, rows, pick, test)
     source = load_bundle(job.run_dir(name) / BUNDLE)
