@@ -6,6 +6,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
+from earl_service.bundle_format import PRECISIONS
 from earl_service.compress_config import METRICS
 from earl_service.options import form_model
 
@@ -34,7 +35,7 @@ class TrainForm(form_model(), CompressForm):  # type: ignore[misc]  # a derived 
     Unknown fields are refused by the route (`reject_unknown_fields`), not here: the form also carries the files.
     """
 
-    precision: Literal["fp32", "fp16", "int8"] = Field("fp32", description="precision of the exported bundle")
+    precision: Literal[PRECISIONS] = Field("fp32", description="precision of the exported bundle")  # type: ignore[valid-type]
     nproc_per_node: int = Field(0, ge=0, le=64, description="> 0: the worker trains with this many DDP processes")
 
 

@@ -9,6 +9,7 @@ import os
 import sys
 from pathlib import Path
 
+from .bundle_format import PRECISIONS
 from .compress_cli import add_compress_command
 from .config import ModelConfig, TrainConfig
 from .errors import ConfigError, EarlError
@@ -80,8 +81,6 @@ def launch_torchrun(a: argparse.Namespace) -> int:
 
 
 def _under_torchrun() -> bool:
-    import os
-
     return int(os.environ.get("WORLD_SIZE", "1")) > 1 and "LOCAL_RANK" in os.environ
 
 
@@ -106,7 +105,6 @@ def _progress_writer(path: str | None):
 
 def _join_process_group(train_cfg: TrainConfig) -> TrainConfig:
     """Under torchrun: join the process group on this rank's device; only rank 0 shows progress."""
-    import os
     from dataclasses import replace
 
     import torch
@@ -156,11 +154,13 @@ def cmd_train(a: argparse.Namespace) -> int:
 
 def _summary(metrics: dict) -> dict:
     """What `earl train` prints: size, speed and the final metrics of a run's metrics.json."""
+    from .evaluate import SUMMARY_KEYS
+
     keys = ("trainable_parameters", "steps", "median_step_seconds", "peak_rss_mb", "bundle_bytes")
     summary = {k: metrics.get(k) for k in keys}
     for split in ("valid", "test"):
         if split in metrics:
-            summary[split] = {k: metrics[split][k] for k in ("mrr", "mr", "hits_at_1", "hits_at_3", "hits_at_10")}
+            summary[split] = {k: metrics[split][k] for k in SUMMARY_KEYS}
     return summary
 
 
@@ -249,7 +249,7 @@ def add_bundle_commands(sub) -> None:
     p = sub.add_parser("export", help="re-export a trained run's bundle (optionally at lower precision)")
     p.add_argument("run_dir")
     p.add_argument("--out", required=True)
-    p.add_argument("--precision", choices=["fp32", "fp16", "int8"], default="fp32", help="(default: %(default)s)")
+    p.add_argument("--precision", choices=PRECISIONS, default="fp32", help="(default: %(default)s)")
     _add_coding_option(p)
     p.set_defaults(func=cmd_export)
 
@@ -261,7 +261,7 @@ def add_bundle_commands(sub) -> None:
     p.add_argument("bundle")
     p.add_argument("--triples", required=True, help="triple file to add")
     p.add_argument("--out", required=True)
-    p.add_argument("--precision", choices=["fp32", "fp16", "int8"], default=None,
+    p.add_argument("--precision", choices=PRECISIONS, default=None,
                    help="(default: the bundle's own)")
     _add_coding_option(p)
     p.set_defaults(func=cmd_extend)
@@ -306,8 +306,6 @@ def add_plugin_commands(sub) -> list[str]:
 
 def add_service_options(p: argparse.ArgumentParser) -> None:
     """--home and --store, shared by `earl worker` and `earl serve`."""
-    import os
-
     p.add_argument("--home", default=os.environ.get("EARL_HOME", "artifacts"),
                    help="service home: uploads/, runs/, models/, earl.sqlite3 (default $EARL_HOME or ./artifacts)")
     p.add_argument("--store", default=os.environ.get("EARL_STORE", "sqlite"),

@@ -22,12 +22,12 @@ from .compress_config import METRICS, CompressConfig
 from .config import ModelConfig, TrainConfig
 from .data import Dataset
 from .errors import ConfigError, DatasetError
+from .evaluate import SUMMARY_KEYS
 from .train import BUNDLE, Run, load_run, resolve_device, train
 
 log = logging.getLogger(__name__)
 
 STATE, PICK = "compress_state.json", "bundle.safetensors"
-SUMMARY_KEYS = ("mrr", "mr", "hits_at_1", "hits_at_3", "hits_at_10")
 EVAL_SHARE = 0.5  # most of the time limit the search's validations may take (candidates are dropped to fit)
 ProgressCallback = Callable[[dict[str, Any]], None]
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 
 import numpy as np
 import torch
@@ -25,6 +25,9 @@ class Metrics:
 
     def to_dict(self) -> dict[str, float | int]:
         return asdict(self)
+
+
+SUMMARY_KEYS = tuple(f.name for f in fields(Metrics) if f.name != "count")  # the metrics a summary shows
 
 
 class RankingEvaluator:
