@@ -1,8 +1,8 @@
 """A compress job's checks before it is queued: its settings, a valid split, a budget above the graph's own bytes.
 
-Torch-free and one pass over the train file: the exact smallest bundle (weights at the smallest dim) needs the
-models' shapes, so a budget between the graph's bytes and that fails in the worker, with the minimum in the job's
-error.
+Torch-free, on the train table the upload check read: the exact smallest bundle (weights at the smallest dim)
+needs the models' shapes, so a budget between the graph's bytes and that fails in the worker, with the minimum in
+the job's error; so does a budget under the bytes of a graph too big to pack in the request (budget_floor).
 """
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from __future__ import annotations
 import shutil
 from typing import Any
 
-from earl_service.compress_config import CompressConfig, graph_bytes
-from earl_service.data import read_table
+from earl_service.compress_config import CompressConfig, budget_floor
+from earl_service.data import TripleTable
 from earl_service.errors import ConfigError, DatasetError
 from earl_service.worker.compress_job import compress_settings
 from earl_service.worker.home import ServiceHome
@@ -29,14 +29,14 @@ def job_params(form: dict[str, Any]) -> tuple[dict[str, Any], CompressConfig | N
 
 
 def check_uploads(home: ServiceHome, job_id: str, files: dict[str, str], config: CompressConfig, *,
-                  max_unpacked: int) -> None:
-    """Refuse a compress job whose uploads cannot give a pick; the job's upload folder is removed then."""
+                  train: TripleTable) -> None:
+    """Refuse a compress job whose uploads cannot give a pick (`train`: its train file, as the upload check read
+    it); the job's upload folder is removed then."""
     try:
         if "valid" not in files:
             raise DatasetError("a compress job picks on validation metrics: upload a valid file too")
-        table = read_table(home.root / files["train"], max_bytes=max_unpacked)
-        floor = graph_bytes(table.ids, table.entities, table.relations)
-        if config.max_bytes <= floor:
+        floor = budget_floor(config.max_bytes, train.ids, train.entities, train.relations)
+        if floor is not None:
             raise ConfigError(f"max_bytes {config.max_bytes} is below the smallest bundle for this graph: the graph "
                               f"and vocabularies alone take {floor} bytes, the weights come on top; give more than "
                               f"{floor} bytes")

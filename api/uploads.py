@@ -4,14 +4,21 @@ from __future__ import annotations
 
 import json
 import shutil
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 from fastapi import UploadFile
 
 from earl_service.bundle_format import METADATA_LIMITS, parse_json
-from earl_service.data import DEFAULT_MAX_BYTES, SPLIT_SUFFIXES, count_triples, relation_labels
+from earl_service.data import (
+    DEFAULT_MAX_BYTES,
+    SPLIT_SUFFIXES,
+    TripleTable,
+    count_triples,
+    read_table,
+    relation_labels,
+)
 from earl_service.errors import DatasetError, TripleFileError, TripleLimitError
 from earl_service.worker.home import ServiceHome
 
@@ -34,28 +41,50 @@ def save_upload(upload: UploadFile, dest: Path) -> Path:
     return dest
 
 
+@contextmanager
+def _named_as(shown: str) -> Iterator[None]:
+    """A reader's TripleFileError about the saved file, reworded to name the client's file, not the server path."""
+    try:
+        yield
+    except TripleLimitError as exc:
+        raise TripleFileError(shown, None, f"has more than {exc.limit:,} distinct triples; uploads are limited "
+                                           f"to {exc.limit:,} per file (EARL_MAX_UPLOAD_TRIPLES)") from None
+    except TripleFileError as exc:
+        raise TripleFileError(shown, exc.line, exc.reason) from None
+
+
+def _check_names(shown: str, longest_name: int) -> None:
+    """Names longer than MAX_NAME_CHARS are refused: /predict could never ask about them, and one 10 MB "entity"
+    is a mistake, not a graph."""
+    if longest_name > MAX_NAME_CHARS:
+        raise TripleFileError(shown, None, f"a name is {longest_name:,} characters long; entity and relation names "
+                                           f"are limited to {MAX_NAME_CHARS:,} (is a separator missing?)")
+
+
 def check_triples(path: Path, shown_name: str | None, *, max_bytes: int = DEFAULT_MAX_BYTES,
                   max_triples: int = DEFAULT_MAX_UPLOAD_TRIPLES) -> dict[str, int]:
     """count_triples on the saved file (a .gz at most `max_bytes` unpacked); returns its counts.
 
     The reader streams and keeps one 64-bit fingerprint per distinct triple, no names, so memory follows the
     distinct triples (at most `max_triples`, EARL_MAX_UPLOAD_TRIPLES), not the upload's (or its unpacked) size.
-    A TripleFileError names the client's file, not the server path. Names longer than MAX_NAME_CHARS are
-    refused here: /predict could never ask about them, and one 10 MB "entity" is a mistake, not a graph.
+    A TripleFileError names the client's file, not the server path; so does a too-long name (_check_names).
     """
     shown = shown_name or path.name
-    try:
+    with _named_as(shown):
         counts = count_triples(path, max_bytes=max_bytes, max_triples=max_triples)
-    except TripleLimitError as exc:
-        raise TripleFileError(shown, None, f"has more than {exc.limit:,} distinct triples; uploads are limited "
-                                           f"to {exc.limit:,} per file (EARL_MAX_UPLOAD_TRIPLES)") from None
-    except TripleFileError as exc:
-        raise TripleFileError(shown, exc.line, exc.reason) from None
-    if counts.longest_name > MAX_NAME_CHARS:
-        raise TripleFileError(shown, None, f"a name is {counts.longest_name:,} characters long; entity and "
-                                           f"relation names are limited to {MAX_NAME_CHARS:,} (is a separator "
-                                           "missing?)")
+    _check_names(shown, counts.longest_name)
     return {"triples": counts.triples, "duplicates_dropped": counts.duplicates}
+
+
+def check_table(path: Path, shown_name: str | None, *, max_bytes: int = DEFAULT_MAX_BYTES,
+                max_triples: int = DEFAULT_MAX_UPLOAD_TRIPLES) -> TripleTable:
+    """check_triples' checks while reading the file whole (read_table, which keeps every name): for a split the
+    request needs as a graph (a compress job's train file, whose packed bytes bound the budget)."""
+    shown = shown_name or path.name
+    with _named_as(shown):
+        table = read_table(path, max_bytes=max_bytes, max_triples=max_triples)
+    _check_names(shown, table.longest_name())
+    return table
 
 
 def save_labels(upload: UploadFile, dest: Path) -> Path:
@@ -84,16 +113,19 @@ def save_labels(upload: UploadFile, dest: Path) -> Path:
 
 def save_job_files(home: ServiceHome, job_id: str, uploads: dict[str, UploadFile | None],
                    labels: UploadFile | None = None, *, max_bytes: int = DEFAULT_MAX_BYTES,
-                   max_triples: int = DEFAULT_MAX_UPLOAD_TRIPLES) -> tuple[dict[str, str], dict[str, dict[str, int]]]:
+                   max_triples: int = DEFAULT_MAX_UPLOAD_TRIPLES, whole: Collection[str] = (),
+                   ) -> tuple[dict[str, str], dict[str, dict[str, int]], dict[str, TripleTable]]:
     """Save train/valid/test as HOME/uploads/<job>/<split><suffix>, checked; paths returned relative to HOME,
-    with each split's counts (triples kept, duplicates dropped). Relation labels, if given, go to
-    relations.en.json beside them (where load_dataset's folder reader looks).
+    with each split's counts (triples kept, duplicates dropped) and, for the splits named in `whole`, the table
+    read in that same one pass (check_table). Relation labels, if given, go to relations.en.json beside them
+    (where load_dataset's folder reader looks).
 
     On a bad file the job's upload folder is removed and the TripleFileError (or DatasetError) propagates.
     """
     folder = home.upload_dir(job_id)
     files: dict[str, str] = {}
     counts: dict[str, dict[str, int]] = {}
+    tables: dict[str, TripleTable] = {}
     try:
         if labels is not None:
             files["relation_labels"] = home.relative(save_labels(labels, folder / "relations.en.json"))
@@ -101,12 +133,17 @@ def save_job_files(home: ServiceHome, job_id: str, uploads: dict[str, UploadFile
             if upload is None:
                 continue
             path = save_upload(upload, folder / f"{split}{split_suffix(upload.filename)}")
-            counts[split] = check_triples(path, upload.filename, max_bytes=max_bytes, max_triples=max_triples)
+            limits = {"max_bytes": max_bytes, "max_triples": max_triples}
+            if split in whole:
+                tables[split] = check_table(path, upload.filename, **limits)
+                counts[split] = {"triples": len(tables[split]), "duplicates_dropped": tables[split].duplicates}
+            else:
+                counts[split] = check_triples(path, upload.filename, **limits)
             files[split] = home.relative(path)
     except BaseException:
         shutil.rmtree(folder, ignore_errors=True)
         raise
-    return files, counts
+    return files, counts, tables
 
 
 @contextmanager

@@ -67,9 +67,14 @@ def _depth(value: Any) -> int:
     return deepest
 
 
+def joined_strings(names: list[str]) -> bytes:
+    """NUL-joined UTF-8 (names never contain NUL: the reader rejects it): what pack_strings compresses."""
+    return "\0".join(names).encode("utf-8")
+
+
 def pack_strings(names: list[str]) -> np.ndarray:
-    """NUL-joined UTF-8, xz-compressed, as a uint8 array (names never contain NUL: the reader rejects it)."""
-    return np.frombuffer(lzma.compress("\0".join(names).encode("utf-8"), preset=9), dtype=np.uint8)
+    """joined_strings xz-compressed, as a uint8 array."""
+    return np.frombuffer(lzma.compress(joined_strings(names), preset=9), dtype=np.uint8)
 
 
 def _ratio_limit(blob: np.ndarray) -> int:
@@ -129,11 +134,12 @@ def narrowest_uint(max_value: int) -> np.dtype:
     return np.dtype(np.uint64)
 
 
-def pack_graph(triples: np.ndarray, num_entities: int, num_relations: int) -> np.ndarray:
+def graph_csr(triples: np.ndarray, num_entities: int, num_relations: int) -> bytes:
     """Distinct triples sorted by (head, relation, tail) as CSR (per-head counts, relations, tails) in the
-    narrowest unsigned types, xz-compressed. Edge order does not matter to the encoder (sums are order-free up
-    to float rounding, and the CSR build sorts anyway), so sorting loses nothing; a repeated triple is dropped,
-    since unpack_graph refuses repeats (a graph is a set: every reader of this library dedupes its triples)."""
+    narrowest unsigned types, after a header: what pack_graph compresses. Edge order does not matter to the
+    encoder (sums are order-free up to float rounding, and the CSR build sorts anyway), so sorting loses nothing;
+    a repeated triple is dropped, since unpack_graph refuses repeats (a graph is a set: every reader of this
+    library dedupes its triples)."""
     t = np.asarray(triples, dtype=np.int64).reshape(-1, 3)
     t = t[np.lexsort((t[:, 2], t[:, 1], t[:, 0]))]
     t = t[np.concatenate([[True], (t[1:] != t[:-1]).any(axis=1)])] if len(t) else t
@@ -146,7 +152,13 @@ def pack_graph(triples: np.ndarray, num_entities: int, num_relations: int) -> np
         t[:, 1].astype(narrowest_uint(num_relations)).tobytes(),
         t[:, 2].astype(narrowest_uint(num_entities)).tobytes(),
     ]
-    return np.frombuffer(lzma.compress(b"".join(parts), preset=9 | lzma.PRESET_EXTREME), dtype=np.uint8)
+    return b"".join(parts)
+
+
+def pack_graph(triples: np.ndarray, num_entities: int, num_relations: int) -> np.ndarray:
+    """graph_csr xz-compressed, as a uint8 array."""
+    raw = graph_csr(triples, num_entities, num_relations)
+    return np.frombuffer(lzma.compress(raw, preset=9 | lzma.PRESET_EXTREME), dtype=np.uint8)
 
 
 def unpack_graph(blob: np.ndarray, limits: BundleLimits | None = None) -> np.ndarray:

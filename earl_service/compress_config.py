@@ -11,7 +11,7 @@ from typing import Any, cast
 
 import numpy as np
 
-from .bundle_format import PRECISIONS, pack_graph, pack_strings
+from .bundle_format import PRECISIONS, graph_csr, joined_strings, pack_graph, pack_strings
 from .config import MODELS, ModelKind
 from .errors import ConfigError
 
@@ -19,6 +19,10 @@ METRICS = {"mrr": "mrr", "hits@10": "hits_at_10"}  # --metric -> the key in eval
 # The metrics key whose run of spaces pads a compress bundle's metrics to a fixed size (budget.padded_metrics):
 # part of the file, never something to show.
 PAD_KEY = "pad"
+
+# Raw graph and name bytes up to which the API packs them (xz -9e) to know a budget's floor exactly: past it the
+# request would wait on a compression the worker repeats anyway, and the worker's exact check decides.
+EXACT_FLOOR_RAW_BYTES = 2**20
 
 # SI prefixes are powers of ten (2MB = 2,000,000 bytes), as disk and network sizes are; KiB/MiB/GiB powers of two.
 _UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9, "gb": 10**9,
@@ -69,6 +73,24 @@ def split_models(text: str) -> tuple[ModelKind, ...]:
     return cast("tuple[ModelKind, ...]", split_names(text))
 
 
+def _xz_bound(raw: int) -> int:
+    """Most bytes xz writes for `raw` input bytes: LZMA2 stores a chunk it cannot shrink as is (3 header bytes per
+    64 KiB), plus the container's headers, index and check (far below the 2 KiB allowed here)."""
+    return raw + 3 * -(-raw // 2**16) + 2048
+
+
+def budget_floor(max_bytes: int, triples: np.ndarray, entities: Sequence[str], relations: Sequence[str]) -> int | None:
+    """graph_bytes when `max_bytes` cannot hold it, else None; None too when it is unknown without packing a graph
+    larger than EXACT_FLOOR_RAW_BYTES (the worker's exact check decides then). A budget above the raw bytes' xz
+    bound needs no packing at all."""
+    raw = [len(graph_csr(triples, len(entities), len(relations))), len(joined_strings(list(entities))),
+           len(joined_strings(list(relations)))]
+    if max_bytes > sum(map(_xz_bound, raw)) or sum(raw) > EXACT_FLOOR_RAW_BYTES:
+        return None
+    floor = graph_bytes(triples, entities, relations)
+    return floor if max_bytes <= floor else None
+
+
 @dataclass(frozen=True)
 class CompressConfig:
     """What to search: the byte and time budgets, the models and precisions, the metric that picks."""
@@ -111,5 +133,5 @@ class CompressConfig:
                 "metric": self.metric, "seed": self.seed, "eta": self.eta}
 
 
-__all__ = ["METRICS", "PAD_KEY", "CompressConfig", "graph_bytes", "parse_size", "shown_metrics", "split_models",
-           "split_names"]
+__all__ = ["EXACT_FLOOR_RAW_BYTES", "METRICS", "PAD_KEY", "CompressConfig", "budget_floor", "graph_bytes",
+           "parse_size", "shown_metrics", "split_models", "split_names"]

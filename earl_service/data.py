@@ -303,6 +303,10 @@ class TripleTable:
     def __len__(self) -> int:
         return len(self.ids)
 
+    def longest_name(self) -> int:
+        """Characters in the longest entity or relation name."""
+        return max(map(len, self.entities + self.relations), default=0)
+
     def triples(self) -> list[Triple]:
         """The triples as names."""
         ent, rel = self.entities, self.relations
@@ -312,8 +316,8 @@ class TripleTable:
 class _TableBuilder:
     """Interns names a chunk at a time and keeps each distinct triple once, as three ids and one packed key."""
 
-    def __init__(self, path: Path) -> None:
-        self.path = path
+    def __init__(self, path: Path, max_triples: int | None = None) -> None:
+        self.path, self.max_triples = path, max_triples
         self.entities: dict[str, int] = {}
         self.relations: dict[str, int] = {}
         self.read = 0  # triples read, duplicates included
@@ -332,6 +336,8 @@ class _TableBuilder:
         new = ids[self._seen.add(self._keys(ids))]
         self._ids = _append(self._ids, self._kept, new)
         self._kept += len(new)
+        if self.max_triples is not None and self._kept > self.max_triples:
+            raise TripleLimitError(self.path, self.max_triples)
 
     def _keys(self, ids: np.ndarray) -> np.ndarray:
         e_bits, r_bits = self._bits
@@ -379,15 +385,16 @@ def _read_into(path: Path, sink: _TableBuilder | _TripleCounter, max_bytes: int)
         raise TripleFileError(path, None, f"{what}; expected lines of head, relation, tail")
 
 
-def read_table(path: PathLike, *, max_bytes: int = DEFAULT_MAX_BYTES) -> TripleTable:
+def read_table(path: PathLike, *, max_bytes: int = DEFAULT_MAX_BYTES, max_triples: int | None = None) -> TripleTable:
     """Read a triple file into a :class:`TripleTable`, streaming: memory grows with the distinct triples, not the text.
 
     Lines are ``head<TAB>relation<TAB>tail`` (comma-separated CSV for ``.csv``/``.csv.gz``), UTF-8 with or
     without BOM, LF or CRLF; ``.gz`` files are decompressed up to ``max_bytes``. Blank lines are skipped
-    and fields are stripped. Any problem raises :class:`TripleFileError` with the line number.
+    and fields are stripped. Any problem raises :class:`TripleFileError` with the line number; more than
+    ``max_triples`` distinct triples raise :class:`TripleLimitError` (as :func:`count_triples`).
     """
     path = Path(path)
-    builder = _TableBuilder(path)
+    builder = _TableBuilder(path, max_triples)
     _read_into(path, builder, max_bytes)
     table = builder.table()
     log.debug("%s: %d triples, %d duplicates dropped", path, len(table), table.duplicates)

@@ -57,11 +57,12 @@ def create_job(request: Request, settings: SettingsDep, home: HomeDep, store: St
                                  f"most this server allows (EARL_MAX_QUEUED_JOBS={settings.max_queued_jobs}); wait "
                                  "for one to finish or cancel one", headers={"Retry-After": "60"})
     job_id = new_id()
-    files, counts = save_job_files(home, job_id, {"train": train, "valid": valid, "test": test},
-                                   labels=relation_labels, max_bytes=settings.max_unpacked_bytes,
-                                   max_triples=settings.max_upload_triples)
+    files, counts, tables = save_job_files(home, job_id, {"train": train, "valid": valid, "test": test},
+                                           labels=relation_labels, max_bytes=settings.max_unpacked_bytes,
+                                           max_triples=settings.max_upload_triples,
+                                           whole=("train",) if compress is not None else ())
     if compress is not None:
-        check_uploads(home, job_id, files, compress, max_unpacked=settings.max_unpacked_bytes)
+        check_uploads(home, job_id, files, compress, train=tables["train"])
     job = store.create_job(params, files, job_id=job_id)
     return JobCreated(id=job.id, state=job.state, triples=counts)
 

@@ -136,3 +136,12 @@ def test_a_tiny_compress_job_over_http(service, sizes):  # noqa: F811
         assert report["pick"]["candidate"] in markdown.text
         png = http.get(f"/models/{model_id}/frontier.png")
         assert png.headers["content-type"] == "image/png" and png.content.startswith(b"\x89PNG")
+
+
+def test_a_compress_jobs_train_file_gets_the_upload_checks(client, tmp_path):
+    long_name = "e" * 1001
+    files = {"train": ("train.txt", f"{long_name}\tr\tb\n".encode()), "valid": ("valid.txt", b"a\tr\tb\n")}
+    for form in ({"steps": "3"}, {"max_bytes": "2MB", "time_limit": "1"}):  # read whole (compress) or counted
+        r = client.post("/jobs", files=files, data=form, headers=AUTH)
+        assert r.status_code == 422 and "a name is 1,001 characters long" in r.text, form
+    assert client.get("/jobs").json() == [] and not any((tmp_path / "uploads").iterdir())

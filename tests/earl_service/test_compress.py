@@ -12,12 +12,13 @@ import torch
 from conftest import codex_s_path, tiny_dataset
 
 from earl_service import compress as compress_module
+from earl_service import compress_config
 from earl_service.budget import METRICS_ROOM, MIN_DIM, BundleSizes, padded_metrics, save_exact
 from earl_service.bundle import bundle_from_model, load_bundle
 from earl_service.bundle_format import PRECISIONS
 from earl_service.cli import bundle_info, main
 from earl_service.compress import PICK, STATE, compress
-from earl_service.compress_config import CompressConfig, parse_size
+from earl_service.compress_config import CompressConfig, budget_floor, graph_bytes, parse_size
 from earl_service.config import TrainConfig
 from earl_service.data import Dataset, Vocab, load_dataset
 from earl_service.errors import BundleError, ConfigError, DatasetError
@@ -43,6 +44,20 @@ def test_parse_size_reads_si_and_binary_units(text, expected):
 def test_parse_size_refuses_bad_sizes(text):
     with pytest.raises(ConfigError, match="size"):
         parse_size(text)
+
+
+def test_budget_floor_is_exact_when_cheap_and_none_when_unsure(monkeypatch):
+    triples = np.unique(np.random.default_rng(0).integers(0, 30, (200, 3)) % [30, 3, 30], axis=0)
+    entities, relations = [f"entity{i}" for i in range(30)], ["r0", "r1", "r2"]
+    floor = graph_bytes(triples, entities, relations)
+    assert budget_floor(floor, triples, entities, relations) == floor
+    assert budget_floor(1, triples, entities, relations) == floor
+    assert budget_floor(floor + 1, triples, entities, relations) is None
+    monkeypatch.setattr(compress_config, "graph_bytes", None)  # from here on nothing may pack the graph
+    assert budget_floor(10**6, triples, entities, relations) is None  # above the raw bytes' xz bound
+    monkeypatch.setattr(compress_config, "EXACT_FLOOR_RAW_BYTES", 100)
+    assert budget_floor(floor, triples, entities, relations) is None  # too big to pack here: the worker decides
+
 
 
 def _random_bundle(dataset: Dataset, sizes: BundleSizes, model: str, dim: int):

@@ -257,6 +257,16 @@ def test_count_triples_stops_at_its_limit(tmp_path, monkeypatch):
         count_triples(path, max_triples=100)
 
 
+def test_read_table_stops_at_the_same_limit(tmp_path, monkeypatch):
+    monkeypatch.setattr(data, "_CHUNK", 64)
+    path = write(tmp_path / "train.txt", "".join(f"e{i}\tr\te{i + 1}\n" for i in range(100)) + "bad line\n")
+    with pytest.raises(TripleLimitError) as info:
+        read_table(path, max_triples=10)  # refused before the bad line is reached
+    assert str(info.value) == f"{path}: has more than 10 distinct triples (max_triples=10)"
+    table = read_table(write(tmp_path / "ok.txt", "a\tlong_relation\tb\na\tlong_relation\tb\n"), max_triples=1)
+    assert len(table) == 1 and table.longest_name() == len("long_relation")
+
+
 # --- Vocab --------------------------------------------------------------------------------------------------
 
 
