@@ -13,9 +13,6 @@ from earl_service.worker.store import JobStore
 
 from .settings import Settings
 
-UNFINISHED = ("queued", "running")
-SCANNED_JOBS = 10_000  # newest jobs per state looked at by the quota count: enough for any quota, bounded
-
 
 class PredictSlots:
     """At most `size` predictions computed at once. The others wait on the event loop (holding no thread, so the
@@ -68,6 +65,5 @@ def client_key(settings: Settings, *, token: bytes, address: str | None) -> str:
 
 
 def unfinished_jobs(store: JobStore, client: str) -> int:
-    """How many queued or running jobs `client` has."""
-    return sum(job.params.get("client") == client
-               for state in UNFINISHED for job in store.list_jobs(state=state, limit=SCANNED_JOBS))
+    """How many queued or running jobs `client` has: counted by the store, never by reading the job table here."""
+    return store.count_unfinished(client)

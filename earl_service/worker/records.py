@@ -8,6 +8,7 @@ from typing import Any
 
 STATES = ("queued", "running", "succeeded", "failed", "cancelled")
 TERMINAL = ("succeeded", "failed", "cancelled")
+UNFINISHED = ("queued", "running")
 
 
 def new_id() -> str:
@@ -77,4 +78,4 @@ class ModelRecord:
         return record
 
 
-__all__ = ["STATES", "TERMINAL", "Job", "ModelRecord", "new_id"]
+__all__ = ["STATES", "TERMINAL", "UNFINISHED", "Job", "ModelRecord", "new_id"]

@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import json
 import time
+from collections import Counter
 from importlib import resources
 from typing import Any
 
 from ..errors import StoreError
-from .records import STATES, TERMINAL, Job, ModelRecord, new_id
+from .records import STATES, TERMINAL, UNFINISHED, Job, ModelRecord, new_id
 
 
 def _script(name: str) -> str:
@@ -63,16 +64,18 @@ class RedisStore:
     def get_job(self, job_id: str) -> Job | None:
         return self._job(self._call(self._redis.hget, self._keys[0], job_id))
 
+    def _all_jobs(self) -> list[Job]:
+        return [Job.from_dict(json.loads(v)) for v in self._call(self._redis.hvals, self._keys[0])]
+
     def list_jobs(self, *, state: str | None = None, limit: int = 100) -> list[Job]:
-        jobs = [Job.from_dict(json.loads(v)) for v in self._call(self._redis.hvals, self._keys[0])]
-        jobs = [j for j in jobs if state is None or j.state == state]
+        jobs = [j for j in self._all_jobs() if state is None or j.state == state]
         return sorted(jobs, key=lambda j: j.created, reverse=True)[:limit]
 
     def count_jobs(self) -> dict[str, int]:
-        counts = {state: 0 for state in STATES}
-        for job in self.list_jobs(limit=1 << 62):
-            counts[job.state] = counts.get(job.state, 0) + 1
-        return counts
+        return {state: 0 for state in STATES} | Counter(job.state for job in self._all_jobs())
+
+    def count_unfinished(self, client: str) -> int:
+        return sum(job.state in UNFINISHED and job.params.get("client") == client for job in self._all_jobs())
 
     def claim_job(self, worker: str, *, stale_after: float = 60.0, max_attempts: int = 3) -> Job | None:
         now = time.time()

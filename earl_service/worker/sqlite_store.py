@@ -109,6 +109,12 @@ class SqliteStore:
             rows = self._db.execute("SELECT state, COUNT(*) FROM jobs GROUP BY state").fetchall()
         return {state: 0 for state in STATES} | {r[0]: r[1] for r in rows}
 
+    def count_unfinished(self, client: str) -> int:
+        with self._locked():
+            (count,) = self._db.execute("SELECT COUNT(*) FROM jobs WHERE state IN ('queued', 'running') "
+                                        "AND json_extract(params, '$.client') = ?", (client,)).fetchone()
+        return count
+
     def claim_job(self, worker: str, *, stale_after: float = 60.0, max_attempts: int = 3) -> Job | None:
         now = time.time()
         stale = now - stale_after

@@ -29,6 +29,10 @@ class JobStore(Protocol):
 
     def count_jobs(self) -> dict[str, int]: ...
 
+    def count_unfinished(self, client: str) -> int:
+        """How many queued or running jobs have `client` as params["client"] (the API's queue quota)."""
+        ...
+
     def claim_job(self, worker: str, *, stale_after: float = 60.0, max_attempts: int = 3) -> Job | None:
         """Atomically take the oldest queued job (or a running one whose heartbeat is stale) for `worker`."""
         ...

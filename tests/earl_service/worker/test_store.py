@@ -43,6 +43,19 @@ def test_create_get_list_count(store):
     assert store.count_jobs() == {s: (2 if s == "queued" else 0) for s in STATES}
 
 
+def test_count_unfinished_counts_a_clients_queued_and_running_jobs(store):
+    mine = [store.create_job({"client": "me", "dim": 8}, {}) for _ in range(4)]
+    store.create_job({"client": "other"}, {})
+    store.create_job({}, {})  # a job without a client (submitted before quotas)
+    assert store.count_unfinished("me") == 4 and store.count_unfinished("nobody") == 0
+    assert store.claim_job("w").id == mine[0].id  # running: still unfinished
+    store.claim_job("w")
+    store.finish_job(mine[1].id, "w", "succeeded")
+    store.request_cancel(mine[2].id)
+    assert store.count_unfinished("me") == 2 and store.count_unfinished("other") == 1
+    assert store.count_jobs() == {"queued": 3, "running": 1, "succeeded": 1, "failed": 0, "cancelled": 1}
+
+
 def test_claim_is_fifo_and_owned(store):
     first = store.create_job({"n": 1}, {})
     second = store.create_job({"n": 2}, {})

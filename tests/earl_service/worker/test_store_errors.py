@@ -46,6 +46,7 @@ CALLS = {
     "get_job": lambda s: s.get_job("x"),
     "list_jobs": lambda s: s.list_jobs(),
     "count_jobs": lambda s: s.count_jobs(),
+    "count_unfinished": lambda s: s.count_unfinished("c"),
     "claim_job": lambda s: s.claim_job("w"),
     "heartbeat": lambda s: s.heartbeat("x", "w"),
     "finish_job": lambda s: s.finish_job("x", "w", "failed"),
