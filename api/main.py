@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, suppress
 from functools import partial
 
 import anyio
@@ -33,7 +33,7 @@ from .routes import health, jobs, models, predict, reports
 from .settings import Settings
 
 log = logging.getLogger(__name__)
-SWEEP_EVERY_S = 3600.0  # housekeeping (earl_service/worker/housekeeping.py) after the one at start
+SWEEP_EVERY_S = 3600.0  # housekeeping (earl_service/worker/housekeeping.py) after the one at start-up
 ROUTERS = (jobs, models, reports, predict, health)
 
 
@@ -57,12 +57,13 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.state.registry = ModelRegistry(app.state.home, app.state.store, limits=settings.bundle_limits)
         app.state.cache = PredictorCache(settings.cache_models)
         sweep = partial(housekeeping.sweep, app.state.home, app.state.store, keep_days=settings.run_retention_days)
-        await run_sweep(sweep)  # before the first request: what a crash left, runs past retention
-        sweeper = asyncio.create_task(sweep_periodically(sweep))
+        stopping = asyncio.Event()
+        sweeper = asyncio.create_task(sweep_periodically(sweep, stopping))
         try:
             yield
         finally:
-            sweeper.cancel()
+            stopping.set()
+            await sweeper  # a sweep under way ends first (a thread cannot be cancelled): it uses the store
             app.state.store.close()
 
     # max_body_size: FastAPI/Starlette count the bytes as they stream in and answer 413 past the limit, so an
@@ -90,10 +91,14 @@ async def run_sweep(sweep: Callable[[], object]) -> None:
         log.exception("housekeeping sweep failed; the next one tries again")
 
 
-async def sweep_periodically(sweep: Callable[[], object], every_s: float = SWEEP_EVERY_S) -> None:
-    while True:
-        await asyncio.sleep(every_s)
+async def sweep_periodically(sweep: Callable[[], object], stopping: asyncio.Event, *,
+                             every_s: float = SWEEP_EVERY_S) -> None:
+    """`sweep` at once, then every `every_s` seconds until `stopping` is set. In the background from the start
+    too: it removes only staging files old enough to have no live writer, so start-up need not wait for it."""
+    while not stopping.is_set():
         await run_sweep(sweep)
+        with suppress(TimeoutError):
+            await asyncio.wait_for(stopping.wait(), every_s)
 
 
 app = create_app()

@@ -90,8 +90,16 @@ def test_the_api_expires_runs_at_start(home, store):
     touch(home.run_dir(job.id) / "best.pt")
     touch(home.upload_dir(job.id) / "train.txt")
     with TestClient(create_app(Settings(home=home.root, run_retention_days=1e-9))) as client:
+        swept_soon(lambda: not home.run_dir(job.id).exists())  # in the background: start-up does not wait for it
         assert not home.run_dir(job.id).exists() and not home.upload_dir(job.id).exists()
         assert client.get(f"/jobs/{job.id}").json()["error"] == "bad"
+
+
+def swept_soon(done, timeout: float = 60.0) -> None:
+    """Wait (bounded) for the API's first sweep, which runs in the background after start-up."""
+    deadline = time.monotonic() + timeout
+    while not done() and time.monotonic() < deadline:
+        time.sleep(0.05)
 
 
 KILLED_MID_CHECK = """
@@ -131,7 +139,7 @@ def test_what_a_kill_during_verification_leaves_is_swept_at_start(home, codex_bu
     fresh = touch(home.uploads / ".other.bundle.0badf00d.tmp")  # another process's upload, in progress
     if restart == "api":
         with TestClient(create_app(Settings(home=home.root))):
-            pass
+            swept_soon(lambda: not left.exists())
     else:
         worker = Worker(WorkerConfig(home=home.root, worker_id="w", threads=1))
         worker.stop()  # run() sweeps, then finds itself stopped
