@@ -71,19 +71,23 @@ def expire_runs(home: ServiceHome, store: JobStore, *, keep_days: float, now: fl
         return []
     cutoff = (time.time() if now is None else now) - keep_days * DAY_S
     removed = []
-    for folder in job_folders(home):
-        job = store.get_job(folder.name)
+    for name in job_names(home):
+        job = store.get_job(name)
         if job is not None and job.state in TERMINAL and job.finished is not None and job.finished < cutoff:
-            remove(folder)
-            removed.append(folder)
+            folders = [f for f in (home.run_dir(name), home.upload_dir(name)) if f.is_dir()]
+            for folder in folders:
+                remove(folder)
+            removed += folders
     if removed:
         log.info("removed %d run and upload folder(s) of jobs that ended over %g days ago", len(removed), keep_days)
     return removed
 
 
-def job_folders(home: ServiceHome) -> list[Path]:
+def job_names(home: ServiceHome) -> list[str]:
+    """The job ids that have a folder in uploads/ or runs/ (or both), each once: one store lookup per job."""
     tops = [home.uploads, home.root / "runs"]
-    return [p for top in tops if top.is_dir() for p in top.iterdir() if p.is_dir() and not p.name.startswith(".")]
+    return sorted({p.name for top in tops if top.is_dir() for p in top.iterdir()
+                   if p.is_dir() and not p.name.startswith(".")})
 
 
 def remove(path: Path) -> None:

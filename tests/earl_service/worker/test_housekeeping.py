@@ -95,6 +95,20 @@ def test_the_api_expires_runs_at_start(home, store):
         assert client.get(f"/jobs/{job.id}").json()["error"] == "bad"
 
 
+def test_a_job_with_a_run_and_uploads_is_looked_up_once(home, store):
+    job = store.create_job({}, {})
+    touch(home.run_dir(job.id) / "checkpoint.pt")
+    touch(home.upload_dir(job.id) / "train.txt")
+    looked_up = []
+
+    class Counting:
+        def get_job(self, job_id):
+            looked_up.append(job_id)
+            return store.get_job(job_id)
+
+    assert expire_runs(home, Counting(), keep_days=1) == [] and looked_up == [job.id]
+
+
 def swept_soon(done, timeout: float = 60.0) -> None:
     """Wait (bounded) for the API's first sweep, which runs in the background after start-up."""
     deadline = time.monotonic() + timeout
