@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -10,6 +11,7 @@ from .records import new_id
 from .store import JobStore, open_store
 
 SUBFOLDERS = ("uploads", "runs", "models")
+VERSION_FILE = re.compile(r"v(\d+)\.safetensors")  # version_path's file name; version_of reads it back
 REPORT_FILES = {"json": "report.json", "md": "report.md", "png": "frontier.png"}  # a compress model's evidence
 
 
@@ -48,8 +50,12 @@ class ServiceHome:
     def upload_dir(self, job_id: str) -> Path:
         return self.uploads / job_id
 
+    @property
+    def runs(self) -> Path:
+        return self.root / "runs"
+
     def run_dir(self, job_id: str) -> Path:
-        return self.root / "runs" / job_id
+        return self.runs / job_id
 
     @property
     def models(self) -> Path:
@@ -60,6 +66,14 @@ class ServiceHome:
 
     def version_path(self, model_id: str, version: int) -> Path:
         return self.model_dir(model_id) / f"v{version}.safetensors"
+
+    @staticmethod
+    def version_of(model_id: str, path: str | os.PathLike[str]) -> int | None:
+        """The inverse of version_path: N for <model id>/v<N>.safetensors (relative to the home or not), else None
+        (a bundle from before versions, models/<model id>.safetensors)."""
+        path = Path(path)
+        match = VERSION_FILE.fullmatch(path.name)
+        return int(match[1]) if match and path.parent.name == model_id else None
 
     def report_path(self, model_id: str, kind: str) -> Path:
         """A compress model's report beside its versions (REPORT_FILES: json, md or png); a delete removes it."""

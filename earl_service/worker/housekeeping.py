@@ -52,7 +52,7 @@ def sweep_staging(home: ServiceHome, *, older_than: float = STALE_AFTER_S, now: 
 def staging_files(home: ServiceHome) -> Iterator[Path]:
     """Hidden names ending in .tmp anywhere under uploads/, runs/ and models/ (atomic writes, set-aside deletes),
     and every hidden entry at the top of uploads/ (an upload while it is checked keeps its own suffix)."""
-    for top in (home.uploads, home.root / "runs", home.models):
+    for top in (home.uploads, home.runs, home.models):
         for folder, dirs, files in os.walk(top):
             at_uploads = Path(folder) == home.uploads
             for name in [*dirs, *files]:
@@ -85,7 +85,7 @@ def expire_runs(home: ServiceHome, store: JobStore, *, keep_days: float, now: fl
 
 def job_names(home: ServiceHome) -> list[str]:
     """The job ids that have a folder in uploads/ or runs/ (or both), each once: one store lookup per job."""
-    tops = [home.uploads, home.root / "runs"]
+    tops = [home.uploads, home.runs]
     return sorted({p.name for top in tops if top.is_dir() for p in top.iterdir()
                    if p.is_dir() and not p.name.startswith(".")})
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import difflib
 import json
 import os
-import re
 import shutil
 import struct
 import time
@@ -196,8 +195,8 @@ class ModelRegistry:
 
 def version_number(record: ModelRecord) -> int:
     """The version the record names: N for models/<id>/v<N>.safetensors; 1 for a bundle from before versions."""
-    match = re.fullmatch(r"v(\d+)\.safetensors", Path(record.path).name)
-    return int(match[1]) if match and Path(record.path).parent.name == record.id else 1
+    number = ServiceHome.version_of(record.id, record.path)
+    return 1 if number is None else number
 
 
 def extended_bundle(current: Path, triples: Path, staged: Path, *, shown_name: str) -> Bundle:

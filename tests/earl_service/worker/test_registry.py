@@ -39,6 +39,12 @@ def test_home_layout(tmp_path):
     assert home.version_path("m", 2) == tmp_path / "models" / "m" / "v2.safetensors"
     assert home.legacy_model_path("m") == tmp_path / "models" / "m.safetensors"
     assert home.relative(home.run_dir("j") / "metrics.json") == "runs/j/metrics.json"
+    assert home.run_dir("j").parent == home.runs == tmp_path / "runs"
+    for version in (1, 12):
+        path = home.version_path("m", version)
+        assert home.version_of("m", path) == home.version_of("m", home.relative(path)) == version
+    for path in ("models/m.safetensors", "models/other/v2.safetensors", "models/m/v2.safetensors.tmp", "models/m/vx"):
+        assert home.version_of("m", path) is None
     staged = home.staging_path("m.triples", ".tsv.gz")
     assert staged.parent == home.uploads and staged.name.startswith(".m.triples.") and staged.name.endswith(".tsv.gz")
     assert home.store_target("sqlite") == home.store_target("") == str(tmp_path / "earl.sqlite3")
