@@ -44,20 +44,19 @@ def job_progress(event: dict[str, Any], *, resumed: bool) -> dict[str, Any]:
     return {"job": "compress", **event, "time_left": round(event["time_left"], 1), "resumed": resumed}
 
 
-def run_compress(home: ServiceHome, job: Job, train_config: TrainConfig, *,
+def run_compress(home: ServiceHome, job: Job, *, search: CompressConfig, train_config: TrainConfig,
                  on_progress: Callable[[dict[str, Any]], None], should_stop: Callable[[], bool]) -> Path | None:
-    """compress() on the job's uploads in runs/<job>/; the pick's path, or None when stopped. A rerun (the job
-    requeued after a worker stopped or died) continues from the last rung the folder's saved state holds."""
+    """compress() as `search` (compress_settings of the job's params) asks, on the job's uploads in runs/<job>/;
+    the pick's path, or None when stopped. A rerun (the job requeued after a worker stopped or died) continues
+    from the last rung the folder's saved state holds."""
     from ..compress import PICK, STATE, compress
     from ..data import load_dataset, relation_labels
 
-    config = compress_settings(job.params)
-    assert config is not None, "run_compress is for compress jobs"
     uploads, run_dir = home.upload_dir(job.id), home.run_dir(job.id)
     resumed = (run_dir / STATE).exists()
     if resumed:
         log.info("job %s: continuing the compress search saved in %s", job.id, home.relative(run_dir))
-    report = compress(load_dataset(uploads), run_dir, config, train_config=train_config,
+    report = compress(load_dataset(uploads), run_dir, search, train_config=train_config,
                       relation_labels=relation_labels(uploads), should_stop=should_stop,
                       on_progress=lambda event: on_progress(job_progress(event, resumed=resumed)))
     return None if report is None else run_dir / PICK

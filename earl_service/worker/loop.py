@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..compress_config import CompressConfig
 from ..config import ModelConfig, TrainConfig
 from ..errors import DatasetError, EarlError
 from ..options import FORM_OPTIONS, configs_from_options
@@ -173,7 +174,7 @@ class Worker:
         beat.start()
         state, error, model_id = "failed", None, None
         try:
-            model_id = self._compress(job, beat) if compress_settings(job.params) else self._train(job, beat)
+            model_id = self._work(job, beat)
             state = "succeeded" if model_id else "cancelled"
         except _Interrupted:
             state = "interrupted"
@@ -200,14 +201,19 @@ class Worker:
         finished = self.store.finish_job(job.id, cfg.worker_id, state, error=error, model_id=model_id)
         return finished or job
 
+    def _work(self, job: Job, beat: _Heartbeat) -> str | None:
+        """A compress job (max_bytes) or a training job, as its params ask; the model id, None if it was cancelled."""
+        search = compress_settings(job.params)  # ConfigError for a bad size or a compress field without max_bytes
+        if "train" not in job.files:
+            raise DatasetError("the job has no train file")
+        return self._train(job, beat) if search is None else self._compress(job, search, beat)
+
     def _train(self, job: Job, beat: _Heartbeat) -> str | None:
         """Train and publish; returns the model id, or None if the job was cancelled."""
         from ..data import load_dataset, relation_labels
         from ..train import CHECKPOINT, train
 
         uploads = self.home.upload_dir(job.id)
-        if "train" not in job.files:
-            raise DatasetError("the job has no train file")
         run_dir = self.home.run_dir(job.id)
         model_cfg, train_cfg = configs_from_params(job.params, self.config)
         dataset = load_dataset(uploads)
@@ -236,19 +242,17 @@ class Worker:
         self._publish(job, run_dir)
         return job.id
 
-    def _compress(self, job: Job, beat: _Heartbeat) -> str | None:
+    def _compress(self, job: Job, search: CompressConfig, beat: _Heartbeat) -> str | None:
         """A compress job (max_bytes): the search in the run folder, then its pick published with the report;
         returns the model id, or None if the job was cancelled. A stop for shutdown requeues it (_Interrupted)."""
         from .compress_job import publish_pick, run_compress
 
-        if "train" not in job.files:
-            raise DatasetError("the job has no train file")
         _, train_cfg = configs_from_params(job.params, self.config)
 
         def forward(progress: dict[str, Any]) -> None:
             beat.progress = progress
 
-        pick = run_compress(self.home, job, train_cfg, on_progress=forward,
+        pick = run_compress(self.home, job, search=search, train_config=train_cfg, on_progress=forward,
                             should_stop=lambda: beat.cancelled or beat.lost or self._stop.is_set())
         if pick is None:
             if beat.cancelled or beat.lost:
