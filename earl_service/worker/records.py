@@ -39,12 +39,8 @@ class Job:
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> Job:
-        names = {f.name for f in fields(cls)}
-        job = cls(**{k: v for k, v in values.items() if k in names})
-        job.cancel_requested = bool(job.cancel_requested)
-        for key in ("params", "files", "progress"):  # cjson turns an empty object into an empty array
-            if not isinstance(getattr(job, key), dict):
-                setattr(job, key, {})
+        job = cls(**_known_fields(cls, values))
+        job.cancel_requested = bool(job.cancel_requested)  # SQLite keeps it as 0 or 1
         return job
 
 
@@ -70,12 +66,13 @@ class ModelRecord:
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> ModelRecord:
-        names = {f.name for f in fields(cls)}
-        record = cls(**{k: v for k, v in values.items() if k in names})
-        for key in ("config", "metrics"):
-            if not isinstance(getattr(record, key), dict):
-                setattr(record, key, {})
-        return record
+        return cls(**_known_fields(cls, values))
+
+
+def _known_fields(cls: Any, values: dict[str, Any]) -> dict[str, Any]:
+    """The entries of `values` that name a field of the dataclass `cls`: a stored row may carry others."""
+    names = {f.name for f in fields(cls)}
+    return {k: v for k, v in values.items() if k in names}
 
 
 __all__ = ["STATES", "TERMINAL", "UNFINISHED", "Job", "ModelRecord", "new_id"]

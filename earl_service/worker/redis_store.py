@@ -50,8 +50,16 @@ class RedisStore:
         return f"{scheme}://{rest.rpartition('@')[2]}"  # without credentials
 
     @staticmethod
-    def _job(text: str | None) -> Job | None:
-        return None if text is None else Job.from_dict(json.loads(text))
+    def _decode(text: str) -> Job:
+        values = json.loads(text)
+        for key in ("params", "files", "progress"):  # the Lua scripts' cjson writes an empty object as []
+            if not isinstance(values.get(key), dict):
+                values[key] = {}
+        return Job.from_dict(values)
+
+    @classmethod
+    def _job(cls, text: str | None) -> Job | None:
+        return None if text is None else cls._decode(text)
 
     def create_job(self, params: dict[str, Any], files: dict[str, str], *, job_id: str | None = None) -> Job:
         job = Job(id=job_id or new_id(), params=dict(params), files=dict(files), created=time.time())
@@ -65,7 +73,7 @@ class RedisStore:
         return self._job(self._call(self._redis.hget, self._keys[0], job_id))
 
     def _all_jobs(self) -> list[Job]:
-        return [Job.from_dict(json.loads(v)) for v in self._call(self._redis.hvals, self._keys[0])]
+        return [self._decode(v) for v in self._call(self._redis.hvals, self._keys[0])]
 
     def list_jobs(self, *, state: str | None = None, limit: int = 100) -> list[Job]:
         jobs = [j for j in self._all_jobs() if state is None or j.state == state]

@@ -56,6 +56,20 @@ def test_count_unfinished_counts_a_clients_queued_and_running_jobs(store):
     assert store.count_jobs() == {"queued": 3, "running": 1, "succeeded": 1, "failed": 0, "cancelled": 1}
 
 
+def test_empty_params_files_and_progress_stay_objects_through_every_step(store):
+    job = store.create_job({}, {})
+    steps = [store.claim_job("w"), store.heartbeat(job.id, "w"), store.request_cancel(job.id),
+             store.finish_job(job.id, "w", "cancelled"), store.get_job(job.id), *store.list_jobs()]
+    assert all((s.params, s.files, s.progress) == ({}, {}, {}) for s in steps)
+
+
+def test_the_redis_reader_takes_cjsons_empty_array_for_an_empty_object():
+    from earl_service.worker.redis_store import RedisStore
+
+    job = RedisStore._decode(json.dumps({"id": "j", "params": [], "files": [], "progress": [], "cancel_requested": 1}))
+    assert (job.params, job.files, job.progress, job.cancel_requested) == ({}, {}, {}, True)
+
+
 def test_claim_is_fifo_and_owned(store):
     first = store.create_job({"n": 1}, {})
     second = store.create_job({"n": 2}, {})
