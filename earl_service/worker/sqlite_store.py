@@ -34,6 +34,11 @@ CREATE TABLE IF NOT EXISTS models (
 """
 
 
+def _encode_row(values: dict[str, Any]) -> dict[str, Any]:
+    """A record's fields as the row's values: the dict-valued ones as JSON text (str() for what JSON lacks)."""
+    return {key: json.dumps(value, default=str) if key in _JSON_COLUMNS else value for key, value in values.items()}
+
+
 def _decode_row(row: sqlite3.Row) -> dict[str, Any]:
     values = dict(row)
     for key in _JSON_COLUMNS:
@@ -82,12 +87,9 @@ class SqliteStore:
 
     def create_job(self, params: dict[str, Any], files: dict[str, str], *, job_id: str | None = None) -> Job:
         job = Job(id=job_id or new_id(), params=dict(params), files=dict(files), created=time.time())
-        values = job.to_dict()
-        for key in ("params", "files", "progress"):
-            values[key] = json.dumps(values[key])
         with self._locked():
             self._db.execute(f"INSERT INTO jobs ({', '.join(_JOB_COLUMNS)}) VALUES "
-                             f"({', '.join(':' + c for c in _JOB_COLUMNS)})", values)
+                             f"({', '.join(':' + c for c in _JOB_COLUMNS)})", _encode_row(job.to_dict()))
         return job
 
     def get_job(self, job_id: str) -> Job | None:
@@ -168,9 +170,7 @@ class SqliteStore:
         return None if row is None else Job.from_dict(row)
 
     def add_model(self, record: ModelRecord) -> None:
-        values = record.to_dict()
-        for key in ("config", "metrics"):
-            values[key] = json.dumps(values[key], default=str)
+        values = _encode_row(record.to_dict())
         columns = list(values)
         with self._locked():
             self._db.execute(f"INSERT OR REPLACE INTO models ({', '.join(columns)}) VALUES "
