@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping
+from contextlib import ExitStack
 from os import PathLike
 from pathlib import Path
 from typing import Any
@@ -91,9 +92,12 @@ class Client:
         """Upload triple files (and a relations JSON) and queue a training job; `params` are `earl train`'s
         options by their form names (dim, steps, batch_size, ...). Returns the job id."""
         paths = dict(zip(FILES, (train, valid, test, relation_labels), strict=True))
-        files = {field: (Path(p).name, Path(p).read_bytes()) for field, p in paths.items() if p is not None}
         data = {name: _form_value(value) for name, value in (params or {}).items()}
-        return self._json(self.http.post("/jobs", data=data, files=files))["id"]
+        with ExitStack() as opened:  # open files, not their bytes: httpx streams them, a large upload never in memory
+            files = {field: (Path(p).name, opened.enter_context(Path(p).open("rb")))
+                     for field, p in paths.items() if p is not None}
+            response = self.http.post("/jobs", data=data, files=files)
+        return self._json(response)["id"]
 
     def job(self, job_id: str) -> dict[str, Any]:
         """The job's state, progress (step, total, loss, valid MRR), error and, once trained, its model id."""

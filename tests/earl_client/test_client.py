@@ -4,7 +4,9 @@ import os
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
+import httpx
 import pytest
 from conftest import BUNDLED_KG, REPO, codex_s_path, free_port
 
@@ -113,3 +115,23 @@ def test_wait_ready_gives_up_on_a_dead_server_and_on_its_deadline():
             client.wait_ready(5, alive=lambda: False)
         with pytest.raises(TimeoutError, match="not ready within"):
             client.wait_ready(0.2)
+
+
+def test_submit_job_streams_its_files_from_disk(tmp_path, monkeypatch):
+    train, labels = tmp_path / "train.txt", tmp_path / "relations.en.json"
+    train.write_text("a\tr\tb\n")
+    labels.write_text('{"r": "relates to"}')
+    sent = []
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        sent.append(request.read())
+        return httpx.Response(202, json={"id": "j1"})
+
+    monkeypatch.setattr(Path, "read_bytes", lambda path: pytest.fail(f"{path} was read whole into memory"))
+    with Client("http://earl.test") as client:
+        client.http = httpx.Client(base_url="http://earl.test", transport=httpx.MockTransport(answer))
+        assert client.submit_job(train, relation_labels=labels, params={"dim": 16, "no_knn": True}) == "j1"
+    (body,) = sent
+    assert b'name="train"; filename="train.txt"' in body and b"a\tr\tb\n" in body
+    assert b'name="relation_labels"; filename="relations.en.json"' in body and b'{"r": "relates to"}' in body
+    assert b'name="valid"' not in body and b'name="no_knn"\r\n\r\ntrue' in body
