@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from .atomic import replacing, write_bytes, write_json
 from .budget import CODING, METRICS_ROOM
+from .compress_config import METRICS
 
 if TYPE_CHECKING:
     from .compress import Job
@@ -26,8 +27,6 @@ def frontier(rows: list[dict[str, Any]], key: str) -> list[dict[str, Any]]:
 
 
 def build_report(job: Job, rows: list[dict[str, Any]], pick: dict[str, Any], test: dict | None) -> dict[str, Any]:
-    from .compress import METRICS
-
     ds, key = job.dataset, METRICS[job.config.metric]
     return {
         "max_bytes": job.config.max_bytes, "time_limit_minutes": job.config.time_limit_minutes,
