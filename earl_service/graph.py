@@ -13,11 +13,15 @@ import torch
 from .core import knn as core_knn
 
 
-def csr_tensor(crow: np.ndarray, cols: np.ndarray, values: np.ndarray, shape: tuple[int, int]) -> torch.Tensor:
-    """A torch CSR matrix of numpy CSR arrays (int64 indices), trusted as well-formed."""
+def csr_tensor(crow: np.ndarray, cols: np.ndarray, values: np.ndarray, shape: tuple[int, int], *,
+               dtype: torch.dtype | None = None) -> torch.Tensor:
+    """A torch CSR matrix of numpy CSR arrays (int64 indices), trusted as well-formed; values cast to `dtype`.
+
+    The cast happens here, before the matrix exists: `.to(dtype)` on a CSR tensor copies its index arrays too."""
+    vals = torch.from_numpy(values) if dtype is None else torch.from_numpy(values).to(dtype)
     with _csr_is_beta():
         return torch.sparse_csr_tensor(torch.from_numpy(np.asarray(crow, dtype=np.int64)),
-                                       torch.from_numpy(np.asarray(cols, dtype=np.int64)), torch.from_numpy(values),
+                                       torch.from_numpy(np.asarray(cols, dtype=np.int64)), vals,
                                        shape, check_invariants=False)
 
 

@@ -62,7 +62,7 @@ def _csr(rows: np.ndarray, cols: np.ndarray, vals: np.ndarray, shape: tuple[int,
     summed = np.bincount(inverse, weights=vals, minlength=len(unique))
     crow = np.zeros(shape[0] + 1, dtype=np.int64)
     np.cumsum(np.bincount(unique // shape[1], minlength=shape[0]), out=crow[1:])
-    return csr_tensor(crow, unique % shape[1], summed, shape).to(dtype)
+    return csr_tensor(crow, unique % shape[1], summed, shape, dtype=dtype)
 
 
 def _pair(rows: np.ndarray, cols: np.ndarray, vals: np.ndarray, shape: tuple[int, int], dtype: torch.dtype) -> SparsePair:
