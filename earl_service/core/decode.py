@@ -98,7 +98,9 @@ def _config(text: str) -> ModelConfig:
         if f.name in values and not _fits(values[f.name], type(f.default)):
             raise ValueError(f"config {f.name} must be a finite {type(f.default).__name__}, not {values[f.name]!r}")
     config = ModelConfig.from_dict(values)
-    if not config.embedding_range * F32_MAX > math.pi or not math.isfinite(config.embedding_range):
+    # gamma > 0, yet (gamma + epsilon) / dim may underflow to 0 (no scale at all) or overflow to infinity.
+    scale = config.phase_scale if config.embedding_range > 0 else math.inf
+    if not (math.isfinite(config.embedding_range) and scale < F32_MAX):
         raise ValueError(f"config gamma {config.gamma}, epsilon {config.epsilon} and dim {config.dim} give a RotatE "
                          "phase scale that float32 cannot hold")
     return config
@@ -206,7 +208,7 @@ def check_embeddings(config: ModelConfig, entities: np.ndarray, relations: np.nd
     if largest > limit:
         raise BundleError(f"{source}: the entity embeddings reach {largest:.3g}; scores stay finite in float32 "
                           f"only up to {limit:.3g}")
-    phase = float(np.abs(relations).max(initial=0.0)) * math.pi / config.embedding_range
+    phase = float(np.abs(relations).max(initial=0.0)) * config.phase_scale
     if phase >= F32_MAX:
         raise BundleError(f"{source}: the relation embeddings give phases up to {phase:.3g}, past float32's range")
 
