@@ -13,6 +13,8 @@ from pathlib import Path
 
 import torch
 
+from ..atomic import write_bytes
+
 log = logging.getLogger(__name__)
 
 EPS = 1e-12  # keeps the modulus differentiable at 0; far below any distance that matters
@@ -104,10 +106,7 @@ def _load_extension():
         folder = build_dir()
         copy = folder / _SOURCE.name
         if not copy.exists():
-            folder.mkdir(parents=True, exist_ok=True)
-            tmp = copy.with_suffix(f".{os.getpid()}.tmp")
-            tmp.write_bytes(_SOURCE.read_bytes())
-            os.replace(tmp, copy)  # atomic: a concurrent loader never compiles a partial file
+            write_bytes(copy, _SOURCE.read_bytes())  # atomic: a concurrent loader never compiles a partial file
         with _build_lock(folder, _build_wait_s):
             _extension = cpp_extension.load(name=folder.name, sources=[str(copy)], extra_cflags=list(_CFLAGS),
                                             build_directory=str(folder), verbose=False)
