@@ -20,15 +20,16 @@ from . import __version__
 from .bundle import Bundle, bundle_from_model
 from .checkpoint import BEST, CHECKPOINT, Checkpointer
 from .config import ModelConfig, TrainConfig
+from .core.known import KnownAnswers
 from .data import Dataset, Vocab
 from .distributed import Ranks, wrap
 from .errors import ConfigError, RunError
-from .evaluate import KnownAnswers, rank_triples, summarize
+from .evaluate import rank_triples, summarize
 from .graph import Graph, build_graph, choose_reserved
 from .kernels import rotate_distance
-from .memory import MemoryUse, current_rss_mb, peak_rss_mb, reset_peak_rss
+from .memory import MemoryUse, peak_rss_mb, reset_peak_rss
 from .model import EARL, RotatE, build_model, trainable_parameters
-from .run_outputs import BUNDLE, METRICS, write_run_outputs
+from .run_outputs import BUNDLE, write_run_outputs
 from .sampling import NeighborIndex, embed_all
 from .train_state import TrainState
 
@@ -560,7 +561,6 @@ def load_run(run_dir: str | os.PathLike, dataset: Dataset, *, device: str = "aut
 
 
 __all__ = [
-    "BEST", "BUNDLE", "CHECKPOINT", "METRICS", "WARMUP_STEPS", "NegativeSampler", "Run", "StopRules",
-    "TrainState", "cpu_has_native_bf16", "current_rss_mb", "load_run", "loss_fn", "peak_rss_mb", "reset_peak_rss",
-    "resolve_device", "train", "train_step",
+    "BUNDLE", "CHECKPOINT", "WARMUP_STEPS", "NegativeSampler", "Run", "StopRules", "cpu_has_native_bf16", "load_run",
+    "loss_fn", "resolve_device", "train", "train_step",
 ]
