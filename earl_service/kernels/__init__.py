@@ -22,10 +22,11 @@ _SOURCE = Path(__file__).with_name("rotate_dist.cpp")
 _CFLAGS = ("-O3", "-march=native", "-fopenmp-simd", "-ffast-math")
 _extension = None
 _extension_failed = False
+DEFAULT_BUILD_WAIT_S = 600.0  # wait for another process's build: well past a first build (docs/training.md)
 # Settings, from configure(): whether to use the C++ kernel at all, and how long a process waits for another one's
 # build before it gives up on the kernel for its lifetime.
 _enabled = True
-_build_wait_s = 600.0
+_build_wait_s = DEFAULT_BUILD_WAIT_S
 
 # A platform check rather than try/except ImportError, so that mypy knows which branch holds on this platform.
 if sys.platform == "win32":  # not POSIX: torch's own lock file only
@@ -67,7 +68,7 @@ def _build_lock(build_dir: Path, timeout: float):
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
-def configure(*, enabled: bool = True, build_wait_s: float = 600.0) -> None:
+def configure(*, enabled: bool = True, build_wait_s: float = DEFAULT_BUILD_WAIT_S) -> None:
     """How the C++ kernel loads: `enabled` False keeps the pure-torch path (at once, even after a load);
     `build_wait_s` bounds the wait for a build another process holds. Settings enter here from the edge: the
     `earl` command reads EARL_NO_EXTENSION and EARL_EXTENSION_WAIT_S."""
