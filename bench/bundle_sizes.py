@@ -31,9 +31,9 @@ from common import default_datasets, md_table, write_results
 
 from earl_service.bundle import bundle_from_model, load_bundle
 from earl_service.config import ModelConfig, TrainConfig
+from earl_service.core import knn as core_knn
 from earl_service.data import Vocab, load_dataset
 from earl_service.evaluate import KnownAnswers, rank_triples, summarize
-from earl_service.graph import nearest_reserved, relational_features
 from earl_service.model import RotatEModel
 from earl_service.train import BUNDLE, train
 
@@ -53,15 +53,15 @@ def rebuild_seconds(path: Path, repeats: int = 3) -> dict:
         b.entity_embeddings()
         times.append(time.perf_counter() - t0)
     cfg = b.config
-    feats = relational_features(b.triples, len(b.entities), len(b.relations))
+    feats = core_knn.relational_features(b.triples, len(b.entities), len(b.relations))
     for _ in range(repeats):
         t0 = time.perf_counter()
-        ids, weights = nearest_reserved(feats, torch.from_numpy(b.reserved), cfg.k, cfg.knn_temperature)
+        ids, weights = core_knn.nearest_reserved(feats, b.reserved, cfg.k, cfg.knn_temperature)
         knn.append(time.perf_counter() - t0)
     # What storing the tables instead would cost: ids in the narrowest integer type + fp32 weights.
     id_bytes = 2 if len(b.reserved) < 65536 else 4
     return {"load_and_rebuild_seconds": statistics.median(times), "knn_recompute_seconds": statistics.median(knn),
-            "knn_stored_bytes": int(ids.numel() * (id_bytes + 4))}
+            "knn_stored_bytes": int(ids.size * (id_bytes + 4))}
 
 
 def rotate_bundle_bytes(ds, dim: int) -> dict:

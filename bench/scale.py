@@ -41,8 +41,9 @@ def child(spec: dict) -> dict:
     import torch
 
     from earl_service.config import ModelConfig, TrainConfig
+    from earl_service.memory import current_rss_mb, reset_peak_rss
     from earl_service.synthetic import SyntheticConfig, generate
-    from earl_service.train import current_rss_mb, reset_peak_rss, train
+    from earl_service.train import train
 
     torch.set_num_threads(spec["threads"])
     t0 = time.perf_counter()

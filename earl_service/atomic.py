@@ -12,24 +12,36 @@ from typing import Any
 
 
 @contextlib.contextmanager
-def replacing(path: str | os.PathLike[str]) -> Iterator[Path]:
+def replacing(path: str | os.PathLike[str], *, fsync: bool = False) -> Iterator[Path]:
     """Yield a temporary path beside `path`; on success it replaces `path` in one os.replace, on error it is removed.
 
     The temporary name is hidden (leading dot), unique per call (concurrent writers never share one) and in the
-    same directory, so the rename stays on one file system and is atomic.
+    same directory, so the rename stays on one file system and is atomic. `fsync`: flush the temporary file's
+    data to disk before the rename, so that a power loss cannot leave `path` naming an empty or partial file.
     """
     final = Path(path)
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = final.with_name(f".{final.name}.{uuid.uuid4().hex[:8]}.tmp")
     try:
         yield tmp
+        if fsync:
+            _sync(tmp)
         os.replace(tmp, final)
     finally:
         tmp.unlink(missing_ok=True)
 
 
-def write_bytes(path: str | os.PathLike[str], data: bytes) -> Path:
-    with replacing(path) as tmp:
+def _sync(path: Path) -> None:
+    """fsync a closed file: the call flushes the file (its inode), whichever descriptor names it."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_bytes(path: str | os.PathLike[str], data: bytes, *, fsync: bool = False) -> Path:
+    with replacing(path, fsync=fsync) as tmp:
         tmp.write_bytes(data)
     return Path(path)
 

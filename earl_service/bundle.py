@@ -151,9 +151,8 @@ def load_bundle(path: str | os.PathLike, *, limits: BundleLimits | None = None) 
     """Read and verify a bundle: format and version, checksum, then every check of core.decode (vocabularies,
     graph and reserved ids, tensor shapes against the config; sizes within `limits`)."""
     meta, tensors, size = read_safetensors(path)
-    b = decode(meta, tensors, source=str(path), limits=limits)
-    return Bundle(b.config, b.params, b.reserved, b.entities, b.relations, b.triples, b.metrics, b.precision,
-                  b.relation_labels, b.sha256, size, Path(path), b.coding)
+    decoded = decode(meta, tensors, source=str(path), limits=limits)
+    return Bundle(**vars(decoded), num_bytes=size, path=Path(path))  # every DecodedBundle field is a Bundle field
 
 
 def bundle_from_model(

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from . import __version__
+from .atomic import write_bytes
 from .errors import BundleError
 
 FORMAT = "earl-bundle"
@@ -371,20 +372,8 @@ def write_safetensors(path: str | os.PathLike, tensors: dict[str, np.ndarray], m
     """Write atomically (temp file + fsync + rename) with the payload checksum in the metadata."""
     from safetensors.numpy import save as st_save
 
-    path = Path(path)
     # The payload bytes do not depend on the metadata, so serialise once without, hash, then with.
     probe = st_save(tensors, metadata={})
     (hl,) = struct.unpack("<Q", probe[:8])
     metadata = {**metadata, "payload_sha256": payload_digest(probe[8 + hl :])}
-    blob = st_save(tensors, metadata=metadata)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        with open(tmp, "wb") as fh:
-            fh.write(blob)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-    return path
+    return write_bytes(path, st_save(tensors, metadata=metadata), fsync=True)

@@ -24,6 +24,12 @@ def save(obj: Any, path: Path) -> None:
         torch.save(obj, tmp)
 
 
+def load_best(out: Path, model: torch.nn.Module) -> None:
+    """Load OUT/best.pt into `model`, onto the device of its parameters."""
+    device = next(model.parameters()).device
+    model.load_state_dict(torch.load(out / BEST, map_location=device, weights_only=True))
+
+
 class Checkpointer:
     """Saves and restores one run's model, optimizer and loop state; only the writing rank (rank 0) writes.
 
@@ -62,8 +68,7 @@ class Checkpointer:
             save(self.model.state_dict(), self.out / BEST)
 
     def load_best(self) -> None:
-        device = next(self.model.parameters()).device
-        self.model.load_state_dict(torch.load(self.out / BEST, map_location=device, weights_only=True))
+        load_best(self.out, self.model)
 
 
-__all__ = ["BEST", "CHECKPOINT", "Checkpointer", "save"]
+__all__ = ["BEST", "CHECKPOINT", "Checkpointer", "load_best", "save"]

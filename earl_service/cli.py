@@ -351,7 +351,7 @@ def _configure_kernels(environ: dict[str, str]) -> None:
         from . import kernels
 
         kernels.configure(enabled=not environ.get("EARL_NO_EXTENSION"),
-                          build_wait_s=float(environ.get("EARL_EXTENSION_WAIT_S", "600")))
+                          build_wait_s=float(environ.get("EARL_EXTENSION_WAIT_S", kernels.DEFAULT_BUILD_WAIT_S)))
 
 
 def main(argv: list[str] | None = None) -> int:

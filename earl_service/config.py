@@ -7,6 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal, NamedTuple, get_args
 
+from .core import rotate
 from .errors import ConfigError
 
 ModelKind = Literal["earl", "rotate"]
@@ -126,6 +127,11 @@ class ModelConfig:
     @property
     def embedding_range(self) -> float:
         return (self.gamma + self.epsilon) / self.dim
+
+    @property
+    def phase_scale(self) -> float:
+        """Radians per unit of a raw relation value (core.rotate.phase_scale)."""
+        return rotate.phase_scale(gamma=self.gamma, epsilon=self.epsilon, dim=self.dim)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

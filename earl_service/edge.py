@@ -1,6 +1,7 @@
 """Edge reader: rebuild embeddings from a bundle and answer link prediction with numpy and safetensors only.
 
-No torch, no faiss: this module and what it imports (bundle_format, data, core) run on any device with numpy.
+No torch, no faiss: this module and what it imports (bundle_format, data, core, and predict, whose exact path
+loads neither) run on any device with numpy.
 When scipy is importable its C sparse products do the graph sums, several times faster than numpy alone
 (bench/results/rebuild.md; `pip install earl-service[edge]`); the results agree within float32 rounding. The
 maths mirrors earl_service.model exactly (see there for the equations), in float32; kNResEnt is core.knn's,
@@ -11,18 +12,17 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from types import ModuleType
 
 import numpy as np
 
 from .bundle_format import read_safetensors
 from .core import knn as core_knn
-from .core import rotate
 from .core.decode import DecodedBundle, decode
-from .core.known import KnownAnswers, Side
 from .data import Vocab
-from .errors import BundleError, ConfigError
+from .errors import BundleError
+from .predict import LinkPredictor
 
 _CHUNK = 1 << 16  # edges per gather chunk: bounds the (chunk, 2d) temporaries
 
@@ -151,42 +151,15 @@ def _initial(bundle: DecodedBundle, ops: _Operators) -> np.ndarray:
     return hidden
 
 
-@dataclass
-class EdgeModel:
-    config: dict
-    entities: Vocab
-    relations: Vocab
-    entity_embeddings: np.ndarray  # (N, 2d) float32
-    relation_embeddings: np.ndarray  # (R, d) float32
-    triples: np.ndarray  # (E, 3) known triples
-    relation_labels: dict[str, str]
-    known: KnownAnswers = field(init=False, repr=False)  # the triples as a lookup of each query's answers
+class EdgeModel(LinkPredictor):
+    """LinkPredictor(index="exact") over a bundle's rebuilt embeddings: every entity scored exactly, so neither
+    torch nor faiss is imported; `config` is the bundle's ModelConfig as a dict, `triples` (E, 3) its graph."""
 
-    def __post_init__(self) -> None:
-        self.known = KnownAnswers(self.triples, len(self.relations))
-
-    def predict_tails(self, head: str, relation: str, k: int = 10, *, exclude_known: bool = True):
-        """Top-k tails of (head, relation, ?) as (entity, RotatE score), best first."""
-        return self._predict("tail", head, relation, k, exclude_known)
-
-    def predict_heads(self, tail: str, relation: str, k: int = 10, *, exclude_known: bool = True):
-        """Top-k heads of (?, relation, tail), using |h o r - t| = |h - conj(r) o t|."""
-        return self._predict("head", tail, relation, k, exclude_known)
-
-    def _predict(self, side: Side, anchor_name: str, relation_name: str, k: int, exclude_known: bool,
-                 ) -> list[tuple[str, float]]:
-        """Every entity scored exactly, known answers dropped when asked; ties by id as in LinkPredictor."""
-        if k < 1:
-            raise ConfigError(f"k must be >= 1, not {k}")
-        anchor, relation = self.entities.id(anchor_name), self.relations.id(relation_name)
-        scale = rotate.phase_scale(gamma=self.config["gamma"], epsilon=self.config["epsilon"], dim=self.config["dim"])
-        query = rotate.query(self.entity_embeddings[anchor], self.relation_embeddings[relation], scale=scale,
-                             inverse=side == "head")
-        dist = rotate.distances(query, self.entity_embeddings)
-        excluded = self.known.answers(side, anchor, relation) if exclude_known else None
-        ids, dist = rotate.top_k(np.arange(len(dist)), dist, k, excluded=excluded)
-        gamma = self.config["gamma"]
-        return [(self.entities.name(int(i)), float(gamma - d)) for i, d in zip(ids, dist, strict=True)]
+    def __init__(self, config: dict, entities: Vocab, relations: Vocab, entity_embeddings: np.ndarray,
+                 relation_embeddings: np.ndarray, triples: np.ndarray, relation_labels: dict[str, str]) -> None:
+        super().__init__(entity_embeddings, relation_embeddings, entities, relations, triples, gamma=config["gamma"],
+                         epsilon=config["epsilon"], index="exact", relation_labels=relation_labels)
+        self.config, self.triples = config, triples
 
 
 def load(path: str | os.PathLike, *, use_scipy: bool | None = None) -> EdgeModel:

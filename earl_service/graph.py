@@ -13,11 +13,15 @@ import torch
 from .core import knn as core_knn
 
 
-def csr_tensor(crow: np.ndarray, cols: np.ndarray, values: np.ndarray, shape: tuple[int, int]) -> torch.Tensor:
-    """A torch CSR matrix of numpy CSR arrays (int64 indices), trusted as well-formed."""
+def csr_tensor(crow: np.ndarray, cols: np.ndarray, values: np.ndarray, shape: tuple[int, int], *,
+               dtype: torch.dtype | None = None) -> torch.Tensor:
+    """A torch CSR matrix of numpy CSR arrays (int64 indices), trusted as well-formed; values cast to `dtype`.
+
+    The cast happens here, before the matrix exists: `.to(dtype)` on a CSR tensor copies its index arrays too."""
+    vals = torch.from_numpy(values) if dtype is None else torch.from_numpy(values).to(dtype)
     with _csr_is_beta():
         return torch.sparse_csr_tensor(torch.from_numpy(np.asarray(crow, dtype=np.int64)),
-                                       torch.from_numpy(np.asarray(cols, dtype=np.int64)), torch.from_numpy(values),
+                                       torch.from_numpy(np.asarray(cols, dtype=np.int64)), vals,
                                        shape, check_invariants=False)
 
 
@@ -69,24 +73,12 @@ class _SpMM(torch.autograd.Function):
             return None, None, torch.sparse.mm(ctx.mat_t, grad.to(ctx.mat_t.dtype).contiguous()).to(ctx.dtype)
 
 
-def relational_features(triples: np.ndarray, num_entities: int, num_relations: int) -> torch.Tensor:
-    """f_e as a CSR (N, 2R) float32 count matrix (core.knn.relational_features)."""
-    f = core_knn.relational_features(triples, num_entities, num_relations)
-    return csr_tensor(f.indptr, f.indices, f.values.astype(np.float32), (num_entities, f.width))
-
-
-def nearest_reserved(features: torch.Tensor, reserved: torch.Tensor, k: int, temperature: float, *,
-                     max_block_elements: int = 1 << 24) -> tuple[torch.Tensor, torch.Tensor]:
-    """core.knn.nearest_reserved on a CSR (N, 2R) feature tensor: ids (N, k) as positions in `reserved`, and
-    their weights (N, k)."""
-    ids, weights = core_knn.nearest_reserved(_sparse_rows(features), reserved.numpy(), k, temperature,
-                                        max_block_elements=max_block_elements)
+def knn_tables(features: core_knn.SparseRows, reserved: np.ndarray, *, k: int, temperature: float,
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+    """core.knn.nearest_reserved of relational features (N, 2R) as the torch tables the encoder reads: ids (N, k)
+    as positions in `reserved` (N_res,) and their weights (N, k)."""
+    ids, weights = core_knn.nearest_reserved(features, reserved, k, temperature)
     return torch.from_numpy(ids), torch.from_numpy(weights)
-
-
-def _sparse_rows(matrix: torch.Tensor) -> core_knn.SparseRows:
-    return core_knn.SparseRows(matrix.crow_indices().numpy(), matrix.col_indices().numpy(), matrix.values().numpy(),
-                          matrix.shape[1])
 
 
 def _ranges(starts: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
@@ -309,8 +301,7 @@ def build_graph(
     if reserved.numel() > 0:
         if knn is None:
             features = core_knn.relational_features(edges.numpy(), n, num_rel)
-            ids, weights = core_knn.nearest_reserved(features, reserved.numpy(), k, temperature)
-            knn = torch.from_numpy(ids), torch.from_numpy(weights)
+            knn = knn_tables(features, reserved.numpy(), k=k, temperature=temperature)
         knn_ids, knn_weights = knn
         knn_pair = _knn_matrix(knn_ids, knn_weights, reserved.numel(), dtype)
     graph = Graph(n, num_rel, edges, reserved, conrel, degree.float(), message=message, knn=knn_pair, knn_ids=knn_ids,

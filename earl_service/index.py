@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
 import numpy as np
@@ -59,6 +59,8 @@ CALIBRATION_QUERIES = 24
 CALIBRATION_K = 10
 IndexKind = Literal["auto", "flat", "hnsw"]
 SampleQuery = tuple[np.ndarray, np.ndarray]  # (query (2d,), known answer ids it drops), for calibration
+# The queries themselves, or what makes them when calibration needs them (most builds time nothing).
+Sample = Sequence[SampleQuery] | Callable[[], Sequence[SampleQuery]]
 
 
 def proxy_bounds(rotations: int) -> tuple[float, float]:
@@ -126,7 +128,7 @@ class ProxyIndex:
     @classmethod
     def build(cls, entities: np.ndarray, *, kind: IndexKind = "auto", hnsw_threshold: int = HNSW_THRESHOLD,
               faiss_threads: int | None = 1, flat_rotations: int | None = None,
-              sample: Sequence[SampleQuery] = ()) -> ProxyIndex:
+              sample: Sample = ()) -> ProxyIndex:
         """The index of `kind` ("auto": flat below `hnsw_threshold` entities or with a GPU, else HNSW); a flat
         index keeps the proxy that answers `sample` fastest, or `flat_rotations` when given."""
         import faiss
@@ -197,21 +199,25 @@ class ProxyIndex:
         return ids.astype(np.int64)
 
 
-def calibrate(candidates: dict[int, ProxyIndex], sample: Sequence[SampleQuery]) -> tuple[int, dict[int, float]]:
+def calibrate(candidates: dict[int, ProxyIndex], sample: Sample) -> tuple[int, dict[int, float]]:
     """The rotations P of the candidate index that answers `sample` fastest, and each one's mean ms per query.
 
     Every candidate is exact, so the choice only moves latency. With one candidate, no sample, or a graph no
-    larger than a shortlist (every query scans it all), nothing is timed and the first candidate is chosen.
+    larger than a shortlist (every query scans it all), nothing is timed and the first candidate is chosen;
+    a callable `sample` is only called when something is timed.
     """
     first = next(iter(candidates.values()))
-    if len(candidates) == 1 or not sample or first.num_entities <= shortlist_size(CALIBRATION_K):
+    if len(candidates) == 1 or first.num_entities <= shortlist_size(CALIBRATION_K):
+        return first.rotations, {}
+    queries = sample() if callable(sample) else sample
+    if not queries:
         return first.rotations, {}
     timings = {}
     for rotations, index in candidates.items():
         start = time.perf_counter()
-        for query, excluded in sample:
+        for query, excluded in queries:
             index.certified_shortlist(query, CALIBRATION_K, excluded)
-        timings[rotations] = (time.perf_counter() - start) * 1e3 / len(sample)
+        timings[rotations] = (time.perf_counter() - start) * 1e3 / len(queries)
     return min(timings, key=timings.__getitem__), timings
 
 

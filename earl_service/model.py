@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 
 import torch
@@ -23,7 +22,7 @@ class RotatE:
     def __init__(self, config: ModelConfig):
         self.dim = config.dim
         self.gamma = config.gamma
-        self.phase_scale = math.pi / config.embedding_range
+        self.phase_scale = config.phase_scale
 
     def rotate(self, x: torch.Tensor, rel: torch.Tensor, *, inverse: bool = False) -> torch.Tensor:
         """x o r (or x o conj(r) when `inverse`): x (B, 2d), rel (B, d) -> (B, 2d)."""

@@ -74,7 +74,7 @@ class LinkPredictor:
         if index != "exact":
             self.index = ProxyIndex.build(self.entity_embeddings, kind=index, hnsw_threshold=hnsw_threshold,
                                           faiss_threads=faiss_threads, flat_rotations=flat_rotations,
-                                          sample=self._calibration_sample(triples))
+                                          sample=lambda: self._calibration_sample(triples))
 
     @classmethod
     def from_bundle(cls, bundle: Bundle, **kwargs: Any) -> LinkPredictor:

@@ -24,7 +24,7 @@ import numpy as np
 import torch
 
 from .core import knn as core_knn
-from .graph import Graph, SparsePair, csr_tensor
+from .graph import Graph, SparsePair, csr_tensor, knn_tables
 from .model import EARL
 
 Fanout = Sequence[int | None]  # per hop; None or <= 0: every incident edge
@@ -62,7 +62,7 @@ def _csr(rows: np.ndarray, cols: np.ndarray, vals: np.ndarray, shape: tuple[int,
     summed = np.bincount(inverse, weights=vals, minlength=len(unique))
     crow = np.zeros(shape[0] + 1, dtype=np.int64)
     np.cumsum(np.bincount(unique // shape[1], minlength=shape[0]), out=crow[1:])
-    return csr_tensor(crow, unique % shape[1], summed, shape).to(dtype)
+    return csr_tensor(crow, unique % shape[1], summed, shape, dtype=dtype)
 
 
 def _pair(rows: np.ndarray, cols: np.ndarray, vals: np.ndarray, shape: tuple[int, int], dtype: torch.dtype) -> SparsePair:
@@ -116,19 +116,13 @@ class NeighborIndex:
         self.knn_ids = self.knn_weights = None
         if self.reserved.numel() > 0:
             if knn is None:
-                ids, weights = core_knn.nearest_reserved(features, self.reserved.numpy(), k, temperature)
-                knn = torch.from_numpy(ids), torch.from_numpy(weights)
+                knn = knn_tables(features, self.reserved.numpy(), k=k, temperature=temperature)
             self.knn_ids, self.knn_weights = knn[0].to(torch.long), knn[1].float()
         self._local = np.full(n, -1, dtype=np.int64)  # scratch: global id -> local id during `sample`
 
     @property
     def num_edges(self) -> int:
         return len(self._other) // 2
-
-    def features(self) -> torch.Tensor:
-        """f_e as a CSR (N, 2R) float32 count matrix, the same as graph.relational_features."""
-        return csr_tensor(self._feat_indptr, self._feat_cols, self._feat_counts.astype(np.float32),
-                          (self.num_entities, 2 * self.num_relations))
 
     def nbytes(self) -> int:
         """Bytes held by the index (what every batch shares)."""

@@ -18,17 +18,18 @@ import torch.nn.functional as F
 
 from . import __version__
 from .bundle import Bundle, bundle_from_model
-from .checkpoint import BEST, CHECKPOINT, Checkpointer
+from .checkpoint import CHECKPOINT, Checkpointer, load_best
 from .config import ModelConfig, TrainConfig
+from .core.known import KnownAnswers
 from .data import Dataset, Vocab
 from .distributed import Ranks, wrap
 from .errors import ConfigError, RunError
-from .evaluate import KnownAnswers, rank_triples, summarize
+from .evaluate import rank_triples, summarize
 from .graph import Graph, build_graph, choose_reserved
-from .kernels import rotate_distance
-from .memory import MemoryUse, current_rss_mb, peak_rss_mb, reset_peak_rss
+from .kernels import extension_available, rotate_distance
+from .memory import MemoryUse, peak_rss_mb, reset_peak_rss
 from .model import EARL, RotatE, build_model, trainable_parameters
-from .run_outputs import BUNDLE, METRICS, write_run_outputs
+from .run_outputs import BUNDLE, write_run_outputs
 from .sampling import NeighborIndex, embed_all
 from .train_state import TrainState
 
@@ -436,9 +437,9 @@ def _loop(
 
 def _load_kernel(memory: MemoryUse) -> str:
     """Build or load the fused CPU kernel before the clock starts (a first build takes a while; see README),
-    so that a time budget is spent on steps. Returns which distance path the steps use."""
+    so that a time budget is spent on steps. Returns which distance path the steps use: "cpp" or "torch"."""
     kernel_start = time.perf_counter()
-    extension = _extension_state()
+    extension = "cpp" if extension_available() else "torch"
     memory.kernel_load_seconds = time.perf_counter() - kernel_start
     return extension
 
@@ -532,12 +533,6 @@ def _sampled_loss(
     return loss, sub.nodes.numel()
 
 
-def _extension_state() -> str:
-    from .kernels import extension_available
-
-    return "cpp" if extension_available() else "torch"
-
-
 def _progress_bar(cfg: TrainConfig, initial: int):
     if not cfg.progress:
         return None
@@ -555,12 +550,11 @@ def load_run(run_dir: str | os.PathLike, dataset: Dataset, *, device: str = "aut
     ckpt = torch.load(run_dir / CHECKPOINT, map_location="cpu", weights_only=True)
     sampled = bool(ckpt.get("train_config", {}).get("sampled", False))  # evaluate a big graph layer by layer too
     run = Run.build(dataset, ModelConfig.from_dict(ckpt["model_config"]), dev, sampled=sampled)
-    run.model.load_state_dict(torch.load(run_dir / BEST, map_location=dev, weights_only=True))
+    load_best(run_dir, run.model)
     return run
 
 
 __all__ = [
-    "BEST", "BUNDLE", "CHECKPOINT", "METRICS", "WARMUP_STEPS", "NegativeSampler", "Run", "StopRules",
-    "TrainState", "cpu_has_native_bf16", "current_rss_mb", "load_run", "loss_fn", "peak_rss_mb", "reset_peak_rss",
-    "resolve_device", "train", "train_step",
+    "BUNDLE", "CHECKPOINT", "WARMUP_STEPS", "NegativeSampler", "Run", "StopRules", "cpu_has_native_bf16", "load_run",
+    "loss_fn", "resolve_device", "train", "train_step",
 ]

@@ -26,6 +26,7 @@ from ..data import Vocab
 from ..errors import BundleError
 
 F32_MAX = float(np.finfo(np.float32).max)
+Manifest = list[tuple[str, np.dtype, tuple[int, ...]]]  # bundle_format.weights_manifest: (name, dtype, shape)
 
 
 @dataclass(frozen=True)
@@ -61,9 +62,9 @@ def decode(meta: dict[str, str], tensors: dict[str, np.ndarray], *, source: str 
         raise BundleError(f"{source}: the graph refers to entities or relations outside the vocabulary")
     if reserved.size and (reserved.max() >= n or reserved.min() < 0):
         raise BundleError(f"{source}: reserved entity ids outside the vocabulary")
-    stored = _stored_weights(meta, tensors, bundle.coding, source)
-    _check_shapes(bundle, stored, coded=bundle.coding != "plain")
-    params = _weights(meta, tensors, bundle.coding, source)
+    manifest = _manifest(meta, tensors, bundle.coding, source)
+    _check_shapes(bundle, _stored_weights(tensors, manifest, source), coded=manifest is not None)
+    params = _weights(tensors, manifest)
     _check_values(bundle.config, params, source)
     return dataclasses.replace(bundle, params=params)
 
@@ -98,7 +99,9 @@ def _config(text: str) -> ModelConfig:
         if f.name in values and not _fits(values[f.name], type(f.default)):
             raise ValueError(f"config {f.name} must be a finite {type(f.default).__name__}, not {values[f.name]!r}")
     config = ModelConfig.from_dict(values)
-    if not config.embedding_range * F32_MAX > math.pi or not math.isfinite(config.embedding_range):
+    # gamma > 0, yet (gamma + epsilon) / dim may underflow to 0 (no scale at all) or overflow to infinity.
+    scale = config.phase_scale if config.embedding_range > 0 else math.inf
+    if not (math.isfinite(config.embedding_range) and scale < F32_MAX):
         raise ValueError(f"config gamma {config.gamma}, epsilon {config.epsilon} and dim {config.dim} give a RotatE "
                          "phase scale that float32 cannot hold")
     return config
@@ -125,17 +128,24 @@ def _vocab(names: list[str], kind: str) -> Vocab:
         raise BundleError(f"bundle {kind} vocabulary is invalid: {exc}") from exc
 
 
-def _stored_weights(meta: dict[str, str], tensors: dict[str, np.ndarray], coding: str, source: str,
-                    ) -> dict[str, tuple[np.dtype, tuple[int, ...]]]:
-    """dtype and shape of every `param.*` tensor as the file declares it (coded ones from the manifest), unread."""
+def _manifest(meta: dict[str, str], tensors: dict[str, np.ndarray], coding: str, source: str) -> Manifest | None:
+    """The coded weights' manifest, parsed once (None when the weights are plain tensors)."""
     if coding not in CODINGS:
         raise BundleError(f"{source} uses weight coding {coding!r}, unknown to this earl_service")
-    stored = {name: (t.dtype, t.shape) for name, t in tensors.items() if name.startswith("param.")}
     if coding == "plain":
-        return stored
+        return None
     if "weights.packed" not in tensors or "weights_manifest" not in meta:
         raise BundleError(f"{source} says its weights are {coding}-coded but holds no coded weights")
-    coded = {name: (dtype, shape) for name, dtype, shape in weights_manifest(meta["weights_manifest"])}
+    return weights_manifest(meta["weights_manifest"])
+
+
+def _stored_weights(tensors: dict[str, np.ndarray], manifest: Manifest | None, source: str,
+                    ) -> dict[str, tuple[np.dtype, tuple[int, ...]]]:
+    """dtype and shape of every `param.*` tensor as the file declares it (coded ones from the manifest), unread."""
+    stored = {name: (t.dtype, t.shape) for name, t in tensors.items() if name.startswith("param.")}
+    if manifest is None:
+        return stored
+    coded = {name: (dtype, shape) for name, dtype, shape in manifest}
     if set(coded) & set(stored):
         raise BundleError(f"{source} holds weights both coded and plain")
     return stored | coded
@@ -173,11 +183,10 @@ def _stored_as_quantize_writes(name: str, dtype: np.dtype, shape: tuple[int, ...
     return dtype in (np.float32, np.float16) and name + ".scale" not in stored
 
 
-def _weights(meta: dict[str, str], tensors: dict[str, np.ndarray], coding: str, source: str,
-             ) -> dict[str, np.ndarray]:
+def _weights(tensors: dict[str, np.ndarray], manifest: Manifest | None) -> dict[str, np.ndarray]:
     """The float32 trainable tensors by state_dict name: coded weights decoded (their shapes already checked)."""
-    if coding != "plain":
-        decoded = unpack_weights(tensors["weights.packed"], weights_manifest(meta["weights_manifest"]))
+    if manifest is not None:
+        decoded = unpack_weights(tensors["weights.packed"], manifest)
         tensors = {name: t for name, t in tensors.items() if name != "weights.packed"} | decoded
     return {name[len("param.") :]: dequantize(tensors, name) for name in tensors
             if name.startswith("param.") and not name.endswith(".scale")}
@@ -189,24 +198,30 @@ def _check_values(config: ModelConfig, params: dict[str, np.ndarray], source: st
         if not np.isfinite(value).all():
             raise BundleError(f"bundle tensor {name!r} is not finite: the rebuilt embeddings hold NaN or infinite "
                               "values")
-    if config.model == "rotate":
-        check_embeddings(config, params["entities"], params["relations"], source=source)
+    if config.model == "rotate":  # finite, as just checked: only their range is left to check
+        _check_score_range(config, params["entities"], params["relations"], source)
 
 
 def check_embeddings(config: ModelConfig, entities: np.ndarray, relations: np.ndarray, *,
                      source: str = "bundle") -> None:
     """BundleError unless every RotatE score of these embeddings is finite in float32: entities (N, 2d), relation
-    values (R, d). A rotated query's reals are at most sqrt(2) * max |x|, so each real of e - q is under
-    3 * max |x|, and a row's sum of squares (what an L2 index adds up over all 2d reals) under 9 * max|x|^2 * 2d:
-    that must stay below float32's max. Relation values times the phase scale must too."""
+    values (R, d) finite, and within _check_score_range's bounds."""
     if not (np.isfinite(entities).all() and np.isfinite(relations).all()):
         raise BundleError(f"{source}: the rebuilt embeddings hold NaN or infinite values")
+    _check_score_range(config, entities, relations, source)
+
+
+def _check_score_range(config: ModelConfig, entities: np.ndarray, relations: np.ndarray, source: str) -> None:
+    """BundleError unless these finite embeddings keep every float32 score finite. A rotated query's reals are at most
+    sqrt(2) * max |x|, so each real of e - q is under 3 * max |x|, and a row's sum of squares (what an L2 index adds
+    up over all 2d reals) under 9 * max|x|^2 * 2d: that must stay below float32's max. Relation values times the
+    phase scale must too."""
     largest = float(np.abs(entities).max(initial=0.0))
     limit = math.sqrt(F32_MAX / (9 * max(entities.shape[-1], 1)))
     if largest > limit:
         raise BundleError(f"{source}: the entity embeddings reach {largest:.3g}; scores stay finite in float32 "
                           f"only up to {limit:.3g}")
-    phase = float(np.abs(relations).max(initial=0.0)) * math.pi / config.embedding_range
+    phase = float(np.abs(relations).max(initial=0.0)) * config.phase_scale
     if phase >= F32_MAX:
         raise BundleError(f"{source}: the relation embeddings give phases up to {phase:.3g}, past float32's range")
 

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import torch
 
+from ..atomic import write_bytes
+
 log = logging.getLogger(__name__)
 
 EPS = 1e-12  # keeps the modulus differentiable at 0; far below any distance that matters
@@ -20,10 +22,11 @@ _SOURCE = Path(__file__).with_name("rotate_dist.cpp")
 _CFLAGS = ("-O3", "-march=native", "-fopenmp-simd", "-ffast-math")
 _extension = None
 _extension_failed = False
+DEFAULT_BUILD_WAIT_S = 600.0  # wait for another process's build: well past a first build (docs/training.md)
 # Settings, from configure(): whether to use the C++ kernel at all, and how long a process waits for another one's
 # build before it gives up on the kernel for its lifetime.
 _enabled = True
-_build_wait_s = 600.0
+_build_wait_s = DEFAULT_BUILD_WAIT_S
 
 # A platform check rather than try/except ImportError, so that mypy knows which branch holds on this platform.
 if sys.platform == "win32":  # not POSIX: torch's own lock file only
@@ -65,7 +68,7 @@ def _build_lock(build_dir: Path, timeout: float):
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
-def configure(*, enabled: bool = True, build_wait_s: float = 600.0) -> None:
+def configure(*, enabled: bool = True, build_wait_s: float = DEFAULT_BUILD_WAIT_S) -> None:
     """How the C++ kernel loads: `enabled` False keeps the pure-torch path (at once, even after a load);
     `build_wait_s` bounds the wait for a build another process holds. Settings enter here from the edge: the
     `earl` command reads EARL_NO_EXTENSION and EARL_EXTENSION_WAIT_S."""
@@ -104,10 +107,7 @@ def _load_extension():
         folder = build_dir()
         copy = folder / _SOURCE.name
         if not copy.exists():
-            folder.mkdir(parents=True, exist_ok=True)
-            tmp = copy.with_suffix(f".{os.getpid()}.tmp")
-            tmp.write_bytes(_SOURCE.read_bytes())
-            os.replace(tmp, copy)  # atomic: a concurrent loader never compiles a partial file
+            write_bytes(copy, _SOURCE.read_bytes())  # atomic: a concurrent loader never compiles a partial file
         with _build_lock(folder, _build_wait_s):
             _extension = cpp_extension.load(name=folder.name, sources=[str(copy)], extra_cflags=list(_CFLAGS),
                                             build_directory=str(folder), verbose=False)

@@ -420,3 +420,15 @@ def test_limits_refuse_a_large_vocabulary_or_graph_while_it_decompresses():
     assert len(unpack_graph(blob, BundleLimits(max_triples=kept))) == kept
     with pytest.raises(BundleError, match=f"holds {kept:,} triples; at most {kept - 1:,}"):
         unpack_graph(blob, BundleLimits(max_triples=kept - 1))
+
+
+def test_every_decoded_field_is_a_bundle_field():
+    """load_bundle passes a DecodedBundle's fields to Bundle by name: each must exist there, with one type."""
+    import dataclasses
+
+    from earl_service.bundle import Bundle
+    from earl_service.core.decode import DecodedBundle
+
+    bundle_types = {f.name: f.type for f in dataclasses.fields(Bundle)}
+    for f in dataclasses.fields(DecodedBundle):
+        assert bundle_types.get(f.name) == f.type, f.name

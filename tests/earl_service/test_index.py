@@ -63,6 +63,23 @@ def test_calibrate_returns_the_faster_proxy_and_leaves_the_candidates_alone():
     assert calibrate(tiny, _sample(small)) == (1, {})  # every query scans the whole graph: nothing to choose
 
 
+def test_a_sample_maker_is_called_only_when_something_is_timed():
+    """A callable sample is built lazily: not for one candidate or a graph no larger than a shortlist."""
+    entities, calls = _clustered(), []
+
+    def make():
+        calls.append(1)
+        return _sample(entities)
+
+    candidates = {p: ProxyIndex.build(entities, kind="flat", flat_rotations=p) for p in (1, 2)}
+    assert calibrate({1: candidates[1]}, make) == (1, {}) and calls == []
+    small = _clustered(n=shortlist_size(10), seed=3)
+    tiny = {p: ProxyIndex.build(small, kind="flat", flat_rotations=p) for p in (1, 2)}
+    assert calibrate(tiny, make) == (1, {}) and calls == []
+    assert set(calibrate(candidates, make)[1]) == {1, 2} and calls == [1]
+    assert calibrate(candidates, list) == (1, {})  # a maker that makes no queries: nothing to time
+
+
 def test_build_keeps_the_calibrated_choice():
     entities = _clustered()
     index = ProxyIndex.build(entities, kind="flat", sample=_sample(entities))

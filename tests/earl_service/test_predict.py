@@ -62,6 +62,16 @@ def test_flat_index_times_both_proxies_and_keeps_one(predictor):
     assert predictor.rotations == min(predictor.calibration_ms, key=predictor.calibration_ms.get)
 
 
+@pytest.mark.parametrize("options", [{"index": "hnsw"}, {"index": "flat", "flat_rotations": 2}, {"index": "exact"}])
+def test_no_calibration_sample_when_nothing_is_timed(bundle, monkeypatch, options):
+    """The 48 calibration queries are only built when the flat index times its two proxies."""
+    def refuse(self, triples):
+        raise AssertionError("calibration sample built")
+
+    monkeypatch.setattr(LinkPredictor, "_calibration_sample", refuse)
+    assert LinkPredictor.from_bundle(bundle, **options).calibration_ms == {}
+
+
 def test_scores_are_rotate_scores(bundle, predictor):
     """score = gamma - sum_i |h_i r_i - t_i|, as the training scorer computes it."""
     import torch

@@ -60,9 +60,9 @@ def test_the_kernel_is_loaded_before_the_time_budget_starts(tmp_path, monkeypatc
     def slow_load():
         events.append("kernel")
         time.sleep(0.3)
-        return "torch"
+        return False  # no C++ kernel: the steps use the torch path
 
-    monkeypatch.setattr(train_module, "_extension_state", slow_load)
+    monkeypatch.setattr(train_module, "extension_available", slow_load)
     metrics = train(tiny_dataset(), ModelConfig(dim=4, k=3, reserved_ratio=0.2), TrainConfig(steps=3, **FAST),
                     tmp_path, final_eval=False, on_progress=lambda p: events.append(p["step"]))
     assert events == ["kernel", 1, 2, 3] and metrics["extension"] == "torch"

@@ -51,16 +51,67 @@ def test_no_reserved_entities_give_empty_tables(small_graph_triples):
     assert ids.shape == weights.shape == (30, 0)
 
 
+def test_nearest_reserved_matches_brute_force(small_graph_triples):
+    from earl_service.graph import choose_reserved
+
+    feats = knn.relational_features(small_graph_triples, 30, 4)
+    reserved = choose_reserved(30, 0.3, seed=1)
+    # A tiny block size forces many blocks: the chunked path must agree with the one-shot brute force.
+    ids, weights = knn.nearest_reserved(feats, reserved.numpy(), 3, 0.2, max_block_elements=20)
+    f = _dense(feats)  # the brute-force counts (test_relational_features_count_relation_ends)
+    norm = np.linalg.norm(f, axis=1, keepdims=True)
+    unit = np.divide(f, norm, out=np.zeros_like(f), where=norm > 0)
+    sim = unit @ unit[reserved.numpy()].T  # (N, N_res)
+    for e in range(29):  # the last entity is isolated: all similarities tie at 0
+        expected = np.sort(sim[e])[::-1][:3]
+        got = sim[e, ids[e]]
+        np.testing.assert_allclose(got, expected, atol=1e-6)
+        soft = np.exp(expected / 0.2) / np.exp(expected / 0.2).sum()
+        np.testing.assert_allclose(weights[e], soft, atol=1e-5)
+    np.testing.assert_allclose(weights[29], np.full(3, 1 / 3), atol=1e-6)
+
+
+@pytest.mark.parametrize("case", ["ties", "few-reserved", "tiny-blocks", "codex", "synthetic"])
+def test_fast_nearest_reserved_equals_the_exhaustive_search(case, small_graph_triples):
+    """Deduplication, slot-restricted float32 screening and the float64 fallback pick exactly the neighbours
+    (and weights) of the exhaustive float64 search, ties included."""
+    from conftest import codex_s_path
+
+    from earl_service.data import load_dataset
+    from earl_service.graph import choose_reserved
+    from earl_service.synthetic import SyntheticConfig, generate
+
+    k, ratio, block = 10, 0.2, 1 << 24
+    if case == "ties":  # 5 relations, low degrees: many identical and proportional feature vectors
+        triples, n, num_rel = random_triples(600, 5, 900, seed=2), 600, 5
+    elif case == "few-reserved":  # fewer reserved than k + 8: no screening, k clipped
+        triples, n, num_rel, ratio = small_graph_triples, 30, 4, 0.3
+    elif case == "tiny-blocks":
+        triples, n, num_rel, block = random_triples(300, 6, 1200, seed=5), 300, 6, 50
+    elif case == "codex":
+        ds = load_dataset(codex_s_path())
+        triples, n, num_rel = ds.train, ds.num_train_entities, ds.num_relations
+    else:
+        kg = generate(SyntheticConfig(entities=5000, relations=40, valid=0, test=0))
+        triples, n, num_rel, ratio = kg.train, 5000, 40, 0.1
+    feats = knn.relational_features(triples, n, num_rel)
+    reserved = choose_reserved(n, ratio, seed=3).numpy()
+    fast = [torch.from_numpy(x) for x in knn.nearest_reserved(feats, reserved, k, 0.2, max_block_elements=block)]
+    slow = knn.nearest_reserved_exhaustive(feats, reserved, k, 0.2)
+    assert torch.equal(fast[0], torch.from_numpy(slow[0]))
+    assert torch.equal(fast[1], torch.from_numpy(slow[1]))
+
+
 def test_every_torch_caller_gets_the_core_answer(small_graph_triples):
-    """build_graph, graph.nearest_reserved and the sampled-training index all read the one numpy search."""
-    from earl_service.graph import build_graph, choose_reserved, nearest_reserved, relational_features
+    """build_graph, graph.knn_tables and the sampled-training index all read the one numpy search."""
+    from earl_service.graph import build_graph, choose_reserved, knn_tables
     from earl_service.sampling import NeighborIndex
 
     reserved = choose_reserved(30, 0.3, seed=1)
     ids, weights = knn.nearest_reserved(knn.relational_features(small_graph_triples, 30, 4), reserved.numpy(), 3, 0.2)
     graph = build_graph(small_graph_triples, 30, 4, reserved, k=3)
     index = NeighborIndex(small_graph_triples, 30, 4, reserved, k=3)
-    direct = nearest_reserved(relational_features(small_graph_triples, 30, 4), reserved, 3, 0.2)
+    direct = knn_tables(knn.relational_features(small_graph_triples, 30, 4), reserved.numpy(), k=3, temperature=0.2)
     for got_ids, got_weights in ((graph.knn_ids, graph.knn_weights), (index.knn_ids, index.knn_weights), direct):
         assert torch.equal(got_ids, torch.from_numpy(ids)) and torch.equal(got_weights, torch.from_numpy(weights))
 

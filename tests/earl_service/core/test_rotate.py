@@ -19,6 +19,7 @@ def test_numpy_core_equals_the_torch_scorer(inverse):
     scorer = RotatE(config)
     scale = rotate.phase_scale(gamma=config.gamma, epsilon=config.epsilon, dim=config.dim)
     assert scale == pytest.approx(scorer.phase_scale, rel=1e-15)
+    assert config.phase_scale == scale  # the config's scale is core.rotate's, not a second formula
     rng = np.random.default_rng(0)
     bound = config.embedding_range
     entities = rng.uniform(-bound, bound, (300, 2 * config.dim)).astype(np.float32)  # (N, 2d)
