@@ -57,7 +57,8 @@ def environment() -> dict:
         # Two machines can share a model name ("AMD EPYC") and differ twofold in step time: the vector features
         # that set the kernels' speed, and the clock (bogomips), tell them apart in every results file.
         "machine": {"cpu": cpu, "cpu_features": [f for f in CPU_FEATURES if f in flags], "bogomips": bogomips,
-                    "cores": os.cpu_count(), "memory_gib": round(mem_gb, 1) if mem_gb else None,
+                    "cores": os.cpu_count(), "cores_allowed": len(os.sched_getaffinity(0)),
+                    "torch_threads": torch.get_num_threads(), "memory_gib": round(mem_gb, 1) if mem_gb else None,
                     "platform": platform.platform(), "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available()
                     else None},
         "python": sys.version.split()[0],
@@ -76,7 +77,10 @@ def describe_machine(machine: dict) -> str:
     features = ", ".join(machine.get("cpu_features") or []) or "no AVX2"
     clock = f", bogomips {machine['bogomips']:.0f}" if machine.get("bogomips") else ""
     gpu = f", GPU {machine['gpu']}" if machine.get("gpu") else ""
-    return f"{machine['cpu']} ({features}{clock}), {machine['cores']} cores, {machine['memory_gib']} GiB{gpu}"
+    cores = machine["cores"]
+    if machine.get("cores_allowed", cores) != cores:  # pinned with taskset: the run had fewer cores than the box
+        cores = f"{machine['cores_allowed']} of {cores}"
+    return f"{machine['cpu']} ({features}{clock}), {cores} cores, {machine['memory_gib']} GiB{gpu}"
 
 
 def write_results(name: str, data: dict, markdown: str) -> tuple[Path, Path]:

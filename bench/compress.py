@@ -9,19 +9,24 @@ weights as compress writes them, and all three are evaluated on the test split f
     python bench/compress.py codex-s --quick     # 0.5, 1, 2 MB at 3 min
     python bench/compress.py fb15k-237           # 2, 4, 8 MB at 60 min (about 9 hours)
     python bench/compress.py wn18rr              # 4 MB at 60 min (3 hours)
+    python bench/compress.py fb15k-237 --budget 2MB --method compress   # one piece of a long table
 
-Writes bench/results/compress_<dataset>[_quick].{json,md,png}, rewritten after every row.
+Writes bench/results/compress_<dataset>[_quick].{json,md,png}, rewritten after every method. A rerun keeps the
+methods already measured and runs the rest, so a long table can be filled piece by piece (`--budget`,
+`--method`); `--fresh` starts over.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import REPO, default_datasets, md_table, pyplot, save_png, write_results
+import torch
+from common import REPO, default_datasets, environment, md_table, pyplot, save_png, write_results
 
 from earl_service.budget import BundleSizes, save_exact
 from earl_service.bundle import load_bundle
@@ -53,28 +58,38 @@ def baseline(ds, labels, sizes: BundleSizes, config: ModelConfig, minutes: float
     return {**row, "bytes": expected, "test_mrr": test["mrr"], "fits": True, "seconds": time.monotonic() - start}
 
 
-def run_row(name: str, budget_text: str, minutes: float, root: Path) -> dict:
+def compress_method(ds, labels, minutes: float, budget: int, out: Path) -> dict:
+    start = time.monotonic()
+    report = compress(ds, out, CompressConfig(max_bytes=budget, time_limit_minutes=minutes), relation_labels=labels)
+    assert report is not None
+    pick = report["pick"]
+    return {"model": pick["model"], "dim": pick["dim"], "precision": pick["precision"], "bytes": pick["bytes"],
+            "test_mrr": report["test"]["mrr"], "fits": True, "seconds": time.monotonic() - start,
+            "candidates": len(report["candidates"])}
+
+
+METHODS = ("compress", "earl_default", "rotate_matched")
+
+
+def run_method(method: str, name: str, budget_text: str, minutes: float, root: Path) -> dict:
     folder = default_datasets() / name
     ds, labels = load_dataset(folder), relation_labels(folder)
     budget = parse_size(budget_text)
     sizes = BundleSizes(ds, relation_labels=labels)
-    start = time.monotonic()
-    report = compress(ds, root / "compress", CompressConfig(max_bytes=budget, time_limit_minutes=minutes),
-                      relation_labels=labels)
-    assert report is not None
-    pick = report["pick"]
+    if method == "compress":
+        return compress_method(ds, labels, minutes, budget, root / "compress")
+    if method == "earl_default":
+        return baseline(ds, labels, sizes, ModelConfig(), minutes, budget, root / "earl-default")
     rotate_dim = sizes.max_dim("rotate", "fp32", budget)
-    rows = {"compress": {"model": pick["model"], "dim": pick["dim"], "precision": pick["precision"],
-                         "bytes": pick["bytes"], "test_mrr": report["test"]["mrr"], "fits": True,
-                         "seconds": time.monotonic() - start, "candidates": len(report["candidates"])},
-            "earl_default": baseline(ds, labels, sizes, ModelConfig(), minutes, budget, root / "earl-default"),
-            "rotate_matched": (baseline(ds, labels, sizes, ModelConfig(model="rotate", dim=rotate_dim), minutes,
-                                        budget, root / f"rotate-d{rotate_dim}") if rotate_dim else
-                               {"model": "rotate", "fits": False, "test_mrr": None})}
-    return {"dataset": name, "budget": budget_text, "max_bytes": budget, "minutes": minutes, **rows}
+    if not rotate_dim:
+        return {"model": "rotate", "fits": False, "test_mrr": None}
+    return baseline(ds, labels, sizes, ModelConfig(model="rotate", dim=rotate_dim), minutes, budget,
+                    root / f"rotate-d{rotate_dim}")
 
 
-def _cell(method: dict) -> str:
+def _cell(method: dict | None) -> str:
+    if method is None:
+        return "not run yet"
     if not method["fits"]:
         return "does not fit"
     return f"{method['test_mrr']:.4f} ({method['model']} d{method['dim']} {method['precision']}, {method['bytes']:,} B)"
@@ -82,8 +97,7 @@ def _cell(method: dict) -> str:
 
 def markdown(rows: list[dict], quick: bool) -> str:
     table = md_table(["dataset", "budget", "minutes", "compress pick: test MRR", "EARL default", "RotatE matched bytes"],
-                     [[r["dataset"], r["budget"], r["minutes"], _cell(r["compress"]), _cell(r["earl_default"]),
-                       _cell(r["rotate_matched"])] for r in rows])
+                     [[r["dataset"], r["budget"], r["minutes"], *(_cell(r.get(m)) for m in METHODS)] for r in rows])
     note = ("Quick mode: minutes shortened from the issue's table; timings on a shared machine are noisy, so the "
             "same command can pick differently on another run.\n\n" if quick else "")
     return ("# Compress to a byte budget vs baselines with the same time\n\n" + note + table + "\n\n"
@@ -95,10 +109,9 @@ def markdown(rows: list[dict], quick: bool) -> str:
 def plot(rows: list[dict], name: str) -> str:
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 4))
-    methods = ("compress", "earl_default", "rotate_matched")
-    for i, method in enumerate(methods):
+    for i, method in enumerate(METHODS):
         xs = [j + (i - 1) * 0.27 for j in range(len(rows))]
-        ax.bar(xs, [r[method]["test_mrr"] or 0 for r in rows], width=0.27, label=method)
+        ax.bar(xs, [(r.get(method) or {}).get("test_mrr") or 0 for r in rows], width=0.27, label=method)
     ax.set_xticks(range(len(rows)), [f"{r['dataset']} {r['budget']}" for r in rows])
     ax.set(ylabel="test MRR (exported bundle)", title="Same minutes, same byte budget")
     ax.legend(fontsize=8)
@@ -110,16 +123,39 @@ def main() -> int:
     parser.add_argument("dataset", choices=sorted(TABLES))
     parser.add_argument("--quick", action="store_true", help=f"{QUICK_MINUTES:g} minutes per method and row")
     parser.add_argument("--runs", type=Path, default=REPO / "runs" / "bench_compress")
+    parser.add_argument("--budget", action="append", help="run only this row (repeatable)")
+    parser.add_argument("--method", action="append", choices=METHODS, help="run only this method (repeatable)")
+    parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    parser.add_argument("--fresh", action="store_true", help="forget the methods already measured")
     a = parser.parse_args()
+    if a.threads:
+        torch.set_num_threads(a.threads)
     budgets, minutes = TABLES[a.dataset]
     minutes = QUICK_MINUTES if a.quick else minutes
     name = f"compress_{a.dataset}" + ("_quick" if a.quick else "")
-    rows = []
+    rows = {r["budget"]: r for r in ([] if a.fresh else previous_rows(name, minutes))}
     for budget in budgets:
-        rows.append(run_row(a.dataset, budget, minutes, a.runs / name / budget))
-        write_results(name, {"rows": rows}, markdown(rows, a.quick) + f"\n![test MRR]({plot(rows, name)})\n")
-        print(rows[-1], flush=True)
+        row = rows.setdefault(budget, {"dataset": a.dataset, "budget": budget, "max_bytes": parse_size(budget),
+                                       "minutes": minutes})
+        for method in METHODS:
+            if method in row or (a.budget and budget not in a.budget) or (a.method and method not in a.method):
+                continue
+            row[method] = run_method(method, a.dataset, budget, minutes, a.runs / name / budget)
+            # Each method records where it ran: pieces of one table may come from different sittings.
+            row[method]["environment"] = environment()["machine"]
+            done = [rows[b] for b in budgets if b in rows]
+            write_results(name, {"rows": done}, markdown(done, a.quick) + f"\n![test MRR]({plot(done, name)})\n")
+            print(budget, method, row[method], flush=True)
     return 0
+
+
+def previous_rows(name: str, minutes: float) -> list[dict]:
+    """Rows of an earlier run of the same table (same minutes), to be completed rather than redone."""
+    path = REPO / "bench" / "results" / f"{name}.json"
+    if not path.exists():
+        return []
+    rows = json.loads(path.read_text()).get("rows", [])
+    return [r for r in rows if r.get("minutes") == minutes]
 
 
 if __name__ == "__main__":
