@@ -29,12 +29,12 @@ from .errors import add_error_handlers
 from .gate import RequestGate
 from .limits import PredictSlots
 from .metrics import Metrics, MetricsMiddleware
-from .routes import health, jobs, models, predict, reports
+from .routes import console, events, health, jobs, models, predict, relations, reports
 from .settings import Settings
 
 log = logging.getLogger(__name__)
 SWEEP_EVERY_S = 3600.0  # housekeeping (earl_service/worker/housekeeping.py) after the one at start-up
-ROUTERS = (jobs, models, reports, predict, health)
+ROUTERS = (jobs, events, models, relations, reports, predict, health, console)
 
 
 class EarlAPI(FastAPI):
@@ -80,6 +80,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     add_error_handlers(app)
     for module in ROUTERS:
         app.include_router(module.router)
+    app.mount(console.ASSETS, console.assets(), name="console")
     return app
 
 

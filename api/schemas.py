@@ -121,3 +121,17 @@ class NotFoundResponse(BaseModel):
     """The body of every 404 a route documents: `detail` says what was not found and suggests close names."""
 
     detail: NotFound
+
+
+class RelationItem(BaseModel):
+    id: str
+    label: str | None
+
+
+class RelationPage(BaseModel):
+    """A page of a model's relations (GET /models/{id}/relations), in vocabulary order."""
+
+    total: int
+    items: list[RelationItem]
+    limit: int
+    offset: int

@@ -1,0 +1,143 @@
+// Models: the registered models (the first view), and one model: figures, report, download, extend, delete.
+
+import { ApiError, getJSON, request } from "./api.js";
+import { bytes, count, h, metric, note, shortId, when } from "./ui.js";
+
+export async function renderModels(main) {
+  main.append(h("h2", {}, "Models"));
+  const models = await getJSON("/models");
+  main.append(h("p", { class: "lead" },
+    "Bring a graph (triple files), get a compact model: ", h("a", { href: "#/upload", class: "button primary" },
+      "Upload triples"), " or follow the ", h("a", { href: "#/jobs" }, "jobs"), " under way."));
+  if (!models.length) {
+    main.append(note("No model is registered yet: upload a graph to train one."));
+    return;
+  }
+  main.append(h("div", { class: "scroll" }, h("table", { id: "models-table" },
+    h("caption", {}, `${models.length} registered model${models.length === 1 ? "" : "s"}`),
+    h("thead", {}, h("tr", {}, ["model", "bytes", "parameters", "precision", "entities", "relations", "created", ""]
+      .map((c) => h("th", { scope: "col" }, c)))),
+    h("tbody", {}, models.map((m) => h("tr", { "data-model": m.id },
+      h("td", {}, h("a", { href: `#/models/${m.id}`, title: m.id }, shortId(m.id))),
+      h("td", { class: "num" }, bytes(m.bytes)), h("td", { class: "num" }, count(m.parameters)),
+      h("td", {}, m.precision), h("td", { class: "num" }, count(m.entities)),
+      h("td", { class: "num" }, count(m.relations)), h("td", {}, when(m.created)),
+      h("td", {}, h("a", { href: `#/query?model=${m.id}` }, "query"))))))));
+}
+
+function figures(m) {
+  const test = m.metrics?.test || {};
+  const rows = [
+    ["id", h("code", {}, m.id)], ["version", m.version], ["bytes", `${bytes(m.bytes)} (${count(m.bytes)} B)`],
+    ["parameters", count(m.parameters)], ["precision", m.precision], ["entities", count(m.entities)],
+    ["relations", count(m.relations)], ["model", m.config?.model ?? "–"], ["dim", m.config?.dim ?? "–"],
+    ["test MRR", metric(test.mrr)], ["test Hits@10", metric(test.hits_at_10)],
+    ["sha256 (tensor payload)", h("code", { id: "model-sha256", class: "wrap" }, m.sha256)],
+    ["trained by job", m.job_id ? h("a", { href: `#/jobs/${m.job_id}` }, shortId(m.job_id)) : "–"],
+    ["created", when(m.created)],
+  ];
+  return h("dl", { class: "figures" }, rows.map(([k, v]) => [h("dt", {}, k), h("dd", {}, v)]));
+}
+
+export async function renderModel(main, { id }) {
+  const m = await getJSON(`/models/${id}`);
+  main.append(h("h2", {}, `Model ${shortId(id)}`), figures(m),
+    h("p", {}, h("a", { class: "button", href: `#/query?model=${id}` }, "Query this model")),
+    downloadSection(m), extendSection(m), await reportSection(id), deleteSection(m));
+}
+
+/** The bytes of a safetensors file's tensor payload: what the model's sha256 covers (its header names it). */
+async function payloadSha256(buffer) {
+  if (!crypto.subtle) return null; // only in a secure context (https, localhost, 127.0.0.1)
+  const headerLength = Number(new DataView(buffer).getBigUint64(0, true));
+  const digest = await crypto.subtle.digest("SHA-256", buffer.slice(8 + headerLength));
+  return [...new Uint8Array(digest)].map((b) => b.toString(16).padStart(2, "0")).join("");
+}
+
+function downloadSection(m) {
+  const status = h("p", { id: "download-status", role: "status" });
+  const button = h("button", { type: "button", class: "primary", onclick: async () => {
+    button.disabled = true;
+    status.textContent = "downloading…";
+    try {
+      const response = await request(`/models/${m.id}/bundle`);
+      const etag = (response.headers.get("etag") || "").replaceAll('"', "");
+      const buffer = await response.arrayBuffer();
+      const digest = await payloadSha256(buffer);
+      const link = h("a", { href: URL.createObjectURL(new Blob([buffer])), download: `${m.id}.safetensors` });
+      document.body.append(link);
+      link.click();
+      link.remove();
+      status.textContent = digest === null ? `downloaded ${bytes(buffer.byteLength)}; sha256 ${etag} (not checked: `
+        + "the browser computes digests only on https or localhost)"
+        : digest === m.sha256 ? `downloaded ${bytes(buffer.byteLength)}; sha256 verified: ${digest}`
+          : `downloaded, but its sha256 ${digest} is not the model's ${m.sha256}`;
+      status.className = digest === null || digest === m.sha256 ? "note ok" : "note error";
+    } catch (error) {
+      status.textContent = error.message;
+      status.className = "note error";
+    } finally {
+      button.disabled = false;
+    }
+  } }, "Download bundle");
+  return h("section", { "aria-labelledby": "download-title" }, h("h3", { id: "download-title" }, "Download"),
+    h("p", {}, `One safetensors file (${bytes(m.bytes)}): weights, graph, vocabularies, config; `,
+      h("code", {}, "earl_service.edge.load()"), " reads it on a device."), button, status);
+}
+
+function extendSection(m) {
+  const input = h("input", { type: "file", id: "extend-file", name: "triples", required: true,
+    "aria-describedby": "extend-error" });
+  const error = h("p", { id: "extend-error", class: "field-error", role: "alert" });
+  const done = h("p", { role: "status" });
+  const form = h("form", { onsubmit: async (event) => {
+    event.preventDefault();
+    error.textContent = done.textContent = "";
+    const body = new FormData();
+    body.append("triples", input.files[0]);
+    try {
+      const next = await getJSON(`/models/${m.id}/triples`, { method: "POST", body });
+      done.textContent = `version ${next.version}: ${count(next.entities)} entities, sha256 ${next.sha256}`;
+    } catch (e) {
+      error.textContent = e.message;
+    }
+  } }, h("label", { for: "extend-file" }, "Triple file (head, relation, tail; new entities allowed)"), input, error,
+  h("button", { type: "submit" }, "Extend"), done);
+  return h("section", { "aria-labelledby": "extend-title" }, h("h3", { id: "extend-title" }, "Extend with new triples"),
+    h("p", {}, "Adds triples to the model's graph without retraining; the result is the model's next version."), form);
+}
+
+async function reportSection(id) {
+  const section = h("section", { "aria-labelledby": "report-title" }, h("h3", { id: "report-title" }, "Compress report"));
+  let report;
+  try {
+    report = await (await request(`/models/${id}/report?format=md`)).text();
+  } catch (error) {
+    if (error instanceof ApiError && error.status === 404) {
+      section.append(h("p", {}, "None: this model was trained directly, not picked by a compress job (max_bytes)."));
+      return section;
+    }
+    throw error;
+  }
+  const plot = h("img", { id: "frontier", alt: "Validation metric against bundle bytes for every candidate, with "
+    + "the frontier, the budget and the pick", width: 640 });
+  request(`/models/${id}/frontier.png`).then(async (r) => { plot.src = URL.createObjectURL(await r.blob()); })
+    .catch(() => plot.replaceWith(note("No frontier plot.")));
+  section.append(plot, h("details", {}, h("summary", {}, "Report (markdown)"), h("pre", { class: "report" }, report)));
+  return section;
+}
+
+function deleteSection(m) {
+  const status = h("p", { role: "status" });
+  const button = h("button", { type: "button", class: "danger", onclick: async () => {
+    if (!confirm(`Delete model ${m.id}, its versions, report, run and uploads? This cannot be undone.`)) return;
+    try {
+      await request(`/models/${m.id}`, { method: "DELETE" });
+      location.hash = "#/";
+    } catch (error) {
+      status.textContent = error.message;
+      status.className = "note error";
+    }
+  } }, "Delete model");
+  return h("section", { "aria-labelledby": "delete-title" }, h("h3", { id: "delete-title" }, "Delete"), button, status);
+}

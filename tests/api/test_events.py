@@ -1,0 +1,128 @@
+"""GET /jobs/{id}/events (Server-Sent Events) against a live uvicorn, and the console's page and assets (GET /)."""
+
+import json
+import threading
+import time
+
+import httpx
+import pytest
+from fastapi.testclient import TestClient
+from live import live
+
+from api.main import create_app
+from api.routes import events
+from api.settings import Settings
+from earl_service.atomic import write_json
+
+TOKEN = "events-token"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+GOOD = b"a\tr\tb\nb\tr\tc\n"
+
+
+def read_events(response: httpx.Response) -> list[tuple[str, object]]:
+    """The (event, data) pairs of a whole stream, in order; comments and the retry field left out."""
+    found, name = [], None
+    for line in response.iter_lines():
+        if line.startswith("event: "):
+            name = line.removeprefix("event: ")
+        elif line.startswith("data: "):
+            found.append((name, json.loads(line.removeprefix("data: "))))
+    return found
+
+
+@pytest.fixture
+def app(tmp_path):
+    return create_app(Settings(home=tmp_path, api_token=TOKEN))
+
+
+def queued_job(base: str) -> str:
+    return httpx.post(f"{base}/jobs", files={"train": ("train.txt", GOOD)}, headers=AUTH).json()["id"]
+
+
+def test_a_running_job_streams_each_change_then_its_curve_and_the_end(app, tmp_path):
+    history = {"steps": list(range(1, 2001)), "losses": [1 / s for s in range(1, 2001)], "seconds": [],
+               "step_times": [], "eval_steps": [1000, 2000], "eval_mrr": [0.2, 0.3], "encoded": []}
+    with live(app) as base:
+        store = app.state.store
+        job_id = queued_job(base)
+        store.claim_job("w1", stale_after=60, max_attempts=3)
+        seen = []
+
+        def worker():  # two heartbeats, then the run's history.json and the end, as the worker writes them
+            for step in (1, 2):
+                while len(seen) < step:
+                    time.sleep(0.05)
+                store.heartbeat(job_id, "w1", {"step": step, "total": 2000, "loss": 1.0 / step, "valid_mrr": None})
+            while len(seen) < 3:
+                time.sleep(0.05)
+            write_json(tmp_path / "runs" / job_id / "history.json", history)
+            store.finish_job(job_id, "w1", "succeeded", model_id=job_id)
+
+        feeder = threading.Thread(target=worker)
+        feeder.start()
+        with httpx.stream("GET", f"{base}/jobs/{job_id}/events", timeout=30) as response:
+            assert response.status_code == 200 and response.headers["content-type"].startswith("text/event-stream")
+            for line in response.iter_lines():
+                if line.startswith("data: "):
+                    seen.append(json.loads(line.removeprefix("data: ")))
+        feeder.join()
+    jobs, (curve, end) = seen[:-2], seen[-2:]
+    assert [j["state"] for j in jobs] == ["running", "running", "running", "succeeded"]
+    assert [j["progress"].get("step") for j in jobs[:3]] == [None, 1, 2] and jobs[-1]["model_id"] == job_id
+    assert end == {"state": "succeeded"}
+    assert curve["eval_steps"] == [1000, 2000] and curve["eval_mrr"] == [0.2, 0.3]
+    assert len(curve["steps"]) <= events.CURVE_POINTS + 1 and curve["steps"][-1] == 2000
+    assert curve["losses"] == [1 / s for s in curve["steps"]]
+
+
+def test_an_ended_job_without_a_run_gets_a_null_curve(app):
+    with live(app) as base:
+        job_id = queued_job(base)
+        httpx.post(f"{base}/jobs/{job_id}/cancel", headers=AUTH)
+        with httpx.stream("GET", f"{base}/jobs/{job_id}/events", timeout=30) as response:
+            found = read_events(response)
+    assert [name for name, _ in found] == ["job", "curve", "end"]
+    assert found[1][1] is None and found[2][1] == {"state": "cancelled"}
+
+
+def test_a_stream_ends_after_its_lifetime_with_heartbeats_on_the_way(app, monkeypatch):
+    monkeypatch.setattr(events, "STREAM_SECONDS", 1.0)
+    monkeypatch.setattr(events, "HEARTBEAT_SECONDS", 0.2)
+    with live(app) as base:
+        job_id = queued_job(base)
+        with httpx.stream("GET", f"{base}/jobs/{job_id}/events", timeout=30) as response:
+            lines = list(response.iter_lines())
+    assert lines[0] == f"retry: {events.RETRY_MS}" and ": heartbeat" in lines
+    assert [line for line in lines if line.startswith("event:")] == ["event: job"]  # no end: the client reconnects
+    assert events.streams.open == 0
+
+
+def test_unknown_jobs_bad_ids_and_too_many_streams_are_refused(app, monkeypatch):
+    with TestClient(app) as client:
+        assert client.get("/jobs/nope/events").status_code == 404
+        assert client.get("/jobs/..%2F..%2Fetc/events").status_code in (404, 422)
+        job_id = client.post("/jobs", files={"train": ("train.txt", GOOD)}, headers=AUTH).json()["id"]
+        monkeypatch.setattr(events.streams, "open", events.MAX_STREAMS)
+        refused = client.get(f"/jobs/{job_id}/events")
+        assert refused.status_code == 503 and refused.headers["retry-after"]
+
+
+def test_thinned_keeps_the_ends_and_about_the_asked_points():
+    xs = list(range(1001))
+    kept, values = events.thinned(xs, xs, points=100)
+    assert kept[0] == 0 and kept[-1] == 1000 and 50 < len(kept) <= 101 and kept == values
+    assert events.thinned([], []) == ([], [])
+
+
+def test_the_console_is_public_even_with_protected_reads_and_the_api_is_not(tmp_path):
+    with TestClient(create_app(Settings(home=tmp_path, api_token=TOKEN, protect_reads=True))) as client:
+        page = client.get("/")
+        assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
+        assert 'src="/console/app.js"' in page.text and "http" not in page.text.split("<body>")[0]  # no CDN
+        for asset in ("app.js", "api.js", "console.css"):
+            assert client.get(f"/console/{asset}").status_code == 200
+        assert client.get("/console/nothing.js").status_code == 404
+        for path in ("/models", "/jobs", "/jobs/x/events", "/models/x/relations", "/openapi.json", "/console"):
+            assert client.get(path).status_code == 401, path
+        assert client.get("/jobs/x/events", headers=AUTH).status_code == 404
+        assert client.get("/models", headers=AUTH).status_code == 200
