@@ -3,16 +3,17 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
-from contextlib import ExitStack
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import ExitStack, contextmanager
 from os import PathLike
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import httpx
 
 Progress = Callable[[dict[str, Any]], None]
 FILES = ("train", "valid", "test", "relation_labels")  # the upload fields of POST /jobs
+Source = str | PathLike | IO[bytes]  # a path, or a file opened in binary mode (its name, if any, is sent)
 
 
 class ServiceError(RuntimeError):
@@ -45,6 +46,16 @@ def _reason(response: httpx.Response) -> str:
 def _form_value(value: object) -> str:
     # FastAPI reads form booleans as true/false; str(True) would be "True".
     return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+@contextmanager
+def _upload(source: Source, default_name: str) -> Iterator[tuple[str, IO[bytes]]]:
+    """(file name, open binary file) for httpx's `files`: a path is opened (and closed after), a file is sent as it is."""
+    if isinstance(source, str | PathLike):
+        with Path(source).open("rb") as opened:
+            yield Path(source).name, opened
+    else:
+        yield Path(str(getattr(source, "name", "") or default_name)).name, source
 
 
 class Client:
@@ -86,18 +97,23 @@ class Client:
             time.sleep(0.5)
         raise TimeoutError(f"the service at {self.http.base_url} was not ready within {timeout:.0f} s")
 
-    def submit_job(self, train: str | PathLike, *, valid: str | PathLike | None = None,
-                   test: str | PathLike | None = None, relation_labels: str | PathLike | None = None,
-                   params: Mapping[str, object] | None = None) -> str:
-        """Upload triple files (and a relations JSON) and queue a training job; `params` are `earl train`'s
-        options by their form names (dim, steps, batch_size, ...). Returns the job id."""
-        paths = dict(zip(FILES, (train, valid, test, relation_labels), strict=True))
+    def submit_job(self, train: Source, *, valid: Source | None = None, test: Source | None = None,
+                   relation_labels: Source | None = None, params: Mapping[str, object] | None = None,
+                   files: Mapping[str, Source] | None = None) -> str:
+        """Upload triple files (and a relations JSON) and queue a training job (with `max_bytes` in `params`, a
+        compress job); `params` are `earl train`'s options by their form names (dim, steps, batch_size, ...);
+        `files`, more upload fields by name. Each file is a path or an open binary file. Returns the job id."""
+        sources = {**dict(zip(FILES, (train, valid, test, relation_labels), strict=True)), **(files or {})}
         data = {name: _form_value(value) for name, value in (params or {}).items()}
         with ExitStack() as opened:  # open files, not their bytes: httpx streams them, a large upload never in memory
-            files = {field: (Path(p).name, opened.enter_context(Path(p).open("rb")))
-                     for field, p in paths.items() if p is not None}
-            response = self.http.post("/jobs", data=data, files=files)
+            uploads = {field: opened.enter_context(_upload(source, field))
+                       for field, source in sources.items() if source is not None}
+            response = self.http.post("/jobs", data=data, files=uploads)
         return self._json(response)["id"]
+
+    def cancel(self, job_id: str) -> dict[str, Any]:
+        """Cancel a queued job, or stop a running one at its next step; returns the job."""
+        return self._json(self.http.post(f"/jobs/{job_id}/cancel"))
 
     def job(self, job_id: str) -> dict[str, Any]:
         """The job's state, progress (step, total, loss, valid MRR), error and, once trained, its model id."""
@@ -130,6 +146,26 @@ class Client:
         anchors = {name: value for name, value in (("head", head), ("tail", tail)) if value is not None}
         params: dict[str, str | int] = {"model": model_id, "relation": relation, "k": k, **anchors}
         return self._json(self.http.get("/predict", params=params))
+
+    def models(self) -> list[dict[str, Any]]:
+        """Every registered model, as GET /models lists them."""
+        return self._json(self.http.get("/models"))
+
+    def register(self, bundle: Source) -> dict[str, Any]:
+        """Register a bundle file (checked by the service: format, checksum, limits); returns the new model."""
+        with _upload(bundle, "bundle.safetensors") as upload:
+            return self._json(self.http.post("/models", files={"bundle": upload}))
+
+    def extend(self, model_id: str, triples: Source) -> dict[str, Any]:
+        """Add triples (new entities allowed) to a model without retraining; returns the model at its new version."""
+        with _upload(triples, "triples.txt") as upload:
+            return self._json(self.http.post(f"/models/{model_id}/triples", files={"triples": upload}))
+
+    def delete(self, model_id: str) -> None:
+        """Remove the model and everything derived from it (versions, report, run, uploads)."""
+        response = self.http.delete(f"/models/{model_id}")
+        if response.is_error:
+            raise ServiceError(response.status_code, _reason(response))
 
     def download(self, model_id: str, path: str | PathLike) -> str:
         """Write the model's bundle to `path`; return the sha256 the service vouches for (its ETag)."""

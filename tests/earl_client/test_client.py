@@ -135,3 +135,30 @@ def test_submit_job_streams_its_files_from_disk(tmp_path, monkeypatch):
     assert b'name="train"; filename="train.txt"' in body and b"a\tr\tb\n" in body
     assert b'name="relation_labels"; filename="relations.en.json"' in body and b'{"r": "relates to"}' in body
     assert b'name="valid"' not in body and b'name="no_knn"\r\n\r\ntrue' in body
+
+
+def test_register_extend_and_delete_a_bundle_from_open_files(client, codex_bundle, tmp_path):
+    with codex_bundle.open("rb") as opened:
+        model = client.register(opened)
+    assert model["sha256"] == load_bundle(codex_bundle).sha256 and model["version"] == 1
+    assert model["id"] in [m["id"] for m in client.models()]
+    new = tmp_path / "new.tsv"
+    new.write_text("Q7604\tP1412\tnew-entity\n")
+    extended = client.extend(model["id"], new)
+    assert extended["version"] == 2 and extended["entities"] == model["entities"] + 1
+    assert client.predict(model["id"], "P1412", head="new-entity", k=3)["predictions"]
+    client.delete(model["id"])
+    with pytest.raises(ServiceError, match="not found") as gone:
+        client.model(model["id"])
+    assert gone.value.status_code == 404
+
+
+def test_submit_job_takes_open_files_and_extra_fields(client, tmp_path):
+    with (codex_s_path() / "train.txt").open("rb") as train:
+        job_id = client.submit_job(train, params={**TINY, "steps": 1_000_000})
+    job = client.cancel(job_id)
+    assert job["id"] == job_id and (job["state"] == "cancelled" or job["cancel_requested"])
+    assert client.job(job_id)["files"]["train"].endswith("train.txt")
+    with pytest.raises(ServiceError, match="unknown form field") as unknown:
+        client.submit_job(codex_s_path() / "train.txt", files={"trian": codex_s_path() / "valid.txt"})
+    assert unknown.value.status_code == 422
