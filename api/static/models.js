@@ -26,12 +26,12 @@ export async function renderModels(main) {
 }
 
 function figures(m) {
-  const test = m.metrics?.test || {};
+  const [split, scores] = ["test", "valid"].map((s) => [s, m.metrics?.[s]]).find(([, v]) => v) || ["test", {}];
   const rows = [
     ["id", h("code", {}, m.id)], ["version", m.version], ["bytes", `${bytes(m.bytes)} (${count(m.bytes)} B)`],
     ["parameters", count(m.parameters)], ["precision", m.precision], ["entities", count(m.entities)],
     ["relations", count(m.relations)], ["model", m.config?.model ?? "–"], ["dim", m.config?.dim ?? "–"],
-    ["test MRR", metric(test.mrr)], ["test Hits@10", metric(test.hits_at_10)],
+    [`${split} MRR`, metric(scores.mrr)], [`${split} Hits@10`, metric(scores.hits_at_10)],
     ["sha256 (tensor payload)", h("code", { id: "model-sha256", class: "wrap" }, m.sha256)],
     ["trained by job", m.job_id ? h("a", { href: `#/jobs/${m.job_id}` }, shortId(m.job_id)) : "–"],
     ["created", when(m.created)],
