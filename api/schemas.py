@@ -44,6 +44,8 @@ class JobCreated(BaseModel):
     state: str
     triples: dict[str, dict[str, int]] = Field(
         default_factory=dict, description="per uploaded split: triples kept and duplicates_dropped")
+    labels: dict[str, int] = Field(default_factory=dict, description="per uploaded label file: labels read (those "
+                                                                      "for ids not in the graph are left out later)")
 
 
 class JobOut(BaseModel):
@@ -93,19 +95,39 @@ class ModelVersionOut(BaseModel):
 
 class Prediction(BaseModel):
     entity: str
+    label: str | None  # the entity's label, None without one
     score: float
 
 
 class PredictionOut(BaseModel):
+    """head, relation and tail are ids, also where the query named them by label; *_label their labels."""
+
     model: str
     direction: Literal["tail", "head"]
     head: str | None
+    head_label: str | None
     relation: str
     relation_label: str | None
     tail: str | None
+    tail_label: str | None
     k: int
     exclude_known: bool
     predictions: list[Prediction]
+
+
+class EntityMatch(BaseModel):
+    id: str
+    label: str | None
+    score: float  # 1: exact; (0.5, 1): prefix, higher the more of the id or label the query covers; < 0.5: fuzzy
+
+
+class EntityPage(BaseModel):
+    """GET /models/{id}/entities: `total` entities match; `items` are the ranked ones from `offset`."""
+
+    total: int
+    items: list[EntityMatch]
+    limit: int
+    offset: int
 
 
 class NotFound(BaseModel):

@@ -27,6 +27,7 @@ from earl_service.errors import (
     UnknownEntityError,
     UnknownRelationError,
 )
+from earl_service.labels import Labels, read_labels
 
 log = logging.getLogger(__name__)
 
@@ -522,7 +523,8 @@ class Dataset:
 
     Entity ids ``0 .. num_train_entities - 1`` occur in train; higher ids were first seen in valid/test.
     ``stats[split]`` holds ``file``, ``triples_read``, ``duplicates_dropped``, ``unknown_relation_dropped``,
-    ``triples`` (kept) and ``new_entities`` (entities first seen in that split).
+    ``triples`` (kept) and ``new_entities`` (entities first seen in that split); ``stats["labels"]`` the labels
+    read (earl_service/labels.py), which the trained bundle carries.
     """
 
     entities: Vocab
@@ -532,6 +534,7 @@ class Dataset:
     valid: np.ndarray | None = None
     test: np.ndarray | None = None
     stats: dict = field(default_factory=dict)
+    labels: Labels = field(default_factory=Labels)
 
     @property
     def num_entities(self) -> int:
@@ -584,12 +587,13 @@ def _split_stats(file: Path, table: TripleTable, kept: int, new_entities: int) -
             "unknown_relation_dropped": len(table) - kept, "triples": kept, "new_entities": new_entities}
 
 
-def load_dataset(path: PathLike, *, max_bytes: int = DEFAULT_MAX_BYTES) -> Dataset:
+def load_dataset(path: PathLike, *, max_bytes: int = DEFAULT_MAX_BYTES, labels: bool = True) -> Dataset:
     """Load a dataset folder holding ``train`` and optional ``valid``/``test`` triple files.
 
     Each split may be named ``<split>.txt``, ``.tsv`` or ``.csv``, optionally ``.gz``; the first found in
     that order is used. Valid/test triples whose relation is not in train are dropped (counted in
-    ``stats``); entities that occur only in valid/test are appended after the train entities.
+    ``stats``); entities that occur only in valid/test are appended after the train entities. With `labels`,
+    the label files beside the triples are read too (earl_service.labels.read_labels).
     """
     folder = Path(path)
     accepted = ", ".join(f"train{s}" for s in SPLIT_SUFFIXES)
@@ -618,10 +622,12 @@ def load_dataset(path: PathLike, *, max_bytes: int = DEFAULT_MAX_BYTES) -> Datas
         stats[split] = _split_stats(file, table, len(arrays[split]), len(entities) - known)
     log.info("loaded %s: %d entities (%d in train), %d relations, %s", folder, len(entities),
              num_train_entities, len(relations), ", ".join(f"{s} {len(a)}" for s, a in arrays.items()))
+    found = read_labels(folder, entities=entities, relations=relations) if labels else Labels()
+    stats["labels"] = found.stats()
     return Dataset(entities=Vocab._from_index(entities, "entity"),
                    relations=Vocab._from_index(relations, "relation"),
                    num_train_entities=num_train_entities, train=arrays["train"],
-                   valid=arrays.get("valid"), test=arrays.get("test"), stats=stats)
+                   valid=arrays.get("valid"), test=arrays.get("test"), stats=stats, labels=found)
 
 
 def load_triples_file(path: PathLike, entities: Vocab, relations: Vocab, *, allow_new_entities: bool,
@@ -663,26 +669,3 @@ def _at_line(path: Path, triple: Triple, max_bytes: int, error: KeyError, note: 
     """Turn an unknown-name error about ``triple`` into a TripleFileError at the line it first occurs on."""
     line = next(n for n, t in _records(path, max_bytes) if t == triple)
     return TripleFileError(path, line, f"{error}{note}")
-
-
-def relation_labels(folder: PathLike) -> dict[str, str]:
-    """Readable relation names from `relations.en.json` beside the triples (CoDEx ships one), else {}.
-
-    Accepts {"P161": {"label": "cast member", ...}} or {"P161": "cast member"}.
-    """
-    path = Path(folder) / "relations.en.json"
-    if not path.is_file():
-        return {}
-    import json
-
-    try:
-        raw = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        log.warning("ignoring %s: %s", path, exc)
-        return {}
-    labels = {}
-    for key, value in raw.items() if isinstance(raw, dict) else ():
-        label = value.get("label") if isinstance(value, dict) else value
-        if isinstance(label, str):
-            labels[str(key)] = label
-    return labels

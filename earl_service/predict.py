@@ -5,6 +5,7 @@ The search itself (a FAISS proxy shortlist, then an exact RotatE re-rank) lives 
 
 from __future__ import annotations
 
+from functools import cached_property
 from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
@@ -14,6 +15,7 @@ from .core.known import KnownAnswers, Side
 from .data import Vocab
 from .errors import ConfigError
 from .index import CALIBRATION_QUERIES, HNSW_THRESHOLD, ProxyIndex, SampleQuery
+from .search import NameSearch, Page
 
 if TYPE_CHECKING:
     from .bundle import Bundle
@@ -43,6 +45,8 @@ class LinkPredictor:
     answers `exclude_known` drops. `index` is "auto" (flat / HNSW by size, GPU when available), "flat",
     "hnsw" or "exact" (no index: score every entity). `faiss_threads` and `flat_rotations` go to the
     ProxyIndex (earl_service/index.py): FAISS's OpenMP threads per querying thread, and a forced flat proxy.
+    Entities and relations are named by id, or by a label that names exactly one (`entity_labels`,
+    `relation_labels`: {id: label}); `labelled` adds the labels to predictions.
     """
 
     def __init__(
@@ -57,7 +61,8 @@ class LinkPredictor:
         epsilon: float,
         index: IndexKind = "auto",
         hnsw_threshold: int = HNSW_THRESHOLD,
-        relation_labels: dict[str, str] | None = None,
+        relation_labels: dict[str, Any] | None = None,
+        entity_labels: dict[str, str] | None = None,
         faiss_threads: int | None = 1,
         flat_rotations: int | None = None,
     ) -> None:
@@ -67,7 +72,8 @@ class LinkPredictor:
         self.entities, self.relations = entities, relations
         self.dim, self.gamma = self.relation_embeddings.shape[1], float(gamma)
         self.phase_scale = rotate.phase_scale(gamma=gamma, epsilon=epsilon, dim=self.dim)
-        self.relation_labels = dict(relation_labels or {})
+        self.relation_labels = _plain_labels(relation_labels or {})
+        self.entity_labels = dict(entity_labels or {})
         triples = np.asarray(known_triples, dtype=np.int64).reshape(-1, 3)
         self.known = KnownAnswers(triples, len(relations))
         self.index: ProxyIndex | None = None
@@ -79,10 +85,9 @@ class LinkPredictor:
     @classmethod
     def from_bundle(cls, bundle: Bundle, **kwargs: Any) -> LinkPredictor:
         """A predictor over a bundle's rebuilt embeddings and its graph's triples as the known answers."""
-        labels = getattr(bundle, "relation_labels", None)
         return cls(bundle.entity_embeddings().numpy(), bundle.relation_embeddings().numpy(), bundle.entities,
                    bundle.relations, bundle.triples, gamma=bundle.config.gamma, epsilon=bundle.config.epsilon,
-                   relation_labels=labels if isinstance(labels, dict) else None, **kwargs)
+                   relation_labels=bundle.relation_labels, entity_labels=bundle.entity_labels, **kwargs)
 
     @property
     def num_entities(self) -> int:
@@ -117,6 +122,31 @@ class LinkPredictor:
                 sample.append((self.query_vector(side, anchor, int(r)), self.known.answers(side, anchor, int(r))))
         return sample
 
+    # ------------------------------------------------------------------ names and labels
+
+    @cached_property
+    def entity_search(self) -> NameSearch:
+        return NameSearch(self.entities, self.entity_labels)
+
+    @cached_property
+    def relation_search(self) -> NameSearch:
+        return NameSearch(self.relations, self.relation_labels)
+
+    def entity_id(self, name: str) -> int:
+        """The id of an entity named by id or by a label that names exactly one (NameSearch.resolve)."""
+        return self.entities.id(name) if name in self.entities else self.entity_search.resolve(name)
+
+    def relation_id(self, name: str) -> int:
+        return self.relations.id(name) if name in self.relations else self.relation_search.resolve(name)
+
+    def search_entities(self, query: str, *, limit: int = 10, offset: int = 0) -> Page:
+        """Entities whose id or label matches `query`: exact, then prefix, then fuzzy; ranked and paginated."""
+        return self.entity_search.search(query, limit=limit, offset=offset)
+
+    def labelled(self, predictions: list[Prediction]) -> list[dict[str, Any]]:
+        """Predictions as {"entity", "label", "score"} (label None where the entity has none)."""
+        return [{"entity": e, "label": self.entity_labels.get(e), "score": s} for e, s in predictions]
+
     # ------------------------------------------------------------------ queries
 
     def predict_tails(self, head: str, relation: str, k: int = 10, *, exclude_known: bool = True) -> list[Prediction]:
@@ -138,7 +168,7 @@ class LinkPredictor:
 
     def known_answers(self, side: Side, anchor: str, relation: str) -> list[str]:
         """Names of the known tails of (anchor, relation, ?) or heads of (?, relation, anchor)."""
-        ids = self.known.answers(side, self.entities.id(anchor), self.relations.id(relation))
+        ids = self.known.answers(side, self.entity_id(anchor), self.relation_id(relation))
         return [self.entities.names[i] for i in ids]
 
     def query_vector(self, side: Side, anchor: int, relation: int) -> np.ndarray:
@@ -154,7 +184,7 @@ class LinkPredictor:
                  exclude_known: bool, *, exact: bool) -> list[Prediction]:
         if k < 1:
             raise ConfigError(f"k must be >= 1, not {k}")
-        anchor, relation = self.entities.id(anchor_name), self.relations.id(relation_name)
+        anchor, relation = self.entity_id(anchor_name), self.relation_id(relation_name)
         query = self.query_vector(side, anchor, relation)
         excluded = self.known.answers(side, anchor, relation) if exclude_known else np.zeros(0, dtype=np.int64)
         if exact or self.index is None:
@@ -164,6 +194,13 @@ class LinkPredictor:
         ids, dist = rotate.top_k(ids, dist, k, excluded=excluded)
         names = self.entities.names
         return [(names[int(i)], float(self.gamma - d)) for i, d in zip(ids, dist, strict=True)]
+
+
+def _plain_labels(labels: dict[str, Any]) -> dict[str, str]:
+    """{id: label} of string labels; CoDEx's {"label": ...} objects (in bundles from before labels.relations)
+    give their label."""
+    plain = {name: value.get("label") if isinstance(value, dict) else value for name, value in labels.items()}
+    return {name: label for name, label in plain.items() if isinstance(label, str) and label}
 
 
 def _check_shapes(entity_embeddings: np.ndarray, relation_embeddings: np.ndarray, entities: Vocab,

@@ -32,7 +32,8 @@ async def predict(
     k: Annotated[int, Query(ge=1, le=1000)] = 10,
     exclude_known: bool = True,
 ) -> JSONResponse:
-    """Give exactly one of `head` (predict tails) or `tail` (predict heads); known answers are left out."""
+    """Give exactly one of `head` (predict tails) or `tail` (predict heads); known answers are left out. Entities
+    and the relation are named by id, or by a label that names exactly one (422 listing the ids when several)."""
     if (head is None) == (tail is None):
         raise HTTPException(422, "give exactly one of 'head' (to predict tails) or 'tail' (to predict heads)")
     if not await slots.acquire():  # waits on the event loop, holding no thread
@@ -50,14 +51,18 @@ def answer(registry: ModelRegistry, cache: PredictorCache, *, model: str, relati
     """The prediction as plain JSON: FastAPI would otherwise re-validate our own PredictionOut
     (tests/api/test_api_models.py checks the body against that schema, field for field)."""
     predictor = load_predictor(registry, cache, model)
-    if head is not None:
-        found = predictor.predict_tails(head, relation, k, exclude_known=exclude_known)
-    else:
-        assert tail is not None
-        found = predictor.predict_heads(tail, relation, k, exclude_known=exclude_known)
-    return {"model": model, "direction": "tail" if head is not None else "head", "head": head,
-            "relation": relation, "relation_label": relation_label(predictor, relation), "tail": tail,
-            "k": k, "exclude_known": exclude_known, "predictions": [{"entity": e, "score": s} for e, s in found]}
+    anchor = head if head is not None else tail
+    assert anchor is not None
+    anchor = predictor.entities.name(predictor.entity_id(anchor))  # an id, also when given by label
+    relation = predictor.relations.name(predictor.relation_id(relation))
+    ask = predictor.predict_tails if head is not None else predictor.predict_heads
+    found = ask(anchor, relation, k, exclude_known=exclude_known)
+    ends = {"head": anchor, "tail": None} if head is not None else {"head": None, "tail": anchor}
+    return {"model": model, "direction": "tail" if head is not None else "head",
+            "head": ends["head"], "head_label": predictor.entity_labels.get(ends["head"] or ""),
+            "relation": relation, "relation_label": predictor.relation_labels.get(relation),
+            "tail": ends["tail"], "tail_label": predictor.entity_labels.get(ends["tail"] or ""),
+            "k": k, "exclude_known": exclude_known, "predictions": predictor.labelled(found)}
 
 
 def load_predictor(registry: ModelRegistry, cache: PredictorCache, model_id: str) -> LinkPredictor:
@@ -67,10 +72,3 @@ def load_predictor(registry: ModelRegistry, cache: PredictorCache, model_id: str
         return cache.get(record, registry.bundle_path(record))
     except (BundleError, FileNotFoundError) as exc:
         raise HTTPException(500, f"model {model_id} is registered but its bundle cannot be read: {exc}") from None
-
-
-def relation_label(predictor: LinkPredictor, relation: str) -> str | None:
-    label = predictor.relation_labels.get(relation)
-    if isinstance(label, dict):  # {"label": ..., "description": ...} as in CoDEx's relations.en.json
-        label = label.get("label")
-    return label if isinstance(label, str) else None

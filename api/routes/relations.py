@@ -10,7 +10,7 @@ from starlette.concurrency import run_in_threadpool
 from ..deps import CacheDep, ModelId, PredictSlotsDep, RegistryDep
 from ..errors import NOT_FOUND
 from ..schemas import RelationPage
-from .predict import load_predictor, relation_label
+from .predict import load_predictor
 
 router = APIRouter(prefix="/models", tags=["models"])
 
@@ -27,5 +27,5 @@ async def list_relations(model_id: ModelId, registry: RegistryDep, cache: CacheD
     finally:
         slots.release()
     names = predictor.relations.names
-    items = [{"id": name, "label": relation_label(predictor, name)} for name in names[offset:offset + limit]]
+    items = [{"id": name, "label": predictor.relation_labels.get(name)} for name in names[offset:offset + limit]]
     return {"total": len(names), "items": items, "limit": limit, "offset": offset}
