@@ -12,7 +12,7 @@ from typing import IO, Any
 import httpx
 
 Progress = Callable[[dict[str, Any]], None]
-FILES = ("train", "valid", "test", "relation_labels")  # the upload fields of POST /jobs
+FILES = ("train", "valid", "test", "entity_labels", "relation_labels")  # the upload fields of POST /jobs
 Source = str | PathLike | IO[bytes]  # a path, or a file opened in binary mode (its name, if any, is sent)
 
 
@@ -98,12 +98,13 @@ class Client:
         raise TimeoutError(f"the service at {self.http.base_url} was not ready within {timeout:.0f} s")
 
     def submit_job(self, train: Source, *, valid: Source | None = None, test: Source | None = None,
-                   relation_labels: Source | None = None, params: Mapping[str, object] | None = None,
-                   files: Mapping[str, Source] | None = None) -> str:
-        """Upload triple files (and a relations JSON) and queue a training job (with `max_bytes` in `params`, a
+                   entity_labels: Source | None = None, relation_labels: Source | None = None,
+                   params: Mapping[str, object] | None = None, files: Mapping[str, Source] | None = None) -> str:
+        """Upload triple files (and label files) and queue a training job (with `max_bytes` in `params`, a
         compress job); `params` are `earl train`'s options by their form names (dim, steps, batch_size, ...);
         `files`, more upload fields by name. Each file is a path or an open binary file. Returns the job id."""
-        sources = {**dict(zip(FILES, (train, valid, test, relation_labels), strict=True)), **(files or {})}
+        named = (train, valid, test, entity_labels, relation_labels)
+        sources = {**dict(zip(FILES, named, strict=True)), **(files or {})}
         data = {name: _form_value(value) for name, value in (params or {}).items()}
         with ExitStack() as opened:  # open files, not their bytes: httpx streams them, a large upload never in memory
             uploads = {field: opened.enter_context(_upload(source, field))

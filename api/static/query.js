@@ -26,7 +26,7 @@ function entityCombobox(getModel) {
   };
   const choose = (item) => {
     input.value = item.id;
-    input.dataset.label = item.label || "";
+    help.textContent = item.label ? `${item.label} (${item.id})` : item.id;
     close();
   };
   const highlight = (index) => {
@@ -145,8 +145,9 @@ export async function renderQuery(main, { query }) {
 }
 
 function answerTable(body, fresh, side) {
-  const asked = side === "head" ? `(${body.head}, ${body.relation_label || body.relation}, ?)`
-    : `(?, ${body.relation_label || body.relation}, ${body.tail})`;
+  const relation = body.relation_label || body.relation;
+  const asked = side === "head" ? `(${body.head_label || body.head}, ${relation}, ?)`
+    : `(?, ${relation}, ${body.tail_label || body.tail})`;
   return h("div", { class: "scroll" }, h("table", { id: "predictions" },
     h("caption", {}, `Top ${body.predictions.length} for ${asked}`),
     h("thead", {}, h("tr", {}, ["#", "entity", "label", "score", "known"].map((c) => h("th", { scope: "col" }, c)))),

@@ -17,7 +17,8 @@ const FILE_HELP = {
   train: "required: one head, relation, tail per line (.txt/.tsv/.csv, optionally .gz)",
   valid: "optional: picks the best checkpoint; needed for a compress job",
   test: "optional: final test metrics",
-  relation_labels: "optional: JSON {\"P27\": \"country of citizenship\"}",
+  entity_labels: "optional: id<TAB>label lines (entities.tsv) or a JSON object",
+  relation_labels: "optional: id<TAB>label lines or JSON {\"P27\": \"country of citizenship\"}",
 };
 
 let schemaCache = null;

@@ -57,7 +57,9 @@ def client(service):
 
 def test_job_from_paths_to_predictions_and_a_verified_download(client, tmp_path):
     data = codex_s_path()
-    job_id = client.submit_job(data / "train.txt", valid=data / "valid.txt",
+    entity_labels = tmp_path / "entities.tsv"
+    entity_labels.write_text("Q7604\tLeonhard Euler\nQ188\tGerman\n")
+    job_id = client.submit_job(data / "train.txt", valid=data / "valid.txt", entity_labels=entity_labels,
                                relation_labels=BUNDLED_KG / "relations.en.json",
                                params={**TINY, "no_mulhop": False})
     seen = []
@@ -65,7 +67,7 @@ def test_job_from_paths_to_predictions_and_a_verified_download(client, tmp_path)
     assert job["state"] == "succeeded" and job["progress"]["step"] == 30
     assert seen[-1] == job and all(j["id"] == job_id for j in seen)
     assert job["params"]["dim"] == 16 and job["params"]["no_mulhop"] is False
-    assert set(job["files"]) == {"train", "valid", "relation_labels"}
+    assert set(job["files"]) == {"train", "valid", "entity_labels", "relation_labels"}
 
     model = client.model(job["model_id"])
     tails = client.predict(model["id"], "P1412", head="Q7604", k=10)  # the first line of train.txt
@@ -73,6 +75,7 @@ def test_job_from_paths_to_predictions_and_a_verified_download(client, tmp_path)
     assert tails["direction"] == "tail" and len(tails["predictions"]) == 10
     assert heads["direction"] == "head" and len(heads["predictions"]) == 5
     assert tails["relation_label"] == "languages spoken, written, or signed"
+    assert tails["head_label"] == "Leonhard Euler" and heads["tail_label"] == "German"
 
     path = tmp_path / "model.safetensors"
     assert client.download(model["id"], path) == model["sha256"] == load_bundle(path).sha256
