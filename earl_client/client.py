@@ -100,7 +100,7 @@ class Client:
     def submit_job(self, train: Source, *, valid: Source | None = None, test: Source | None = None,
                    entity_labels: Source | None = None, relation_labels: Source | None = None,
                    params: Mapping[str, object] | None = None, files: Mapping[str, Source] | None = None) -> str:
-        """Upload triple files (and label files) and queue a training job (with `max_bytes` in `params`, a
+        """Upload triple files (and label files: TSV id<TAB>label or JSON) and queue a training job (with `max_bytes` in `params`, a
         compress job); `params` are `earl train`'s options by their form names (dim, steps, batch_size, ...);
         `files`, more upload fields by name. Each file is a path or an open binary file. Returns the job id."""
         named = (train, valid, test, entity_labels, relation_labels)

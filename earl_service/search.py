@@ -73,16 +73,16 @@ class NameSearch:
         key = _key(query)
         if not key:
             return Page(0, [], limit, offset)
-        owners, scores = self._prefix(key)
-        fuzzy_owners, fuzzy_scores = self._fuzzy(key)
-        best = np.full(len(self.vocab), -1.0)
-        np.maximum.at(best, np.concatenate([owners, fuzzy_owners]), np.concatenate([scores, fuzzy_scores]))
-        found = np.flatnonzero(best >= 0)
-        ranked = found[np.lexsort((found, -best[found]))]
+        (owners, scores), (fuzzy_owners, fuzzy_scores) = self._prefix(key), self._fuzzy(key)
+        owners, scores = np.concatenate([owners, fuzzy_owners]), np.concatenate([scores, fuzzy_scores])
+        order = np.lexsort((owners, -scores))  # best first, ties by id order: work in the matches, not the vocabulary
+        owners, scores = owners[order], scores[order]
+        first = np.sort(np.unique(owners, return_index=True)[1])  # each entity at its best (id and label may match)
         names = self.vocab.names
-        items = [Match(names[i], self.labels.get(names[i]), round(float(best[i]), 4))
-                 for i in ranked[offset:offset + limit].tolist()]
-        return Page(len(ranked), items, limit, offset)
+        items = [Match(names[i], self.labels.get(names[i]), round(s, 4))
+                 for i, s in zip(owners[first[offset:offset + limit]].tolist(),
+                                 scores[first[offset:offset + limit]].tolist(), strict=True)]
+        return Page(len(first), items, limit, offset)
 
     def resolve(self, name: str) -> int:
         """The id of `name`: an id as is, else the one entity whose label is `name` (case-sensitive first, then
@@ -161,7 +161,11 @@ def _codes(strings: list[str]) -> tuple[np.ndarray, np.ndarray]:
 def _index(keys: list[str]) -> _Trigrams:
     """The trigram index of the sorted strings: distinct (string, trigram) pairs grouped by trigram."""
     codes, string = _codes(keys)
-    pairs = np.unique(np.stack([codes, string.astype(np.uint64)], axis=1), axis=0)  # sorted by code, then string
-    distinct, starts = np.unique(pairs[:, 0], return_index=True)
-    sizes = np.bincount(pairs[:, 1].astype(np.int64), minlength=len(keys)).astype(np.int32)
-    return _Trigrams(distinct, np.append(starts, len(pairs)).astype(np.int64), pairs[:, 1].astype(np.int32), sizes)
+    order = np.argsort(codes, kind="stable")  # by code, then string (_codes lists the strings in order)
+    codes, string = codes[order], string[order]
+    distinct_pair = np.ones(len(codes), dtype=bool)
+    distinct_pair[1:] = (codes[1:] != codes[:-1]) | (string[1:] != string[:-1])  # a trigram twice in one string
+    codes, string = codes[distinct_pair], string[distinct_pair]
+    distinct, starts = np.unique(codes, return_index=True)
+    sizes = np.bincount(string, minlength=len(keys)).astype(np.int32)
+    return _Trigrams(distinct, np.append(starts, len(codes)).astype(np.int64), string.astype(np.int32), sizes)
