@@ -188,7 +188,9 @@ def bundle_info(path: str) -> dict:
     return {"path": str(path), "bytes": b.num_bytes, "precision": b.precision, "sha256": b.sha256,
             "trainable_parameters": b.trainable_parameters, "entities": len(b.entities),
             "relations": len(b.relations), "triples": len(b.triples), "model": b.config.model,
-            "dim": b.config.dim, "weights_coding": b.coding, "metrics": shown_metrics(b.metrics)}
+            "dim": b.config.dim, "weights_coding": b.coding,
+            "labels": {"entities": len(b.entity_labels), "relations": len(b.relation_labels)},
+            "metrics": shown_metrics(b.metrics)}
 
 
 def cmd_info(a: argparse.Namespace) -> int:

@@ -19,7 +19,7 @@ from earl_service.bundle_format import (
     read_safetensors,
     write_safetensors,
 )
-from earl_service.cli import main
+from earl_service.cli import bundle_info, main
 from earl_service.config import ModelConfig
 from earl_service.data import load_dataset
 from earl_service.errors import BundleError, LabelFileError
@@ -123,6 +123,7 @@ def test_no_labels_leaves_them_out_and_saves_their_bytes(kg, tmp_path):
     blobs = with_labels[1]["labels.entities"].nbytes + with_labels[1]["labels.relations"].nbytes
     assert with_labels[2] - without[2] >= blobs  # the blobs plus their header entries
     assert load_bundle(tmp_path / "with" / "bundle.safetensors").entity_labels["a"] == "Alpha"
+    assert bundle_info(str(tmp_path / "with" / "bundle.safetensors"))["labels"] == {"entities": 3, "relations": 2}
 
 
 @pytest.mark.parametrize("precision", ["fp32", "int8"])
