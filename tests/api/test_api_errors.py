@@ -25,7 +25,7 @@ def test_the_openapi_schema_documents_each_404(client):
                           ("DELETE", "/models/{model_id}"), ("GET", "/models/{model_id}/bundle"),
                           ("GET", "/models/{model_id}/versions"), ("POST", "/models/{model_id}/triples"),
                           ("GET", "/models/{model_id}/report"), ("GET", "/models/{model_id}/frontier.png"),
-                          ("GET", "/predict")}
+                          ("GET", "/models/{model_id}/entities"), ("GET", "/predict")}
 
 
 @pytest.mark.parametrize(("method", "path", "kind"), [
