@@ -157,13 +157,23 @@ def test_quantized_exports_share_one_training(tiny_job):
     assert all(not (out / "candidates" / name / "export-fp16.safetensors").exists() for name in by_candidate)
 
 
-def test_successive_halving_keeps_the_best_half(tiny_job):
+def test_successive_halving_keeps_the_best_half_and_each_models_best(tiny_job):
     _, report, _ = tiny_job
-    rungs = report["rungs"]
-    assert [len(r["survivors"]) for r in rungs] == compress_module.rung_sizes(len(report["candidates"]), 2)
-    for before, after in zip(rungs, rungs[1:], strict=False):
+    rungs, models = report["rungs"], {u["name"]: u["model"] for u in report["candidates"]}
+    sizes = compress_module.rung_sizes(len(report["candidates"]), 2)
+    assert len(rungs) == len(sizes)
+    for before, after, keep in zip(rungs, rungs[1:], sizes[1:], strict=False):
         ranked = sorted(before["scores"], key=lambda n: -before["scores"][n])
-        assert after["survivors"] == ranked[: len(after["survivors"])]
+        assert after["survivors"] == compress_module.survivors(ranked, keep, models.__getitem__)
+        assert len(after["survivors"]) == max(keep, len({models[n] for n in ranked}))
+
+
+def test_survivors_keep_each_models_leader_however_it_ranks():
+    ranked = ["earl-a", "earl-b", "earl-c", "rotate-a", "rotate-b"]  # every EARL ahead of every RotatE
+    model = lambda name: name.split("-")[0]  # noqa: E731
+    assert compress_module.survivors(ranked, 3, model) == ["earl-a", "earl-b", "rotate-a"]
+    assert compress_module.survivors(ranked, 1, model) == ["earl-a", "rotate-a"]
+    assert compress_module.survivors(ranked[:3], 2, model) == ["earl-a", "earl-b"]
 
 
 def test_a_killed_job_continues_after_its_last_completed_rung(tmp_path, monkeypatch):
