@@ -151,6 +151,16 @@ class TrainConfig:
     negatives: int = setting(256, "negatives per side (this many head and this many tail corruptions)",
                              bounds={"ge": 1}, limits={"le": 4096})
     lr: float = setting(1e-3, "Adam learning rate", bounds={"gt": 0.0}, limits={"le": 1.0})
+    lr_schedule: str = setting("constant", "the rate over the budget (--steps or --time-limit, whichever ends "
+                                           "first): constant, or warm-up then cosine or linear decay to --lr-floor",
+                               choices=("constant", "cosine", "linear"))
+    warmup: float = setting(0.0, "fraction of the budget spent warming the rate up from 0 (decaying schedules)",
+                            bounds={"ge": 0.0, "le": 1.0})
+    lr_floor: float = setting(0.0, "the decayed rate at the end of the budget, as a fraction of --lr",
+                              bounds={"ge": 0.0, "le": 1.0})
+    encoder_lr: float = setting(0.0, "Adam rate of EARL's shared encoder weights (0: --lr); --lr then applies "
+                                     "to the tables (reserved entities, relations)", bounds={"ge": 0.0},
+                                limits={"le": 1.0})
     adversarial_temperature: float = setting(1.0, "self-adversarial temperature alpha", option="temperature",
                                              bounds={"ge": 0.0}, cli_only=True)
     eval_every: int = setting(100, "steps between validations (0: no validation during training)",

@@ -31,6 +31,7 @@ from .memory import MemoryUse, peak_rss_mb, reset_peak_rss
 from .model import EARL, RotatE, build_model, trainable_parameters
 from .run_outputs import BUNDLE, write_run_outputs
 from .sampling import NeighborIndex, embed_all
+from .schedule import build_optimizer, set_lr
 from .train_state import TrainState
 
 log = logging.getLogger(__name__)
@@ -371,7 +372,7 @@ def train(
     ranks = Ranks.current(device)
     _check_sampled(cfg, model_config)
     run, memory = _build(dataset, model_config, cfg, device)
-    optimizer = torch.optim.Adam(run.model.parameters(), lr=cfg.lr)
+    optimizer = build_optimizer(run.model, cfg)
     state = TrainState.start(cfg.seed)
     checkpoints = Checkpointer(out, run.model, optimizer, state, writes=ranks.is_main,
                                configs={"model_config": model_config.to_dict(), "train_config": cfg.to_dict()})
@@ -419,9 +420,13 @@ def _loop(
         if (reason := stop.before_step(time.perf_counter() - start)) is not None:
             state.stopped = reason
             break
+        # A time-based schedule reads the clock: rank 0's reading, so that DDP ranks keep identical weights.
+        timed = cfg.time_limit_minutes and cfg.lr_schedule != "constant"
+        clock = learner.ranks.main_value(time.perf_counter() - start) if timed else 0.0
+        factor = set_lr(learner.optimizer, cfg, state.step, clock)
         t0 = time.perf_counter()
         loss = train_step(learner, state)
-        state.record_step(loss, time.perf_counter() - t0, time.perf_counter() - start)
+        state.record_step(loss, time.perf_counter() - t0, time.perf_counter() - start, lr_factor=factor)
         validates = learner.ranks.is_main and _due(state.step, stop.eval_every)
         if validates and not validate(learner, state, checkpoints, start=start):
             state.bad_evals += 1

@@ -25,7 +25,8 @@ CHANGED = {"model": "rotate", "dim": "32", "reserved_ratio": "0.2", "k": "5", "l
            "epsilon": "1.5", "no_reserved": "true", "no_conrel": "true", "no_knn": "true", "no_conrel_knn": "true",
            "no_mulhop": "true", "seed": "7", "steps": "50", "batch_size": "64", "negatives": "8", "lr": "0.01",
            "eval_every": "5", "patience": "3", "time_limit": "2.5", "sampled": "true", "fanout": "5,all",
-           "negative_chunk": "16"}
+           "negative_chunk": "16", "lr_schedule": "cosine", "warmup": "0.1", "lr_floor": "0.05",
+           "encoder_lr": "0.0005"}
 
 
 def cli_configs(*args):
