@@ -139,6 +139,11 @@ class BundleSizes:
         return _largest(lambda dim: self.bytes(model, dim, f"pq:{codes_for(dim, numbers_per_code)}") <= max_bytes,
                         step=step)
 
+    def max_pq_codes_dim(self, model: ModelKind, codes: int, max_bytes: int) -> int | None:
+        """The largest dim whose bundle at pq:`codes` fits in `max_bytes` (dims where `codes` divides 2 * dim)."""
+        step = codes // math.gcd(codes, 2)
+        return _largest(lambda dim: self.bytes(model, dim, f"pq:{codes}") <= max_bytes, step=step)
+
 
 def _largest(fits: Callable[[int], bool], *, step: int) -> int | None:
     """The largest multiple of `step` from MIN_DIM up for which `fits` holds (None if none does), `fits` being
