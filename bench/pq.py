@@ -13,6 +13,7 @@ sizes up to a million) for the docs' question whether an index over the codes wo
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from pathlib import Path
@@ -37,12 +38,13 @@ ROTATE_DIMS = (50, 100, 200, 500)
 NUMBERS_PER_CODE = (2, 4, 8, 16)  # floats per code byte: pq:M with M = 2 * dim / this
 
 
-def trained(ds, config: ModelConfig, minutes: float, threads: int, out: Path) -> float:
-    """Train `config` for `minutes` into `out` unless a run is already there; its training seconds."""
+def trained(ds, config: ModelConfig, minutes: float, threads: int, out: Path) -> dict:
+    """Train `config` for `minutes` into `out` unless a run is already there; its steps and training seconds."""
     if not (out / BUNDLE).exists():
         train(ds, config, TrainConfig(time_limit_minutes=minutes, progress=False, threads=threads), out,
               final_eval=False)
-    return float(load_bundle(out / BUNDLE).metrics.get("train_seconds") or minutes * 60)
+    metrics = json.loads((out / "metrics.json").read_text())
+    return {"train_steps": metrics.get("steps"), "train_seconds": metrics.get("train_seconds")}
 
 
 def exports(ds, sizes: BundleSizes, config: ModelConfig, out: Path, ft: FineTune) -> list[dict]:
@@ -114,15 +116,19 @@ def markdown(name: str, minutes: float, rows: list[dict], index: list[dict], goa
                f"{' fine-tuned' if best['fine_tuned'] else ''}, {best['bytes']:,} bytes, test MRR {best['test_mrr']:.4f}"
                + (f" (goal {target}: met)" if best["test_mrr"] >= target else
                   f" (goal {target}: missed by {target - best['test_mrr']:.4f})"))
-    table = md_table(["model", "dim", "precision", "floats/code", "fine-tuned", "bytes", "test MRR", "test hits@10"],
-                     [[r["model"], r["dim"], r["precision"], r.get("numbers_per_code"), "yes" if r["fine_tuned"] else "",
-                       f"{r['bytes']:,}", r["test_mrr"], r["test_hits_at_10"]]
+    table = md_table(["model", "dim", "train steps", "precision", "floats/code", "fine-tuned (steps)", "bytes",
+                      "test MRR", "test hits@10"],
+                     [[r["model"], r["dim"], r.get("train_steps"), r["precision"], r.get("numbers_per_code"),
+                       f"yes ({r['fine_tune_steps']})" if r["fine_tuned"] else "", f"{r['bytes']:,}", r["test_mrr"],
+                       r["test_hits_at_10"]]
                       for r in sorted(rows, key=lambda r: (r["model"], r["dim"], r["bytes"], r["fine_tuned"]))])
     idx = md_table(["rows", "width", "codes", "exact ms/query", "IndexPQ ms/query", "top-10 agreement"],
                    [[f"{r['rows']:,}", r["width"], r["codes"], r["exact_ms"], r["indexpq_ms"], r["top10_agreement"]]
                     for r in index])
     return (f"# Codebook compression (pq) on {name}\n\n"
-            f"Every model trained once for {minutes:g} minutes (one core: `taskset -c 1`, torch threads 1), then "
+            f"Every model trained once for {minutes:g} minutes (one core: `taskset -c 1`, torch and faiss threads 1; "
+            "the core was shared with other sessions' test runs, so the step counts below are what each run "
+            "got), then "
             "exported at every precision from the same weights; pq exports post-hoc (faiss ProductQuantizer, "
             "codes against fp16 centroids) and again after codebook fine-tuning (codes fixed, centroids trained "
             "with the training loss). Bytes are the whole bundle file (graph, vocabularies, padded metrics), "
@@ -181,9 +187,9 @@ def main() -> int:
     rows: list[dict] = []
     for config in configs:
         out = a.runs / a.dataset / f"{config.model}-d{config.dim}-{minutes:g}min"
-        seconds = trained(ds, config, minutes, a.threads, out)
+        training = trained(ds, config, minutes, a.threads, out)
         for row in exports(ds, sizes, config, out, FineTune(a.ft_steps, a.ft_seconds)):
-            rows.append({**row, "train_seconds": seconds})
+            rows.append({**row, **training})
     index = index_timing(200, 50, a.index_rows or (len(ds.entities), 100_000, 1_000_000))
     data = {"dataset": a.dataset, "minutes": minutes, "rows": rows, "index": index, "goal": setting["goal"],
             "fine_tune": {"steps": a.ft_steps, "seconds": a.ft_seconds}}
