@@ -120,7 +120,9 @@ class CompressConfig:
         if not self.time_limit_minutes > 0:
             raise ConfigError(f"the time limit must be positive, not {self.time_limit_minutes} minutes")
         for kind, names, known in (("model", self.models, MODELS), ("precision", self.precisions, SEARCHED)):
-            unknown = [n for n in names if n not in known and not _pq_codes(n)] or ([] if names else ["(none given)"])
+            pq_ok = kind == "precision"
+            unknown = ([n for n in names if n not in known and not (pq_ok and _pq_codes(n))]
+                       or ([] if names else ["(none given)"]))
             if unknown:
                 choices = ", ".join(known) + (", pq:M (M one-byte codes per row)" if kind == "precision" else "")
                 raise ConfigError(f"unknown {kind} {', '.join(map(repr, unknown))}; choose from {choices}")
