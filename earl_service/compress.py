@@ -99,6 +99,8 @@ def plan_candidates(sizes: BundleSizes, config: CompressConfig) -> list[dict[str
         for dim in sorted(dims, reverse=True):
             wanted = uniform + pq_precisions(sizes, config, model, dim)
             fitting = {p: b for p in wanted if (b := sizes.bytes(model, dim, p)) <= config.max_bytes}
+            if not fitting:  # half a pq:M dim that M does not divide, or where M codes nothing
+                continue
             units.append({"name": f"{model}-d{dim}", "model": model, "dim": dim, "bytes": fitting,
                           "config": sizes.config(model, dim).to_dict()})
     if not units:
