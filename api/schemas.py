@@ -22,7 +22,7 @@ class CompressForm(BaseModel):
     models: str | None = Field(None, max_length=200, description="compress job: comma-separated models to "
                                                                   "search, e.g. earl,rotate (default: all)")
     precisions: str | None = Field(None, max_length=200, description="compress job: comma-separated precisions "
-                                                                      "to export, e.g. fp32,fp16,int8 (default: all)")
+                                                                      "to export, e.g. fp32,fp16,int8,pq or pq:50 (default: all)")
     metric: Literal[tuple(METRICS)] | None = Field(  # type: ignore[valid-type]
         None, description="compress job: the validation metric that picks (default: mrr)")
 

@@ -244,12 +244,26 @@ def add_evaluate_command(sub) -> None:
     p.set_defaults(func=cmd_evaluate)
 
 
+def _precision(text: str) -> str:
+    """A precision argument: one of PRECISIONS, pq or pq:M."""
+    from .pq_format import parse_pq
+
+    try:
+        if text in PRECISIONS or parse_pq(text) is not None:
+            return text
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from exc
+    raise argparse.ArgumentTypeError(f"choose from {', '.join(PRECISIONS)}, pq or pq:M, not {text!r}")
+
+
 def add_bundle_commands(sub) -> None:
     """`earl export`, `earl info` and `earl extend`: a bundle out of a run, described, or grown."""
     p = sub.add_parser("export", help="re-export a trained run's bundle (optionally at lower precision)")
     p.add_argument("run_dir")
     p.add_argument("--out", required=True)
-    p.add_argument("--precision", choices=PRECISIONS, default="fp32", help="(default: %(default)s)")
+    p.add_argument("--precision", type=_precision, default="fp32",
+                   help=f"{', '.join(PRECISIONS)}, pq (M chosen: 4 floats a code byte) or pq:M (M one-byte codes per "
+                        "row of the entity tables; faiss codebooks) (default: %(default)s)")
     _add_coding_option(p)
     p.set_defaults(func=cmd_export)
 

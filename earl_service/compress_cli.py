@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from .bundle_format import PRECISIONS
+from .compress_config import SEARCHED
 from .config import MODELS
 
 
@@ -24,7 +24,9 @@ def add_compress_command(sub) -> None:
     p.add_argument("--time-limit", type=float, required=True, metavar="MINUTES",
                    help="minutes for the search (training, validation, exports; the final test evaluation comes after)")
     p.add_argument("--models", default=",".join(MODELS), help=f"comma-separated, from {', '.join(MODELS)}")
-    p.add_argument("--precisions", default=",".join(PRECISIONS), help=f"comma-separated, from {', '.join(PRECISIONS)}")
+    p.add_argument("--precisions", default=",".join(SEARCHED),
+                   help=f"comma-separated, from {', '.join(SEARCHED)} (pq: each code size that fits) or pq:M "
+                        "(M one-byte codes per row)")
     p.add_argument("--metric", default="mrr", help="validation metric that picks: mrr or hits@10")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default="auto", help="auto | cpu | cuda")

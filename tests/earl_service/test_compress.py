@@ -299,3 +299,58 @@ def test_candidates_only_hold_precisions_that_fit():
     rotate_dims = sorted(u["dim"] for u in units if u["model"] == "rotate")
     assert rotate_dims[-1] == sizes.max_dim("rotate", "int8", config.max_bytes)
     assert np.all(np.diff(rotate_dims) > 0)
+
+
+# ---------------------------------------------------------------- pq candidates (codebooks)
+
+
+def test_pq_candidates_buy_dims_that_int8_cannot_afford():
+    sizes = BundleSizes(load_dataset(codex_s_path()))
+    config = CompressConfig(max_bytes=100_000, time_limit_minutes=1, models=("rotate",), precisions=("int8", "pq"))
+    units = compress_module.plan_candidates(sizes, config)
+    int8_dim = sizes.max_dim("rotate", "int8", config.max_bytes)
+    pq_dims = [u["dim"] for u in units if any(p.startswith("pq:") for p in u["bytes"])]
+    assert pq_dims and max(pq_dims) > 2 * int8_dim
+    for unit in units:
+        for precision, size in unit["bytes"].items():
+            assert size == sizes.bytes("rotate", unit["dim"], precision) <= config.max_bytes
+            if precision.startswith("pq:"):
+                assert sizes.pq_codes("rotate", unit["dim"], precision) == 1
+    fixed = CompressConfig(max_bytes=100_000, time_limit_minutes=1, models=("rotate",), precisions=("pq:16",))
+    assert all(set(u["bytes"]) == {"pq:16"} for u in compress_module.plan_candidates(sizes, fixed))
+    with pytest.raises(ConfigError, match="pq:M"):
+        CompressConfig(max_bytes=100_000, time_limit_minutes=1, precisions=("pq:0",))
+
+
+def test_a_killed_job_with_pq_candidates_continues(tmp_path, monkeypatch):
+    dataset = load_dataset(codex_s_path())
+    config = CompressConfig(max_bytes=100_000, time_limit_minutes=0.3, models=("rotate",), precisions=("int8", "pq"))
+
+    class Killed(Exception):
+        pass
+
+    def kill_in_rung_1(progress):
+        if progress["rung"] == 1 and progress["stage"] == "train":
+            raise Killed
+
+    with pytest.raises(Killed):
+        compress(dataset, tmp_path, config, train_config=TINY, on_progress=kill_in_rung_1)
+    before = json.loads((tmp_path / STATE).read_text())
+    first = before["rungs"][0]["results"]
+    assert any(p.startswith("pq:") for r in first.values() for p in r["exports"])
+    assert all("fine_tune_steps" in v for r in first.values() for p, v in r["exports"].items() if p.startswith("pq:"))
+    trained = []
+    real_train = compress_module.train
+
+    def spy(dataset, model_config, train_config, out_dir, **kwargs):
+        trained.append(Path(out_dir).name)
+        return real_train(dataset, model_config, train_config, out_dir, **kwargs)
+
+    monkeypatch.setattr(compress_module, "train", spy)
+    report = compress(dataset, tmp_path, config, train_config=TINY)
+    assert trained == [name for rung in report["rungs"][1:] for name in rung["survivors"]]
+    assert report["rungs"][0]["scores"] == {n: r["score"] for n, r in first.items()}
+    pick = report["pick"]
+    assert (tmp_path / PICK).stat().st_size == pick["bytes"] <= config.max_bytes
+    assert load_bundle(tmp_path / PICK).precision == pick["precision"]
+    assert any(r["precision"].startswith("pq:") for r in report["exports"])  # the report lists them
