@@ -104,7 +104,7 @@ def predictions_table(found: dict[str, Any]) -> str:
 
 def _cell(value: Any) -> str:
     if isinstance(value, float):
-        return f"{value:.4f}"
+        return f"{value:.6g}"  # a rank of 4.0 reads "4", a score "0.572032"
     return "" if value is None else str(value)
 
 

@@ -65,7 +65,7 @@ def test_the_table_shows_every_field_the_predictor_gives():
     lines = predictions_table(found).splitlines()
     assert lines[0] == "heads of (?, P27 (citizenship), Q1)"
     assert lines[1].split() == ["rank", "entity", "score", "label"]
-    assert lines[2].split() == ["1", "Q2", "1.5000", "Two"] and lines[3].split() == ["2", "Q30", "1.2500"]
+    assert lines[2].split() == ["1", "Q2", "1.5", "Two"] and lines[3].split() == ["2", "Q30", "1.25"]
 
 
 def test_score_equals_the_library(codex_bundle, reference, query, capsys):
