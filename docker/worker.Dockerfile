@@ -16,8 +16,8 @@ RUN pip install --no-cache-dir torch==2.13.0
 COPY pyproject.toml ./
 COPY earl_service ./earl_service
 # Not `.[serve]`: that extra brings faiss-cpu, and faiss-gpu must replace it, never sit beside it.
-# The worker needs only the library, the Redis client and FAISS.
-RUN pip install --no-cache-dir . "redis>=5.0" "faiss-gpu-cu12>=1.11"
+# The worker needs only the library with its train extra, the Redis client and FAISS.
+RUN pip install --no-cache-dir ".[train]" "redis>=5.0" "faiss-gpu-cu12>=1.11"
 
 ENV EARL_HOME=/data \
     PYTHONUNBUFFERED=1

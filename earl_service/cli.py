@@ -1,4 +1,4 @@
-"""The `earl` command: train, evaluate, export, info, extend, worker and serve."""
+"""The `earl` command: train, evaluate, export, info, extend, predict, score, compress, worker and serve."""
 
 from __future__ import annotations
 
@@ -9,14 +9,17 @@ import os
 import sys
 from pathlib import Path
 
+from .answers_cli import add_answer_commands, cmd_export_tables
 from .bundle_format import PRECISIONS
 from .compress_cli import add_compress_command
 from .config import ModelConfig, TrainConfig
 from .errors import ConfigError, EarlError
 from .options import add_train_options, configs_from_options
+from .tables import FORMATS as TABLE_FORMATS
 
 COMMANDS_GROUP = "earl.commands"  # entry points: callables that add a subcommand (`earl serve`, from api/serve.py)
 
+TRAIN_MODULES = ("torch", "tqdm", "matplotlib", "ninja")  # the [train] extra: absent from an edge install
 LAUNCHER_OPTIONS = ("--nproc-per-node", "--nnodes", "--rdzv-endpoint", "--rdzv-backend", "--rdzv-id", "--node-rank")
 
 
@@ -169,11 +172,14 @@ def cmd_evaluate(a: argparse.Namespace) -> int:
     from .train import load_run
 
     run = load_run(a.run_dir, load_dataset(a.data), device=a.device)
-    print(json.dumps(run.evaluate(a.split, a.protocol, batch_size=a.batch_size), indent=2))
+    print(json.dumps(run.evaluate(a.split, a.protocol, batch_size=a.batch_size, per_relation=a.per_relation),
+                     indent=2))
     return 0
 
 
 def cmd_export(a: argparse.Namespace) -> int:
+    if a.format != "safetensors":
+        return cmd_export_tables(a)
     from .bundle import export_bundle
 
     path = export_bundle(a.run_dir, a.out, precision=a.precision, coding=a.coding)
@@ -241,6 +247,7 @@ def add_evaluate_command(sub) -> None:
     p.add_argument("--protocol", choices=["seen", "all"], default="seen", help="(default: %(default)s)")
     p.add_argument("--batch-size", type=int, default=TrainConfig.eval_batch_size, help="(default: %(default)s)")
     p.add_argument("--device", default=TrainConfig.device, help="auto | cpu | cuda | cuda:N (default: %(default)s)")
+    p.add_argument("--per-relation", action="store_true", help="add MRR / Hits@k of each relation ('per_relation')")
     p.set_defaults(func=cmd_evaluate)
 
 
@@ -258,9 +265,13 @@ def _precision(text: str) -> str:
 
 def add_bundle_commands(sub) -> None:
     """`earl export`, `earl info` and `earl extend`: a bundle out of a run, described, or grown."""
-    p = sub.add_parser("export", help="re-export a trained run's bundle (optionally at lower precision)")
-    p.add_argument("run_dir")
-    p.add_argument("--out", required=True)
+    p = sub.add_parser("export", help="re-export a trained run's bundle (optionally at lower precision), or its "
+                                      "rebuilt embeddings as tables (--format npy|tsv|parquet)")
+    p.add_argument("run_dir", help="run directory; with a table --format also a bundle file")
+    p.add_argument("--out", required=True, help="bundle file; with a table --format a directory")
+    p.add_argument("--format", choices=("safetensors", *TABLE_FORMATS), default="safetensors",
+                   help="safetensors: a bundle (default); npy, tsv, parquet: entity embeddings and relation phases "
+                        "with their ids, and meta.json (docs/answers.md)")
     p.add_argument("--precision", type=_precision, default="fp32",
                    help=f"{', '.join(PRECISIONS)}, pq (M chosen: 4 floats a code byte) or pq:M (M one-byte codes per "
                         "row of the entity tables; faiss codebooks) (default: %(default)s)")
@@ -288,6 +299,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_train_command(sub)
     add_evaluate_command(sub)
     add_bundle_commands(sub)
+    add_answer_commands(sub)
     add_compress_command(sub)
     add_worker_command(sub)
     if not add_plugin_commands(sub):
@@ -379,6 +391,12 @@ def main(argv: list[str] | None = None) -> int:
         return args.func(args)
     except (EarlError, ValueError, FileNotFoundError) as exc:
         print(f"earl: error: {exc}", file=sys.stderr)
+        return 2
+    except ModuleNotFoundError as exc:
+        if exc.name not in TRAIN_MODULES:
+            raise
+        print(f"earl: error: `earl {args.command}` needs {exc.name}, which the edge install leaves out: "
+              "pip install 'earl-service[train]' (torch first: docs/answers.md#edge-install)", file=sys.stderr)
         return 2
 
 

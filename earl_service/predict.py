@@ -136,6 +136,41 @@ class LinkPredictor:
                           ) -> list[Prediction]:
         return self._predict("head", tail, relation, k, exclude_known, exact=True)
 
+    def answer(self, relation: str, *, head: str | None = None, tail: str | None = None, k: int = 10,
+               exclude_known: bool = True) -> dict[str, Any]:
+        """One query as plain JSON (GET and POST /predict, `earl predict`): exactly one of `head` (top-k tails) or
+        `tail` (top-k heads); the query, the relation's label and `predictions` [{"entity", "score"}, ...]."""
+        side: Side = "tail" if head is not None else "head"
+        anchor = head if tail is None else tail
+        if anchor is None or (head is not None and tail is not None):
+            raise ConfigError("give exactly one of head (to predict tails) or tail (to predict heads)")
+        found = self._predict(side, anchor, relation, k, exclude_known, exact=False)
+        return {"direction": side, "head": head, "relation": relation,
+                "relation_label": self.relation_label(relation), "tail": tail, "k": k,
+                "exclude_known": exclude_known, "predictions": [{"entity": e, "score": s} for e, s in found]}
+
+    def score(self, head: str, relation: str, tail: str) -> dict[str, Any]:
+        """RotatE distance and score (gamma - distance) of one triple, whether the graph holds it, and its
+        filtered realistic ranks: `tail_rank` of tail among the tails of (head, relation, ?), `head_rank` of head
+        among the heads of (?, relation, tail), other known answers left out (one exact pass over N each)."""
+        h, r, t = self.entities.id(head), self.relations.id(relation), self.entities.id(tail)
+        tails = self.distances(self.query_vector("tail", h, r))  # (N,) |h o r - e|
+        heads = self.distances(self.query_vector("head", t, r))  # (N,) |conj(r) o t - e|
+        known_tails = self.known.answers("tail", h, r)
+        distance = float(tails[t])
+        return {"head": head, "relation": relation, "relation_label": self.relation_label(relation), "tail": tail,
+                "distance": distance, "score": self.gamma - distance, "known": bool(np.isin(t, known_tails)),
+                "tail_rank": rotate.realistic_rank(tails, t, excluded=known_tails),
+                "head_rank": rotate.realistic_rank(heads, h, excluded=self.known.answers("head", t, r)),
+                "entities": self.num_entities}
+
+    def relation_label(self, relation: str) -> str | None:
+        """The relation's label (a plain string, or "label" of CoDEx's {"label", "description"}), else None."""
+        label = self.relation_labels.get(relation)
+        if isinstance(label, dict):
+            label = label.get("label")
+        return label if isinstance(label, str) else None
+
     def known_answers(self, side: Side, anchor: str, relation: str) -> list[str]:
         """Names of the known tails of (anchor, relation, ?) or heads of (?, relation, anchor)."""
         ids = self.known.answers(side, self.entities.id(anchor), self.relations.id(relation))

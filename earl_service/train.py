@@ -24,7 +24,7 @@ from .core.known import KnownAnswers
 from .data import Dataset, Vocab
 from .distributed import Ranks, wrap
 from .errors import ConfigError, RunError
-from .evaluate import rank_triples, summarize
+from .evaluate import rank_triples, summarize, summarize_per_relation
 from .graph import Graph, build_graph, choose_reserved
 from .kernels import extension_available, rotate_distance
 from .memory import MemoryUse, peak_rss_mb, reset_peak_rss
@@ -194,7 +194,10 @@ class Run:
         return self.model(self.graph_for(protocol))
 
     @torch.no_grad()
-    def evaluate(self, split: str, protocol: str = "seen", *, batch_size: int = 256, limit: int = 0) -> dict:
+    def evaluate(self, split: str, protocol: str = "seen", *, batch_size: int = 256, limit: int = 0,
+                 per_relation: bool = False) -> dict:
+        """Filtered metrics of `split` (both directions pooled, then "tail" and "head"); with `per_relation` also
+        "per_relation": {relation name: metrics of its triples}."""
         triples = self.dataset.split(split)
         if protocol == "seen":
             triples = triples[self.dataset.seen_mask(triples)]
@@ -206,10 +209,14 @@ class Run:
             self.known = KnownAnswers(_all_triples(self.dataset), self.dataset.num_relations)
         self.model.eval()
         entities, relations = self.embed(protocol)
-        result = summarize(rank_triples(entities.float(), relations.float(), self.scorer, triples, self.known,
-                                        batch_size=batch_size))
+        ranks = rank_triples(entities.float(), relations.float(), self.scorer, triples, self.known,
+                             batch_size=batch_size)
         self.model.train()
-        return {**result["both"], "protocol": protocol, "split": split, "tail": result["tail"], "head": result["head"]}
+        result = summarize(ranks)
+        out = {**result["both"], "protocol": protocol, "split": split, "tail": result["tail"], "head": result["head"]}
+        if per_relation:
+            out["per_relation"] = summarize_per_relation(ranks, triples[:, 1], self.dataset.relations.names)
+        return out
 
 
 def _all_triples(dataset: Dataset) -> np.ndarray:
