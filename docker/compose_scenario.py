@@ -28,12 +28,11 @@ REPO = Path(__file__).resolve().parent.parent
 DATA = REPO / "earl_service" / "demo_data" / "codex-s"
 WORKER = "worker-cpu"
 # Tiny: the point is the path through the stack, not the model.
-QUICK_JOB = {"dim": "16", "steps": "40", "batch_size": "256", "negatives": "16", "eval_every": "0",
-             "checkpoint_every": "20"}
+QUICK_JOB = {"dim": "16", "steps": "40", "batch_size": "256", "negatives": "16", "eval_every": "0"}
 # Long enough to be killed mid-run after a few checkpoints.
-LONG_JOB = {"dim": "32", "steps": "1500", "batch_size": "512", "negatives": "64", "eval_every": "0",
-            "checkpoint_every": "50"}
-KILL_AFTER_STEP = 200  # past several checkpoints, so a resume has something to resume from
+LONG_JOB = {"dim": "32", "steps": "1500", "batch_size": "512", "negatives": "64", "eval_every": "0"}
+CHECKPOINT_EVERY = 100  # TrainConfig's default: the API leaves it to the service
+KILL_AFTER_STEP = 250  # past two checkpoints, so a resume has something to resume from
 
 
 class CheckFailed(RuntimeError):
@@ -196,7 +195,7 @@ def kill_and_resume(api: Api, stack: Stack) -> dict[str, Any]:
     logs = subprocess.run(["docker", "logs", worker], capture_output=True, text=True, timeout=60, check=False)
     lines = [line for line in (logs.stdout + logs.stderr).splitlines() if job_id in line and "resum" in line]
     check(job["attempts"] == 2, f"job {job_id} took {job['attempts']} attempts, expected 2")
-    check(bool(resumed_from) and resumed_from % int(LONG_JOB["checkpoint_every"]) == 0,
+    check(bool(resumed_from) and resumed_from % CHECKPOINT_EVERY == 0,
           f"job {job_id} did not resume from a checkpoint: resumed_from={resumed_from}")
     check(bool(lines), "the restarted worker's log has no resume line for the job")
     result = {"job": job_id, "seconds": round(time.monotonic() - started, 1), "step_seen_before_kill": step_at_kill,
@@ -273,7 +272,8 @@ def write_results(results: dict[str, Any], out: Path) -> None:
         *[f"| scenario: {name} | {s[name]['seconds']:.0f} s |" for name in ("quick_job", "kill_and_resume", "restart")],
         "", "| image | size |", "|---|---|", *sizes, "",
         f"Kill and resume: the worker was killed (`docker kill`) once the job reported step {resume['step_seen_before_kill']};"
-        f" started again, it resumed from the checkpoint at step {resume['resumed_from']} (attempt "
+        f" started again ({'by its restart policy' if resume['restarted_by_policy'] else 'docker start'}), it resumed"
+        f" from the checkpoint at step {resume['resumed_from']} (attempt "
         f"{resume['attempts']}) and the job succeeded. Worker log:", "",
         *[f"    {line.strip()}" for line in resume["worker_log"]], "",
         f"Worker image: kernel prebuilt, loads in {s['worker_image']['kernel_load_seconds']} s with no compiler; "

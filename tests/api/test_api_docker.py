@@ -9,7 +9,8 @@ import pytest
 from conftest import REPO
 
 DOCKERFILES = sorted((REPO / "docker").glob("*.Dockerfile"))
-COMPOSE_FILES = [["docker-compose.yml"], ["docker-compose.yml", "docker/compose.test.yml"]]
+COMPOSE_FILES = [["docker-compose.yml", "docker-compose.override.yml"],  # what `docker-compose up` reads
+                 ["docker-compose.yml", "docker/compose.test.yml"]]
 
 
 @pytest.mark.parametrize("files", COMPOSE_FILES, ids=lambda files: "+".join(files))
@@ -46,6 +47,21 @@ def test_dockerfiles_take_a_base_image(dockerfile):
     assert re.search(r"^ARG BASE_IMAGE=\S+", text, re.M)
     assert re.findall(r"^FROM (\S+)", text, re.M) and all(
         base == "${BASE_IMAGE}" for base in re.findall(r"^FROM (\S+)", text, re.M))
+
+
+def test_the_user_stack_publishes_the_api_port_and_the_test_stack_does_not():
+    exe = shutil.which("docker-compose")
+    if exe is None:
+        pytest.skip("docker-compose not installed (apt-get install docker-compose)")
+
+    def config(*files: str) -> str:
+        args = [a for f in files for a in ("-f", str(REPO / f))]
+        return subprocess.run([exe, *args, "config"], cwd=REPO, capture_output=True, text=True, timeout=60,
+                              check=True).stdout
+
+    assert "published: 8000" in config("docker-compose.yml", "docker-compose.override.yml")
+    test = config("docker-compose.yml", "docker/compose.test.yml")
+    assert "published" not in test and test.count("network_mode: host") == 3
 
 
 def _instructions(name: str) -> str:
