@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 DATASETS ?= ../shared/datasets
 
-.PHONY: venv demo test serve fuzz bench-speed bench-bundle bench-extend clean
+.PHONY: venv demo test compose-test serve fuzz bench-speed bench-bundle bench-extend clean
 
 # torch==2.13.0 first: on these machines pip takes the CPU wheel from local disk; any other version
 # (or a bare `torch`) would pull a multi-GB CUDA build. The package itself asks only torch>=2.3, in its train extra.
@@ -26,6 +26,11 @@ test: venv
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 	$(BIN)/python -m pytest tests
+
+# The Docker images built offline and the compose stack run end to end on 127.0.0.1 (docker/compose_test.sh):
+# needs root (apt-get, dockerd), not the venv; prints SKIPPED where dockerd cannot start.
+compose-test:
+	bash docker/compose_test.sh
 
 serve: venv
 	$(BIN)/earl serve

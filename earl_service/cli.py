@@ -372,12 +372,14 @@ def cmd_worker(a: argparse.Namespace) -> int:
 
 
 def _configure_kernels(environ: dict[str, str]) -> None:
-    """EARL_NO_EXTENSION and EARL_EXTENSION_WAIT_S into the kernel's settings (torch loads only if one is set)."""
-    if environ.get("EARL_NO_EXTENSION") or "EARL_EXTENSION_WAIT_S" in environ:
+    """EARL_NO_EXTENSION, EARL_EXTENSION_WAIT_S and EARL_KERNEL_MARCH into the kernel's settings (torch loads only
+    if one is set)."""
+    if environ.get("EARL_NO_EXTENSION") or "EARL_EXTENSION_WAIT_S" in environ or environ.get("EARL_KERNEL_MARCH"):
         from . import kernels
 
         kernels.configure(enabled=not environ.get("EARL_NO_EXTENSION"),
-                          build_wait_s=float(environ.get("EARL_EXTENSION_WAIT_S", kernels.DEFAULT_BUILD_WAIT_S)))
+                          build_wait_s=float(environ.get("EARL_EXTENSION_WAIT_S", kernels.DEFAULT_BUILD_WAIT_S)),
+                          march=environ.get("EARL_KERNEL_MARCH") or "native")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -126,6 +126,18 @@ def test_the_earl_command_reads_the_kernel_settings_from_the_environment(monkeyp
     assert not kernels.extension_available() and kernels._build_wait_s == 7.0
 
 
+def test_kernel_march_is_a_setting_with_its_own_build_folder(monkeypatch):
+    """An image names an older -march than `native` (docker/worker.Dockerfile); each target builds apart."""
+    from earl_service.cli import _configure_kernels
+
+    monkeypatch.setattr(kernels, "_march", kernels._march)
+    native = kernels.build_dir()
+    assert "-march=native" in kernels._cflags()
+    _configure_kernels({"EARL_KERNEL_MARCH": "x86-64-v3"})
+    assert "-march=x86-64-v3" in kernels._cflags() and "-march=native" not in kernels._cflags()
+    assert kernels.build_dir() != native and kernels.build_dir().parent == native.parent
+
+
 def test_importing_the_kernels_reads_no_environment():
     import subprocess
     import sys
