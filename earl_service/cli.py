@@ -144,7 +144,7 @@ def cmd_train(a: argparse.Namespace) -> int:
         dataset = load_dataset(a.data, data=data_config_from_options(vars(a)))
         metrics = train(dataset, model_cfg, train_cfg, a.out, resume=a.resume, final_eval=not a.no_final_eval,
                         protocol=a.protocol, relation_labels=relation_labels(a.data), should_stop=stop.is_set,
-                        on_progress=_progress_writer(a.progress_file))
+                        on_progress=_progress_writer(a.progress_file), command=["earl", *a.argv])
     finally:
         if distributed:
             import torch.distributed as dist

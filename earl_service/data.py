@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import bisect
 import difflib
+import hashlib
 import logging
 import os
 from collections import Counter
@@ -24,6 +25,7 @@ from .errors import (
     UnknownEntityError,
     UnknownRelationError,
 )
+from .provenance import file_sha256
 from .readers import Batch, ReadReport, Triple
 from .readers.report import row_error
 
@@ -382,9 +384,16 @@ class Dataset:
         triples = np.asarray(triples)
         return (triples[:, 0] < self.num_train_entities) & (triples[:, 2] < self.num_train_entities)
 
+    def vocab_signature(self) -> dict[str, Any]:
+        """What a trained model depends on: the training entities and the relations, counted and hashed in order
+        (a checkpoint keeps it, so a run is never evaluated against other data)."""
+        digest = hashlib.sha256("\n".join(self.entities.names[: self.num_train_entities]).encode())
+        digest.update(b"\0" + "\n".join(self.relations.names).encode())
+        return {"entities": self.num_train_entities, "relations": self.num_relations, "sha256": digest.hexdigest()}
+
     @classmethod
-    def from_triples(cls, train: Any, valid: Any = None, test: Any = None, *, columns: tuple[str, str, str] | None = None,
-                     data: DataConfig | None = None, max_bytes: int = DEFAULT_MAX_BYTES) -> Dataset:
+    def from_triples(cls, train: Any, valid: Any = None, test: Any = None, *,
+                     columns: tuple[str, str, str] | None = None, data: DataConfig | None = None, max_bytes: int = DEFAULT_MAX_BYTES) -> Dataset:
         """A dataset from triples in memory or in files, split by split: a pandas DataFrame or a pyarrow Table
         (columns named head/relation/tail, subject/predicate/object, ... or ``columns``, else the first three in
         ``data.columns``' order; needs the `parquet` extra), an iterable of ``(head, relation, tail)`` tuples, or a
@@ -413,7 +422,17 @@ def _table_of(source: Any, split: str, *, columns: tuple[str, str, str] | None, 
         raise row_error(where, exc) from None
     if not builder.read:
         raise TripleFileError(where, None, "has no triples")
-    return where, builder.table(report)
+    table = builder.table(report)
+    report.sha256 = _table_sha256(table)
+    return where, table
+
+
+def _table_sha256(table: TripleTable) -> str:
+    """A digest of in-memory triples (their names and id rows): what provenance records where there is no file."""
+    digest = hashlib.sha256("\n".join(table.entities).encode())
+    digest.update("\n".join(table.relations).encode())
+    digest.update(np.ascontiguousarray(table.ids, dtype="<i8").tobytes())
+    return digest.hexdigest()
 
 
 def _tuple_batches(triples: Iterable[Any]) -> Iterator[Batch]:
@@ -425,7 +444,8 @@ def _tuple_batches(triples: Iterable[Any]) -> Iterator[Batch]:
         for i, triple in enumerate(batch, row):
             names = [str(x).strip() for x in triple] if isinstance(triple, list | tuple) else []
             if len(names) != 3 or not all(names):
-                raise ValueError(f"row {i}: expected (head, relation, tail), three non-empty names; got {triple!r}"[:300])
+                got = repr(triple)[:200]
+                raise ValueError(f"row {i}: expected (head, relation, tail), three non-empty names; got {got}")
             flat.extend(names)
         row += len(batch)
         yield flat, np.ones(len(batch), dtype=np.int64)
@@ -456,8 +476,9 @@ def _to_ids(table: TripleTable, entities: dict[str, int], relations: dict[str, i
 
 def _split_stats(file: str, table: TripleTable, kept: int, new_entities: int) -> dict:
     report = table.report
-    stats = {"file": file, "format": report.format, "triples_read": len(table) + table.duplicates,
-             "duplicates_dropped": table.duplicates, "unknown_relation_dropped": len(table) - kept, "triples": kept,
+    stats = {"file": file, "format": report.format, "sha256": report.sha256,
+             "triples_read": len(table) + table.duplicates, "duplicates_dropped": table.duplicates,
+             "unknown_relation_dropped": len(table) - kept, "triples": kept,
              "new_entities": new_entities}
     if report.header_line:
         stats["header_line"] = report.header_line
@@ -482,6 +503,8 @@ def load_dataset(path: PathLike, *, max_bytes: int = DEFAULT_MAX_BYTES, data: Da
     if "train" not in files:
         raise DatasetError(f"no train file in {folder}; expected one of {accepted}")
     tables = {split: (str(file), read_table(file, max_bytes=max_bytes, data=data)) for split, file in files.items()}
+    for name, table in tables.values():
+        table.report.sha256 = file_sha256(name)
     return _assemble(tables, where=str(folder))
 
 

@@ -17,12 +17,14 @@ Batch = tuple[list[str], np.ndarray]
 @dataclass
 class ReadReport:
     """What a reader found besides the triples: the format it read, a header line it skipped, literal objects it
-    dropped (RDF) and entity labels (RDF rdfs:label / skos:prefLabel, id -> label)."""
+    dropped (RDF) and entity labels (RDF rdfs:label / skos:prefLabel, id -> label); ``sha256`` is filled by
+    whoever needs it (load_dataset: the file's, for a run's provenance)."""
 
     format: str = ""
     header_line: int | None = None
     literals_dropped: int = 0
     labels: dict[str, str] = field(default_factory=dict)
+    sha256: str | None = None
 
 
 def size_text(n: int) -> str:
