@@ -51,7 +51,8 @@ def cmd_compress(a: argparse.Namespace) -> int:
     config = CompressConfig.from_text(a.max_bytes, a.time_limit, models=a.models, precisions=a.precisions,
                                       metric=a.metric, seed=a.seed)
     train_config = TrainConfig(progress=False, device=a.device, threads=a.threads, seed=a.seed)
-    report = compress(load_dataset(a.data, data=data_config_from_options(vars(a))), a.out, config, train_config=train_config,
+    dataset = load_dataset(a.data, data=data_config_from_options(vars(a)))
+    report = compress(dataset, a.out, config, train_config=train_config,
                       relation_labels=relation_labels(a.data), on_progress=_show)
     assert report is not None  # nothing stops the command line's job but a signal, which ends the process
     print(json.dumps({"bundle": str(Path(a.out) / PICK), **pick_metrics(report)}, indent=2))

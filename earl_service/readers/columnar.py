@@ -37,8 +37,8 @@ def choose_columns(names: Sequence[str], data: DataConfig, columns: Sequence[str
     if columns is not None:
         missing = [c for c in columns if c not in names]
         if len(columns) != 3 or missing:
-            raise ValueError(f"columns must name 3 of the table's columns ({', '.join(map(str, names))}); "
-                             f"{'not found: ' + ', '.join(map(str, missing)) if missing else 'got ' + str(len(columns))}")
+            problem = f"not found: {', '.join(map(str, missing))}" if missing else f"got {len(columns)}"
+            raise ValueError(f"columns must name 3 of the table's columns ({', '.join(map(str, names))}); {problem}")
         return list(columns)
     by_role = {_ROLE_OF.get(str(n).strip().casefold()): n for n in names}
     if all(role in by_role for role in ("head", "relation", "tail")):
