@@ -245,3 +245,14 @@ def test_dataset_from_triples_errors_name_split_and_row():
 def test_dataset_from_triples_reads_paths_too(tmp_path):
     path = write(tmp_path / "train.csv", lines(TRIPLES, ","))
     assert Dataset.from_triples(str(path)).train.shape == (3, 3)
+
+
+def test_plain_n_triples_lines_read_as_rdflib_reads_them(tmp_path):
+    """Plain `<iri> <iri> <iri> .` lines skip rdflib; escaped or odd ones go through it: the same triples."""
+    rdflib = pytest.importorskip("rdflib")
+    text = (f"<{EX}a> <{EX}r> <{EX}b> .\n<{EX}b>\t<{EX}r>  <{EX}c>.\r\n  <{EX}c> <{EX}r> <{EX}d> . # note\n"
+            f"<{EX}caf\\u00E9> <{EX}r> <{EX}a> .\n")
+    path = write(tmp_path / "train.nt", text)
+    graph = rdflib.Graph().parse(data=text, format="nt")
+    assert sorted(read_triples(path)[0]) == sorted((str(s), str(p), str(o)) for s, p, o in graph)
+    assert (f"{EX}café", f"{EX}r", f"{EX}a") in read_triples(path)[0]
