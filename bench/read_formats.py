@@ -6,6 +6,7 @@ read by `earl_service.data.read_table` in a fresh process, whose VmHWM is its pe
 baseline column: the same process after its imports, before reading).
 
     python bench/read_formats.py                                   # 10M triples; N-Triples 2M, Turtle 200k
+    python bench/read_formats.py --csv-triples 2000000 --rdf-triples 1000000 --turtle-triples 100000  # results/
     python bench/read_formats.py --triples 1000000 --rdf-triples 200000 --turtle-triples 50000
 """
 
@@ -137,8 +138,9 @@ def main() -> None:
 `earl_service.data.read_table` on a synthetic graph (entities = triples / 10, 200 relations), one fresh process per
 format; peak RSS is that process's VmHWM (ru_maxrss carries the parent's peak over on Linux), baseline the same
 process after its imports. Run on one core (`taskset -c 1`) that other processes shared (see the load average
-below): CPU seconds are the reader's own work, wall seconds what it took on that busy core. N-Triples and Turtle files are smaller: rdflib parses about 10^5 statements a second on one core,
-and Turtle is parsed as a whole graph in memory (docs/data.md).
+below): CPU seconds are the reader's own work, wall seconds what it took on that busy core. The gzipped CSV,
+N-Triples and Turtle files are smaller, to fit the run in its time on that core; Turtle is parsed by rdflib as a
+whole graph in memory (docs/data.md), so its peak grows with the graph, not a batch.
 
 {table}
 """
