@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from ..config import DataConfig
-from ..errors import TripleFileError
+from ..errors import DatasetError, TripleFileError
 from .report import Batch, ReadReport, row_error
 from .text import _ROLE_OF, blocks
 
@@ -25,9 +25,9 @@ _BATCH = 1 << 16
 def pyarrow_module() -> Any:
     try:
         import pyarrow
-    except ImportError:
-        raise ImportError("reading Parquet, Arrow or pandas triples needs pyarrow: "
-                          "pip install 'earl-service[parquet]'") from None
+    except ImportError:  # a DatasetError, as rdf.rdflib_module's
+        raise DatasetError("reading Parquet, Arrow or pandas triples needs pyarrow: "
+                           "pip install 'earl-service[parquet]'") from None
     return pyarrow
 
 

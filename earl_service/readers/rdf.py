@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import TripleFileError
+from ..errors import DatasetError, TripleFileError
 from .report import Batch, ReadReport, Triple
 from .text import blocks, text_chunks
 
@@ -34,9 +34,9 @@ _PLAIN = re.compile(rf"{_IRI}[ \t]+{_IRI}[ \t]+{_IRI}[ \t]*\.[ \t]*\r?")
 def rdflib_module() -> Any:
     try:
         import rdflib
-    except ImportError:
-        raise ImportError("reading RDF (N-Triples, N-Quads, Turtle) needs rdflib: "
-                          "pip install 'earl-service[rdf]'") from None
+    except ImportError:  # a DatasetError: the command line and the API say it as they say any bad input
+        raise DatasetError("reading RDF (N-Triples, N-Quads, Turtle) needs rdflib: "
+                           "pip install 'earl-service[rdf]'") from None
     return rdflib
 
 

@@ -10,7 +10,7 @@ import pytest
 
 from earl_service.config import DataConfig
 from earl_service.data import Dataset, load_dataset, read_table, read_triples
-from earl_service.errors import ConfigError, TripleFileError
+from earl_service.errors import ConfigError, DatasetError, TripleFileError
 
 TRIPLES = [("a", "r1", "b"), ("b", "r2", "c"), ("c", "r1", "a")]
 
@@ -256,3 +256,28 @@ def test_plain_n_triples_lines_read_as_rdflib_reads_them(tmp_path):
     graph = rdflib.Graph().parse(data=text, format="nt")
     assert sorted(read_triples(path)[0]) == sorted((str(s), str(p), str(o)) for s, p, o in graph)
     assert (f"{EX}café", f"{EX}r", f"{EX}a") in read_triples(path)[0]
+
+
+def test_without_the_extra_a_clear_error_says_which_to_install(tmp_path, monkeypatch, capsys):
+    import builtins
+
+    from earl_service.cli import main
+
+    real_import = builtins.__import__
+
+    def no_rdflib(name, *args, **kwargs):
+        if name.split(".")[0] in ("rdflib", "pyarrow"):
+            raise ImportError(name)
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_rdflib)
+    (tmp_path / "kg").mkdir()
+    write(tmp_path / "kg" / "train.nt", NT)
+    assert main(["train", str(tmp_path / "kg"), "--out", str(tmp_path / "run"), "--steps", "1"]) == 2
+    assert "needs rdflib: pip install 'earl-service[rdf]'" in capsys.readouterr().err
+    with pytest.raises(DatasetError, match=r"earl-service\[parquet\]"):
+        Dataset.from_triples(_FakeFrame())
+
+
+class _FakeFrame:
+    iloc = None  # looks like a DataFrame to from_triples
