@@ -14,12 +14,15 @@ from .bundle_format import PRECISIONS
 from .compress_cli import add_compress_command
 from .config import ModelConfig, TrainConfig
 from .errors import ConfigError, EarlError
-from .options import add_train_options, configs_from_options
+from .options import add_data_options, add_train_options, configs_from_options, data_config_from_options
 from .tables import FORMATS as TABLE_FORMATS
 
 COMMANDS_GROUP = "earl.commands"  # entry points: callables that add a subcommand (`earl serve`, from api/serve.py)
 
 TRAIN_MODULES = ("torch", "tqdm", "matplotlib", "ninja")  # the [train] extra: absent from an edge install
+# Loggers whose INFO lines a user should see without -v: a header row skipped, the C++ kernel being compiled.
+NOTICES = ("earl_service.readers", "earl_service.kernels")
+
 LAUNCHER_OPTIONS = ("--nproc-per-node", "--nnodes", "--rdzv-endpoint", "--rdzv-backend", "--rdzv-id", "--node-rank")
 
 
@@ -141,10 +144,10 @@ def cmd_train(a: argparse.Namespace) -> int:
     if distributed or a.progress_file:
         signal.signal(signal.SIGTERM, lambda *_: stop.set())
     try:
-        dataset = load_dataset(a.data)
+        dataset = load_dataset(a.data, data=data_config_from_options(vars(a)))
         metrics = train(dataset, model_cfg, train_cfg, a.out, resume=a.resume, final_eval=not a.no_final_eval,
                         protocol=a.protocol, relation_labels=relation_labels(a.data), should_stop=stop.is_set,
-                        on_progress=_progress_writer(a.progress_file))
+                        on_progress=_progress_writer(a.progress_file), command=["earl", *a.argv])
     finally:
         if distributed:
             import torch.distributed as dist
@@ -171,7 +174,7 @@ def cmd_evaluate(a: argparse.Namespace) -> int:
     from .data import load_dataset
     from .train import load_run
 
-    run = load_run(a.run_dir, load_dataset(a.data), device=a.device)
+    run = load_run(a.run_dir, load_dataset(a.data, data=data_config_from_options(vars(a))), device=a.device)
     print(json.dumps(run.evaluate(a.split, a.protocol, batch_size=a.batch_size, per_relation=a.per_relation),
                      indent=2))
     return 0
@@ -224,7 +227,8 @@ def _add_coding_option(p: argparse.ArgumentParser) -> None:
 
 def add_train_command(sub) -> None:
     p = sub.add_parser("train", help="train EARL (or the RotatE baseline) on a dataset folder")
-    p.add_argument("data", help="folder with train.txt and optional valid.txt / test.txt")
+    p.add_argument("data", help="folder with a train file and optional valid / test files (.txt, .tsv, .csv, .nt, "
+                                ".nq, .ttl, .parquet, any of them .gz; read by content: docs/data.md)")
     p.add_argument("--out", required=True, help="run directory (checkpoints, metrics.json, curves.png)")
     p.add_argument("--resume", action="store_true", help="continue from RUN_DIR's last checkpoint")
     p.add_argument("--protocol", choices=["seen", "all"], default="seen",
@@ -248,6 +252,7 @@ def add_evaluate_command(sub) -> None:
     p.add_argument("--batch-size", type=int, default=TrainConfig.eval_batch_size, help="(default: %(default)s)")
     p.add_argument("--device", default=TrainConfig.device, help="auto | cpu | cuda | cuda:N (default: %(default)s)")
     p.add_argument("--per-relation", action="store_true", help="add MRR / Hits@k of each relation ('per_relation')")
+    add_data_options(p)
     p.set_defaults(func=cmd_evaluate)
 
 
@@ -388,6 +393,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     args.argv = argv  # `earl train --nproc-per-node` re-runs the same command under torchrun
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(message)s")
+    for name in NOTICES:
+        logging.getLogger(name).setLevel(logging.INFO)
     try:
         _configure_kernels(dict(os.environ))
         return args.func(args)

@@ -10,11 +10,12 @@ from typing import Any
 
 from .compress_config import SEARCHED
 from .config import MODELS
+from .options import add_data_options, data_config_from_options
 
 
 def add_compress_command(sub) -> None:
     p = sub.add_parser("compress", help="find the most accurate bundle under a byte budget (models, dims, precisions)")
-    p.add_argument("data", help="folder with train.txt, valid.txt and optional test.txt")
+    p.add_argument("data", help="folder with train, valid and optional test files (any format earl train reads)")
     p.add_argument("--out", required=True,
                    help="job folder: the pick (bundle.safetensors), report.json/.md, frontier.png, candidates/; "
                         "run again with the same folder to continue a stopped job")
@@ -31,6 +32,7 @@ def add_compress_command(sub) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default="auto", help="auto | cpu | cuda")
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch default)")
+    add_data_options(p)
     p.set_defaults(func=cmd_compress)
 
 
@@ -51,7 +53,8 @@ def cmd_compress(a: argparse.Namespace) -> int:
     config = CompressConfig.from_text(a.max_bytes, a.time_limit, models=a.models, precisions=a.precisions,
                                       metric=a.metric, seed=a.seed)
     train_config = TrainConfig(progress=False, device=a.device, threads=a.threads, seed=a.seed)
-    report = compress(load_dataset(a.data), a.out, config, train_config=train_config,
+    dataset = load_dataset(a.data, data=data_config_from_options(vars(a)))
+    report = compress(dataset, a.out, config, train_config=train_config,
                       relation_labels=relation_labels(a.data), on_progress=_show)
     assert report is not None  # nothing stops the command line's job but a signal, which ends the process
     print(json.dumps({"bundle": str(Path(a.out) / PICK), **pick_metrics(report)}, indent=2))

@@ -212,4 +212,32 @@ class TrainConfig:
         return cls(**{k: v for k, v in values.items() if k in names})
 
 
-__all__ = ["ABLATIONS", "ModelConfig", "Text", "TrainConfig", "parse_fanout", "setting"]
+COLUMN_ORDERS = ("h,r,t", "h,t,r", "r,h,t", "r,t,h", "t,h,r", "t,r,h")
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    """How triple files are read where their content leaves a choice: a header row, the order of the columns."""
+
+    header: bool | None = setting(None, "the first line is a header to skip (--no-header: it is a triple); default: "
+                                        "detected from its names (head/relation/tail, subject/predicate/object, ...)",
+                                  group="data")
+    columns: str = setting("h,r,t", "the order of head (h), relation (r) and tail (t) in a row, e.g. h,t,r; a "
+                                    "detected header's names win over the default", group="data",
+                           choices=COLUMN_ORDERS)
+
+    def __post_init__(self) -> None:
+        _check_fields(self)
+
+    @property
+    def order(self) -> tuple[int, int, int]:
+        """The positions of (head, relation, tail) in a row."""
+        letters = self.columns.split(",")
+        return letters.index("h"), letters.index("r"), letters.index("t")
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+__all__ = ["ABLATIONS", "COLUMN_ORDERS", "DataConfig", "ModelConfig", "Text", "TrainConfig", "parse_fanout",
+           "setting"]

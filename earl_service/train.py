@@ -7,7 +7,7 @@ import math
 import os
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,12 +23,13 @@ from .config import ModelConfig, TrainConfig
 from .core.known import KnownAnswers
 from .data import Dataset, Vocab
 from .distributed import Ranks, wrap
-from .errors import ConfigError, RunError
+from .errors import ConfigError, DatasetError, RunError
 from .evaluate import rank_triples, summarize, summarize_per_relation
 from .graph import Graph, build_graph, choose_reserved
 from .kernels import extension_available, rotate_distance
 from .memory import MemoryUse, peak_rss_mb, reset_peak_rss
 from .model import EARL, RotatE, build_model, trainable_parameters
+from .provenance import provenance
 from .run_outputs import BUNDLE, write_run_outputs
 from .sampling import NeighborIndex, embed_all
 from .schedule import build_optimizer, set_lr
@@ -363,9 +364,12 @@ def train(
     dataset: Dataset, model_config: ModelConfig, train_config: TrainConfig, out_dir: str | os.PathLike, *,
     resume: bool = False, final_eval: bool = True, protocol: str = "seen", on_progress: ProgressCallback | None = None,
     should_stop: Callable[[], bool] | None = None, relation_labels: dict[str, str] | None = None,
-    write_bundle: bool = True,
+    write_bundle: bool = True, command: Sequence[str] | None = None,
 ) -> dict[str, Any]:
     """Train, keep the best checkpoint by valid MRR, evaluate it, write metrics.json; returns the metrics.
+
+    metrics.json (and the bundle's copy) records the run's provenance: versions, git commit, each split's sha256
+    and `command` (default: this process's command line).
 
     Under an initialised torch.distributed process group of several ranks (`earl train --nproc-per-node`),
     every rank calls this: each takes its slice of every global batch, DDP all-reduces the gradients, and rank 0
@@ -382,7 +386,8 @@ def train(
     optimizer = build_optimizer(run.model, cfg)
     state = TrainState.start(cfg.seed)
     checkpoints = Checkpointer(out, run.model, optimizer, state, writes=ranks.is_main,
-                               configs={"model_config": model_config.to_dict(), "train_config": cfg.to_dict()})
+                               configs={"model_config": model_config.to_dict(), "train_config": cfg.to_dict(),
+                                        "vocab": dataset.vocab_signature()})
     if resume and checkpoints.can_resume():
         checkpoints.restore()
         log.info("resumed from step %d", state.step)
@@ -403,7 +408,7 @@ def train(
     if not ranks.is_main:
         return {"rank": ranks.rank, "world_size": ranks.world, "steps": state.step, "stopped": state.stopped}
     metrics = _final_metrics(learner, state, checkpoints, memory=memory, extension=extension, protocol=protocol,
-                             final_eval=final_eval)
+                             final_eval=final_eval, command=command)
     bundle = _bundle(run, metrics, relation_labels) if write_bundle else None
     write_run_outputs(out, metrics, state.history, bundle=bundle)
     return metrics
@@ -458,7 +463,7 @@ def _load_kernel(memory: MemoryUse) -> str:
 
 def _final_metrics(
     learner: Learner, state: TrainState, checkpoints: Checkpointer, *, memory: MemoryUse, extension: str,
-    protocol: str, final_eval: bool,
+    protocol: str, final_eval: bool, command: Sequence[str] | None,
 ) -> dict[str, Any]:
     """metrics.json's content: the run's facts, then (with `final_eval`) the best weights' valid and test ranks."""
     run, cfg, history = learner.run, learner.cfg, state.history
@@ -466,6 +471,7 @@ def _final_metrics(
         checkpoints.save_best()
     metrics: dict[str, Any] = {
         "version": __version__,
+        "provenance": provenance(run.dataset.stats, command=command),
         "trainable_parameters": trainable_parameters(run.model),
         "entities": run.dataset.num_train_entities,
         "relations": run.dataset.num_relations,
@@ -560,10 +566,32 @@ def load_run(run_dir: str | os.PathLike, dataset: Dataset, *, device: str = "aut
         raise RunError(f"{run_dir} holds no {CHECKPOINT}: is it a run directory written by `earl train`?")
     dev = resolve_device(device)
     ckpt = torch.load(run_dir / CHECKPOINT, map_location="cpu", weights_only=True)
+    _check_vocab(run_dir, ckpt.get("vocab"), dataset)
     sampled = bool(ckpt.get("train_config", {}).get("sampled", False))  # evaluate a big graph layer by layer too
     run = Run.build(dataset, ModelConfig.from_dict(ckpt["model_config"]), dev, sampled=sampled)
-    load_best(run_dir, run.model)
+    try:
+        load_best(run_dir, run.model)
+    except RuntimeError as exc:  # a run from before checkpoints kept the vocabulary: shapes are all it can tell
+        if "size mismatch" not in str(exc):
+            raise
+        raise DatasetError(f"this data does not match the run in {run_dir}: its model was trained on other "
+                           f"entities or relations (this data: {dataset.num_train_entities:,} training entities, "
+                           f"{dataset.num_relations:,} relations); evaluate against the data it was trained on"
+                           ) from None
     return run
+
+
+def _check_vocab(run_dir: Path, trained: dict[str, Any] | None, dataset: Dataset) -> None:
+    """DatasetError unless ``dataset``'s training entities and relations are the run's, in the same order."""
+    given = dataset.vocab_signature()
+    if trained is None or trained == given:
+        return
+    counts = (f"the run was trained on {trained['entities']:,} entities and {trained['relations']:,} relations, "
+              f"this data has {given['entities']:,} training entities and {given['relations']:,} relations")
+    if (trained["entities"], trained["relations"]) == (given["entities"], given["relations"]):
+        counts = "the counts agree but the names (or their order) differ"
+    raise DatasetError(f"this data does not match the run in {run_dir}: {counts}; evaluate against the data it "
+                       "was trained on (the same train file)")
 
 
 __all__ = [

@@ -101,6 +101,11 @@ def build_dir() -> Path:
     return Path(root) / f"earl_rotate_dist_{tag}_{digest}"
 
 
+def _is_built(folder: Path) -> bool:
+    """Whether torch's build of this source already sits in ``folder`` (loading it then takes well under a second)."""
+    return any(folder.glob(f"{folder.name}*.so")) or any(folder.glob(f"{folder.name}*.pyd"))
+
+
 def _load_extension():
     """Compile (once per machine, cached by torch) and return the C++ kernel, or None if impossible."""
     global _extension, _extension_failed
@@ -116,8 +121,15 @@ def _load_extension():
         if not copy.exists():
             write_bytes(copy, _SOURCE.read_bytes())  # atomic: a concurrent loader never compiles a partial file
         with _build_lock(folder, _build_wait_s):
+            started = time.perf_counter()
+            built = _is_built(folder)
+            if not built:  # the first use on this machine: say why nothing seems to happen for a while
+                log.info("compiling the fused RotatE kernel (once per machine, typically under a minute; cached in "
+                         "%s; EARL_NO_EXTENSION=1 skips it)", folder)
             _extension = cpp_extension.load(name=folder.name, sources=[str(copy)], extra_cflags=_cflags(),
                                             build_directory=str(folder), verbose=False)
+            if not built:
+                log.info("fused RotatE kernel compiled in %.0f s", time.perf_counter() - started)
     except Exception as exc:  # no compiler, no headers, no ninja, a build that never ends: fall back, say so once
         log.warning("fused RotatE kernel unavailable (%s); using the slower pure-torch path", exc)
         _extension_failed = True

@@ -51,12 +51,13 @@ def run_compress(home: ServiceHome, job: Job, *, search: CompressConfig, train_c
     from the last rung the folder's saved state holds."""
     from ..compress import PICK, STATE, compress
     from ..data import load_dataset, relation_labels
+    from ..options import data_config_from_options
 
     uploads, run_dir = home.upload_dir(job.id), home.run_dir(job.id)
     resumed = (run_dir / STATE).exists()
     if resumed:
         log.info("job %s: continuing the compress search saved in %s", job.id, home.relative(run_dir))
-    report = compress(load_dataset(uploads), run_dir, search, train_config=train_config,
+    report = compress(load_dataset(uploads, data=data_config_from_options(job.params)), run_dir, search, train_config=train_config,
                       relation_labels=relation_labels(uploads), should_stop=should_stop,
                       on_progress=lambda event: on_progress(job_progress(event, resumed=resumed)))
     return None if report is None else run_dir / PICK

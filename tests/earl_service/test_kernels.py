@@ -145,3 +145,29 @@ def test_importing_the_kernels_reads_no_environment():
     code = ("import os; os.environ['EARL_NO_EXTENSION'] = '1'; os.environ['EARL_EXTENSION_WAIT_S'] = 'x'; "
             "from earl_service import kernels; assert kernels._enabled and kernels._build_wait_s == 600.0")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_a_build_announces_itself_and_a_built_kernel_loads_quietly(tmp_path, monkeypatch, caplog):
+    """A first build takes a while (a minute on a small CPU): a log line says so before it starts, and the `earl`
+    command shows that line without -v. A kernel already built loads without a word."""
+    from torch.utils import cpp_extension
+
+    from earl_service.cli import NOTICES
+
+    def fake_build(name, build_directory, **_):
+        (Path(build_directory) / f"{name}.so").write_bytes(b"")  # what torch leaves: the library, named so
+        return object()
+
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    monkeypatch.setattr(cpp_extension, "load", fake_build)
+    for attribute in ("_extension", "_extension_failed", "_enabled"):
+        monkeypatch.setattr(kernels, attribute, {"_enabled": True}.get(attribute))
+    with caplog.at_level("INFO", logger="earl_service.kernels"):
+        assert kernels._load_extension() is not None
+    assert "compiling the fused RotatE kernel" in caplog.messages[0] and "compiled in" in caplog.messages[1]
+    caplog.clear()
+    monkeypatch.setattr(kernels, "_extension", None)
+    with caplog.at_level("INFO", logger="earl_service.kernels"):
+        assert kernels._load_extension() is not None
+    assert caplog.messages == []
+    assert "earl_service.kernels" in NOTICES
