@@ -67,6 +67,7 @@ ModelId = Annotated[str, Path(pattern=ID_PATTERN, description="model id")]
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 OPEN_PATHS = frozenset({"/healthz", "/readyz"})  # probes answer without a token, even with EARL_PROTECT_READS
 CONSOLE_PATHS = ("/", "/console/")  # the web console's page and assets (routes/console.py): no data in them
+READ_POSTS = frozenset({"/predict"})  # POSTs that only read (a batch of queries): a read to the token rules
 bearer = HTTPBearer(auto_error=False, description="EARL_API_TOKEN; needed for writes, and for reads with "
                                                   "EARL_PROTECT_READS=true")
 UNAUTHORIZED = "missing or wrong API token: send 'Authorization: Bearer <token>'"
@@ -74,12 +75,13 @@ UNAUTHORIZED = "missing or wrong API token: send 'Authorization: Bearer <token>'
 
 def needs_token(settings: Settings, method: str, path: str) -> bool:
     """The token rules, for the gate (api/gate.py, before the body is read) and `check_access` alike: with
-    EARL_API_TOKEN set, every method but GET/HEAD/OPTIONS needs it, and with EARL_PROTECT_READS every path but
-    the health probes and the console's page and assets does (the OpenAPI schema and the docs pages included)."""
+    EARL_API_TOKEN set, every method but GET/HEAD/OPTIONS (and the READ_POSTS) needs it, and with
+    EARL_PROTECT_READS every path but the health probes and the console's page and assets does (the OpenAPI
+    schema and the docs pages included)."""
     if settings.api_token is None:
         return False
-    return method not in SAFE_METHODS or (settings.protect_reads and path not in OPEN_PATHS
-                                          and not is_console_path(path))
+    write = method not in SAFE_METHODS and not (method == "POST" and path in READ_POSTS)
+    return write or (settings.protect_reads and path not in OPEN_PATHS and not is_console_path(path))
 
 
 def is_console_path(path: str) -> bool:

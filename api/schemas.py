@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, model_validator
 
 from earl_service.bundle_format import PRECISIONS
 from earl_service.compress_config import METRICS
 from earl_service.options import form_model
+
+from .deps import ID_PATTERN
 
 
 class CompressForm(BaseModel):
@@ -22,7 +24,7 @@ class CompressForm(BaseModel):
     models: str | None = Field(None, max_length=200, description="compress job: comma-separated models to "
                                                                   "search, e.g. earl,rotate (default: all)")
     precisions: str | None = Field(None, max_length=200, description="compress job: comma-separated precisions "
-                                                                      "to export, e.g. fp32,fp16,int8 (default: all)")
+                                                                      "to export, e.g. fp32,fp16,int8,pq or pq:50 (default: all)")
     metric: Literal[tuple(METRICS)] | None = Field(  # type: ignore[valid-type]
         None, description="compress job: the validation metric that picks (default: mrr)")
 
@@ -99,10 +101,10 @@ class Prediction(BaseModel):
     score: float
 
 
-class PredictionOut(BaseModel):
-    """head, relation and tail are ids, also where the query named them by label; *_label their labels."""
+class QueryAnswer(BaseModel):
+    """One query's answers (LinkPredictor.answer): head, relation and tail are ids, also where the query named
+    them by label; *_label their labels."""
 
-    model: str
     direction: Literal["tail", "head"]
     head: str | None
     head_label: str | None
@@ -113,6 +115,57 @@ class PredictionOut(BaseModel):
     k: int
     exclude_known: bool
     predictions: list[Prediction]
+
+
+class PredictionOut(QueryAnswer):
+    model: str
+
+
+MAX_K = 1000  # answers per query, GET and POST /predict
+MAX_BATCH_QUERIES = 100  # queries per POST /predict: bounds one request's work and response
+
+
+class PredictQuery(BaseModel):
+    """One query of a batch: exactly one of `head` (predict tails) or `tail` (predict heads)."""
+
+    head: str | None = Field(None, min_length=1, max_length=1000)
+    tail: str | None = Field(None, min_length=1, max_length=1000)
+    relation: str = Field(min_length=1, max_length=1000)
+    k: int = Field(10, ge=1, le=MAX_K)
+    exclude_known: bool = True
+
+    @model_validator(mode="after")
+    def _one_anchor(self) -> PredictQuery:
+        if (self.head is None) == (self.tail is None):
+            raise ValueError("give exactly one of 'head' (to predict tails) or 'tail' (to predict heads)")
+        return self
+
+
+class PredictBatch(BaseModel):
+    model: str = Field(pattern=ID_PATTERN)
+    queries: list[PredictQuery] = Field(min_length=1, max_length=MAX_BATCH_QUERIES, description=(
+        f"1 to {MAX_BATCH_QUERIES} queries; more is a 422 (split them over several requests)"))
+
+
+class BatchPredictionOut(BaseModel):
+    model: str
+    results: list[QueryAnswer]  # one per query, in order
+
+
+class ScoreOut(BaseModel):
+    model: str
+    head: str
+    head_label: str | None
+    relation: str
+    relation_label: str | None
+    tail: str
+    tail_label: str | None
+    distance: float  # sum_i |h_i r_i - t_i|
+    score: float  # gamma - distance, as in /predict
+    known: bool  # the triple is in the model's graph
+    tail_rank: float  # filtered realistic rank of tail among all entities for (head, relation, ?)
+    head_rank: float  # the same for head in (?, relation, tail)
+    entities: int  # candidates ranked
 
 
 class EntityMatch(BaseModel):

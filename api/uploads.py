@@ -9,6 +9,7 @@ from pathlib import Path
 
 from fastapi import UploadFile
 
+from earl_service.config import DataConfig
 from earl_service.data import DEFAULT_MAX_BYTES, SPLIT_SUFFIXES, TripleTable, count_triples, read_table
 from earl_service.errors import TripleFileError, TripleLimitError
 from earl_service.labels import FILE_NAMES, Kind, check_label_file, is_json
@@ -20,7 +21,8 @@ DEFAULT_MAX_UPLOAD_TRIPLES = 10_000_000  # as Settings.max_upload_triples (EARL_
 
 
 def split_suffix(filename: str | None) -> str:
-    """The upload's triple-file suffix (.txt, .tsv.gz, .csv, ...) so the reader parses it the same way."""
+    """The upload's triple-file suffix (.txt, .nt.gz, .parquet, ...), kept so the saved file reads as it was
+    named (the reader goes by content; a name only settles Turtle of full IRIs); .txt for any other name."""
     name = (filename or "").lower()
     return next((s for s in sorted(SPLIT_SUFFIXES, key=len, reverse=True) if name.endswith(s)), ".txt")
 
@@ -42,7 +44,7 @@ def _named_as(shown: str) -> Iterator[None]:
         raise TripleFileError(shown, None, f"has more than {exc.limit:,} distinct triples; uploads are limited "
                                            f"to {exc.limit:,} per file (EARL_MAX_UPLOAD_TRIPLES)") from None
     except TripleFileError as exc:
-        raise TripleFileError(shown, exc.line, exc.reason) from None
+        raise TripleFileError(shown, exc.line, exc.reason, unit=exc.unit) from None
 
 
 def _check_names(shown: str, longest_name: int) -> None:
@@ -54,7 +56,7 @@ def _check_names(shown: str, longest_name: int) -> None:
 
 
 def check_triples(path: Path, shown_name: str | None, *, max_bytes: int = DEFAULT_MAX_BYTES,
-                  max_triples: int = DEFAULT_MAX_UPLOAD_TRIPLES) -> dict[str, int]:
+                  max_triples: int = DEFAULT_MAX_UPLOAD_TRIPLES, data: DataConfig | None = None) -> dict[str, int]:
     """count_triples on the saved file (a .gz at most `max_bytes` unpacked); returns its counts.
 
     The reader streams and keeps one 64-bit fingerprint per distinct triple, no names, so memory follows the
@@ -63,18 +65,18 @@ def check_triples(path: Path, shown_name: str | None, *, max_bytes: int = DEFAUL
     """
     shown = shown_name or path.name
     with _named_as(shown):
-        counts = count_triples(path, max_bytes=max_bytes, max_triples=max_triples)
+        counts = count_triples(path, max_bytes=max_bytes, max_triples=max_triples, data=data)
     _check_names(shown, counts.longest_name)
     return {"triples": counts.triples, "duplicates_dropped": counts.duplicates}
 
 
 def check_table(path: Path, shown_name: str | None, *, max_bytes: int = DEFAULT_MAX_BYTES,
-                max_triples: int = DEFAULT_MAX_UPLOAD_TRIPLES) -> TripleTable:
+                max_triples: int = DEFAULT_MAX_UPLOAD_TRIPLES, data: DataConfig | None = None) -> TripleTable:
     """check_triples' checks while reading the file whole (read_table, which keeps every name): for a split the
     request needs as a graph (a compress job's train file, whose packed bytes bound the budget)."""
     shown = shown_name or path.name
     with _named_as(shown):
-        table = read_table(path, max_bytes=max_bytes, max_triples=max_triples)
+        table = read_table(path, max_bytes=max_bytes, max_triples=max_triples, data=data)
     _check_names(shown, table.longest_name())
     return table
 
@@ -96,11 +98,13 @@ def save_labels(upload: UploadFile, folder: Path, kind: Kind) -> tuple[Path, int
 def save_job_files(home: ServiceHome, job_id: str, uploads: dict[str, UploadFile | None],
                    labels: dict[str, UploadFile | None] | None = None, *, max_bytes: int = DEFAULT_MAX_BYTES,
                    max_triples: int = DEFAULT_MAX_UPLOAD_TRIPLES, whole: Collection[str] = (),
+                   data: DataConfig | None = None,
                    ) -> tuple[dict[str, str], dict[str, dict[str, int]], dict[str, TripleTable]]:
     """Save train/valid/test as HOME/uploads/<job>/<split><suffix>, checked; paths returned relative to HOME,
     with each split's counts (triples kept, duplicates dropped) and, for the splits named in `whole`, the table
-    read in that same one pass (check_table). Label files (`labels` by LABEL_FIELDS name) go beside them where
-    load_dataset's folder reader looks, counted as {"labels": n} under their field's name.
+    read in that same one pass (check_table). `data` (the job's header and column order) reads them as the worker
+    will. Label files (`labels` by LABEL_FIELDS name) go beside them where load_dataset's folder reader looks,
+    counted as {"labels": n} under their field's name.
 
     On a bad file the job's upload folder is removed and the TripleFileError (or DatasetError) propagates.
     """
@@ -118,12 +122,13 @@ def save_job_files(home: ServiceHome, job_id: str, uploads: dict[str, UploadFile
             if upload is None:
                 continue
             path = save_upload(upload, folder / f"{split}{split_suffix(upload.filename)}")
-            limits = {"max_bytes": max_bytes, "max_triples": max_triples}
             if split in whole:
-                tables[split] = check_table(path, upload.filename, **limits)
+                tables[split] = check_table(path, upload.filename, max_bytes=max_bytes, max_triples=max_triples,
+                                            data=data)
                 counts[split] = {"triples": len(tables[split]), "duplicates_dropped": tables[split].duplicates}
             else:
-                counts[split] = check_triples(path, upload.filename, **limits)
+                counts[split] = check_triples(path, upload.filename, max_bytes=max_bytes, max_triples=max_triples,
+                                              data=data)
             files[split] = home.relative(path)
     except BaseException:
         shutil.rmtree(folder, ignore_errors=True)

@@ -72,7 +72,8 @@ METHODS = ("compress", "earl_default", "rotate_matched")
 
 def run_method(method: str, name: str, budget_text: str, minutes: float, root: Path) -> dict:
     folder = default_datasets() / name
-    # Without labels, as the committed results were measured (entity labels would take 90 KB of FB15k-237's budgets).
+    # Without labels (entity labels would take 90 KB of FB15k-237's budgets): the budgets buy weights, as in the
+    # committed results, which carried no entity labels.
     ds = load_dataset(folder, labels=False)
     budget = parse_size(budget_text)
     sizes = BundleSizes(ds)

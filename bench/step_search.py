@@ -41,6 +41,18 @@ GRID = [
     ("temperature 2", ["--temperature", "2"]),
     ("margin 6", ["--margin", "6"]),
 ]
+# Issue 36: budget-aware schedules (warm-up, decay to 0 at the step budget) and a separate encoder rate.
+_COSINE = ["--lr-schedule", "cosine", "--warmup", "0.02"]
+SCHEDULES = [
+    ("paper settings", []),
+    ("cosine", _COSINE),
+    ("cosine lr 3e-3", [*_COSINE, "--lr", "3e-3"]),
+    ("cosine lr 1e-2", [*_COSINE, "--lr", "1e-2"]),
+    ("linear lr 3e-3", ["--lr-schedule", "linear", "--warmup", "0.02", "--lr", "3e-3"]),
+    ("cosine lr 1e-2 encoder 1e-3", [*_COSINE, "--lr", "1e-2", "--encoder-lr", "1e-3"]),
+    ("cosine lr 3e-3 encoder 1e-3", [*_COSINE, "--lr", "3e-3", "--encoder-lr", "1e-3"]),
+]
+GRIDS = {"settings": GRID, "schedules": SCHEDULES}
 
 
 def launch(label: str, extra: list[str], args: argparse.Namespace, out: Path) -> subprocess.Popen:
@@ -65,7 +77,9 @@ def main() -> None:
     parser.add_argument("--device", default="auto", help="auto | cpu | cuda")
     parser.add_argument("--parallel", type=int, default=1, help="settings trained at once on the device")
     parser.add_argument("--threads", type=int, default=2, help="torch threads per training process")
-    parser.add_argument("--only", nargs="+", help="labels of GRID to run (default: all)")
+    parser.add_argument("--grid", choices=sorted(GRIDS), default="settings",
+                        help="settings: one factor at a time; schedules: budget-aware learning-rate schedules")
+    parser.add_argument("--only", nargs="+", help="labels of the grid to run (default: all)")
     parser.add_argument("--cpu-step-seconds", type=float,
                         help="CPU s/step at these settings, to state each budget in CPU hours")
     parser.add_argument("--seed", type=int, default=0)
@@ -88,8 +102,9 @@ def main() -> None:
             parser.error(f"{path}: ran {same}, this run is {want}")
         earlier += [{**r, "from": path.name, "commit": prev.get("commit")} for r in prev["runs"] if "error" not in r]
     have = {r["setting"] for r in earlier}
-    grid = [g for g in GRID if (not args.only or g[0] in args.only) and g[0] not in have]
-    name = f"step_search_{args.data}" + (f"_{args.tag}" if args.tag else "")
+    grid = [g for g in GRIDS[args.grid] if (not args.only or g[0] in args.only) and g[0] not in have]
+    name = f"step_search_{args.data}" + ("_schedules" if args.grid == "schedules" else "") + (
+        f"_{args.tag}" if args.tag else "")
     work = args.work / name
 
     t0 = time.perf_counter()
@@ -122,7 +137,7 @@ def main() -> None:
             print(f"[{time.strftime('%H:%M:%S')}] finished {label}: rc {proc.returncode}, "
                   f"valid MRR {rec.get('valid', {}).get('mrr')}", flush=True)
         time.sleep(1)
-    order = {label: i for i, (label, _) in enumerate(GRID)}
+    order = {label: i for i, (label, _) in enumerate(GRIDS[args.grid])}
     done.sort(key=lambda r: order[r["setting"]])
     ok = [r for r in done if "error" not in r]
     best = max(ok, key=lambda r: max(r["curve"]["eval_mrr"] or [-1])) if ok else None

@@ -1,26 +1,36 @@
-# The API image (CPU only): FastAPI + uvicorn over the shared artifacts volume. It never trains.
+# The API image (CPU only): FastAPI + uvicorn over the shared artifacts volume. It never trains, so it needs no
+# C++ kernel and no compiler. Two stages: the venv is built with the wheels at hand, the runtime copies only it.
 #   docker build -f docker/api.Dockerfile -t earl-api .
-FROM python:3.11-slim
+#   docker build -f docker/api.Dockerfile --build-arg BASE_IMAGE=earl-base:bookworm .   (offline: docker/wheels/)
+ARG BASE_IMAGE=python:3.11-slim
 
-# build-essential: the fused RotatE C++ kernel (earl_service/kernels) compiles at first use.
-RUN apt-get update \
-    && apt-get install -y --no-install-recommends build-essential \
-    && rm -rf /var/lib/apt/lists/*
-
-WORKDIR /app
+FROM ${BASE_IMAGE} AS build
+COPY docker/install-python.sh docker/pip-install.sh /opt/earl-setup/
+RUN sh /opt/earl-setup/install-python.sh runtime && python3.11 -m venv /opt/venv
+ENV PATH=/opt/venv/bin:$PATH
+COPY docker/wheels/ /wheels/
 # torch first, from the CPU index: `.[serve]` then finds torch==2.13.0 satisfied and pulls no CUDA build.
-RUN pip install --no-cache-dir torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu
-COPY pyproject.toml ./
+RUN sh /opt/earl-setup/pip-install.sh torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu
+WORKDIR /src
+COPY pyproject.toml README.md ./
 COPY earl_service ./earl_service
 COPY api ./api
-RUN pip install --no-cache-dir ".[serve]"
+RUN sh /opt/earl-setup/pip-install.sh ".[serve]"
 
-ENV EARL_HOME=/data \
+FROM ${BASE_IMAGE}
+COPY docker/install-python.sh /opt/earl-setup/
+RUN sh /opt/earl-setup/install-python.sh runtime
+COPY --from=build /opt/venv /opt/venv
+ENV PATH=/opt/venv/bin:$PATH \
+    EARL_HOME=/data \
+    EARL_PORT=8000 \
     PYTHONUNBUFFERED=1
+WORKDIR /data
 VOLUME /data
 EXPOSE 8000
-HEALTHCHECK --interval=30s --timeout=5s \
-    CMD python -c "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8000/healthz', timeout=3)"
+# EARL_PORT: the port the health check asks; set it with the command's --port (the compose test serves on another).
+HEALTHCHECK --interval=30s --timeout=5s --start-period=20s \
+    CMD python -c "import os, urllib.request; urllib.request.urlopen(f'http://127.0.0.1:{os.environ[\"EARL_PORT\"]}/healthz', timeout=3)"
 # earl serve, not bare uvicorn: it refuses to open writes beyond loopback without EARL_API_TOKEN
 # (or EARL_ALLOW_OPEN_WRITES=true).
 CMD ["earl", "serve", "--no-worker", "--host", "0.0.0.0", "--port", "8000"]

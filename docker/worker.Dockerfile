@@ -1,26 +1,57 @@
-# The worker image (CUDA): claims jobs from the shared store and trains them on the GPU (CPU if none).
-#   docker build -f docker/worker.Dockerfile -t earl-worker .
-FROM nvidia/cuda:12.4.1-runtime-ubuntu22.04
+# The worker image: claims jobs from the shared store and trains them, on the GPU (DEVICE=cuda, the default) or the
+# CPU (DEVICE=cpu). The C++ kernel is compiled here, in the build stage, not at the first job; the runtime stage
+# copies the venv and torch's build folder of the kernel, and carries no compiler.
+#   docker build -f docker/worker.Dockerfile -t earl-worker .                                  (CUDA)
+#   docker build -f docker/worker.Dockerfile --build-arg BASE_IMAGE=python:3.11-slim --build-arg DEVICE=cpu .
+ARG BASE_IMAGE=nvidia/cuda:12.4.1-runtime-ubuntu22.04
 
+FROM ${BASE_IMAGE} AS build
+ARG DEVICE=cuda
+# -march for the kernel: the image may run on other CPUs than the one that builds it, so not `native` by default
+# (x86-64-v3: AVX2 and FMA, any x86-64 server CPU since 2013). On arm64 pass e.g. armv8-a.
+ARG KERNEL_MARCH=x86-64-v3
 ENV DEBIAN_FRONTEND=noninteractive
-# python3.11-dev + build-essential: the fused RotatE C++ kernel compiles at first use.
-RUN apt-get update \
-    && apt-get install -y --no-install-recommends python3.11 python3.11-venv python3.11-dev build-essential \
-    && rm -rf /var/lib/apt/lists/*
-RUN python3.11 -m venv /opt/venv
-ENV PATH=/opt/venv/bin:$PATH
-
-WORKDIR /app
-# PyPI's Linux torch wheel is the CUDA build and brings its own CUDA 12 libraries.
-RUN pip install --no-cache-dir torch==2.13.0
-COPY pyproject.toml ./
+COPY docker/install-python.sh docker/pip-install.sh /opt/earl-setup/
+RUN sh /opt/earl-setup/install-python.sh build && python3.11 -m venv /opt/venv
+ENV PATH=/opt/venv/bin:$PATH \
+    TORCH_EXTENSIONS_DIR=/opt/earl-kernels \
+    EARL_KERNEL_MARCH=${KERNEL_MARCH}
+COPY docker/wheels/ /wheels/
+# One FAISS per image: faiss-gpu must replace faiss-cpu, never sit beside it, so not `.[serve]` (faiss-cpu).
+#   cuda: PyPI's Linux torch wheel is the CUDA build and brings its own CUDA 12 libraries; faiss-gpu.
+#   cpu:  torch from PyTorch's CPU index (no CUDA libraries); faiss-cpu.
+RUN case "$DEVICE" in \
+      cuda) sh /opt/earl-setup/pip-install.sh torch==2.13.0 \
+            && sh /opt/earl-setup/pip-install.sh "faiss-gpu-cu12>=1.11" ;; \
+      cpu) sh /opt/earl-setup/pip-install.sh torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu \
+            && sh /opt/earl-setup/pip-install.sh faiss-cpu==1.15.1 ;; \
+      *) echo "DEVICE must be cuda or cpu, not '$DEVICE'" >&2; exit 1 ;; \
+    esac
+WORKDIR /src
+COPY pyproject.toml README.md ./
 COPY earl_service ./earl_service
-# Not `.[serve]`: that extra brings faiss-cpu, and faiss-gpu must replace it, never sit beside it.
-# The worker needs only the library, the Redis client and FAISS.
-RUN pip install --no-cache-dir . "redis>=5.0" "faiss-gpu-cu12>=1.11"
+# The worker needs only the library with its train extra, the Redis client and FAISS (above).
+RUN sh /opt/earl-setup/pip-install.sh ".[train]" "redis>=5.0"
+# Compile the kernel into TORCH_EXTENSIONS_DIR now; fail the build if it cannot be built.
+# (`earl worker` passes EARL_KERNEL_MARCH the same way, so it finds this build.)
+RUN python -c "import os; from earl_service import kernels; kernels.configure(march=os.environ['EARL_KERNEL_MARCH']); \
+assert kernels.extension_available(), 'the C++ kernel did not build'"
 
-ENV EARL_HOME=/data \
+FROM ${BASE_IMAGE}
+ARG KERNEL_MARCH=x86-64-v3
+ENV DEBIAN_FRONTEND=noninteractive
+COPY docker/install-python.sh /opt/earl-setup/
+RUN sh /opt/earl-setup/install-python.sh runtime
+COPY --from=build /opt/venv /opt/venv
+COPY --from=build /opt/earl-kernels /opt/earl-kernels
+# torch finds the kernel built (ninja has nothing to do); without the ABI check it asks for no compiler either.
+ENV PATH=/opt/venv/bin:$PATH \
+    TORCH_EXTENSIONS_DIR=/opt/earl-kernels \
+    EARL_KERNEL_MARCH=${KERNEL_MARCH} \
+    TORCH_DONT_CHECK_COMPILER_ABI=1 \
+    EARL_HOME=/data \
     PYTHONUNBUFFERED=1
+WORKDIR /data
 VOLUME /data
 # SIGTERM checkpoints the running job and puts it back in the queue (allow time: stop_grace_period).
 CMD ["earl", "worker", "--threads", "2"]

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import ExitStack, contextmanager
 from os import PathLike
 from pathlib import Path
@@ -14,6 +14,7 @@ import httpx
 Progress = Callable[[dict[str, Any]], None]
 FILES = ("train", "valid", "test", "entity_labels", "relation_labels")  # the upload fields of POST /jobs
 Source = str | PathLike | IO[bytes]  # a path, or a file opened in binary mode (its name, if any, is sent)
+BATCH_QUERIES = 100  # queries per POST /predict, the service's cap (api.schemas.MAX_BATCH_QUERIES)
 
 
 class ServiceError(RuntimeError):
@@ -142,11 +143,31 @@ class Client:
         return self._json(self.http.get(f"/models/{model_id}"))
 
     def predict(self, model_id: str, relation: str, *, head: str | None = None, tail: str | None = None,
-                k: int = 10) -> dict[str, Any]:
-        """Top-k tails of (head, relation, ?) or heads of (?, relation, tail): give exactly one of head, tail."""
+                k: int = 10, exclude_known: bool = True) -> dict[str, Any]:
+        """Top-k tails of (head, relation, ?) or heads of (?, relation, tail): give exactly one of head, tail (ids,
+        or labels that name one). Known answers are left out unless `exclude_known` is False."""
         anchors = {name: value for name, value in (("head", head), ("tail", tail)) if value is not None}
-        params: dict[str, str | int] = {"model": model_id, "relation": relation, "k": k, **anchors}
+        params: dict[str, str | int] = {"model": model_id, "relation": relation, "k": k,
+                                        "exclude_known": _form_value(exclude_known), **anchors}
         return self._json(self.http.get("/predict", params=params))
+
+    def predict_many(self, model_id: str, queries: Iterable[Mapping[str, object]]) -> list[dict[str, Any]]:
+        """Answers to many queries of one model, in order: each query a mapping with `relation` and one of `head` /
+        `tail`, optionally `k` and `exclude_known` (as `predict` takes them); each answer what `predict` returns,
+        without `model`. Sent as POST /predict batches of at most BATCH_QUERIES; a bad query fails its batch with
+        a ServiceError naming it (`queries[i]`, counted within that batch)."""
+        queries = list(queries)
+        answers: list[dict[str, Any]] = []
+        for start in range(0, len(queries), BATCH_QUERIES):
+            batch = {"model": model_id, "queries": [dict(q) for q in queries[start:start + BATCH_QUERIES]]}
+            answers += self._json(self.http.post("/predict", json=batch))["results"]
+        return answers
+
+    def score(self, model_id: str, head: str, relation: str, tail: str) -> dict[str, Any]:
+        """One triple's RotatE distance and score, whether the graph holds it (`known`) and its filtered ranks
+        (`tail_rank`, `head_rank`), with the names' ids and labels."""
+        params = {"model": model_id, "head": head, "relation": relation, "tail": tail}
+        return self._json(self.http.get("/score", params=params))
 
     def models(self) -> list[dict[str, Any]]:
         """Every registered model, as GET /models lists them."""

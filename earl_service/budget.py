@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import builtins
 import json
+import math
 import os
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -12,7 +14,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .bundle import Bundle
+from .bundle import Bundle, PQTables
 from .bundle_format import pack_labels, quantize
 from .compress_config import PAD_KEY, graph_bytes
 from .config import ModelConfig, ModelKind
@@ -20,6 +22,7 @@ from .data import Dataset, Vocab
 from .errors import BundleError
 from .graph import choose_reserved
 from .model import build_model
+from .pq_format import FALLBACK, codes_for, is_pq, parse_pq, plan, with_tables, zero_tables
 
 # Plain tensors: their bytes follow from shapes alone. planes-xz would be ~15% smaller at fp16 (~5% at int8,
 # bench/results/bundle_sizes.md) but its size depends on the trained values, so it cannot be known in advance.
@@ -47,9 +50,10 @@ def padded_metrics(metrics: dict[str, Any]) -> dict[str, Any]:
 
 
 def save_exact(bundle: Bundle, path: str | os.PathLike, *, precision: str, metrics: dict[str, Any],
-               expected: int) -> Path:
+               expected: int, pq_tables: PQTables | None = None) -> Path:
     """Write `bundle` at `precision` carrying `metrics`; the file must be `expected` bytes, as predicted."""
-    out = replace(bundle, metrics=padded_metrics(metrics)).save(path, precision=precision, coding=CODING)
+    out = replace(bundle, metrics=padded_metrics(metrics)).save(path, precision=precision, coding=CODING,
+                                                                pq_tables=pq_tables)
     size = out.stat().st_size
     if size != expected:
         raise BundleError(f"{out} is {size} bytes, the size model predicted {expected}: the bundle format changed "
@@ -102,10 +106,21 @@ class BundleSizes:
         tensors, metadata = self._packed[bundle.config.model]
         tensors = {name: t for name, t in tensors.items() if not name.startswith("param.")}
         for name, value in bundle.params.items():
-            tensors.update(quantize(f"param.{name}", value, precision))
+            tensors.update(quantize(f"param.{name}", value, FALLBACK if is_pq(precision) else precision))
         metadata = {**metadata, "precision": precision, "config": json.dumps(bundle.config.to_dict()),
                     "trainable_parameters": str(bundle.trainable_parameters), "payload_sha256": "0" * 64}
+        if is_pq(precision):  # codes and codebooks of the shapes pq_format.plan gives: their bytes need no values
+            tensors, metadata = with_tables(tensors, metadata, zero_tables(self.pq_layouts(bundle, precision)))
         return st_save(tensors, metadata=metadata)
+
+    def pq_layouts(self, bundle: Bundle, precision: str) -> dict:
+        m = parse_pq(precision)
+        assert m, f"{precision}: give pq:M to know the bytes"
+        return plan(bundle.config.model, bundle.config.dim, m, {n: v.shape for n, v in bundle.params.items()})
+
+    def pq_codes(self, model: ModelKind, dim: int, precision: str) -> int:
+        """How many tables a bundle of (model, dim) at `precision` (pq:M) codes: 0 makes it int8 in all but name."""
+        return len(self.pq_layouts(self.untrained(self.config(model, dim)), precision))
 
     def fixed_bytes(self) -> int:
         """Bytes of the graph, vocabularies and labels, which every candidate carries whatever its weights."""
@@ -115,17 +130,36 @@ class BundleSizes:
             blob.nbytes for blob in labels if blob is not None)
 
     def max_dim(self, model: ModelKind, precision: str, max_bytes: int) -> int | None:
-        """The largest dim whose bundle fits in `max_bytes` (None below MIN_DIM): bytes grow with dim, so
-        double until it no longer fits, then bisect."""
-        if self.bytes(model, MIN_DIM, precision) > max_bytes:
-            return None
-        fits, too_big = MIN_DIM, 2 * MIN_DIM
-        while self.bytes(model, too_big, precision) <= max_bytes:
-            fits, too_big = too_big, 2 * too_big
-        while too_big - fits > 1:
-            mid = (fits + too_big) // 2
-            fits, too_big = (mid, too_big) if self.bytes(model, mid, precision) <= max_bytes else (fits, mid)
-        return fits
+        """The largest dim whose bundle fits in `max_bytes` (None below MIN_DIM)."""
+        return _largest(lambda dim: self.bytes(model, dim, precision) <= max_bytes, step=1)
+
+    def max_pq_dim(self, model: ModelKind, numbers_per_code: int, max_bytes: int) -> int | None:
+        """The largest dim whose bundle at `numbers_per_code` floats per code byte (pq:M, M = 2 * dim / that) fits
+        in `max_bytes`: dims step so that M is whole; bytes still grow with dim (each table takes the cheaper of
+        pq and int8, both growing)."""
+        step = numbers_per_code // math.gcd(numbers_per_code, 2)
+        return _largest(lambda dim: self.bytes(model, dim, f"pq:{codes_for(dim, numbers_per_code)}") <= max_bytes,
+                        step=step)
+
+    def max_pq_codes_dim(self, model: ModelKind, codes: int, max_bytes: int) -> int | None:
+        """The largest dim whose bundle at pq:`codes` fits in `max_bytes` (dims where `codes` divides 2 * dim)."""
+        step = codes // math.gcd(codes, 2)
+        return _largest(lambda dim: self.bytes(model, dim, f"pq:{codes}") <= max_bytes, step=step)
+
+
+def _largest(fits: Callable[[int], bool], *, step: int) -> int | None:
+    """The largest multiple of `step` from MIN_DIM up for which `fits` holds (None if none does), `fits` being
+    monotone: double until it no longer fits, then bisect."""
+    first = -(-MIN_DIM // step)  # in units of step
+    if not fits(first * step):
+        return None
+    good, bad = first, 2 * first
+    while fits(bad * step):
+        good, bad = bad, 2 * bad
+    while bad - good > 1:
+        mid = (good + bad) // 2
+        good, bad = (mid, bad) if fits(mid * step) else (good, mid)
+    return good * step
 
 
 __all__ = ["CODING", "METRICS_ROOM", "MIN_DIM", "BundleSizes", "padded_metrics", "save_exact"]

@@ -33,7 +33,9 @@ from .core.decode import decode
 from .data import Vocab, load_triples_file
 from .errors import BundleError
 from .labels import Labels
+from .pq_format import FALLBACK, is_pq, resolve, with_tables
 
+PQTables = dict[str, tuple[np.ndarray, np.ndarray]]  # name -> (codes (N, M) uint8, codebooks (M, 256, w/M) fp16)
 # ---------------------------------------------------------------- the torch-side bundle
 
 
@@ -103,15 +105,19 @@ class Bundle:
         """(R, dim) float32 relation values (phases are value * pi / embedding_range)."""
         return self._embed()[1]
 
-    def to_tensors(self, precision: str | None = None, coding: str | None = None,
-                   ) -> tuple[dict[str, np.ndarray], dict[str, str]]:
-        """Tensors and metadata of the bundle file; coding (CODINGS) defaults to default_coding(precision)."""
+    def to_tensors(self, precision: str | None = None, coding: str | None = None, *,
+                   pq_tables: PQTables | None = None) -> tuple[dict[str, np.ndarray], dict[str, str]]:
+        """Tensors and metadata of the bundle file; coding (CODINGS) defaults to default_coding(precision). A pq
+        precision (pq_format) stores `pq_tables`, or codebooks faiss trains on the weights here when None."""
         precision = precision or self.precision
-        if precision not in PRECISIONS:
-            raise ValueError(f"precision must be one of {PRECISIONS}, not {precision!r}")
+        pq = is_pq(precision)
+        if pq:
+            precision = resolve(precision, self.config.dim)
+        elif precision not in PRECISIONS:
+            raise ValueError(f"precision must be one of {PRECISIONS} or pq[:M], not {precision!r}")
         tensors: dict[str, np.ndarray] = {}
         for name, value in self.params.items():
-            tensors.update(quantize(f"param.{name}", value, precision))
+            tensors.update(quantize(f"param.{name}", value, FALLBACK if pq else precision))
         tensors["buffer.reserved"] = self.reserved.astype(narrowest_uint(max(len(self.entities), 1)))
         tensors["graph.packed"] = pack_graph(self.triples, len(self.entities), len(self.relations))
         tensors["vocab.entities"] = pack_strings(self.entities.names)
@@ -130,6 +136,12 @@ class Bundle:
             "triples": str(len(self.triples)),
             "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         }
+        if pq:
+            if pq_tables is None:
+                from .pq import encode_tables
+
+                pq_tables = encode_tables(self.config, self.params, precision)
+            tensors, metadata = with_tables(tensors, metadata, pq_tables)
         return encode_weights(tensors, metadata, coding or default_coding(precision))
 
     def _label_tensors(self) -> dict[str, np.ndarray]:
@@ -138,8 +150,9 @@ class Bundle:
                   "labels.relations": pack_labels(self.relations.names, self.relation_labels)}
         return {name: blob for name, blob in packed.items() if blob is not None}
 
-    def save(self, path: str | os.PathLike, *, precision: str | None = None, coding: str | None = None) -> Path:
-        tensors, metadata = self.to_tensors(precision, coding)
+    def save(self, path: str | os.PathLike, *, precision: str | None = None, coding: str | None = None,
+             pq_tables: PQTables | None = None) -> Path:
+        tensors, metadata = self.to_tensors(precision, coding, pq_tables=pq_tables)
         return write_safetensors(path, tensors, metadata)
 
     def extend(self, triples_path: str | os.PathLike) -> Bundle:

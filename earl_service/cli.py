@@ -1,4 +1,4 @@
-"""The `earl` command: train, evaluate, export, info, extend, worker and serve."""
+"""The `earl` command: train, evaluate, export, info, extend, predict, score, compress, worker and serve."""
 
 from __future__ import annotations
 
@@ -9,13 +9,19 @@ import os
 import sys
 from pathlib import Path
 
+from .answers_cli import add_answer_commands, cmd_export_tables
 from .bundle_format import PRECISIONS
 from .compress_cli import add_compress_command
 from .config import ModelConfig, TrainConfig
 from .errors import ConfigError, EarlError
-from .options import add_train_options, configs_from_options
+from .options import add_data_options, add_train_options, configs_from_options, data_config_from_options
+from .tables import FORMATS as TABLE_FORMATS
 
 COMMANDS_GROUP = "earl.commands"  # entry points: callables that add a subcommand (`earl serve`, from api/serve.py)
+
+TRAIN_MODULES = ("torch", "tqdm", "matplotlib", "ninja")  # the [train] extra: absent from an edge install
+# Loggers whose INFO lines a user should see without -v: a header row skipped, the C++ kernel being compiled.
+NOTICES = ("earl_service.readers", "earl_service.kernels")
 
 LAUNCHER_OPTIONS = ("--nproc-per-node", "--nnodes", "--rdzv-endpoint", "--rdzv-backend", "--rdzv-id", "--node-rank")
 
@@ -138,9 +144,10 @@ def cmd_train(a: argparse.Namespace) -> int:
     if distributed or a.progress_file:
         signal.signal(signal.SIGTERM, lambda *_: stop.set())
     try:
-        dataset = load_dataset(a.data, labels=a.labels)
+        dataset = load_dataset(a.data, data=data_config_from_options(vars(a)), labels=a.labels)
         metrics = train(dataset, model_cfg, train_cfg, a.out, resume=a.resume, final_eval=not a.no_final_eval,
-                        protocol=a.protocol, should_stop=stop.is_set, on_progress=_progress_writer(a.progress_file))
+                        protocol=a.protocol, should_stop=stop.is_set, on_progress=_progress_writer(a.progress_file),
+                        command=["earl", *a.argv])
     finally:
         if distributed:
             import torch.distributed as dist
@@ -167,12 +174,15 @@ def cmd_evaluate(a: argparse.Namespace) -> int:
     from .data import load_dataset
     from .train import load_run
 
-    run = load_run(a.run_dir, load_dataset(a.data), device=a.device)
-    print(json.dumps(run.evaluate(a.split, a.protocol, batch_size=a.batch_size), indent=2))
+    run = load_run(a.run_dir, load_dataset(a.data, data=data_config_from_options(vars(a))), device=a.device)
+    print(json.dumps(run.evaluate(a.split, a.protocol, batch_size=a.batch_size, per_relation=a.per_relation),
+                     indent=2))
     return 0
 
 
 def cmd_export(a: argparse.Namespace) -> int:
+    if a.format != "safetensors":
+        return cmd_export_tables(a)
     from .bundle import export_bundle
 
     path = export_bundle(a.run_dir, a.out, precision=a.precision, coding=a.coding)
@@ -226,7 +236,8 @@ def add_labels_option(p: argparse.ArgumentParser) -> None:
 
 def add_train_command(sub) -> None:
     p = sub.add_parser("train", help="train EARL (or the RotatE baseline) on a dataset folder")
-    p.add_argument("data", help="folder with train.txt and optional valid.txt / test.txt")
+    p.add_argument("data", help="folder with a train file and optional valid / test files (.txt, .tsv, .csv, .nt, "
+                                ".nq, .ttl, .parquet, any of them .gz; read by content: docs/data.md)")
     p.add_argument("--out", required=True, help="run directory (checkpoints, metrics.json, curves.png)")
     p.add_argument("--resume", action="store_true", help="continue from RUN_DIR's last checkpoint")
     p.add_argument("--protocol", choices=["seen", "all"], default="seen",
@@ -250,15 +261,35 @@ def add_evaluate_command(sub) -> None:
     p.add_argument("--protocol", choices=["seen", "all"], default="seen", help="(default: %(default)s)")
     p.add_argument("--batch-size", type=int, default=TrainConfig.eval_batch_size, help="(default: %(default)s)")
     p.add_argument("--device", default=TrainConfig.device, help="auto | cpu | cuda | cuda:N (default: %(default)s)")
+    p.add_argument("--per-relation", action="store_true", help="add MRR / Hits@k of each relation ('per_relation')")
+    add_data_options(p)
     p.set_defaults(func=cmd_evaluate)
+
+
+def _precision(text: str) -> str:
+    """A precision argument: one of PRECISIONS, pq or pq:M."""
+    from .pq_format import parse_pq
+
+    try:
+        if text in PRECISIONS or parse_pq(text) is not None:
+            return text
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from exc
+    raise argparse.ArgumentTypeError(f"choose from {', '.join(PRECISIONS)}, pq or pq:M, not {text!r}")
 
 
 def add_bundle_commands(sub) -> None:
     """`earl export`, `earl info` and `earl extend`: a bundle out of a run, described, or grown."""
-    p = sub.add_parser("export", help="re-export a trained run's bundle (optionally at lower precision)")
-    p.add_argument("run_dir")
-    p.add_argument("--out", required=True)
-    p.add_argument("--precision", choices=PRECISIONS, default="fp32", help="(default: %(default)s)")
+    p = sub.add_parser("export", help="re-export a trained run's bundle (optionally at lower precision), or its "
+                                      "rebuilt embeddings as tables (--format npy|tsv|parquet)")
+    p.add_argument("run_dir", help="run directory; with a table --format also a bundle file")
+    p.add_argument("--out", required=True, help="bundle file; with a table --format a directory")
+    p.add_argument("--format", choices=("safetensors", *TABLE_FORMATS), default="safetensors",
+                   help="safetensors: a bundle (default); npy, tsv, parquet: entity embeddings and relation phases "
+                        "with their ids, and meta.json (docs/answers.md)")
+    p.add_argument("--precision", type=_precision, default="fp32",
+                   help=f"{', '.join(PRECISIONS)}, pq (M chosen: 4 floats a code byte) or pq:M (M one-byte codes per "
+                        "row of the entity tables; faiss codebooks) (default: %(default)s)")
     _add_coding_option(p)
     p.set_defaults(func=cmd_export)
 
@@ -283,6 +314,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_train_command(sub)
     add_evaluate_command(sub)
     add_bundle_commands(sub)
+    add_answer_commands(sub)
     add_compress_command(sub)
     add_worker_command(sub)
     if not add_plugin_commands(sub):
@@ -355,12 +387,14 @@ def cmd_worker(a: argparse.Namespace) -> int:
 
 
 def _configure_kernels(environ: dict[str, str]) -> None:
-    """EARL_NO_EXTENSION and EARL_EXTENSION_WAIT_S into the kernel's settings (torch loads only if one is set)."""
-    if environ.get("EARL_NO_EXTENSION") or "EARL_EXTENSION_WAIT_S" in environ:
+    """EARL_NO_EXTENSION, EARL_EXTENSION_WAIT_S and EARL_KERNEL_MARCH into the kernel's settings (torch loads only
+    if one is set)."""
+    if environ.get("EARL_NO_EXTENSION") or "EARL_EXTENSION_WAIT_S" in environ or environ.get("EARL_KERNEL_MARCH"):
         from . import kernels
 
         kernels.configure(enabled=not environ.get("EARL_NO_EXTENSION"),
-                          build_wait_s=float(environ.get("EARL_EXTENSION_WAIT_S", kernels.DEFAULT_BUILD_WAIT_S)))
+                          build_wait_s=float(environ.get("EARL_EXTENSION_WAIT_S", kernels.DEFAULT_BUILD_WAIT_S)),
+                          march=environ.get("EARL_KERNEL_MARCH") or "native")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -369,11 +403,19 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     args.argv = argv  # `earl train --nproc-per-node` re-runs the same command under torchrun
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(message)s")
+    for name in NOTICES:
+        logging.getLogger(name).setLevel(logging.INFO)
     try:
         _configure_kernels(dict(os.environ))
         return args.func(args)
     except (EarlError, ValueError, FileNotFoundError) as exc:
         print(f"earl: error: {exc}", file=sys.stderr)
+        return 2
+    except ModuleNotFoundError as exc:
+        if exc.name not in TRAIN_MODULES:
+            raise
+        print(f"earl: error: `earl {args.command}` needs {exc.name}, which the edge install leaves out: "
+              "pip install 'earl-service[train]' (torch first: docs/answers.md#edge-install)", file=sys.stderr)
         return 2
 
 

@@ -8,13 +8,14 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from .bundle_format import PRECISIONS
+from .compress_config import SEARCHED
 from .config import MODELS
+from .options import add_data_options, data_config_from_options
 
 
 def add_compress_command(sub) -> None:
     p = sub.add_parser("compress", help="find the most accurate bundle under a byte budget (models, dims, precisions)")
-    p.add_argument("data", help="folder with train.txt, valid.txt and optional test.txt")
+    p.add_argument("data", help="folder with train, valid and optional test files (any format earl train reads)")
     p.add_argument("--out", required=True,
                    help="job folder: the pick (bundle.safetensors), report.json/.md, frontier.png, candidates/; "
                         "run again with the same folder to continue a stopped job")
@@ -24,13 +25,16 @@ def add_compress_command(sub) -> None:
     p.add_argument("--time-limit", type=float, required=True, metavar="MINUTES",
                    help="minutes for the search (training, validation, exports; the final test evaluation comes after)")
     p.add_argument("--models", default=",".join(MODELS), help=f"comma-separated, from {', '.join(MODELS)}")
-    p.add_argument("--precisions", default=",".join(PRECISIONS), help=f"comma-separated, from {', '.join(PRECISIONS)}")
+    p.add_argument("--precisions", default=",".join(SEARCHED),
+                   help=f"comma-separated, from {', '.join(SEARCHED)} (pq: each code size that fits) or pq:M "
+                        "(M one-byte codes per row)")
     p.add_argument("--metric", default="mrr", help="validation metric that picks: mrr or hits@10")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default="auto", help="auto | cpu | cuda")
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch default)")
     p.add_argument("--no-labels", dest="labels", action="store_false",
                    help="leave the label files beside the triples out of every bundle (their bytes too)")
+    add_data_options(p)
     p.set_defaults(func=cmd_compress)
 
 
@@ -51,8 +55,8 @@ def cmd_compress(a: argparse.Namespace) -> int:
     config = CompressConfig.from_text(a.max_bytes, a.time_limit, models=a.models, precisions=a.precisions,
                                       metric=a.metric, seed=a.seed)
     train_config = TrainConfig(progress=False, device=a.device, threads=a.threads, seed=a.seed)
-    report = compress(load_dataset(a.data, labels=a.labels), a.out, config, train_config=train_config,
-                      on_progress=_show)
+    dataset = load_dataset(a.data, data=data_config_from_options(vars(a)), labels=a.labels)
+    report = compress(dataset, a.out, config, train_config=train_config, on_progress=_show)
     assert report is not None  # nothing stops the command line's job but a signal, which ends the process
     print(json.dumps({"bundle": str(Path(a.out) / PICK), **pick_metrics(report)}, indent=2))
     return 0

@@ -14,7 +14,10 @@ import numpy as np
 from .bundle_format import PRECISIONS, graph_csr, joined_strings, pack_graph, pack_strings
 from .config import MODELS, ModelKind
 from .errors import ConfigError
+from .pq_format import PQ, parse_pq
 
+# What compress searches by default: the uniform precisions, and pq at each code size that fits (pq_format).
+SEARCHED = (*PRECISIONS, PQ)
 METRICS = {"mrr": "mrr", "hits@10": "hits_at_10"}  # --metric -> the key in evaluation results
 # The metrics key whose run of spaces pads a compress bundle's metrics to a fixed size (budget.padded_metrics):
 # part of the file, never something to show.
@@ -91,6 +94,14 @@ def budget_floor(max_bytes: int, triples: np.ndarray, entities: Sequence[str], r
     return floor if max_bytes <= floor else None
 
 
+def _pq_codes(name: str) -> int | None:
+    """M of a well-formed pq:M; None for anything else."""
+    try:
+        return parse_pq(name) if name.startswith(PQ + ":") else None
+    except ValueError:
+        return None
+
+
 @dataclass(frozen=True)
 class CompressConfig:
     """What to search: the byte and time budgets, the models and precisions, the metric that picks."""
@@ -98,7 +109,7 @@ class CompressConfig:
     max_bytes: int
     time_limit_minutes: float
     models: tuple[ModelKind, ...] = MODELS
-    precisions: tuple[str, ...] = PRECISIONS
+    precisions: tuple[str, ...] = SEARCHED  # and pq:M for one code size
     metric: str = "mrr"
     seed: int = 0
     eta: int = 2  # successive halving keeps the best 1/eta of the candidates at each rung
@@ -108,10 +119,13 @@ class CompressConfig:
             raise ConfigError(f"max_bytes must be at least 1, not {self.max_bytes}")
         if not self.time_limit_minutes > 0:
             raise ConfigError(f"the time limit must be positive, not {self.time_limit_minutes} minutes")
-        for kind, names, known in (("model", self.models, MODELS), ("precision", self.precisions, PRECISIONS)):
-            if not names or any(n not in known for n in names):
-                unknown = [n for n in names if n not in known] or ["(none given)"]
-                raise ConfigError(f"unknown {kind} {', '.join(map(repr, unknown))}; choose from {', '.join(known)}")
+        for kind, names, known in (("model", self.models, MODELS), ("precision", self.precisions, SEARCHED)):
+            pq_ok = kind == "precision"
+            unknown = ([n for n in names if n not in known and not (pq_ok and _pq_codes(n))]
+                       or ([] if names else ["(none given)"]))
+            if unknown:
+                choices = ", ".join(known) + (", pq:M (M one-byte codes per row)" if kind == "precision" else "")
+                raise ConfigError(f"unknown {kind} {', '.join(map(repr, unknown))}; choose from {choices}")
         if self.metric not in METRICS:
             raise ConfigError(f"unknown metric {self.metric!r}; choose from {', '.join(METRICS)}")
         if self.eta < 2:
@@ -124,7 +138,7 @@ class CompressConfig:
         precisions (None: all); ConfigError for a bad size or an unknown name."""
         return cls(max_bytes=parse_size(max_bytes), time_limit_minutes=time_limit_minutes,
                    models=MODELS if models is None else split_models(models),
-                   precisions=PRECISIONS if precisions is None else split_names(precisions),
+                   precisions=SEARCHED if precisions is None else split_names(precisions),
                    metric=metric or cls.metric, seed=seed)
 
     def settings(self) -> dict[str, Any]:
@@ -133,5 +147,5 @@ class CompressConfig:
                 "metric": self.metric, "seed": self.seed, "eta": self.eta}
 
 
-__all__ = ["EXACT_FLOOR_RAW_BYTES", "METRICS", "PAD_KEY", "CompressConfig", "budget_floor", "graph_bytes",
+__all__ = ["EXACT_FLOOR_RAW_BYTES", "METRICS", "PAD_KEY", "SEARCHED", "CompressConfig", "budget_floor", "graph_bytes",
            "parse_size", "shown_metrics", "split_models", "split_names"]

@@ -35,7 +35,8 @@ def build_report(job: Job, rows: list[dict[str, Any]], pick: dict[str, Any], tes
                     "relations": ds.num_relations, "train": len(ds.train), "valid": len(ds.split("valid")),
                     "test": 0 if ds.test is None else len(ds.test)},
         "graph_bytes": job.state["graph_bytes"], "validation_seconds": job.state["validation_seconds"],
-        "sizes": f"exact: weights as {CODING} tensors, metrics padded to {METRICS_ROOM} header bytes; every "
+        "sizes": f"exact: weights as {CODING} tensors (pq:M: the entity tables as M one-byte codes per row and fp16 "
+                 f"codebooks, fine-tuned; other weights int8), metrics padded to {METRICS_ROOM} header bytes; every "
                  "written file was checked against its prediction",
         "candidates": job.state["candidates"],
         "rungs": [{"index": r["index"], "survivors": r["survivors"], "budget_seconds": r.get("budget_seconds"),
@@ -100,10 +101,11 @@ def plot_frontier(report: dict[str, Any], path: os.PathLike) -> None:
     import matplotlib.pyplot as plt
 
     key, rows = report["metric_key"], report["exports"]
-    markers, colours = {"fp32": "o", "fp16": "s", "int8": "^"}, {"earl": "tab:blue", "rotate": "tab:orange"}
+    markers = {"fp32": "o", "fp16": "s", "int8": "^", "pq:M": "D"}
+    colours = {"earl": "tab:blue", "rotate": "tab:orange"}
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for r in rows:
-        ax.scatter(r["bytes"] / 1e6, r[key], marker=markers.get(r["precision"], "x"),
+        ax.scatter(r["bytes"] / 1e6, r[key], marker=markers.get(r["precision"], markers["pq:M"]),
                    color=colours.get(r["model"], "gray"), alpha=0.5 + 0.5 * (r["rung"] == max(x["rung"] for x in rows)))
     front = frontier(rows, key)
     ax.step([r["bytes"] / 1e6 for r in front], [r[key] for r in front], where="post", color="gray", lw=1,

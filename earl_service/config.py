@@ -151,6 +151,16 @@ class TrainConfig:
     negatives: int = setting(256, "negatives per side (this many head and this many tail corruptions)",
                              bounds={"ge": 1}, limits={"le": 4096})
     lr: float = setting(1e-3, "Adam learning rate", bounds={"gt": 0.0}, limits={"le": 1.0})
+    lr_schedule: str = setting("constant", "the rate over the budget (--steps or --time-limit, whichever ends "
+                                           "first): constant, or warm-up then cosine or linear decay to --lr-floor",
+                               choices=("constant", "cosine", "linear"))
+    warmup: float = setting(0.0, "fraction of the budget spent warming the rate up from 0 (decaying schedules)",
+                            bounds={"ge": 0.0, "le": 1.0})
+    lr_floor: float = setting(0.0, "the decayed rate at the end of the budget, as a fraction of --lr",
+                              bounds={"ge": 0.0, "le": 1.0})
+    encoder_lr: float = setting(0.0, "Adam rate of EARL's shared encoder weights (0: --lr); --lr then applies "
+                                     "to the tables (reserved entities, relations)", bounds={"ge": 0.0},
+                                limits={"le": 1.0})
     adversarial_temperature: float = setting(1.0, "self-adversarial temperature alpha", option="temperature",
                                              bounds={"ge": 0.0}, cli_only=True)
     eval_every: int = setting(100, "steps between validations (0: no validation during training)",
@@ -202,4 +212,32 @@ class TrainConfig:
         return cls(**{k: v for k, v in values.items() if k in names})
 
 
-__all__ = ["ABLATIONS", "ModelConfig", "Text", "TrainConfig", "parse_fanout", "setting"]
+COLUMN_ORDERS = ("h,r,t", "h,t,r", "r,h,t", "r,t,h", "t,h,r", "t,r,h")
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    """How triple files are read where their content leaves a choice: a header row, the order of the columns."""
+
+    header: bool | None = setting(None, "the first line is a header to skip (--no-header: it is a triple); default: "
+                                        "detected from its names (head/relation/tail, subject/predicate/object, ...)",
+                                  group="data")
+    columns: str = setting("h,r,t", "the order of head (h), relation (r) and tail (t) in a row, e.g. h,t,r; a "
+                                    "detected header's names win over the default", group="data",
+                           choices=COLUMN_ORDERS)
+
+    def __post_init__(self) -> None:
+        _check_fields(self)
+
+    @property
+    def order(self) -> tuple[int, int, int]:
+        """The positions of (head, relation, tail) in a row."""
+        letters = self.columns.split(",")
+        return letters.index("h"), letters.index("r"), letters.index("t")
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+__all__ = ["ABLATIONS", "COLUMN_ORDERS", "DataConfig", "ModelConfig", "Text", "TrainConfig", "parse_fanout",
+           "setting"]

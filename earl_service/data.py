@@ -1,228 +1,43 @@
-"""Reading triple files and datasets into integer-id arrays with entity/relation vocabularies."""
+"""Triple files and datasets into integer-id arrays with entity/relation vocabularies (readers/ parses the files)."""
 
 from __future__ import annotations
 
 import bisect
-import codecs
-import csv
 import difflib
-import gzip
-import io
+import hashlib
 import logging
 import os
-import zlib
 from collections import Counter
 from collections.abc import Iterable, Iterator
-from contextlib import nullcontext
 from dataclasses import dataclass, field
-from itertools import islice, repeat
+from itertools import islice
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
-from earl_service.errors import (
+from . import readers
+from .config import DataConfig
+from .errors import (
     DatasetError,
     TripleFileError,
     TripleLimitError,
     UnknownEntityError,
     UnknownRelationError,
 )
-from earl_service.labels import Labels, read_labels
+from .labels import Labels, read_labels
+from .provenance import file_sha256
+from .readers import Batch, ReadReport, Triple
+from .readers.report import row_error
 
 log = logging.getLogger(__name__)
 
 PathLike = str | os.PathLike[str]
-Triple = tuple[str, str, str]
 
 DEFAULT_MAX_BYTES = 2 * 1024**3
-# Far above any real line; it stops a file without line breaks (a gzip of one endless "line") from being held whole.
-MAX_LINE_BYTES = 16 * 2**20
 SPLITS = ("train", "valid", "test")
-SPLIT_SUFFIXES = (".txt", ".tsv", ".csv", ".txt.gz", ".tsv.gz", ".csv.gz")
-_FIELDS = ("head", "relation", "tail")
-_CHUNK = 1 << 20
-_BATCH = 1 << 16  # CSV records per batch
+SPLIT_SUFFIXES = readers.SPLIT_SUFFIXES
 _ENTITY_BITS = 24  # id width in the first packed keys (16M entities); past it, and past 2**15 relations, re-key
-
-
-def _size(n: int) -> str:
-    if n < 1024:
-        return f"{n} bytes"
-    exp = min(3, (n.bit_length() - 1) // 10)
-    return f"{n / 1024**exp:.4g} {('KiB', 'MiB', 'GiB')[exp - 1]}"
-
-
-def _blocks(path: Path, max_bytes: int) -> Iterator[bytes]:
-    """The file's bytes about _CHUNK at a time, decompressing ``.gz`` as it goes, with a guard against gzip bombs."""
-    gz = path.name.lower().endswith(".gz")
-    try:
-        with path.open("rb") as raw, (gzip.GzipFile(fileobj=raw) if gz else nullcontext(raw)) as f:
-            total = 0
-            while block := f.read(_CHUNK):
-                total += len(block)
-                if gz and total > max_bytes:
-                    raise TripleFileError(
-                        path, None, f"decompresses to more than {_size(max_bytes)} (max_bytes={max_bytes}); "
-                        "refusing to read it (possible gzip bomb)")
-                yield block
-    except (OSError, EOFError, zlib.error) as e:
-        if isinstance(e, OSError) and e.strerror:  # the OS failed to open or read it
-            raise TripleFileError(path, None, f"cannot read file: {e.strerror}") from e
-        raise TripleFileError(path, None, f"not a valid gzip file: {e}") from e
-
-
-def _decode(path: Path, data: bytes, first_line: int) -> str:
-    """``data`` (whole lines, the first numbered ``first_line``) as text; a NUL byte or bad UTF-8 names its line."""
-    nul = data.find(b"\0")
-    if nul >= 0:
-        raise TripleFileError(path, first_line + data.count(b"\n", 0, nul), "contains a NUL byte; looks like a "
-                              "binary file, not a text file of triples")
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as e:
-        column = e.start - data.rfind(b"\n", 0, e.start)
-        raise TripleFileError(path, first_line + data.count(b"\n", 0, e.start), f"not valid UTF-8 (byte "
-                              f"0x{data[e.start]:02x} at byte column {column}); save the file as UTF-8") from None
-
-
-def _text_chunks(path: Path, max_bytes: int) -> Iterator[tuple[int, str]]:
-    """``(number of its first line, text)`` for runs of whole lines of about _CHUNK bytes: the file, streamed.
-
-    Only one chunk (or one unfinished line, at most MAX_LINE_BYTES) is held at a time.
-    """
-    lineno, pending, pending_len = 1, [b""], 0
-    for block in _blocks(path, max_bytes):
-        cut = block.rfind(b"\n") + 1
-        if not cut:  # still inside one line
-            pending.append(block)
-            pending_len += len(block)
-            if pending_len > MAX_LINE_BYTES:
-                raise TripleFileError(path, lineno, f"no line break in {_size(MAX_LINE_BYTES)}; expected one "
-                                      "head, relation, tail per line")
-            continue
-        data = b"".join((*pending, block[:cut]))
-        pending, pending_len = [block[cut:]], len(block) - cut
-        yield lineno, _decode(path, _unmarked(path, data) if lineno == 1 else data, lineno)
-        lineno += data.count(b"\n")
-    if pending_len:
-        data = b"".join(pending)
-        yield lineno, _decode(path, _unmarked(path, data) if lineno == 1 else data, lineno)
-
-
-def _unmarked(path: Path, start: bytes) -> bytes:
-    """The file's first lines without a UTF-8 byte-order mark; a UTF-16 one is refused."""
-    if start.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)):
-        raise TripleFileError(path, None, "is encoded as UTF-16; save it as UTF-8")
-    return start.removeprefix(codecs.BOM_UTF8)
-
-
-def _is_csv(path: Path) -> bool:
-    return path.name.lower().removesuffix(".gz").endswith(".csv")
-
-
-def _tsv_rows(chunks: Iterable[tuple[int, str]]) -> Iterator[tuple[int, list[str]]]:
-    for first, text in chunks:
-        yield from enumerate((line.split("\t") for line in text.split("\n")), first)
-
-
-def _csv_rows(path: Path, chunks: Iterable[tuple[int, str]]) -> Iterator[tuple[int, list[str]]]:
-    # Chunks end at "\n", so splitting each on its own yields the lines of the whole text, "\r" endings included.
-    lines = (line for _, text in chunks for line in io.StringIO(text, newline=""))
-    reader = csv.reader(lines, skipinitialspace=True)
-    try:
-        for row in reader:
-            yield reader.line_num, row
-    except csv.Error as e:
-        raise TripleFileError(path, reader.line_num, f"malformed CSV: {e}") from None
-
-
-class _BadRow(ValueError):
-    """A malformed row; whoever knows its line number turns it into a TripleFileError."""
-
-
-def _fields(parts: list[str], *, is_csv: bool) -> Triple | None:
-    """The stripped ``(head, relation, tail)`` of a row split into fields, None for a blank row."""
-    if len(parts) == 3:
-        h, r, t = parts[0].strip(), parts[1].strip(), parts[2].strip()
-        if h and r and t:
-            return h, r, t
-        if not (h or r or t):
-            return None
-        missing = next(f for f, v in zip(_FIELDS, (h, r, t), strict=True) if not v)
-        raise _BadRow(f"empty {missing} field")
-    if not any(p.strip() for p in parts):
-        return None
-    sep = "commas" if is_csv else "tabs"
-    spaces = len(parts) == 1 and len(parts[0].split()) == 3
-    hint = " (the fields seem to be separated by spaces)" if spaces else ""
-    raise _BadRow(f"expected 3 columns (head, relation, tail) separated by {sep}, found {len(parts)}{hint}")
-
-
-def _records(path: Path, max_bytes: int = DEFAULT_MAX_BYTES) -> Iterator[tuple[int, Triple]]:
-    """Yield ``(line_number, (head, relation, tail))`` for every non-blank line, streaming and validating."""
-    chunks = _text_chunks(path, max_bytes)
-    is_csv = _is_csv(path)
-    for lineno, parts in _csv_rows(path, chunks) if is_csv else _tsv_rows(chunks):
-        try:
-            triple = _fields(parts, is_csv=is_csv)
-        except _BadRow as e:
-            raise TripleFileError(path, lineno, str(e)) from None
-        if triple:
-            yield lineno, triple
-
-
-def _bulk_fields(lines: list[str]) -> list[str] | None:
-    """The fields of distinct non-blank TSV lines, head, relation, tail, head, ...; None unless every line is three
-    tab-separated fields without whitespace (the line-by-line parser then strips, validates and reports)."""
-    if set(map(str.count, lines, repeat("\t"))) != {2}:
-        return None
-    joined = "\t".join(lines)
-    fields = joined.split("\t")
-    # Printable and space-free means no whitespace at all (every other whitespace character is unprintable).
-    clean = all(fields) and " " not in joined and "".join(fields).isprintable()
-    return fields if clean else None
-
-
-def _line_fields(path: Path, first: int, lines: list[str], seen: Counter) -> tuple[list[str], np.ndarray]:
-    """The ``(fields, counts)`` of a chunk parsed line by line, for padded fields, blank or malformed lines; the
-    first bad line (by first appearance) is reported."""
-    fields: list[str] = []
-    counts: list[int] = []
-    for line, count in seen.items():  # in order of first appearance
-        try:
-            triple = _fields(line.split("\t"), is_csv=False)
-        except _BadRow as e:
-            raise TripleFileError(path, first + lines.index(line), str(e)) from None
-        if triple:
-            fields.extend(triple)
-            counts.append(count)
-    return fields, np.array(counts, dtype=np.int64)
-
-
-def _tsv_batches(path: Path, chunks: Iterable[tuple[int, str]]) -> Iterator[tuple[list[str], np.ndarray]]:
-    """Per chunk, ``(fields, counts)``: its distinct lines' triples as a flat list of names and how often each line
-    occurs, so a line repeated within a chunk is parsed once, whatever its count."""
-    for first, text in chunks:
-        if "\r" in text:  # CRLF: the "\r" would be stripped from the tail anyway; line numbers stay the same
-            text = text.replace("\r\n", "\n")
-        lines = text.split("\n")
-        seen = Counter(lines)
-        seen.pop("", None)
-        fields = _bulk_fields(list(seen))
-        if fields is None:
-            yield _line_fields(path, first, lines, seen)
-        else:
-            yield fields, np.fromiter(seen.values(), dtype=np.int64, count=len(seen))
-
-
-def _batches(path: Path, max_bytes: int) -> Iterator[tuple[list[str], np.ndarray]]:
-    """The file's triples as ``(fields, counts)`` batches (see _tsv_batches); CSV goes record by record."""
-    if not _is_csv(path):
-        yield from _tsv_batches(path, _text_chunks(path, max_bytes))
-        return
-    records = (triple for _, triple in _records(path, max_bytes))
-    while batch := list(islice(records, _BATCH)):
-        yield [name for triple in batch for name in triple], np.ones(len(batch), dtype=np.int64)
 
 
 class _KeySet:
@@ -293,13 +108,15 @@ class TripleTable:
     """A triple file's distinct triples in file order, as ids into the file's own name lists.
 
     ``ids`` is ``(n, 3)`` int64 ``(head, relation, tail)``; ``entities`` and ``relations`` hold the names by id, in
-    order of first appearance (head before tail); ``duplicates`` counts the repeated triples dropped.
+    order of first appearance (head before tail); ``duplicates`` counts the repeated triples dropped; ``report``
+    says what the reader found besides (format, a skipped header, RDF literals dropped and entity labels).
     """
 
     entities: list[str]
     relations: list[str]
     ids: np.ndarray
     duplicates: int
+    report: ReadReport = field(default_factory=ReadReport)
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -351,11 +168,11 @@ class _TableBuilder:
         e_bits, r_bits = self._bits
         return (ids[:, 0] << (e_bits + r_bits)) | (ids[:, 2] << r_bits) | ids[:, 1]
 
-    def table(self) -> TripleTable:
+    def table(self, report: ReadReport) -> TripleTable:
         self._seen = _KeySet()
         ids, self._ids = self._ids, np.empty((0, 3), dtype=np.int64)
         ids.resize((self._kept, 3), refcheck=False)
-        return TripleTable(list(self.entities), list(self.relations), ids, self.read - len(ids))
+        return TripleTable(list(self.entities), list(self.relations), ids, self.read - len(ids), report)
 
 
 class _TripleCounter:
@@ -376,28 +193,37 @@ class _TripleCounter:
             raise TripleLimitError(self.path, self.max_triples)
 
 
-def _read_into(path: Path, sink: _TableBuilder | _TripleCounter, max_bytes: int) -> None:
-    """Stream the file's triples into ``sink``; a file without any is refused."""
-    for fields, counts in _batches(path, max_bytes):
-        sink.add(fields, counts)
+def _read_into(path: Path, sink: _TableBuilder | _TripleCounter, max_bytes: int, data: DataConfig | None,
+               ) -> ReadReport:
+    """Stream the file's triples into ``sink``; a file without any is refused. Returns the reader's report."""
+    report = ReadReport()
+    _fill(sink, readers.batches(path, max_bytes=max_bytes, data=data or DataConfig(), report=report))
     if not sink.read:
-        blank = all(not text.strip() for _, text in _text_chunks(path, max_bytes))
-        what = "is empty" if blank else "has no triples"
+        what = "is empty" if readers.is_blank(path, max_bytes) else "has no triples"
         raise TripleFileError(path, None, f"{what}; expected lines of head, relation, tail")
+    return report
 
 
-def read_table(path: PathLike, *, max_bytes: int = DEFAULT_MAX_BYTES, max_triples: int | None = None) -> TripleTable:
+def _fill(sink: _TableBuilder | _TripleCounter, batches: Iterable[Batch]) -> None:
+    for fields, counts in batches:
+        sink.add(fields, counts)
+
+
+def read_table(path: PathLike, *, max_bytes: int = DEFAULT_MAX_BYTES, max_triples: int | None = None,
+               data: DataConfig | None = None) -> TripleTable:
     """Read a triple file into a :class:`TripleTable`, streaming: memory grows with the distinct triples, not the text.
 
-    Lines are ``head<TAB>relation<TAB>tail`` (comma-separated CSV for ``.csv``/``.csv.gz``), UTF-8 with or
-    without BOM, LF or CRLF; ``.gz`` files are decompressed up to ``max_bytes``. Blank lines are skipped
-    and fields are stripped. Any problem raises :class:`TripleFileError` with the line number; more than
-    ``max_triples`` distinct triples raise :class:`TripleLimitError` (as :func:`count_triples`).
+    The format comes from the content (readers.detect): gzip by its magic bytes, Parquet, N-Triples, N-Quads,
+    Turtle, or delimited text (tab, comma, semicolon, pipe or whitespace, guessed from the first lines, with a
+    header row skipped) in UTF-8 with or without BOM, LF or CRLF; ``data`` forces the header and the column
+    order. Gzip is decompressed up to ``max_bytes``. Blank lines are skipped and fields are stripped. Any
+    problem raises :class:`TripleFileError` with the line (or row); more than ``max_triples`` distinct triples
+    raise :class:`TripleLimitError` (as :func:`count_triples`).
     """
     path = Path(path)
     builder = _TableBuilder(path, max_triples)
-    _read_into(path, builder, max_bytes)
-    table = builder.table()
+    report = _read_into(path, builder, max_bytes, data)
+    table = builder.table(report)
     log.debug("%s: %d triples, %d duplicates dropped", path, len(table), table.duplicates)
     return table
 
@@ -411,8 +237,8 @@ class TripleCounts:
     longest_name: int
 
 
-def count_triples(path: PathLike, *, max_bytes: int = DEFAULT_MAX_BYTES,
-                  max_triples: int | None = None) -> TripleCounts:
+def count_triples(path: PathLike, *, max_bytes: int = DEFAULT_MAX_BYTES, max_triples: int | None = None,
+                  data: DataConfig | None = None) -> TripleCounts:
     """Check a triple file as :func:`read_table` would read it (same formats, same errors) and count it.
 
     No names or ids are kept: a distinct triple costs one 64-bit fingerprint (Python's keyed string hash), so
@@ -422,16 +248,17 @@ def count_triples(path: PathLike, *, max_bytes: int = DEFAULT_MAX_BYTES,
     """
     path = Path(path)
     counter = _TripleCounter(path, max_triples)
-    _read_into(path, counter, max_bytes)
+    _read_into(path, counter, max_bytes, data)
     return TripleCounts(counter.seen.size, counter.read - counter.seen.size, counter.longest_name)
 
 
-def read_triples(path: PathLike, *, max_bytes: int = DEFAULT_MAX_BYTES) -> tuple[list[Triple], int]:
+def read_triples(path: PathLike, *, max_bytes: int = DEFAULT_MAX_BYTES,
+                 data: DataConfig | None = None) -> tuple[list[Triple], int]:
     """Read a triple file; return its distinct triples in file order and the number of duplicates dropped.
 
     The names of :func:`read_table`'s ids (same formats, same errors).
     """
-    table = read_table(path, max_bytes=max_bytes)
+    table = read_table(path, max_bytes=max_bytes, data=data)
     return table.triples(), table.duplicates
 
 
@@ -522,9 +349,11 @@ class Dataset:
     """A knowledge graph split into train/valid/test arrays of ``(head, relation, tail)`` ids.
 
     Entity ids ``0 .. num_train_entities - 1`` occur in train; higher ids were first seen in valid/test.
-    ``stats[split]`` holds ``file``, ``triples_read``, ``duplicates_dropped``, ``unknown_relation_dropped``,
-    ``triples`` (kept) and ``new_entities`` (entities first seen in that split); ``stats["labels"]`` the labels
-    read (earl_service/labels.py), which the trained bundle carries.
+    ``stats[split]`` holds ``file``, ``format``, ``triples_read``, ``duplicates_dropped``,
+    ``unknown_relation_dropped``, ``triples`` (kept) and ``new_entities`` (entities first seen in that split), and
+    where they apply ``header_line`` (a header row skipped) and ``literals_dropped`` (RDF). ``labels`` holds the
+    label files beside the triples (earl_service/labels.py) over the labels the data itself gave (RDF rdfs:label /
+    skos:prefLabel, train's first), which the trained bundle carries; ``stats["labels"]`` counts them.
     """
 
     entities: Vocab
@@ -557,13 +386,78 @@ class Dataset:
         triples = np.asarray(triples)
         return (triples[:, 0] < self.num_train_entities) & (triples[:, 2] < self.num_train_entities)
 
+    def vocab_signature(self) -> dict[str, Any]:
+        """What a trained model depends on: the training entities and the relations, counted and hashed in order
+        (a checkpoint keeps it, so a run is never evaluated against other data)."""
+        digest = hashlib.sha256("\n".join(self.entities.names[: self.num_train_entities]).encode())
+        digest.update(b"\0" + "\n".join(self.relations.names).encode())
+        return {"entities": self.num_train_entities, "relations": self.num_relations, "sha256": digest.hexdigest()}
+
+    @classmethod
+    def from_triples(cls, train: Any, valid: Any = None, test: Any = None, *,
+                     columns: tuple[str, str, str] | None = None, data: DataConfig | None = None, max_bytes: int = DEFAULT_MAX_BYTES) -> Dataset:
+        """A dataset from triples in memory or in files, split by split: a pandas DataFrame or a pyarrow Table
+        (columns named head/relation/tail, subject/predicate/object, ... or ``columns``, else the first three in
+        ``data.columns``' order; needs the `parquet` extra), an iterable of ``(head, relation, tail)`` tuples, or a
+        path to a triple file of any format read_table reads. Errors name the split and the row."""
+        tables = {split: _table_of(source, split, columns=columns, data=data or DataConfig(), max_bytes=max_bytes)
+                  for split, source in zip(SPLITS, (train, valid, test), strict=True) if source is not None}
+        return _assemble(tables, where="in-memory triples")
+
+
+def _table_of(source: Any, split: str, *, columns: tuple[str, str, str] | None, data: DataConfig,
+              max_bytes: int) -> tuple[str, TripleTable]:
+    """``(where it came from, table)`` for one of from_triples' sources."""
+    if isinstance(source, str | os.PathLike):
+        return str(source), read_table(source, max_bytes=max_bytes, data=data)
+    where = f"<{split} {type(source).__name__}>"
+    builder = _TableBuilder(Path(where))
+    report = ReadReport(format=type(source).__name__)
+    try:
+        if hasattr(source, "schema") or hasattr(source, "iloc"):  # a pyarrow Table / RecordBatch, a pandas DataFrame
+            from .readers import columnar
+
+            _fill(builder, columnar.table_batches(source, data, columns))
+        else:
+            _fill(builder, _tuple_batches(source))
+    except ValueError as exc:
+        raise row_error(where, exc) from None
+    if not builder.read:
+        raise TripleFileError(where, None, "has no triples")
+    table = builder.table(report)
+    report.sha256 = _table_sha256(table)
+    return where, table
+
+
+def _table_sha256(table: TripleTable) -> str:
+    """A digest of in-memory triples (their names and id rows): what provenance records where there is no file."""
+    digest = hashlib.sha256("\n".join(table.entities).encode())
+    digest.update("\n".join(table.relations).encode())
+    digest.update(np.ascontiguousarray(table.ids, dtype="<i8").tobytes())
+    return digest.hexdigest()
+
+
+def _tuple_batches(triples: Iterable[Any]) -> Iterator[Batch]:
+    """``(head, relation, tail)`` tuples as batches; a row that is not three non-empty names is a ValueError."""
+    it = iter(triples)
+    row = 1
+    while batch := list(islice(it, 1 << 16)):
+        flat: list[str] = []
+        for i, triple in enumerate(batch, row):
+            names = [str(x).strip() for x in triple] if isinstance(triple, list | tuple) else []
+            if len(names) != 3 or not all(names):
+                got = repr(triple)[:200]
+                raise ValueError(f"row {i}: expected (head, relation, tail), three non-empty names; got {got}")
+            flat.extend(names)
+        row += len(batch)
+        yield flat, np.ones(len(batch), dtype=np.int64)
+
 
 def _split_file(folder: Path, split: str) -> Path | None:
     found = [p for p in (folder / f"{split}{s}" for s in SPLIT_SUFFIXES) if p.is_file()]
     if len(found) > 1:
         log.warning("%s: several %s files; using %s", folder, split, found[0].name)
     return found[0] if found else None
-
 
 
 def _to_ids(table: TripleTable, entities: dict[str, int], relations: dict[str, int]) -> np.ndarray:
@@ -582,37 +476,56 @@ def _to_ids(table: TripleTable, entities: dict[str, int], relations: dict[str, i
     return out
 
 
-def _split_stats(file: Path, table: TripleTable, kept: int, new_entities: int) -> dict:
-    return {"file": str(file), "triples_read": len(table) + table.duplicates, "duplicates_dropped": table.duplicates,
-            "unknown_relation_dropped": len(table) - kept, "triples": kept, "new_entities": new_entities}
+def _split_stats(file: str, table: TripleTable, kept: int, new_entities: int) -> dict:
+    report = table.report
+    stats = {"file": file, "format": report.format, "sha256": report.sha256,
+             "triples_read": len(table) + table.duplicates, "duplicates_dropped": table.duplicates,
+             "unknown_relation_dropped": len(table) - kept, "triples": kept,
+             "new_entities": new_entities}
+    if report.header_line:
+        stats["header_line"] = report.header_line
+    if report.literals_dropped:
+        stats["literals_dropped"] = report.literals_dropped
+    return stats
 
 
-def load_dataset(path: PathLike, *, max_bytes: int = DEFAULT_MAX_BYTES, labels: bool = True) -> Dataset:
+def load_dataset(path: PathLike, *, max_bytes: int = DEFAULT_MAX_BYTES, data: DataConfig | None = None,
+                 labels: bool = True) -> Dataset:
     """Load a dataset folder holding ``train`` and optional ``valid``/``test`` triple files.
 
-    Each split may be named ``<split>.txt``, ``.tsv`` or ``.csv``, optionally ``.gz``; the first found in
-    that order is used. Valid/test triples whose relation is not in train are dropped (counted in
-    ``stats``); entities that occur only in valid/test are appended after the train entities. With `labels`,
-    the label files beside the triples are read too (earl_service.labels.read_labels).
+    Each split may be named ``<split>.txt``, ``.tsv``, ``.csv``, ``.nt``, ``.nq``, ``.ttl`` or ``.parquet``,
+    optionally ``.gz``; the first found in that order is used, and read as its content says (read_table).
+    Valid/test triples whose relation is not in train are dropped (counted in ``stats``); entities that occur
+    only in valid/test are appended after the train entities. With `labels`, the label files beside the triples
+    (earl_service.labels.read_labels) and the labels in the data (RDF) are kept; without, none are.
     """
     folder = Path(path)
     accepted = ", ".join(f"train{s}" for s in SPLIT_SUFFIXES)
     if not folder.is_dir():
         raise DatasetError(f"dataset folder not found: {folder} (expected a folder with one of {accepted})")
-    train_file = _split_file(folder, "train")
-    if train_file is None:
+    files = {split: file for split in SPLITS if (file := _split_file(folder, split)) is not None}
+    if "train" not in files:
         raise DatasetError(f"no train file in {folder}; expected one of {accepted}")
-    table = read_table(train_file, max_bytes=max_bytes)
+    tables = {split: (str(file), read_table(file, max_bytes=max_bytes, data=data)) for split, file in files.items()}
+    for name, table in tables.values():
+        table.report.sha256 = file_sha256(name)
+    return _assemble(tables, where=str(folder), labels_beside=folder, labels=labels)
+
+
+def _assemble(tables: dict[str, tuple[str, TripleTable]], *, where: str, labels_beside: Path | None = None,
+              labels: bool = True) -> Dataset:
+    """The dataset of per-split tables (train first): shared vocabularies, train's entities numbered first."""
+    file, table = tables["train"]
     entities: dict[str, int] = {}
     relations = {r: i for i, r in enumerate(table.relations)}
     arrays = {"train": _to_ids(table, entities, relations)}
     num_train_entities = len(entities)
-    stats = {"train": _split_stats(train_file, table, len(table), num_train_entities)}
+    stats = {"train": _split_stats(file, table, len(table), num_train_entities)}
+    given = dict(table.report.labels)  # the data's own labels (RDF), train's first
     for split in SPLITS[1:]:
-        file = _split_file(folder, split)
-        if file is None:
+        if split not in tables:
             continue
-        table = read_table(file, max_bytes=max_bytes)
+        file, table = tables[split]
         known = len(entities)
         arrays[split] = _to_ids(table, entities, relations)
         if dropped := len(table) - len(arrays[split]):
@@ -620,9 +533,10 @@ def load_dataset(path: PathLike, *, max_bytes: int = DEFAULT_MAX_BYTES, labels: 
             log.warning("%s: dropped %d triples whose relation is not in train (%d relations, e.g. %s)",
                         file, dropped, len(unknown), ", ".join(repr(r) for r in unknown[:5]))
         stats[split] = _split_stats(file, table, len(arrays[split]), len(entities) - known)
-    log.info("loaded %s: %d entities (%d in train), %d relations, %s", folder, len(entities),
+        given.update((e, label) for e, label in table.report.labels.items() if e not in given)
+    log.info("loaded %s: %d entities (%d in train), %d relations, %s", where, len(entities),
              num_train_entities, len(relations), ", ".join(f"{s} {len(a)}" for s, a in arrays.items()))
-    found = read_labels(folder, entities=entities, relations=relations) if labels else Labels()
+    found = _labels(labels_beside, given, entities=entities, relations=relations) if labels else Labels()
     stats["labels"] = found.stats()
     return Dataset(entities=Vocab._from_index(entities, "entity"),
                    relations=Vocab._from_index(relations, "relation"),
@@ -630,26 +544,37 @@ def load_dataset(path: PathLike, *, max_bytes: int = DEFAULT_MAX_BYTES, labels: 
                    valid=arrays.get("valid"), test=arrays.get("test"), stats=stats, labels=found)
 
 
+def _labels(folder: Path | None, given: dict[str, str], *, entities: dict[str, int],
+            relations: dict[str, int]) -> Labels:
+    """The label files in `folder` (read_labels), and for ids they leave unlabelled the labels the data gave
+    (`given`: RDF rdfs:label of entities or predicates); labels of ids outside the graph are left out."""
+    files = read_labels(folder, entities=entities, relations=relations) if folder else Labels()
+    kept = [{name: label for name, label in given.items() if name in known and name not in from_files}
+            for known, from_files in ((entities, files.entities), (relations, files.relations))]
+    return Labels({**kept[0], **files.entities}, {**kept[1], **files.relations}, files.ignored)
+
+
 def load_triples_file(path: PathLike, entities: Vocab, relations: Vocab, *, allow_new_entities: bool,
-                      max_bytes: int = DEFAULT_MAX_BYTES) -> tuple[np.ndarray, list[str]]:
+                      max_bytes: int = DEFAULT_MAX_BYTES, data: DataConfig | None = None,
+                      ) -> tuple[np.ndarray, list[str]]:
     """Map a triple file onto existing vocabularies, e.g. to extend a trained graph.
 
     Returns the ``(n, 3)`` int64 id array and the names of new entities, which get ids
     ``len(entities) + i`` in order of first appearance. An unknown relation, or an unknown entity when
     ``allow_new_entities`` is false, raises :class:`TripleFileError` naming the (first) offending line.
     """
-    table = read_table(path, max_bytes=max_bytes)
+    table = read_table(path, max_bytes=max_bytes, data=data)
     if table.duplicates:
         log.info("%s: dropped %d duplicate triples", path, table.duplicates)
     _refuse_unknown(Path(path), table, entities, relations, allow_new_entities=allow_new_entities,
-                    max_bytes=max_bytes)
+                    max_bytes=max_bytes, data=data)
     index = dict(entities._index)
     ids = _to_ids(table, index, relations._index)
     return ids, list(islice(index, len(entities), None))
 
 
 def _refuse_unknown(path: Path, table: TripleTable, entities: Vocab, relations: Vocab, *,
-                    allow_new_entities: bool, max_bytes: int) -> None:
+                    allow_new_entities: bool, max_bytes: int, data: DataConfig | None) -> None:
     """Raise at the first triple with an unknown relation (or, if new ones are not allowed, an unknown entity)."""
     known_relation = np.array([r in relations for r in table.relations], dtype=bool)
     known_entity = np.array([allow_new_entities or e in entities for e in table.entities], dtype=bool)
@@ -660,12 +585,14 @@ def _refuse_unknown(path: Path, table: TripleTable, entities: Vocab, relations: 
     h, r, t = table.ids[int(np.argmax(bad))].tolist()
     triple = (table.entities[h], table.relations[r], table.entities[t])
     if not known_relation[r]:
-        raise _at_line(path, triple, max_bytes, relations._unknown(triple[1]))
+        raise _at_line(path, triple, max_bytes, data, relations._unknown(triple[1]))
     name = triple[0] if not known_entity[h] else triple[2]
-    raise _at_line(path, triple, max_bytes, entities._unknown(name), " (new entities are not allowed here)")
+    raise _at_line(path, triple, max_bytes, data, entities._unknown(name), " (new entities are not allowed here)")
 
 
-def _at_line(path: Path, triple: Triple, max_bytes: int, error: KeyError, note: str = "") -> TripleFileError:
+def _at_line(path: Path, triple: Triple, max_bytes: int, data: DataConfig | None, error: KeyError,
+             note: str = "") -> TripleFileError:
     """Turn an unknown-name error about ``triple`` into a TripleFileError at the line it first occurs on."""
-    line = next(n for n, t in _records(path, max_bytes) if t == triple)
+    records = readers.records(path, max_bytes=max_bytes, data=data or DataConfig())
+    line = next((n for n, t in records if t == triple), None)
     return TripleFileError(path, line, f"{error}{note}")

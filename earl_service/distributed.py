@@ -61,6 +61,14 @@ class Ranks:
         dist.broadcast(code, 0)
         return STOP_REASONS[int(code.item())]
 
+    def main_value(self, value: float) -> float:
+        """Rank 0's `value` on every rank (a clock reading, so that all ranks step with one learning rate)."""
+        if self.world == 1:
+            return value
+        shared = torch.tensor([value], dtype=torch.float64, device=self.device)
+        dist.broadcast(shared, 0)
+        return float(shared.item())
+
     def sum(self, value: torch.Tensor) -> float:
         """The sum of a scalar over all ranks."""
         if self.world == 1:

@@ -13,15 +13,23 @@ class EarlError(Exception):
 class TripleFileError(EarlError):
     """A triple file cannot be read: bad format, bad encoding, binary content, no triples, ..."""
 
-    def __init__(self, path: str | os.PathLike[str], line: int | None, message: str) -> None:
+    def __init__(self, path: str | os.PathLike[str], line: int | None, message: str, *, unit: str = "line") -> None:
         self.path = str(path)
-        self.line = line
+        self.line = line  # the line, or with unit="row" the row of a table (Parquet, a DataFrame), from 1
         self.reason = message
-        where = self.path if line is None else f"{self.path}, line {line}"
+        self.unit = unit
+        where = self.path if line is None else f"{self.path}, {unit} {line}"
         super().__init__(f"{where}: {message}")
 
     def __reduce__(self):  # keep pickling working despite the custom __init__
-        return type(self), (self.path, self.line, self.reason)
+        return _triple_file_error, (type(self), self.path, self.line, self.reason, self.unit)
+
+
+def _triple_file_error(cls: type[TripleFileError], path: str, line: int | None, reason: str,
+                       unit: str) -> TripleFileError:
+    error = cls.__new__(cls)
+    TripleFileError.__init__(error, path, line, reason, unit=unit)
+    return error
 
 
 class LabelFileError(TripleFileError):

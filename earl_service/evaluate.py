@@ -103,3 +103,14 @@ def summarize(ranks: dict[str, np.ndarray]) -> dict[str, dict]:
             evaluator.update_(part)
         out[name] = evaluator.finalize().to_dict()
     return out
+
+
+def summarize_per_relation(ranks: dict[str, np.ndarray], relations: np.ndarray, names: list[str]) -> dict[str, dict]:
+    """summarize() of each relation's triples: `relations` (E,) is the relation id of each ranked triple, in the
+    order of ranks["tail"] and ranks["head"]; relations without a ranked triple are left out."""
+    out = {}
+    for r in np.unique(relations):
+        mine = relations == r
+        result = summarize({side: ranks[side][mine] for side in ("tail", "head")})
+        out[names[int(r)]] = {**result["both"], "tail": result["tail"], "head": result["head"]}
+    return out

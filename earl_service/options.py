@@ -1,6 +1,6 @@
 """The option table: `earl train`'s options, the API's job form and the worker's job mapping, from config fields.
 
-Each option is a field of ModelConfig or TrainConfig (`--seed` is a field of both) declared with
+Each option is a field of ModelConfig, TrainConfig or DataConfig (`--seed` is a field of the first two) declared with
 `config.setting(...)`; its public name spells `--name-with-dashes` on the command line and `name` in the job
 form and in a job's params. Bounds come in two tiers:
   - hard validity (`bounds`): checked by the dataclasses themselves, so the CLI, the worker and any library
@@ -20,15 +20,16 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
-from .config import ModelConfig, Text, TrainConfig
+from .config import DataConfig, ModelConfig, Text, TrainConfig
 from .errors import ConfigError
 
 if TYPE_CHECKING:  # pydantic comes with the service extras; `earl train` runs without it
     from pydantic import BaseModel
 
-CONFIGS = (ModelConfig, TrainConfig)
+CONFIGS = (ModelConfig, TrainConfig, DataConfig)
 GROUPS = {"model": "model", "training": "training",
-          "sampled": "sampled training (graphs whose full-graph encoding does not fit)"}
+          "sampled": "sampled training (graphs whose full-graph encoding does not fit)",
+          "data": "data (how the triple files are read)"}
 
 
 @dataclass(frozen=True)
@@ -99,6 +100,18 @@ def configs_from_options(values: Mapping[str, Any]) -> tuple[ModelConfig, TrainC
     return ModelConfig(**kwargs[ModelConfig]), TrainConfig(**kwargs[TrainConfig])
 
 
+def data_config_from_options(values: Mapping[str, Any]) -> DataConfig:
+    """DataConfig from option values keyed by public name, as configs_from_options."""
+    names = {option.name for option in OPTIONS if option.fields[0][0] is DataConfig}
+    return DataConfig(**{name: values[name] for name in names if name in values})
+
+
+def data_cli_args(data: DataConfig) -> list[str]:
+    """`data` as `earl train` arguments (what a re-run of the command needs to read the files alike)."""
+    header = [] if data.header is None else ["--header" if data.header else "--no-header"]
+    return [*header, "--columns", data.columns]
+
+
 def _cli_type(parse: Callable[[str], Any]) -> Callable[[str], Any]:
     """`parse` for argparse: its ConfigError's message becomes argparse's ("argument --fanout: expected ...")."""
     def convert(text: str) -> Any:
@@ -112,6 +125,10 @@ def _cli_type(parse: Callable[[str], Any]) -> Callable[[str], Any]:
 
 def _add_argument(group: argparse._ArgumentGroup, option: Option) -> None:
     help_text = option.help.replace("%", "%%")
+    if option.type == bool | None:  # three states: --header, --no-header, or neither (detect)
+        group.add_argument(*option.flags, dest=option.name, action=argparse.BooleanOptionalAction,
+                           default=option.default, help=help_text)
+        return
     if option.type is bool and option.default:  # a switch that turns an option off: --no-progress
         group.add_argument(f"--no-{option.name.replace('_', '-')}", dest=option.name, action="store_false",
                            help=f"{help_text} (default: on; this switch turns it off)")
@@ -128,10 +145,18 @@ def _add_argument(group: argparse._ArgumentGroup, option: Option) -> None:
 
 
 def add_train_options(parser: argparse.ArgumentParser) -> None:
-    """`earl train`'s model, training and sampled-training option groups."""
+    """`earl train`'s model, training, sampled-training and data option groups."""
     groups = {key: parser.add_argument_group(title) for key, title in GROUPS.items()}
     for option in OPTIONS:
         _add_argument(groups[option.group], option)
+
+
+def add_data_options(parser: argparse.ArgumentParser) -> None:
+    """The data group alone, for commands that read a dataset without training (`earl evaluate`, `earl compress`)."""
+    group = parser.add_argument_group(GROUPS["data"])
+    for option in OPTIONS:
+        if option.group == "data":
+            _add_argument(group, option)
 
 
 def _form_field(option: Option) -> tuple[Any, Any]:
@@ -156,4 +181,5 @@ def form_model(name: str = "TrainOptions") -> type[BaseModel]:
     return create_model(name, __config__=ConfigDict(extra="ignore"), **fields)
 
 
-__all__ = ["FORM_OPTIONS", "OPTIONS", "Option", "add_train_options", "configs_from_options", "form_model"]
+__all__ = ["FORM_OPTIONS", "OPTIONS", "Option", "add_data_options", "add_train_options", "configs_from_options",
+           "data_cli_args", "data_config_from_options", "form_model"]

@@ -166,6 +166,46 @@ class LinkPredictor:
                           ) -> list[Prediction]:
         return self._predict("head", tail, relation, k, exclude_known, exact=True)
 
+    def answer(self, relation: str, *, head: str | None = None, tail: str | None = None, k: int = 10,
+               exclude_known: bool = True) -> dict[str, Any]:
+        """One query as plain JSON (GET and POST /predict, `earl predict`): exactly one of `head` (top-k tails) or
+        `tail` (top-k heads), each name an id or a label that names one. The query as ids with their labels
+        (`head_label`, `relation_label`, `tail_label`; None without one) and `predictions` [{"entity", "label",
+        "score"}, ...]."""
+        side: Side = "tail" if head is not None else "head"
+        anchor = head if tail is None else tail
+        if anchor is None or (head is not None and tail is not None):
+            raise ConfigError("give exactly one of head (to predict tails) or tail (to predict heads)")
+        anchor = self.entities.names[self.entity_id(anchor)]  # an id, also when given by label
+        relation = self.relations.names[self.relation_id(relation)]
+        found = self._predict(side, anchor, relation, k, exclude_known, exact=False)
+        head, tail = (anchor, None) if side == "tail" else (None, anchor)
+        return {"direction": side, **self._named(head, relation, tail), "k": k, "exclude_known": exclude_known,
+                "predictions": self.labelled(found)}
+
+    def score(self, head: str, relation: str, tail: str) -> dict[str, Any]:
+        """RotatE distance and score (gamma - distance) of one triple, whether the graph holds it, and its
+        filtered realistic ranks: `tail_rank` of tail among the tails of (head, relation, ?), `head_rank` of head
+        among the heads of (?, relation, tail), other known answers left out (one exact pass over N each). Names
+        by id or by a label that names one; the answer gives ids and their labels."""
+        h, r, t = self.entity_id(head), self.relation_id(relation), self.entity_id(tail)
+        tails = self.distances(self.query_vector("tail", h, r))  # (N,) |h o r - e|
+        heads = self.distances(self.query_vector("head", t, r))  # (N,) |conj(r) o t - e|
+        known_tails = self.known.answers("tail", h, r)
+        distance = float(tails[t])
+        names = self._named(self.entities.names[h], self.relations.names[r], self.entities.names[t])
+        return {**names, "distance": distance, "score": self.gamma - distance,
+                "known": bool(np.isin(t, known_tails)),
+                "tail_rank": rotate.realistic_rank(tails, t, excluded=known_tails),
+                "head_rank": rotate.realistic_rank(heads, h, excluded=self.known.answers("head", t, r)),
+                "entities": self.num_entities}
+
+    def _named(self, head: str | None, relation: str, tail: str | None) -> dict[str, Any]:
+        """A query's ids, each followed by its label (None where there is none)."""
+        return {"head": head, "head_label": self.entity_labels.get(head or ""),
+                "relation": relation, "relation_label": self.relation_labels.get(relation),
+                "tail": tail, "tail_label": self.entity_labels.get(tail or "")}
+
     def known_answers(self, side: Side, anchor: str, relation: str) -> list[str]:
         """Names of the known tails of (anchor, relation, ?) or heads of (?, relation, anchor)."""
         ids = self.known.answers(side, self.entity_id(anchor), self.relation_id(relation))

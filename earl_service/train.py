@@ -7,7 +7,7 @@ import math
 import os
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,14 +23,16 @@ from .config import ModelConfig, TrainConfig
 from .core.known import KnownAnswers
 from .data import Dataset, Vocab
 from .distributed import Ranks, wrap
-from .errors import ConfigError, RunError
-from .evaluate import rank_triples, summarize
+from .errors import ConfigError, DatasetError, RunError
+from .evaluate import rank_triples, summarize, summarize_per_relation
 from .graph import Graph, build_graph, choose_reserved
 from .kernels import extension_available, rotate_distance
 from .memory import MemoryUse, peak_rss_mb, reset_peak_rss
 from .model import EARL, RotatE, build_model, trainable_parameters
+from .provenance import provenance
 from .run_outputs import BUNDLE, write_run_outputs
 from .sampling import NeighborIndex, embed_all
+from .schedule import build_optimizer, set_lr
 from .train_state import TrainState
 
 log = logging.getLogger(__name__)
@@ -193,7 +195,10 @@ class Run:
         return self.model(self.graph_for(protocol))
 
     @torch.no_grad()
-    def evaluate(self, split: str, protocol: str = "seen", *, batch_size: int = 256, limit: int = 0) -> dict:
+    def evaluate(self, split: str, protocol: str = "seen", *, batch_size: int = 256, limit: int = 0,
+                 per_relation: bool = False) -> dict:
+        """Filtered metrics of `split` (both directions pooled, then "tail" and "head"); with `per_relation` also
+        "per_relation": {relation name: metrics of its triples}."""
         triples = self.dataset.split(split)
         if protocol == "seen":
             triples = triples[self.dataset.seen_mask(triples)]
@@ -205,10 +210,14 @@ class Run:
             self.known = KnownAnswers(_all_triples(self.dataset), self.dataset.num_relations)
         self.model.eval()
         entities, relations = self.embed(protocol)
-        result = summarize(rank_triples(entities.float(), relations.float(), self.scorer, triples, self.known,
-                                        batch_size=batch_size))
+        ranks = rank_triples(entities.float(), relations.float(), self.scorer, triples, self.known,
+                             batch_size=batch_size)
         self.model.train()
-        return {**result["both"], "protocol": protocol, "split": split, "tail": result["tail"], "head": result["head"]}
+        result = summarize(ranks)
+        out = {**result["both"], "protocol": protocol, "split": split, "tail": result["tail"], "head": result["head"]}
+        if per_relation:
+            out["per_relation"] = summarize_per_relation(ranks, triples[:, 1], self.dataset.relations.names)
+        return out
 
 
 def _all_triples(dataset: Dataset) -> np.ndarray:
@@ -354,9 +363,12 @@ class Progress:
 def train(
     dataset: Dataset, model_config: ModelConfig, train_config: TrainConfig, out_dir: str | os.PathLike, *,
     resume: bool = False, final_eval: bool = True, protocol: str = "seen", on_progress: ProgressCallback | None = None,
-    should_stop: Callable[[], bool] | None = None, write_bundle: bool = True,
+    should_stop: Callable[[], bool] | None = None, write_bundle: bool = True, command: Sequence[str] | None = None,
 ) -> dict[str, Any]:
     """Train, keep the best checkpoint by valid MRR, evaluate it, write metrics.json; returns the metrics.
+
+    metrics.json (and the bundle's copy) records the run's provenance: versions, git commit, each split's sha256
+    and `command` (default: this process's command line).
 
     Under an initialised torch.distributed process group of several ranks (`earl train --nproc-per-node`),
     every rank calls this: each takes its slice of every global batch, DDP all-reduces the gradients, and rank 0
@@ -370,10 +382,11 @@ def train(
     ranks = Ranks.current(device)
     _check_sampled(cfg, model_config)
     run, memory = _build(dataset, model_config, cfg, device)
-    optimizer = torch.optim.Adam(run.model.parameters(), lr=cfg.lr)
+    optimizer = build_optimizer(run.model, cfg)
     state = TrainState.start(cfg.seed)
     checkpoints = Checkpointer(out, run.model, optimizer, state, writes=ranks.is_main,
-                               configs={"model_config": model_config.to_dict(), "train_config": cfg.to_dict()})
+                               configs={"model_config": model_config.to_dict(), "train_config": cfg.to_dict(),
+                                        "vocab": dataset.vocab_signature()})
     if resume and checkpoints.can_resume():
         checkpoints.restore()
         log.info("resumed from step %d", state.step)
@@ -394,7 +407,7 @@ def train(
     if not ranks.is_main:
         return {"rank": ranks.rank, "world_size": ranks.world, "steps": state.step, "stopped": state.stopped}
     metrics = _final_metrics(learner, state, checkpoints, memory=memory, extension=extension, protocol=protocol,
-                             final_eval=final_eval)
+                             final_eval=final_eval, command=command)
     bundle = _bundle(run, metrics) if write_bundle else None
     write_run_outputs(out, metrics, state.history, bundle=bundle)
     return metrics
@@ -418,9 +431,13 @@ def _loop(
         if (reason := stop.before_step(time.perf_counter() - start)) is not None:
             state.stopped = reason
             break
+        # A time-based schedule reads the clock: rank 0's reading, so that DDP ranks keep identical weights.
+        timed = cfg.time_limit_minutes and cfg.lr_schedule != "constant"
+        clock = learner.ranks.main_value(time.perf_counter() - start) if timed else 0.0
+        factor = set_lr(learner.optimizer, cfg, state.step, clock)
         t0 = time.perf_counter()
         loss = train_step(learner, state)
-        state.record_step(loss, time.perf_counter() - t0, time.perf_counter() - start)
+        state.record_step(loss, time.perf_counter() - t0, time.perf_counter() - start, lr_factor=factor)
         validates = learner.ranks.is_main and _due(state.step, stop.eval_every)
         if validates and not validate(learner, state, checkpoints, start=start):
             state.bad_evals += 1
@@ -445,7 +462,7 @@ def _load_kernel(memory: MemoryUse) -> str:
 
 def _final_metrics(
     learner: Learner, state: TrainState, checkpoints: Checkpointer, *, memory: MemoryUse, extension: str,
-    protocol: str, final_eval: bool,
+    protocol: str, final_eval: bool, command: Sequence[str] | None,
 ) -> dict[str, Any]:
     """metrics.json's content: the run's facts, then (with `final_eval`) the best weights' valid and test ranks."""
     run, cfg, history = learner.run, learner.cfg, state.history
@@ -453,6 +470,7 @@ def _final_metrics(
         checkpoints.save_best()
     metrics: dict[str, Any] = {
         "version": __version__,
+        "provenance": provenance(run.dataset.stats, command=command),
         "trainable_parameters": trainable_parameters(run.model),
         "entities": run.dataset.num_train_entities,
         "relations": run.dataset.num_relations,
@@ -547,10 +565,32 @@ def load_run(run_dir: str | os.PathLike, dataset: Dataset, *, device: str = "aut
         raise RunError(f"{run_dir} holds no {CHECKPOINT}: is it a run directory written by `earl train`?")
     dev = resolve_device(device)
     ckpt = torch.load(run_dir / CHECKPOINT, map_location="cpu", weights_only=True)
+    _check_vocab(run_dir, ckpt.get("vocab"), dataset)
     sampled = bool(ckpt.get("train_config", {}).get("sampled", False))  # evaluate a big graph layer by layer too
     run = Run.build(dataset, ModelConfig.from_dict(ckpt["model_config"]), dev, sampled=sampled)
-    load_best(run_dir, run.model)
+    try:
+        load_best(run_dir, run.model)
+    except RuntimeError as exc:  # a run from before checkpoints kept the vocabulary: shapes are all it can tell
+        if "size mismatch" not in str(exc):
+            raise
+        raise DatasetError(f"this data does not match the run in {run_dir}: its model was trained on other "
+                           f"entities or relations (this data: {dataset.num_train_entities:,} training entities, "
+                           f"{dataset.num_relations:,} relations); evaluate against the data it was trained on"
+                           ) from None
     return run
+
+
+def _check_vocab(run_dir: Path, trained: dict[str, Any] | None, dataset: Dataset) -> None:
+    """DatasetError unless ``dataset``'s training entities and relations are the run's, in the same order."""
+    given = dataset.vocab_signature()
+    if trained is None or trained == given:
+        return
+    counts = (f"the run was trained on {trained['entities']:,} entities and {trained['relations']:,} relations, "
+              f"this data has {given['entities']:,} training entities and {given['relations']:,} relations")
+    if (trained["entities"], trained["relations"]) == (given["entities"], given["relations"]):
+        counts = "the counts agree but the names (or their order) differ"
+    raise DatasetError(f"this data does not match the run in {run_dir}: {counts}; evaluate against the data it "
+                       "was trained on (the same train file)")
 
 
 __all__ = [

@@ -14,6 +14,7 @@ class History:
     losses: list[float] = field(default_factory=list)
     seconds: list[float] = field(default_factory=list)  # wall-clock since start at each logged step
     step_times: list[float] = field(default_factory=list)
+    lr_factors: list[float] = field(default_factory=list)  # the schedule's multiple of the base rate per step
     eval_steps: list[int] = field(default_factory=list)
     eval_seconds: list[float] = field(default_factory=list)
     eval_mrr: list[float] = field(default_factory=list)
@@ -57,8 +58,9 @@ class TrainState:
         self.epoch_pos += batch_size
         return ids
 
-    def record_step(self, loss: float, step_seconds: float, since_start: float) -> None:
+    def record_step(self, loss: float, step_seconds: float, since_start: float, *, lr_factor: float = 1.0) -> None:
         self.history.step_times.append(step_seconds)
+        self.history.lr_factors.append(lr_factor)
         self.history.steps.append(self.step)
         self.history.losses.append(loss)
         self.history.seconds.append(since_start)

@@ -7,6 +7,7 @@ from typing import Annotated, Literal
 from fastapi import APIRouter, Depends, Form, HTTPException, Query, Request, UploadFile
 
 from earl_service.errors import UnknownJobError
+from earl_service.options import data_config_from_options
 from earl_service.worker.records import STATES, TERMINAL, Job, new_id
 
 from ..compress_jobs import check_uploads, job_params
@@ -63,7 +64,8 @@ def create_job(request: Request, settings: SettingsDep, home: HomeDep, store: St
                                            labels={"entity_labels": entity_labels, "relation_labels": relation_labels},
                                            max_bytes=settings.max_unpacked_bytes,
                                            max_triples=settings.max_upload_triples,
-                                           whole=("train",) if compress is not None else ())
+                                           whole=("train",) if compress is not None else (),
+                                           data=data_config_from_options(stored))
     if compress is not None:
         check_uploads(home, job_id, files, compress, train=tables["train"])
     job = store.create_job(params, files, job_id=job_id)

@@ -1,23 +1,27 @@
-"""GET /predict: top-k tails of (head, relation, ?) or heads of (?, relation, tail) from a registered model."""
+"""Answers from a registered model: GET /predict (one query), POST /predict (a bounded batch), GET /score."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Annotated, Any
 
 from fastapi import APIRouter, HTTPException, Query
 from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
-from earl_service.errors import BundleError
+from earl_service.errors import AmbiguousNameError, BundleError, UnknownEntityError, UnknownRelationError
 from earl_service.predict import LinkPredictor
 from earl_service.worker.registry import ModelRegistry
 
 from ..cache import PredictorCache
 from ..deps import ID_PATTERN, CacheDep, PredictSlotsDep, RegistryDep
 from ..errors import NOT_FOUND
-from ..schemas import PredictionOut
+from ..limits import PredictSlots
+from ..schemas import MAX_K, BatchPredictionOut, PredictBatch, PredictionOut, ScoreOut
 
 router = APIRouter(tags=["predict"])
+
+Name = Annotated[str, Query(min_length=1, max_length=1000)]
 
 
 @router.get("/predict", response_model=PredictionOut, responses=NOT_FOUND)
@@ -26,43 +30,73 @@ async def predict(
     cache: CacheDep,
     slots: PredictSlotsDep,
     model: Annotated[str, Query(pattern=ID_PATTERN)],
-    relation: Annotated[str, Query(min_length=1, max_length=1000)],
+    relation: Name,
     head: Annotated[str | None, Query(min_length=1, max_length=1000)] = None,
     tail: Annotated[str | None, Query(min_length=1, max_length=1000)] = None,
-    k: Annotated[int, Query(ge=1, le=1000)] = 10,
+    k: Annotated[int, Query(ge=1, le=MAX_K)] = 10,
     exclude_known: bool = True,
 ) -> JSONResponse:
     """Give exactly one of `head` (predict tails) or `tail` (predict heads); known answers are left out. Entities
     and the relation are named by id, or by a label that names exactly one (422 listing the ids when several)."""
     if (head is None) == (tail is None):
         raise HTTPException(422, "give exactly one of 'head' (to predict tails) or 'tail' (to predict heads)")
+    return await in_slot(slots, answer, registry, cache, model=model, relation=relation, head=head, tail=tail, k=k,
+                         exclude_known=exclude_known)
+
+
+@router.post("/predict", response_model=BatchPredictionOut, responses=NOT_FOUND)
+async def predict_batch(registry: RegistryDep, cache: CacheDep, slots: PredictSlotsDep,
+                        batch: PredictBatch) -> JSONResponse:
+    """Up to MAX_BATCH_QUERIES queries of one model, answered in order as GET /predict answers each; an unknown
+    entity or relation in any query fails the whole batch with a 404 naming the query (`queries[i]`), a label
+    naming several with a 422 naming it the same way."""
+    return await in_slot(slots, answer_batch, registry, cache, batch=batch)
+
+
+@router.get("/score", response_model=ScoreOut, responses=NOT_FOUND)
+async def score(registry: RegistryDep, cache: CacheDep, slots: PredictSlotsDep,
+                model: Annotated[str, Query(pattern=ID_PATTERN)], head: Name, relation: Name,
+                tail: Name) -> JSONResponse:
+    """RotatE distance and score of (head, relation, tail), whether the graph holds it, and its filtered ranks;
+    names by id or by a label that names exactly one, as for GET /predict."""
+    return await in_slot(slots, score_triple, registry, cache, model=model, head=head, relation=relation, tail=tail)
+
+
+async def in_slot(slots: PredictSlots, work: Callable[..., dict[str, Any]], *args: Any, **kwargs: Any,
+                  ) -> JSONResponse:
+    """`work` in one threadpool hop (store lookup, a bundle load on a cache miss, the search) inside a prediction
+    slot; the body goes out as plain JSON: FastAPI would otherwise re-validate our own response model (the tests
+    check the bodies against those schemas, field for field)."""
     if not await slots.acquire():  # waits on the event loop, holding no thread
         raise HTTPException(503, slots.busy, headers={"Retry-After": slots.retry_after})
     try:
-        # One threadpool hop for all the blocking work (store lookup, a bundle load on a cache miss, the search).
-        return JSONResponse(await run_in_threadpool(answer, registry, cache, model=model, relation=relation,
-                                                    head=head, tail=tail, k=k, exclude_known=exclude_known))
+        return JSONResponse(await run_in_threadpool(work, *args, **kwargs))
     finally:
         slots.release()
 
 
 def answer(registry: ModelRegistry, cache: PredictorCache, *, model: str, relation: str, head: str | None,
            tail: str | None, k: int, exclude_known: bool) -> dict[str, Any]:
-    """The prediction as plain JSON: FastAPI would otherwise re-validate our own PredictionOut
-    (tests/api/test_api_models.py checks the body against that schema, field for field)."""
     predictor = load_predictor(registry, cache, model)
-    anchor = head if head is not None else tail
-    assert anchor is not None
-    anchor = predictor.entities.name(predictor.entity_id(anchor))  # an id, also when given by label
-    relation = predictor.relations.name(predictor.relation_id(relation))
-    ask = predictor.predict_tails if head is not None else predictor.predict_heads
-    found = ask(anchor, relation, k, exclude_known=exclude_known)
-    ends = {"head": anchor, "tail": None} if head is not None else {"head": None, "tail": anchor}
-    return {"model": model, "direction": "tail" if head is not None else "head",
-            "head": ends["head"], "head_label": predictor.entity_labels.get(ends["head"] or ""),
-            "relation": relation, "relation_label": predictor.relation_labels.get(relation),
-            "tail": ends["tail"], "tail_label": predictor.entity_labels.get(ends["tail"] or ""),
-            "k": k, "exclude_known": exclude_known, "predictions": predictor.labelled(found)}
+    return {"model": model, **predictor.answer(relation, head=head, tail=tail, k=k, exclude_known=exclude_known)}
+
+
+def answer_batch(registry: ModelRegistry, cache: PredictorCache, *, batch: PredictBatch) -> dict[str, Any]:
+    predictor = load_predictor(registry, cache, batch.model)
+    results = []
+    for i, query in enumerate(batch.queries):
+        try:
+            results.append(predictor.answer(query.relation, head=query.head, tail=query.tail, k=query.k,
+                                            exclude_known=query.exclude_known))
+        except (UnknownEntityError, UnknownRelationError, AmbiguousNameError) as exc:
+            exc.message = f"queries[{i}]: {exc.message}"
+            raise
+    return {"model": batch.model, "results": results}
+
+
+def score_triple(registry: ModelRegistry, cache: PredictorCache, *, model: str, head: str, relation: str,
+                 tail: str) -> dict[str, Any]:
+    return {"model": model, **load_predictor(registry, cache, model).score(head, relation, tail)}
 
 
 def load_predictor(registry: ModelRegistry, cache: PredictorCache, model_id: str) -> LinkPredictor:

@@ -25,6 +25,7 @@ from ..bundle_format import (
 from ..config import ModelConfig
 from ..data import Vocab
 from ..errors import BundleError
+from ..pq_format import check_plan, declared_shapes, decode_tables, is_pq, parse_pq, read_layouts
 
 F32_MAX = float(np.finfo(np.float32).max)
 Manifest = list[tuple[str, np.dtype, tuple[int, ...]]]  # bundle_format.weights_manifest: (name, dtype, shape)
@@ -43,7 +44,7 @@ class DecodedBundle:
     metrics: dict[str, Any]
     relation_labels: dict[str, str]  # readable labels by id: only ids with one
     entity_labels: dict[str, str]
-    precision: str  # as stored: fp32, fp16 or int8
+    precision: str  # as stored: fp32, fp16, int8 or pq:M (pq_format)
     coding: str  # how the file stored the weights (bundle_format.CODINGS)
     sha256: str  # of the tensor payload
 
@@ -66,8 +67,15 @@ def decode(meta: dict[str, str], tensors: dict[str, np.ndarray], *, source: str 
         raise BundleError(f"{source}: reserved entity ids outside the vocabulary")
     bundle = _with_labels(bundle, tensors, source, limits)
     manifest = _manifest(meta, tensors, bundle.coding, source)
-    _check_shapes(bundle, _stored_weights(tensors, manifest, source), coded=manifest is not None)
-    params = _weights(tensors, manifest)
+    layouts = read_layouts(meta, tensors, bundle.precision, source)
+    stored = _stored_weights(tensors, manifest, source)
+    if set(stored) & set(declared_shapes(layouts)):
+        raise BundleError(f"{source} holds a weight both product-quantized and not")
+    _check_shapes(bundle, stored | declared_shapes(layouts), coded=manifest is not None or bool(layouts))
+    if is_pq(bundle.precision):
+        cfg = bundle.config
+        check_plan(layouts, bundle.precision, cfg.model, cfg.dim, expected_shapes(cfg, n, num_rel, len(reserved)), source)
+    params = _weights(tensors, manifest) | decode_tables(tensors, layouts)
     _check_values(bundle.config, params, source)
     return dataclasses.replace(bundle, params=params)
 
@@ -88,7 +96,7 @@ def _parse(meta: dict[str, str], tensors: dict[str, np.ndarray], source: str,
             triples=unpack_graph(tensors["graph.packed"], limits),
             reserved=tensors["buffer.reserved"].astype(np.int64),
             params={},
-            precision=_choice(meta.get("precision", "fp32"), PRECISIONS, "precision"),
+            precision=_precision(meta.get("precision", "fp32")),
             coding=meta.get("weights_coding", "plain"),
             sha256=meta["payload_sha256"],
         )
@@ -146,6 +154,13 @@ def _choice(value: str, choices: tuple[str, ...], what: str) -> str:
     if value not in choices:
         raise ValueError(f"{what} must be one of {choices}, not {value[:100]!r}")
     return value
+
+
+def _precision(value: str) -> str:
+    """One of PRECISIONS, or pq:M (its M checked against the config with the tables' layout)."""
+    if parse_pq(value) is not None and value != "pq":  # ValueError for a malformed pq:M
+        return value
+    return _choice(value, PRECISIONS, "precision")
 
 
 def _vocab(names: list[str], kind: str) -> Vocab:

@@ -51,3 +51,16 @@ def top_k(ids: np.ndarray, dist: np.ndarray, k: int, *, excluded: np.ndarray | N
         ids, dist = ids[keep], dist[keep]
     order = np.lexsort((ids, dist))[:k]
     return ids[order], dist[order]
+
+
+def realistic_rank(dist: np.ndarray, target: int, *, excluded: np.ndarray | None = None) -> float:
+    """Filtered realistic rank of candidate `target` among dist (N,): 1 + strictly nearer + ties / 2, where the
+    `excluded` ids (other known answers) and the target itself do not compete (evaluate.realistic_ranks' twin)."""
+    competing = np.ones(len(dist), dtype=bool)
+    if excluded is not None and len(excluded):
+        competing[excluded] = False
+    competing[target] = False
+    mine = dist[target]
+    better = int(np.count_nonzero((dist < mine) & competing))
+    ties = int(np.count_nonzero((dist == mine) & competing))
+    return 1.0 + better + ties / 2.0

@@ -19,7 +19,6 @@ log = logging.getLogger(__name__)
 
 EPS = 1e-12  # keeps the modulus differentiable at 0; far below any distance that matters
 _SOURCE = Path(__file__).with_name("rotate_dist.cpp")
-_CFLAGS = ("-O3", "-march=native", "-fopenmp-simd", "-ffast-math")
 _extension = None
 _extension_failed = False
 DEFAULT_BUILD_WAIT_S = 600.0  # wait for another process's build: well past a first build (docs/training.md)
@@ -27,6 +26,9 @@ DEFAULT_BUILD_WAIT_S = 600.0  # wait for another process's build: well past a fi
 # build before it gives up on the kernel for its lifetime.
 _enabled = True
 _build_wait_s = DEFAULT_BUILD_WAIT_S
+# `native` for this machine's CPU; an image that runs on other CPUs than the one that built it names an older
+# target (docker/worker.Dockerfile: x86-64-v3), or its code may use instructions that CPU lacks.
+_march = "native"
 
 # A platform check rather than try/except ImportError, so that mypy knows which branch holds on this platform.
 if sys.platform == "win32":  # not POSIX: torch's own lock file only
@@ -68,12 +70,17 @@ def _build_lock(build_dir: Path, timeout: float):
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
-def configure(*, enabled: bool = True, build_wait_s: float = DEFAULT_BUILD_WAIT_S) -> None:
+def configure(*, enabled: bool = True, build_wait_s: float = DEFAULT_BUILD_WAIT_S, march: str = "native") -> None:
     """How the C++ kernel loads: `enabled` False keeps the pure-torch path (at once, even after a load);
-    `build_wait_s` bounds the wait for a build another process holds. Settings enter here from the edge: the
-    `earl` command reads EARL_NO_EXTENSION and EARL_EXTENSION_WAIT_S."""
-    global _enabled, _build_wait_s
-    _enabled, _build_wait_s = enabled, float(build_wait_s)
+    `build_wait_s` bounds the wait for a build another process holds; `march` is the compiler's -march (each value
+    builds in its own folder). Settings enter here from the edge: the `earl` command reads EARL_NO_EXTENSION,
+    EARL_EXTENSION_WAIT_S and EARL_KERNEL_MARCH."""
+    global _enabled, _build_wait_s, _march
+    _enabled, _build_wait_s, _march = enabled, float(build_wait_s), march
+
+
+def _cflags() -> list[str]:
+    return ["-O3", f"-march={_march}", "-fopenmp-simd", "-ffast-math"]
 
 
 def build_dir() -> Path:
@@ -88,10 +95,15 @@ def build_dir() -> Path:
 
     tag = (f"{platform.machine()}_py{sys.version_info.major}{sys.version_info.minor}_"
            f"{torch.__version__.replace('.', '_').replace('+', '_')}")
-    digest = hashlib.sha256(_SOURCE.read_bytes() + " ".join(_CFLAGS).encode()).hexdigest()[:12]
+    digest = hashlib.sha256(_SOURCE.read_bytes() + " ".join(_cflags()).encode()).hexdigest()[:12]
     # torch's own variable, read as torch's builds read it (torch's default root ignores it).
     root = os.environ.get("TORCH_EXTENSIONS_DIR") or cpp_extension.get_default_build_root()
     return Path(root) / f"earl_rotate_dist_{tag}_{digest}"
+
+
+def _is_built(folder: Path) -> bool:
+    """Whether torch's build of this source already sits in ``folder`` (loading it then takes well under a second)."""
+    return any(folder.glob(f"{folder.name}*.so")) or any(folder.glob(f"{folder.name}*.pyd"))
 
 
 def _load_extension():
@@ -109,8 +121,15 @@ def _load_extension():
         if not copy.exists():
             write_bytes(copy, _SOURCE.read_bytes())  # atomic: a concurrent loader never compiles a partial file
         with _build_lock(folder, _build_wait_s):
-            _extension = cpp_extension.load(name=folder.name, sources=[str(copy)], extra_cflags=list(_CFLAGS),
+            started = time.perf_counter()
+            built = _is_built(folder)
+            if not built:  # the first use on this machine: say why nothing seems to happen for a while
+                log.info("compiling the fused RotatE kernel (once per machine, typically under a minute; cached in "
+                         "%s; EARL_NO_EXTENSION=1 skips it)", folder)
+            _extension = cpp_extension.load(name=folder.name, sources=[str(copy)], extra_cflags=_cflags(),
                                             build_directory=str(folder), verbose=False)
+            if not built:
+                log.info("fused RotatE kernel compiled in %.0f s", time.perf_counter() - started)
     except Exception as exc:  # no compiler, no headers, no ninja, a build that never ends: fall back, say so once
         log.warning("fused RotatE kernel unavailable (%s); using the slower pure-torch path", exc)
         _extension_failed = True

@@ -20,7 +20,7 @@ from typing import Any
 from ..compress_config import CompressConfig
 from ..config import ModelConfig, TrainConfig
 from ..errors import DatasetError, EarlError
-from ..options import FORM_OPTIONS, configs_from_options
+from ..options import FORM_OPTIONS, configs_from_options, data_cli_args, data_config_from_options
 from .compress_job import compress_settings
 from .home import ServiceHome
 from .housekeeping import sweep_staging
@@ -216,7 +216,8 @@ class Worker:
         uploads = self.home.upload_dir(job.id)
         run_dir = self.home.run_dir(job.id)
         model_cfg, train_cfg = configs_from_params(job.params, self.config)
-        dataset = load_dataset(uploads)
+        data = data_config_from_options(job.params)
+        dataset = load_dataset(uploads, data=data)
         asked_to_stop = False
 
         def should_stop() -> bool:
@@ -230,7 +231,7 @@ class Worker:
         nproc = int(job.params.get("nproc_per_node") or self.config.nproc_per_node)
         if nproc > 0:
             _train_torchrun(uploads, run_dir, model_cfg, train_cfg, nproc, resume=resume, beat=beat,
-                            should_stop=should_stop)
+                            should_stop=should_stop, extra_args=data_cli_args(data))
         else:
             train(dataset, model_cfg, train_cfg, run_dir, resume=resume, final_eval=True,
                   on_progress=beat.report, should_stop=should_stop)
@@ -274,7 +275,7 @@ class Worker:
 
 
 def _train_torchrun(uploads: Path, run_dir: Path, model_cfg: ModelConfig, train_cfg: TrainConfig, nproc: int, *,
-                    resume: bool, beat: _Heartbeat, should_stop) -> None:
+                    resume: bool, beat: _Heartbeat, should_stop, extra_args: list[str]) -> None:
     """`earl train --nproc-per-node N` in a subprocess: progress comes back through a file, a stop request goes
     out as SIGTERM (every rank checkpoints at its next step), the command's error message becomes the job's."""
     import json
@@ -292,7 +293,7 @@ def _train_torchrun(uploads: Path, run_dir: Path, model_cfg: ModelConfig, train_
     progress, log_path = run_dir / "progress.json", run_dir / "train.log"
     cmd = [sys.executable, "-m", "earl_service.cli", "train", str(uploads), "--out", str(run_dir), "--config",
            str(config), "--progress-file", str(progress), "--nproc-per-node", str(nproc),
-           *(["--resume"] if resume else [])]
+           *(["--resume"] if resume else []), *extra_args]
     with log_path.open("w") as log_file:
         proc = subprocess.Popen(cmd, stdout=log_file, stderr=subprocess.STDOUT)
         signalled = False

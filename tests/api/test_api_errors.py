@@ -26,7 +26,7 @@ def test_the_openapi_schema_documents_each_404(client):
                           ("GET", "/models/{model_id}/versions"), ("POST", "/models/{model_id}/triples"),
                           ("GET", "/models/{model_id}/report"), ("GET", "/models/{model_id}/frontier.png"),
                           ("GET", "/models/{model_id}/relations"), ("GET", "/models/{model_id}/entities"),
-                          ("GET", "/predict")}
+                          ("GET", "/predict"), ("POST", "/predict"), ("GET", "/score")}
 
 
 @pytest.mark.parametrize(("method", "path", "kind"), [
@@ -37,6 +37,7 @@ def test_the_openapi_schema_documents_each_404(client):
     ("GET", f"/models/{MISSING}/versions", "model"),
     ("DELETE", f"/models/{MISSING}", "model"),
     ("GET", f"/predict?model={MISSING}&head=h&relation=r", "model"),
+    ("GET", f"/score?model={MISSING}&head=h&relation=r&tail=t", "model"),
 ])
 def test_not_found_bodies_follow_the_schema(client, method, path, kind):
     r = client.request(method, path)

@@ -9,7 +9,7 @@ from conftest import codex_s_path
 from live import live
 
 from api.main import create_app
-from api.schemas import EntityPage, PredictionOut
+from api.schemas import BatchPredictionOut, EntityPage, PredictionOut, ScoreOut
 from api.settings import Settings
 from earl_service import edge
 from earl_service.worker.loop import Worker, WorkerConfig
@@ -66,6 +66,33 @@ def test_predictions_carry_labels_and_the_edge_reader_shows_the_same(served, tmp
     on_device = device.labelled(device.predict_tails("Entity 7604", "P1412", 5))
     assert [(p["entity"], p["label"]) for p in on_device] == [(p["entity"], p["label"]) for p in body["predictions"]]
     assert [p["score"] for p in on_device] == pytest.approx([p["score"] for p in body["predictions"]], abs=1e-4)
+
+
+def test_batch_and_score_take_labels_and_carry_them(served):
+    """POST /predict and GET /score resolve labels and label their answers as GET /predict does (one place:
+    LinkPredictor.answer / score)."""
+    http, model, labels = served
+    query = {"model": model, "head": "Entity 7604", "relation": "languages spoken, written, or signed", "k": 3}
+    single = http.get("/predict", params=query).json()
+    r = http.post("/predict", json={"model": model, "queries": [{k: v for k, v in query.items() if k != "model"},
+                                                                {"tail": "Q7604", "relation": "P1412"}]})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert BatchPredictionOut.model_validate(body).model_dump() == body
+    assert body["results"][0] == {k: v for k, v in single.items() if k != "model"}
+    assert body["results"][1]["tail_label"] == "Entity 7604"
+    assert all(p["label"] == labels[p["entity"]] for p in body["results"][1]["predictions"])
+    tail = next(p["entity"] for p in single["predictions"] if labels[p["entity"]] != "Twin")
+    r = http.get("/score", params={"model": model, "head": "entity 7604", "relation": "P1412", "tail": labels[tail]})
+    assert r.status_code == 200, r.text
+    scored = r.json()
+    assert ScoreOut.model_validate(scored).model_dump() == scored
+    assert (scored["head"], scored["head_label"], scored["tail"], scored["tail_label"]) == (
+        "Q7604", "Entity 7604", tail, labels[tail])
+    assert scored["relation_label"] == "languages spoken, written, or signed"
+    twins = http.post("/predict", json={"model": model, "queries": [{"head": "Q7604", "relation": "P1412"},
+                                                                    {"head": "Twin", "relation": "P1412"}]})
+    assert twins.status_code == 422 and twins.json()["detail"].startswith("queries[1]: "), twins.text
 
 
 def test_a_label_of_several_entities_is_422_listing_them(served):

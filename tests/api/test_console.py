@@ -146,7 +146,7 @@ def test_upload_asks_for_the_token_and_shows_errors_next_to_the_file(page, tmp_p
     assert page.input_value("#opt-dim") == "150" and page.input_value("#opt-model") == "earl"  # the API's defaults
     assert not unlabelled_controls(page)
     bad = tmp_path / "broken.txt"
-    bad.write_text("a\tr\tb\nonly two\tcolumns\n")
+    bad.write_text("a\tr\tb\nonly\ttwo\n")  # 2 fields whether split by tabs or by spaces
     page.set_input_files("#file-train", bad)
     page.click("#submit-job")
     page.wait_for_selector("#token-dialog[open]")  # a write without the token: 401, the prompt

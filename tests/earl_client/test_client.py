@@ -76,6 +76,15 @@ def test_job_from_paths_to_predictions_and_a_verified_download(client, tmp_path)
     assert heads["direction"] == "head" and len(heads["predictions"]) == 5
     assert tails["relation_label"] == "languages spoken, written, or signed"
     assert tails["head_label"] == "Leonhard Euler" and heads["tail_label"] == "German"
+    many = client.predict_many(model["id"], [{"head": "Leonhard Euler", "relation": "P1412", "k": 10},
+                                             {"tail": "Q188", "relation": "P1412", "k": 5}])
+    assert many == [{key: v for key, v in answer.items() if key != "model"} for answer in (tails, heads)]
+    best = tails["predictions"][0]["entity"]
+    scored = client.score(model["id"], "Leonhard Euler", "languages spoken, written, or signed", best)
+    assert (scored["head"], scored["head_label"], scored["relation"], scored["tail"]) == ("Q7604", "Leonhard Euler",
+                                                                                         "P1412", best)
+    assert scored["score"] == pytest.approx(tails["predictions"][0]["score"], abs=1e-4) and not scored["known"]
+    assert scored["tail_rank"] >= 1 and scored["entities"] == model["entities"]
 
     path = tmp_path / "model.safetensors"
     assert client.download(model["id"], path) == model["sha256"] == load_bundle(path).sha256
@@ -102,7 +111,7 @@ def test_errors_carry_the_services_reason(client, service, tmp_path):
         client.download("nope", tmp_path / "none.safetensors")
 
     bad = tmp_path / "train.txt"
-    bad.write_text("a\tr\tb\nonly two\tcolumns\n")
+    bad.write_text("a\tr\tb\nonly\ttwo\n")  # 2 fields whether split by tabs or by spaces
     with pytest.raises(ServiceError, match="line 2") as malformed:
         client.submit_job(bad)
     assert malformed.value.status_code == 422
@@ -165,3 +174,27 @@ def test_submit_job_takes_open_files_and_extra_fields(client, tmp_path):
     with pytest.raises(ServiceError, match="unknown form field") as unknown:
         client.submit_job(codex_s_path() / "train.txt", files={"trian": codex_s_path() / "valid.txt"})
     assert unknown.value.status_code == 422
+
+
+def test_predict_many_sends_batches_of_the_services_cap_and_names_a_bad_query(client, codex_bundle):
+    """250 queries go as POST /predict batches of 100, 100 and 50 (the service refuses more than 100), answered in
+    order as predict answers each; an unknown entity fails with the service's reason naming the query."""
+    model = client.register(codex_bundle)["id"]
+    bundle = load_bundle(codex_bundle)
+    queries = [{"head": bundle.entities.names[h], "relation": bundle.relations.names[r], "k": 3}
+               for h, r, _ in bundle.triples[:250].tolist()]
+    sent = []
+    client.http.event_hooks["request"].append(lambda request: sent.append(request.method))
+    answers = client.predict_many(model, queries)
+    assert sent == ["POST"] * 3 and len(answers) == 250
+    for i in (0, 99, 100, 249):
+        single = client.predict(model, queries[i]["relation"], head=queries[i]["head"], k=3)
+        assert answers[i] == {key: v for key, v in single.items() if key != "model"}
+    assert client.predict_many(model, []) == []
+    with pytest.raises(ServiceError, match=r"queries\[1\]: unknown entity 'nope'") as unknown:
+        client.predict_many(model, [queries[0], {"head": "nope", "relation": queries[0]["relation"]}])
+    assert unknown.value.status_code == 404
+    with pytest.raises(ServiceError, match="unknown relation") as bad:
+        client.score(model, queries[0]["head"], "nope", queries[0]["head"])
+    assert bad.value.status_code == 404
+    client.delete(model)

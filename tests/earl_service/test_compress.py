@@ -162,13 +162,23 @@ def test_quantized_exports_share_one_training(tiny_job):
     assert all(not (out / "candidates" / name / "export-fp16.safetensors").exists() for name in by_candidate)
 
 
-def test_successive_halving_keeps_the_best_half(tiny_job):
+def test_successive_halving_keeps_the_best_half_and_each_models_best(tiny_job):
     _, report, _ = tiny_job
-    rungs = report["rungs"]
-    assert [len(r["survivors"]) for r in rungs] == compress_module.rung_sizes(len(report["candidates"]), 2)
-    for before, after in zip(rungs, rungs[1:], strict=False):
+    rungs, models = report["rungs"], {u["name"]: u["model"] for u in report["candidates"]}
+    sizes = compress_module.rung_sizes(len(report["candidates"]), 2)
+    assert len(rungs) == len(sizes)
+    for before, after, keep in zip(rungs, rungs[1:], sizes[1:], strict=False):
         ranked = sorted(before["scores"], key=lambda n: -before["scores"][n])
-        assert after["survivors"] == ranked[: len(after["survivors"])]
+        assert after["survivors"] == compress_module.survivors(ranked, keep, models.__getitem__)
+        assert len(after["survivors"]) == max(keep, len({models[n] for n in ranked}))
+
+
+def test_survivors_keep_each_models_leader_however_it_ranks():
+    ranked = ["earl-a", "earl-b", "earl-c", "rotate-a", "rotate-b"]  # every EARL ahead of every RotatE
+    model = lambda name: name.split("-")[0]  # noqa: E731
+    assert compress_module.survivors(ranked, 3, model) == ["earl-a", "earl-b", "rotate-a"]
+    assert compress_module.survivors(ranked, 1, model) == ["earl-a", "rotate-a"]
+    assert compress_module.survivors(ranked[:3], 2, model) == ["earl-a", "earl-b"]
 
 
 def test_a_killed_job_continues_after_its_last_completed_rung(tmp_path, monkeypatch):
@@ -294,3 +304,58 @@ def test_candidates_only_hold_precisions_that_fit():
     rotate_dims = sorted(u["dim"] for u in units if u["model"] == "rotate")
     assert rotate_dims[-1] == sizes.max_dim("rotate", "int8", config.max_bytes)
     assert np.all(np.diff(rotate_dims) > 0)
+
+
+# ---------------------------------------------------------------- pq candidates (codebooks)
+
+
+def test_pq_candidates_buy_dims_that_int8_cannot_afford():
+    sizes = BundleSizes(load_dataset(codex_s_path()))
+    config = CompressConfig(max_bytes=100_000, time_limit_minutes=1, models=("rotate",), precisions=("int8", "pq"))
+    units = compress_module.plan_candidates(sizes, config)
+    int8_dim = sizes.max_dim("rotate", "int8", config.max_bytes)
+    pq_dims = [u["dim"] for u in units if any(p.startswith("pq:") for p in u["bytes"])]
+    assert pq_dims and max(pq_dims) > 2 * int8_dim
+    for unit in units:
+        for precision, size in unit["bytes"].items():
+            assert size == sizes.bytes("rotate", unit["dim"], precision) <= config.max_bytes
+            if precision.startswith("pq:"):
+                assert sizes.pq_codes("rotate", unit["dim"], precision) == 1
+    fixed = CompressConfig(max_bytes=100_000, time_limit_minutes=1, models=("rotate",), precisions=("pq:16",))
+    assert all(set(u["bytes"]) == {"pq:16"} for u in compress_module.plan_candidates(sizes, fixed))
+    with pytest.raises(ConfigError, match="pq:M"):
+        CompressConfig(max_bytes=100_000, time_limit_minutes=1, precisions=("pq:0",))
+
+
+def test_a_killed_job_with_pq_candidates_continues(tmp_path, monkeypatch):
+    dataset = load_dataset(codex_s_path())
+    config = CompressConfig(max_bytes=100_000, time_limit_minutes=0.3, models=("rotate",), precisions=("int8", "pq"))
+
+    class Killed(Exception):
+        pass
+
+    def kill_in_rung_1(progress):
+        if progress["rung"] == 1 and progress["stage"] == "train":
+            raise Killed
+
+    with pytest.raises(Killed):
+        compress(dataset, tmp_path, config, train_config=TINY, on_progress=kill_in_rung_1)
+    before = json.loads((tmp_path / STATE).read_text())
+    first = before["rungs"][0]["results"]
+    assert any(p.startswith("pq:") for r in first.values() for p in r["exports"])
+    assert all("fine_tune_steps" in v for r in first.values() for p, v in r["exports"].items() if p.startswith("pq:"))
+    trained = []
+    real_train = compress_module.train
+
+    def spy(dataset, model_config, train_config, out_dir, **kwargs):
+        trained.append(Path(out_dir).name)
+        return real_train(dataset, model_config, train_config, out_dir, **kwargs)
+
+    monkeypatch.setattr(compress_module, "train", spy)
+    report = compress(dataset, tmp_path, config, train_config=TINY)
+    assert trained == [name for rung in report["rungs"][1:] for name in rung["survivors"]]
+    assert report["rungs"][0]["scores"] == {n: r["score"] for n, r in first.items()}
+    pick = report["pick"]
+    assert (tmp_path / PICK).stat().st_size == pick["bytes"] <= config.max_bytes
+    assert load_bundle(tmp_path / PICK).precision == pick["precision"]
+    assert any(r["precision"].startswith("pq:") for r in report["exports"])  # the report lists them

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gzip
+import hashlib
 import pickle
 from pathlib import Path
 
@@ -19,6 +20,7 @@ from earl_service.errors import (
     UnknownEntityError,
     UnknownRelationError,
 )
+from earl_service.readers import text
 
 SHARED_DATASETS = Path(__file__).resolve().parents[2].parent / "shared" / "datasets"
 
@@ -84,8 +86,8 @@ def test_wrong_column_count_names_line(tmp_path):
 
 def test_too_many_columns_and_space_separated_hint(tmp_path):
     assert "found 4" in str(read_error(write(tmp_path / "a.txt", "a\tr\tb\tx\n")))
-    err = read_error(write(tmp_path / "b.txt", "a\tr\tb\nc r d\n"))
-    assert err.line == 2 and "separated by spaces" in str(err)
+    err = read_error(write(tmp_path / "b.txt", "a\tr\tb\n" * 70 + "c r d\n"))  # tabs, by the first lines
+    assert err.line == 71 and "separated by spaces" in str(err)
 
 
 def test_csv_wrong_column_count(tmp_path):
@@ -135,7 +137,7 @@ def test_gzip_bomb_guard(tmp_path):
 
 
 def test_corrupt_gzip(tmp_path):
-    err = read_error(write(tmp_path / "train.txt.gz", b"not gzip at all"))
+    err = read_error(write(tmp_path / "train.txt", b"\x1f\x8b" + b"not gzip at all"))
     assert "gzip" in str(err)
 
 
@@ -169,7 +171,7 @@ def test_small_chunks_read_the_same(tmp_path, monkeypatch, name):
     path = write(tmp_path / name, MESSY[name])
     whole = read_triples(path)
     for chunk in (1, 2, 3, 7):
-        monkeypatch.setattr(data, "_CHUNK", chunk)
+        monkeypatch.setattr(text, "_CHUNK", chunk)
         assert read_triples(path) == whole
     assert whole[1] == 9
 
@@ -181,14 +183,14 @@ def test_small_chunks_read_the_same(tmp_path, monkeypatch, name):
     (b"a\tr\tb\n" * 5 + b"a\tr\tb\n\n\t\tb\n", 8, "empty head field"),
 ])
 def test_errors_past_the_first_chunk_name_their_line(tmp_path, monkeypatch, content, line, fragment):
-    monkeypatch.setattr(data, "_CHUNK", 10)
+    monkeypatch.setattr(text, "_CHUNK", 10)
     err = read_error(write(tmp_path / "train.txt", content))
     assert err.line == line and fragment in str(err)
 
 
 def test_line_without_a_break_is_refused_unread(tmp_path, monkeypatch):
-    monkeypatch.setattr(data, "MAX_LINE_BYTES", 1000)
-    monkeypatch.setattr(data, "_CHUNK", 100)
+    monkeypatch.setattr(text, "MAX_LINE_BYTES", 1000)
+    monkeypatch.setattr(text, "_CHUNK", 100)
     err = read_error(write(tmp_path / "train.txt.gz", gzip.compress(b"a\tr\tb\n" + b"x" * 5000)))
     assert err.line == 2 and "no line break in 1000 bytes" in str(err)
 
@@ -214,7 +216,7 @@ def test_keys_widen_as_the_vocabulary_grows(tmp_path, monkeypatch):
     path = write(tmp_path / "train.txt", "".join(f"e{i % 37}\tr{i % 5}\te{i * 7 % 41}\n" for i in range(400)))
     expected = read_table(path)
     monkeypatch.setattr(data, "_ENTITY_BITS", 1)
-    monkeypatch.setattr(data, "_CHUNK", 64)
+    monkeypatch.setattr(text, "_CHUNK", 64)
     table = read_table(path)
     assert (table.entities, table.ids.tolist(), table.duplicates) == (expected.entities, expected.ids.tolist(),
                                                                       expected.duplicates)
@@ -230,7 +232,7 @@ def test_count_triples_counts_as_read_table_reads(tmp_path, monkeypatch, name):
     path = write(tmp_path / name, MESSY[name])
     table = read_table(path)
     for chunk in (3, 1 << 20):
-        monkeypatch.setattr(data, "_CHUNK", chunk)
+        monkeypatch.setattr(text, "_CHUNK", chunk)
         counts = count_triples(path)
         assert (counts.triples, counts.duplicates) == (len(table), table.duplicates)
         assert counts.longest_name == max(map(len, table.entities + table.relations))
@@ -246,7 +248,7 @@ def test_count_triples_refuses_as_read_table(tmp_path, content):
 
 
 def test_count_triples_stops_at_its_limit(tmp_path, monkeypatch):
-    monkeypatch.setattr(data, "_CHUNK", 64)
+    monkeypatch.setattr(text, "_CHUNK", 64)
     path = write(tmp_path / "train.txt", "".join(f"e{i}\tr\te{i + 1}\n" for i in range(100)) + "bad line\n")
     with pytest.raises(TripleLimitError) as info:
         count_triples(path, max_triples=10)  # refused before the bad line is reached
@@ -258,7 +260,7 @@ def test_count_triples_stops_at_its_limit(tmp_path, monkeypatch):
 
 
 def test_read_table_stops_at_the_same_limit(tmp_path, monkeypatch):
-    monkeypatch.setattr(data, "_CHUNK", 64)
+    monkeypatch.setattr(text, "_CHUNK", 64)
     path = write(tmp_path / "train.txt", "".join(f"e{i}\tr\te{i + 1}\n" for i in range(100)) + "bad line\n")
     with pytest.raises(TripleLimitError) as info:
         read_table(path, max_triples=10)  # refused before the bad line is reached
@@ -339,8 +341,10 @@ def test_entities_only_in_dropped_triples_get_no_id(tmp_path):
     write(folder / "test.txt", "q\tr9\ta\nb\tr1\tz\nq\tr9\ta\n")
     ds = load_dataset(folder)
     assert ds.entities.names == ["a", "b", "z"] and ds.test.tolist() == [[1, 0, 2]]
-    assert ds.stats["test"] == {"file": str(folder / "test.txt"), "triples_read": 3, "duplicates_dropped": 1,
-                                "unknown_relation_dropped": 1, "triples": 1, "new_entities": 1}
+    sha256 = hashlib.sha256((folder / "test.txt").read_bytes()).hexdigest()
+    assert ds.stats["test"] == {"file": str(folder / "test.txt"), "format": "tsv", "sha256": sha256, "triples_read": 3,
+                                "duplicates_dropped": 1, "unknown_relation_dropped": 1, "triples": 1,
+                                "new_entities": 1}
 
 
 def test_unknown_relation_dropped_is_logged(tmp_path, caplog):

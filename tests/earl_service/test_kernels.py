@@ -126,6 +126,18 @@ def test_the_earl_command_reads_the_kernel_settings_from_the_environment(monkeyp
     assert not kernels.extension_available() and kernels._build_wait_s == 7.0
 
 
+def test_kernel_march_is_a_setting_with_its_own_build_folder(monkeypatch):
+    """An image names an older -march than `native` (docker/worker.Dockerfile); each target builds apart."""
+    from earl_service.cli import _configure_kernels
+
+    monkeypatch.setattr(kernels, "_march", kernels._march)
+    native = kernels.build_dir()
+    assert "-march=native" in kernels._cflags()
+    _configure_kernels({"EARL_KERNEL_MARCH": "x86-64-v3"})
+    assert "-march=x86-64-v3" in kernels._cflags() and "-march=native" not in kernels._cflags()
+    assert kernels.build_dir() != native and kernels.build_dir().parent == native.parent
+
+
 def test_importing_the_kernels_reads_no_environment():
     import subprocess
     import sys
@@ -133,3 +145,29 @@ def test_importing_the_kernels_reads_no_environment():
     code = ("import os; os.environ['EARL_NO_EXTENSION'] = '1'; os.environ['EARL_EXTENSION_WAIT_S'] = 'x'; "
             "from earl_service import kernels; assert kernels._enabled and kernels._build_wait_s == 600.0")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_a_build_announces_itself_and_a_built_kernel_loads_quietly(tmp_path, monkeypatch, caplog):
+    """A first build takes a while (a minute on a small CPU): a log line says so before it starts, and the `earl`
+    command shows that line without -v. A kernel already built loads without a word."""
+    from torch.utils import cpp_extension
+
+    from earl_service.cli import NOTICES
+
+    def fake_build(name, build_directory, **_):
+        (Path(build_directory) / f"{name}.so").write_bytes(b"")  # what torch leaves: the library, named so
+        return object()
+
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    monkeypatch.setattr(cpp_extension, "load", fake_build)
+    for attribute in ("_extension", "_extension_failed", "_enabled"):
+        monkeypatch.setattr(kernels, attribute, {"_enabled": True}.get(attribute))
+    with caplog.at_level("INFO", logger="earl_service.kernels"):
+        assert kernels._load_extension() is not None
+    assert "compiling the fused RotatE kernel" in caplog.messages[0] and "compiled in" in caplog.messages[1]
+    caplog.clear()
+    monkeypatch.setattr(kernels, "_extension", None)
+    with caplog.at_level("INFO", logger="earl_service.kernels"):
+        assert kernels._load_extension() is not None
+    assert caplog.messages == []
+    assert "earl_service.kernels" in NOTICES

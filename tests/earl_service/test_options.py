@@ -7,9 +7,9 @@ import pytest
 from pydantic import ValidationError
 
 from earl_service.cli import _configs, build_parser, main
-from earl_service.config import ModelConfig, TrainConfig
+from earl_service.config import DataConfig, ModelConfig, TrainConfig
 from earl_service.errors import ConfigError
-from earl_service.options import GROUPS, OPTIONS
+from earl_service.options import GROUPS, OPTIONS, data_cli_args, data_config_from_options
 from earl_service.worker.loop import WorkerConfig, configs_from_params
 
 pytest.importorskip("fastapi")
@@ -25,7 +25,8 @@ CHANGED = {"model": "rotate", "dim": "32", "reserved_ratio": "0.2", "k": "5", "l
            "epsilon": "1.5", "no_reserved": "true", "no_conrel": "true", "no_knn": "true", "no_conrel_knn": "true",
            "no_mulhop": "true", "seed": "7", "steps": "50", "batch_size": "64", "negatives": "8", "lr": "0.01",
            "eval_every": "5", "patience": "3", "time_limit": "2.5", "sampled": "true", "fanout": "5,all",
-           "negative_chunk": "16"}
+           "negative_chunk": "16", "lr_schedule": "cosine", "warmup": "0.1", "lr_floor": "0.05",
+           "encoder_lr": "0.0005", "header": "true", "columns": "h,t,r"}
 
 
 def cli_configs(*args):
@@ -74,6 +75,20 @@ def test_the_same_values_give_the_same_configs():
     assert train.fanout == (5, 0)
     assert model.no_mulhop and train.sampled and model != ModelConfig()
     assert worker_configs(CHANGED) == as_worker_runs((model, train))
+
+
+def test_data_options_agree_on_the_cli_the_form_and_the_worker():
+    def cli(*args):
+        return data_config_from_options(vars(build_parser().parse_args(["train", "data", "--out", "run", *args])))
+
+    assert cli() == data_config_from_options(TrainForm.model_validate({}).model_dump()) == DataConfig()
+    assert cli(*cli_args(CHANGED)) == data_config_from_options(TrainForm.model_validate(CHANGED).model_dump())
+    assert cli(*cli_args(CHANGED)) == DataConfig(header=True, columns="h,t,r")
+    assert cli("--no-header").header is False
+    for data in (DataConfig(), DataConfig(header=False, columns="t,r,h")):  # the worker's torchrun re-run
+        assert cli(*data_cli_args(data)) == data
+    evaluate = build_parser().parse_args(["evaluate", "run", "data", "--no-header", "--columns", "r,h,t"])
+    assert data_config_from_options(vars(evaluate)) == DataConfig(header=False, columns="r,h,t")
 
 
 def test_cli_spellings_of_earlier_releases_still_work():

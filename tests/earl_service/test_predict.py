@@ -137,3 +137,38 @@ def test_from_arrays_small_graph_scores_everything():
     with pytest.raises(ConfigError, match="entity rows"):
         LinkPredictor(ent[:19], rel, Vocab([f"e{i}" for i in range(20)]), Vocab(["a", "b"], kind="relation"),
                       np.zeros((0, 3)), gamma=6.0, epsilon=2.0)
+
+
+def test_answer_is_the_top_k_as_json(bundle, predictor):
+    head, relation, tail = _queries(bundle, 1, seed=4)[0]
+    got = predictor.answer(relation, head=head, k=3)
+    assert got["direction"] == "tail" and (got["head"], got["tail"], got["k"]) == (head, None, 3)
+    assert [(p["entity"], p["score"]) for p in got["predictions"]] == predictor.brute_force_tails(head, relation, 3)
+    got = predictor.answer(relation, tail=tail, k=2, exclude_known=False)
+    assert got["direction"] == "head" and got["exclude_known"] is False
+    assert [(p["entity"], p["score"]) for p in got["predictions"]] == \
+        predictor.brute_force_heads(tail, relation, 2, exclude_known=False)
+    for both_or_none in ({"head": head, "tail": tail}, {}):
+        with pytest.raises(ConfigError, match="exactly one of head"):
+            predictor.answer(relation, **both_or_none)
+
+
+def test_score_is_the_rotate_score_and_rank_of_a_triple(bundle, predictor):
+    """score() agrees with the top-k: a candidate's score equals its /predict score, and its unfiltered rank is
+    its place in the full ranking (exclude_known=False); a known triple is reported as known."""
+    head, relation, tail = _queries(bundle, 1, seed=5)[0]
+    everything = predictor.brute_force_tails(head, relation, predictor.num_entities, exclude_known=False)
+    candidate, score = everything[3]
+    got = predictor.score(head, relation, candidate)
+    assert got["score"] == pytest.approx(score, abs=1e-5) and got["distance"] == pytest.approx(predictor.gamma - score)
+    known = set(predictor.known_answers("tail", head, relation))
+    assert got["known"] == (candidate in known)
+    better_unknown = sum(1 for e, _ in everything[:3] if e not in known)  # distinct scores: no ties in practice
+    assert got["tail_rank"] == 1 + better_unknown
+    assert predictor.score(head, relation, tail)["known"] is True
+    assert 1 <= got["head_rank"] <= predictor.num_entities and got["entities"] == predictor.num_entities
+
+
+def test_score_names_an_unknown_entity(predictor):
+    with pytest.raises(UnknownEntityError, match="unknown entity 'nope'"):
+        predictor.score("nope", predictor.relations.names[0], predictor.entities.names[0])

@@ -61,7 +61,8 @@ def test_messages_name_the_source(tmp_path):
 
 
 def test_the_core_imports_no_torch():
-    code = ("import sys; import earl_service.core.decode, earl_service.core.knn, earl_service.edge; "
+    code = ("import sys; import earl_service.core.decode, earl_service.core.knn, earl_service.edge, "
+            "earl_service.tables, earl_service.answers_cli, earl_service.cli; "
             "heavy = {'torch', 'faiss', 'scipy'} & set(sys.modules); assert not heavy, heavy")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr

@@ -70,3 +70,21 @@ def test_the_core_imports_neither_torch_nor_faiss():
             "print(sorted(m for m in ('torch', 'faiss', 'scipy') if m in sys.modules))")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
     assert result.stdout.strip() == "[]"
+
+
+def test_realistic_rank_equals_the_evaluators_twin():
+    """core.rotate.realistic_rank (numpy, one query) and evaluate.realistic_ranks (torch, a batch) on ties and
+    filters: the hand example of test_evaluate plus random distances with many ties."""
+    from earl_service.evaluate import realistic_ranks
+
+    dist = np.array([1.0, 2.0, 2.0, 2.0, 5.0, 0.5], dtype=np.float32)
+    assert rotate.realistic_rank(dist, 1) == 4.0
+    assert rotate.realistic_rank(dist, 1, excluded=np.array([5, 2])) == 2.5
+    rng = np.random.default_rng(0)
+    for _ in range(50):
+        dist = rng.integers(0, 5, 30).astype(np.float32)  # many ties
+        target, excluded = int(rng.integers(30)), rng.choice(30, 6, replace=False)
+        filtered = torch.zeros(1, 30, dtype=torch.bool)
+        filtered[0, excluded] = True
+        twin = realistic_ranks(torch.from_numpy(dist)[None], torch.tensor([target]), filtered).item()
+        assert rotate.realistic_rank(dist, target, excluded=excluded) == twin
