@@ -12,6 +12,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
 from earl_service.errors import (
+    AmbiguousNameError,
     BundleError,
     ConfigError,
     DatasetError,
@@ -29,7 +30,8 @@ from .schemas import NotFound, NotFoundResponse
 log = logging.getLogger(__name__)
 
 NOT_FOUND_ERRORS = (UnknownModelError, UnknownJobError, UnknownEntityError, UnknownRelationError, UnknownReportError)
-UNPROCESSABLE_ERRORS = (BundleError, TripleFileError, ConfigError, DatasetError)  # the client's file or option
+# The client's file or option, or a label that names several entities.
+UNPROCESSABLE_ERRORS = (BundleError, TripleFileError, ConfigError, DatasetError, AmbiguousNameError)
 # For a route's `responses=`, so the OpenAPI schema shows the 404 body.
 NOT_FOUND: dict[int | str, dict[str, Any]] = {
     404: {"model": NotFoundResponse, "description": "unknown model, job, entity or relation, or no report"}}

@@ -29,12 +29,12 @@ from .errors import add_error_handlers
 from .gate import RequestGate
 from .limits import PredictSlots
 from .metrics import Metrics, MetricsMiddleware
-from .routes import health, jobs, models, predict, reports
+from .routes import entities, health, jobs, models, predict, reports
 from .settings import Settings
 
 log = logging.getLogger(__name__)
 SWEEP_EVERY_S = 3600.0  # housekeeping (earl_service/worker/housekeeping.py) after the one at start-up
-ROUTERS = (jobs, models, reports, predict, health)
+ROUTERS = (jobs, models, reports, predict, entities, health)
 
 
 class EarlAPI(FastAPI):

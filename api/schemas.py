@@ -46,6 +46,8 @@ class JobCreated(BaseModel):
     state: str
     triples: dict[str, dict[str, int]] = Field(
         default_factory=dict, description="per uploaded split: triples kept and duplicates_dropped")
+    labels: dict[str, int] = Field(default_factory=dict, description="per uploaded label file: labels read (those "
+                                                                      "for ids not in the graph are left out later)")
 
 
 class JobOut(BaseModel):
@@ -95,17 +97,21 @@ class ModelVersionOut(BaseModel):
 
 class Prediction(BaseModel):
     entity: str
+    label: str | None  # the entity's label, None without one
     score: float
 
 
 class QueryAnswer(BaseModel):
-    """One query's answers (LinkPredictor.answer)."""
+    """One query's answers (LinkPredictor.answer): head, relation and tail are ids, also where the query named
+    them by label; *_label their labels."""
 
     direction: Literal["tail", "head"]
     head: str | None
+    head_label: str | None
     relation: str
     relation_label: str | None
     tail: str | None
+    tail_label: str | None
     k: int
     exclude_known: bool
     predictions: list[Prediction]
@@ -149,15 +155,32 @@ class BatchPredictionOut(BaseModel):
 class ScoreOut(BaseModel):
     model: str
     head: str
+    head_label: str | None
     relation: str
     relation_label: str | None
     tail: str
+    tail_label: str | None
     distance: float  # sum_i |h_i r_i - t_i|
     score: float  # gamma - distance, as in /predict
     known: bool  # the triple is in the model's graph
     tail_rank: float  # filtered realistic rank of tail among all entities for (head, relation, ?)
     head_rank: float  # the same for head in (?, relation, tail)
     entities: int  # candidates ranked
+
+
+class EntityMatch(BaseModel):
+    id: str
+    label: str | None
+    score: float  # 1: exact; (0.5, 1): prefix, higher the more of the id or label the query covers; < 0.5: fuzzy
+
+
+class EntityPage(BaseModel):
+    """GET /models/{id}/entities: `total` entities match; `items` are the ranked ones from `offset`."""
+
+    total: int
+    items: list[EntityMatch]
+    limit: int
+    offset: int
 
 
 class NotFound(BaseModel):

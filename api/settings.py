@@ -14,8 +14,8 @@ class Settings(BaseSettings):
     """EARL_HOME, EARL_STORE, EARL_API_TOKEN, EARL_PROTECT_READS, EARL_MAX_UPLOAD_MB, EARL_MAX_UNPACKED_MB,
     EARL_CACHE_MODELS; and the bounds on work: EARL_ALLOW_OPEN_WRITES, EARL_MAX_CONCURRENT_PREDICTS,
     EARL_PREDICT_QUEUE_SECONDS, EARL_MAX_JOB_DIM, EARL_MAX_BATCH_X_NEGATIVES, EARL_MAX_NPROC, EARL_MAX_JOB_MINUTES,
-    EARL_MAX_QUEUED_JOBS, EARL_MAX_UPLOAD_TRIPLES, EARL_MAX_BUNDLE_ENTITIES, EARL_MAX_BUNDLE_TRIPLES
-    (docs/api.md#settings)."""
+    EARL_MAX_QUEUED_JOBS, EARL_MAX_UPLOAD_TRIPLES, EARL_MAX_BUNDLE_ENTITIES, EARL_MAX_BUNDLE_TRIPLES,
+    EARL_MAX_BUNDLE_LABEL_MB (docs/api.md#settings)."""
 
     model_config = SettingsConfigDict(env_prefix="EARL_", extra="ignore")
 
@@ -47,6 +47,8 @@ class Settings(BaseSettings):
     # 100 MiB upload unpack to GiBs of names).
     max_bundle_entities: int = Field(2_000_000, ge=1)
     max_bundle_triples: int = Field(20_000_000, ge=1)
+    # Decoded bytes of a bundle's entity (or relation) labels: 14,541 FB15k-237 labels take 0.24 MB.
+    max_bundle_label_mb: float = Field(64.0, gt=0)
 
     @field_validator("api_token", mode="before")
     @classmethod
@@ -70,4 +72,5 @@ class Settings(BaseSettings):
     @property
     def bundle_limits(self) -> BundleLimits:
         return BundleLimits(max_names=self.max_bundle_entities, max_triples=self.max_bundle_triples,
-                            origin="EARL_MAX_BUNDLE_ENTITIES / EARL_MAX_BUNDLE_TRIPLES")
+                            max_label_bytes=int(self.max_bundle_label_mb * 2**20),
+                            origin="EARL_MAX_BUNDLE_ENTITIES / EARL_MAX_BUNDLE_TRIPLES / EARL_MAX_BUNDLE_LABEL_MB")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import shutil
 from collections.abc import Collection, Iterator
 from contextlib import contextmanager
@@ -10,20 +9,13 @@ from pathlib import Path
 
 from fastapi import UploadFile
 
-from earl_service.bundle_format import METADATA_LIMITS, parse_json
 from earl_service.config import DataConfig
-from earl_service.data import (
-    DEFAULT_MAX_BYTES,
-    SPLIT_SUFFIXES,
-    TripleTable,
-    count_triples,
-    read_table,
-    relation_labels,
-)
-from earl_service.errors import DatasetError, TripleFileError, TripleLimitError
+from earl_service.data import DEFAULT_MAX_BYTES, SPLIT_SUFFIXES, TripleTable, count_triples, read_table
+from earl_service.errors import TripleFileError, TripleLimitError
+from earl_service.labels import FILE_NAMES, Kind, check_label_file, is_json
 from earl_service.worker.home import ServiceHome
 
-LABELS_MAX_BYTES = 8 * 2**20
+LABEL_FIELDS: dict[str, Kind] = {"entity_labels": "entities", "relation_labels": "relations"}  # form field: kind
 MAX_NAME_CHARS = 1000  # as the /predict query parameters
 DEFAULT_MAX_UPLOAD_TRIPLES = 10_000_000  # as Settings.max_upload_triples (EARL_MAX_UPLOAD_TRIPLES)
 
@@ -89,40 +81,30 @@ def check_table(path: Path, shown_name: str | None, *, max_bytes: int = DEFAULT_
     return table
 
 
-def save_labels(upload: UploadFile, dest: Path) -> Path:
-    """A relation-label JSON object (what data.relation_labels reads) saved as `dest` (relations.en.json);
-    DatasetError with the reason if it is not one, or if its labels would not fit in a bundle."""
-    upload.file.seek(0)
-    raw = upload.file.read(LABELS_MAX_BYTES + 1)
-    if len(raw) > LABELS_MAX_BYTES:
-        raise DatasetError(f"relation_labels: larger than {LABELS_MAX_BYTES // 2**20} MiB")
+def save_labels(upload: UploadFile, folder: Path, kind: Kind) -> tuple[Path, int]:
+    """A label file (TSV or CoDEx-style JSON, by content) streamed into `folder` under the name the dataset reader
+    looks for (entities.tsv, relations.en.json, ...), checked as it will be read: (its path, labels in it). A
+    LabelFileError names the client's file and line."""
+    tsv, json_name = FILE_NAMES[kind][0], FILE_NAMES[kind][1]
+    staged = save_upload(upload, folder / f".{tsv}.upload")
     try:
-        labels = parse_json(raw.decode("utf-8-sig"), "relation_labels", object, nonfinite_as_null=True)
-    except (UnicodeDecodeError, ValueError) as exc:
-        raise DatasetError(f"relation_labels: not a UTF-8 JSON document ({exc})") from None
-    if not isinstance(labels, dict):
-        raise DatasetError('relation_labels: expected a JSON object such as {"P27": "country of citizenship"}')
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    dest.write_bytes(raw)
-    # The trained bundle carries the labels relation_labels keeps; refuse now what its publishing would refuse.
-    kept, limit = len(json.dumps(relation_labels(dest.parent))), METADATA_LIMITS["relation_labels"]
-    if kept > limit:
-        dest.unlink()
-        raise DatasetError(f"relation_labels: its labels take {kept:,} bytes, more than a bundle may carry "
-                           f"({limit:,}, bundle_format.METADATA_LIMITS)")
-    return dest
+        json_file = is_json(staged)
+    except UnicodeError:  # UTF-16: check_label_file names the problem
+        json_file = False
+    dest = staged.rename(folder / (json_name if json_file else tsv))
+    return dest, check_label_file(dest, shown=upload.filename or tsv)
 
 
 def save_job_files(home: ServiceHome, job_id: str, uploads: dict[str, UploadFile | None],
-                   labels: UploadFile | None = None, *, max_bytes: int = DEFAULT_MAX_BYTES,
+                   labels: dict[str, UploadFile | None] | None = None, *, max_bytes: int = DEFAULT_MAX_BYTES,
                    max_triples: int = DEFAULT_MAX_UPLOAD_TRIPLES, whole: Collection[str] = (),
                    data: DataConfig | None = None,
                    ) -> tuple[dict[str, str], dict[str, dict[str, int]], dict[str, TripleTable]]:
     """Save train/valid/test as HOME/uploads/<job>/<split><suffix>, checked; paths returned relative to HOME,
     with each split's counts (triples kept, duplicates dropped) and, for the splits named in `whole`, the table
     read in that same one pass (check_table). `data` (the job's header and column order) reads them as the worker
-    will. Relation labels, if given, go to relations.en.json beside them
-    (where load_dataset's folder reader looks).
+    will. Label files (`labels` by LABEL_FIELDS name) go beside them where load_dataset's folder reader looks,
+    counted as {"labels": n} under their field's name.
 
     On a bad file the job's upload folder is removed and the TripleFileError (or DatasetError) propagates.
     """
@@ -131,8 +113,11 @@ def save_job_files(home: ServiceHome, job_id: str, uploads: dict[str, UploadFile
     counts: dict[str, dict[str, int]] = {}
     tables: dict[str, TripleTable] = {}
     try:
-        if labels is not None:
-            files["relation_labels"] = home.relative(save_labels(labels, folder / "relations.en.json"))
+        for name, upload in (labels or {}).items():
+            if upload is not None:
+                path, count = save_labels(upload, folder, LABEL_FIELDS[name])
+                counts[name] = {"labels": count}
+                files[name] = home.relative(path)
         for split, upload in uploads.items():
             if upload is None:
                 continue

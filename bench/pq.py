@@ -180,7 +180,7 @@ def main() -> int:
         faiss.omp_set_num_threads(a.threads)
     setting = SETTINGS[a.dataset]
     minutes = a.minutes or setting["minutes"]
-    ds = load_dataset(default_datasets() / a.dataset)
+    ds = load_dataset(default_datasets() / a.dataset, labels=False)  # as the committed results: bytes of weights
     sizes = BundleSizes(ds)
     configs = [ModelConfig(model="rotate", dim=int(d)) for d in a.dims.split(",")]
     configs += [] if a.no_earl else [ModelConfig(dim=setting["earl_dim"])]

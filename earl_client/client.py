@@ -12,7 +12,7 @@ from typing import Any
 import httpx
 
 Progress = Callable[[dict[str, Any]], None]
-FILES = ("train", "valid", "test", "relation_labels")  # the upload fields of POST /jobs
+FILES = ("train", "valid", "test", "entity_labels", "relation_labels")  # the upload fields of POST /jobs
 
 
 class ServiceError(RuntimeError):
@@ -87,11 +87,12 @@ class Client:
         raise TimeoutError(f"the service at {self.http.base_url} was not ready within {timeout:.0f} s")
 
     def submit_job(self, train: str | PathLike, *, valid: str | PathLike | None = None,
-                   test: str | PathLike | None = None, relation_labels: str | PathLike | None = None,
+                   test: str | PathLike | None = None, entity_labels: str | PathLike | None = None,
+                   relation_labels: str | PathLike | None = None,
                    params: Mapping[str, object] | None = None) -> str:
-        """Upload triple files (and a relations JSON) and queue a training job; `params` are `earl train`'s
-        options by their form names (dim, steps, batch_size, ...). Returns the job id."""
-        paths = dict(zip(FILES, (train, valid, test, relation_labels), strict=True))
+        """Upload triple files (and label files: TSV id<TAB>label or JSON) and queue a training job; `params` are
+        `earl train`'s options by their form names (dim, steps, batch_size, ...). Returns the job id."""
+        paths = dict(zip(FILES, (train, valid, test, entity_labels, relation_labels), strict=True))
         data = {name: _form_value(value) for name, value in (params or {}).items()}
         with ExitStack() as opened:  # open files, not their bytes: httpx streams them, a large upload never in memory
             files = {field: (Path(p).name, opened.enter_context(Path(p).open("rb")))

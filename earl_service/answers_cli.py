@@ -87,19 +87,26 @@ def cmd_score(a: argparse.Namespace) -> int:
 
 
 def predictions_table(found: dict[str, Any]) -> str:
-    """A title naming the query, then one row per answer with every field the predictor gave (labels too)."""
-    relation = found["relation"] + (f" ({found['relation_label']})" if found.get("relation_label") else "")
-    title = (f"tails of ({found['head']}, {relation}, ?)" if found["direction"] == "tail"
-             else f"heads of (?, {relation}, {found['tail']})")
+    """A title naming the query, then one row per answer with every field the predictor gave (labels too, where
+    any answer has one)."""
+    head, relation, tail = (_labelled(found, end) for end in ("head", "relation", "tail"))
+    title = f"tails of ({head}, {relation}, ?)" if found["direction"] == "tail" else f"heads of (?, {relation}, {tail})"
     rows = found["predictions"]
     if not rows:
         return f"{title}: no answers"
-    columns = ["rank", *dict.fromkeys(key for row in rows for key in row)]
+    fields = dict.fromkeys(key for row in rows for key in row)
+    columns = ["rank", *(key for key in fields if any(row.get(key) is not None for row in rows))]  # no empty column
     cells = [[str(i), *(_cell(row.get(c)) for c in columns[1:])] for i, row in enumerate(rows, 1)]
     widths = [max(len(c), *(len(r[j]) for r in cells)) for j, c in enumerate(columns)]
     lines = ["  ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True))]
     lines += ["  ".join(v.ljust(w) for v, w in zip(r, widths, strict=True)) for r in cells]
     return "\n".join([title, *(line.rstrip() for line in lines)])
+
+
+def _labelled(found: dict[str, Any], end: str) -> str:
+    """The query's id at `end` (head, relation, tail), its label in brackets where it has one."""
+    label = found.get(f"{end}_label")
+    return f"{found[end]} ({label})" if label else str(found[end])
 
 
 def _cell(value: Any) -> str:

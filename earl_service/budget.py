@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from .bundle import Bundle, PQTables
-from .bundle_format import quantize
+from .bundle_format import pack_labels, quantize
 from .compress_config import PAD_KEY, graph_bytes
 from .config import ModelConfig, ModelKind
 from .data import Dataset, Vocab
@@ -65,13 +65,12 @@ class BundleSizes:
     """Exact bundle file bytes for (model, dim, precision) over one dataset: an untrained bundle written to a
     temporary file. Plain-coded weights and a padded metrics field make the size independent of training."""
 
-    def __init__(self, dataset: Dataset, *, relation_labels: dict[str, str] | None = None, seed: int = 0,
-                 base: ModelConfig | None = None) -> None:
-        # What train() puts in its bundle: the training entities, every relation, the training graph.
+    def __init__(self, dataset: Dataset, *, seed: int = 0, base: ModelConfig | None = None) -> None:
+        # What train() puts in its bundle: the training entities, every relation, the training graph, the labels.
         self.entities = Vocab(dataset.entities.names[: dataset.num_train_entities])
         self.relations = dataset.relations
         self.triples = dataset.train
-        self.labels = relation_labels or {}
+        self.labels = dataset.labels
         self.base = replace(base or ModelConfig(), seed=seed)
         self._bytes: dict[tuple[str, int, str], int] = {}
         self._packed: dict[str, tuple[dict[str, np.ndarray], dict[str, str]]] = {}
@@ -88,7 +87,7 @@ class BundleSizes:
             shapes = build_model(config, n, len(self.relations), reserved).state_dict()
         params = {name: np.zeros(tuple(t.shape), np.float32) for name, t in shapes.items() if name != "reserved"}
         return Bundle(config, params, reserved.numpy().astype(np.int64), self.entities, self.relations, self.triples,
-                      padded_metrics({}), relation_labels=self.labels)
+                      padded_metrics({}), relation_labels=self.labels.relations, entity_labels=self.labels.entities)
 
     def bytes(self, model: ModelKind, dim: int, precision: str) -> int:
         key = (model, dim, precision)
@@ -124,8 +123,11 @@ class BundleSizes:
         return len(self.pq_layouts(self.untrained(self.config(model, dim)), precision))
 
     def fixed_bytes(self) -> int:
-        """Bytes of the graph and vocabularies, which every candidate carries whatever its weights."""
-        return graph_bytes(self.triples, self.entities.names, self.relations.names)
+        """Bytes of the graph, vocabularies and labels, which every candidate carries whatever its weights."""
+        labels = (pack_labels(self.entities.names, self.labels.entities),
+                  pack_labels(self.relations.names, self.labels.relations))
+        return graph_bytes(self.triples, self.entities.names, self.relations.names) + sum(
+            blob.nbytes for blob in labels if blob is not None)
 
     def max_dim(self, model: ModelKind, precision: str, max_bytes: int) -> int | None:
         """The largest dim whose bundle fits in `max_bytes` (None below MIN_DIM)."""

@@ -22,6 +22,7 @@ from .bundle_format import (
     encode_weights,
     narrowest_uint,
     pack_graph,
+    pack_labels,
     pack_strings,
     quantize,
     read_safetensors,
@@ -31,10 +32,10 @@ from .config import ModelConfig
 from .core.decode import decode
 from .data import Vocab, load_triples_file
 from .errors import BundleError
+from .labels import Labels
 from .pq_format import FALLBACK, is_pq, resolve, with_tables
 
 PQTables = dict[str, tuple[np.ndarray, np.ndarray]]  # name -> (codes (N, M) uint8, codebooks (M, 256, w/M) fp16)
-
 # ---------------------------------------------------------------- the torch-side bundle
 
 
@@ -51,6 +52,7 @@ class Bundle:
     metrics: dict[str, Any] = field(default_factory=dict)
     precision: str = "fp32"
     relation_labels: dict[str, str] = field(default_factory=dict)
+    entity_labels: dict[str, str] = field(default_factory=dict)
     sha256: str = ""
     num_bytes: int = 0
     path: Path | None = None
@@ -120,6 +122,7 @@ class Bundle:
         tensors["graph.packed"] = pack_graph(self.triples, len(self.entities), len(self.relations))
         tensors["vocab.entities"] = pack_strings(self.entities.names)
         tensors["vocab.relations"] = pack_strings(self.relations.names)
+        tensors.update(self._label_tensors())
         metadata = {
             "format": FORMAT,
             "format_version": str(FORMAT_VERSION),
@@ -127,7 +130,6 @@ class Bundle:
             "precision": precision,
             "config": json.dumps(self.config.to_dict()),
             "metrics": json.dumps(self.metrics, default=str),
-            "relation_labels": json.dumps(self.relation_labels),
             "trainable_parameters": str(self.trainable_parameters),
             "entities": str(len(self.entities)),
             "relations": str(len(self.relations)),
@@ -141,6 +143,12 @@ class Bundle:
                 pq_tables = encode_tables(self.config, self.params, precision)
             tensors, metadata = with_tables(tensors, metadata, pq_tables)
         return encode_weights(tensors, metadata, coding or default_coding(precision))
+
+    def _label_tensors(self) -> dict[str, np.ndarray]:
+        """labels.entities / labels.relations: xz-coded, aligned with the vocabularies; absent when none."""
+        packed = {"labels.entities": pack_labels(self.entities.names, self.entity_labels),
+                  "labels.relations": pack_labels(self.relations.names, self.relation_labels)}
+        return {name: blob for name, blob in packed.items() if blob is not None}
 
     def save(self, path: str | os.PathLike, *, precision: str | None = None, coding: str | None = None,
              pq_tables: PQTables | None = None) -> Path:
@@ -171,13 +179,14 @@ def load_bundle(path: str | os.PathLike, *, limits: BundleLimits | None = None) 
 
 def bundle_from_model(
     model: torch.nn.Module, config: ModelConfig, entities: Vocab, relations: Vocab, triples: np.ndarray,
-    *, metrics: dict | None = None, relation_labels: dict[str, str] | None = None,
+    *, metrics: dict | None = None, labels: Labels | None = None,
 ) -> Bundle:
     state = model.state_dict()
     reserved = state.pop("reserved", torch.zeros(0, dtype=torch.long)).cpu().numpy().astype(np.int64)
     params = {k: v.detach().float().cpu().numpy() for k, v in state.items()}
+    labels = labels or Labels()
     return Bundle(config, params, reserved, entities, relations, np.asarray(triples, dtype=np.int64), metrics or {},
-                  "fp32", relation_labels or {})
+                  "fp32", relation_labels=labels.relations, entity_labels=labels.entities)
 
 
 def export_bundle(run_dir: str | os.PathLike, out_path: str | os.PathLike, *, precision: str = "fp32",

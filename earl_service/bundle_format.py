@@ -35,6 +35,9 @@ JSON_DEPTH = 32
 _JSON_NAMES: dict[type, str] = {dict: "object", list: "array", str: "string"}
 RATIO_LIMIT = 64  # xz output per input byte: honest graphs and names shrink 2-4x, weights 1-2x, a bomb 1000x
 RATIO_FLOOR = 16 << 20  # bytes any xz part may decode to, whatever its packed size
+# Labels are for people: a name of a thing, not its description (which the label readers leave out of bundles).
+MAX_LABEL_CHARS = 1000
+MAX_LABEL_BYTES = 4 * MAX_LABEL_CHARS  # UTF-8
 
 
 def parse_json(text: str | bytes, what: str, kind: type = dict, *, nonfinite_as_null: bool = False) -> Any:
@@ -90,6 +93,7 @@ class BundleLimits:
 
     max_names: int | None = None
     max_triples: int | None = None
+    max_label_bytes: int | None = None  # per kind (entity, relation) of labels, as they decompress
     origin: str = "the reader's limit"
 
 
@@ -126,6 +130,36 @@ def unpack_strings(blob: np.ndarray, limits: BundleLimits | None = None) -> list
 
     text = _decompress(blob, "vocabulary", watch).decode("utf-8")
     return text.split("\0") if text else []
+
+
+def pack_labels(names: list[str], labels: dict[str, Any]) -> np.ndarray | None:
+    """The labels of `names` in their order, "" where a name has none, as pack_strings packs names; None when no
+    name has a label (the bundle then holds no labels tensor). Only string labels are kept."""
+    aligned = [label if isinstance(label := labels.get(name), str) else "" for name in names]
+    return pack_strings(aligned) if any(aligned) else None
+
+
+def unpack_labels(blob: np.ndarray, names: int, what: str, limits: BundleLimits | None = None) -> list[str]:
+    """Inverse of pack_labels for a vocabulary of `names` names. Refused while it inflates as soon as it holds more
+    labels than names, or more bytes than MAX_LABEL_BYTES per name or `limits.max_label_bytes`, so what a hostile
+    blob makes the reader hold is bounded by the vocabulary it already holds."""
+    most = names * (MAX_LABEL_BYTES + 1)
+    if limits is not None and limits.max_label_bytes is not None:
+        most = min(most, limits.max_label_bytes)
+
+    def watch(out: bytearray) -> None:
+        if len(out) > most:
+            origin = f" ({limits.origin})" if limits is not None and most == limits.max_label_bytes else ""
+            raise BundleError(f"the bundle's {what} take more than {most:,} bytes{origin}")
+        if out and out.count(0) >= names:  # labels = separators + 1
+            raise BundleError(f"the bundle holds more {what} than names ({names:,})")
+
+    labels = _decompress(blob, what, watch).decode("utf-8").split("\0")
+    if len(labels) != names:
+        raise BundleError(f"the bundle holds {len(labels):,} {what} for {names:,} names")
+    if max(map(len, labels), default=0) > MAX_LABEL_CHARS:
+        raise BundleError(f"the bundle's {what} include one longer than {MAX_LABEL_CHARS:,} characters")
+    return labels
 
 
 def narrowest_uint(max_value: int) -> np.dtype:

@@ -132,7 +132,7 @@ def cmd_train(a: argparse.Namespace) -> int:
     if a.nproc_per_node and not _under_torchrun():
         return launch_torchrun(a)
 
-    from .data import load_dataset, relation_labels
+    from .data import load_dataset
     from .train import train
 
     model_cfg, train_cfg = _configs(a)
@@ -144,10 +144,10 @@ def cmd_train(a: argparse.Namespace) -> int:
     if distributed or a.progress_file:
         signal.signal(signal.SIGTERM, lambda *_: stop.set())
     try:
-        dataset = load_dataset(a.data, data=data_config_from_options(vars(a)))
+        dataset = load_dataset(a.data, data=data_config_from_options(vars(a)), labels=a.labels)
         metrics = train(dataset, model_cfg, train_cfg, a.out, resume=a.resume, final_eval=not a.no_final_eval,
-                        protocol=a.protocol, relation_labels=relation_labels(a.data), should_stop=stop.is_set,
-                        on_progress=_progress_writer(a.progress_file), command=["earl", *a.argv])
+                        protocol=a.protocol, should_stop=stop.is_set, on_progress=_progress_writer(a.progress_file),
+                        command=["earl", *a.argv])
     finally:
         if distributed:
             import torch.distributed as dist
@@ -198,7 +198,9 @@ def bundle_info(path: str) -> dict:
     return {"path": str(path), "bytes": b.num_bytes, "precision": b.precision, "sha256": b.sha256,
             "trainable_parameters": b.trainable_parameters, "entities": len(b.entities),
             "relations": len(b.relations), "triples": len(b.triples), "model": b.config.model,
-            "dim": b.config.dim, "weights_coding": b.coding, "metrics": shown_metrics(b.metrics)}
+            "dim": b.config.dim, "weights_coding": b.coding,
+            "labels": {"entities": len(b.entity_labels), "relations": len(b.relation_labels)},
+            "metrics": shown_metrics(b.metrics)}
 
 
 def cmd_info(a: argparse.Namespace) -> int:
@@ -225,6 +227,13 @@ def _add_coding_option(p: argparse.ArgumentParser) -> None:
                         "for fp32, planes-xz for fp16/int8")
 
 
+def add_labels_option(p: argparse.ArgumentParser) -> None:
+    """--no-labels: leave the label files beside the triples out of the bundle (`earl train`, `earl compress`)."""
+    p.add_argument("--no-labels", dest="labels", action="store_false",
+                   help="do not read entities.tsv / relations.tsv (or *.en.json) beside the triples: the bundle "
+                        "then carries no labels (smaller)")
+
+
 def add_train_command(sub) -> None:
     p = sub.add_parser("train", help="train EARL (or the RotatE baseline) on a dataset folder")
     p.add_argument("data", help="folder with a train file and optional valid / test files (.txt, .tsv, .csv, .nt, "
@@ -238,6 +247,7 @@ def add_train_command(sub) -> None:
                    help="take every model and training setting from FILE ({'model': ..., 'train': ...} or a "
                         "run's metrics.json); the model/training options below are then ignored")
     p.add_argument("--progress-file", default=None, metavar="FILE", help="keep FILE holding the latest progress (JSON)")
+    add_labels_option(p)
     add_train_options(p)
     _add_launcher_options(p)
     p.set_defaults(func=cmd_train)

@@ -46,7 +46,6 @@ class Job:
     out: Path
     config: CompressConfig
     train_config: TrainConfig
-    labels: dict[str, str]
     state: dict[str, Any]
     on_progress: ProgressCallback | None = None
     should_stop: Callable[[], bool] | None = None
@@ -245,7 +244,7 @@ def train_slice(job: Job, name: str, seconds: float) -> dict[str, Any] | None:
         job.emit("train", name, step=progress["step"], loss=progress["loss"], valid_mrr=progress["valid_mrr"])
 
     metrics = train(job.dataset, ModelConfig.from_dict(unit["config"]), config, job.run_dir(name), resume=True,
-                    final_eval=False, on_progress=forward, should_stop=job.should_stop, relation_labels=job.labels)
+                    final_eval=False, on_progress=forward, should_stop=job.should_stop)
     if metrics["stopped"] == "cancelled":
         return None
     unit["train_seconds"], unit["steps"] = metrics["train_seconds"], metrics["steps"]
@@ -423,26 +422,26 @@ def pick_metrics(report: dict[str, Any]) -> dict[str, Any]:
 
 
 def compress(dataset: Dataset, out_dir: str | os.PathLike, config: CompressConfig, *,
-             train_config: TrainConfig | None = None, relation_labels: dict[str, str] | None = None,
+             train_config: TrainConfig | None = None,
              on_progress: ProgressCallback | None = None, should_stop: Callable[[], bool] | None = None,
              ) -> dict[str, Any] | None:
     """Search for the most accurate bundle of at most config.max_bytes bytes within the time limit; writes
-    OUT/bundle.safetensors, report.json, report.md and frontier.png and returns the report. A job stopped
+    OUT/bundle.safetensors, report.json, report.md and frontier.png and returns the report. Every bundle carries
+    the dataset's labels (counted in its bytes; load_dataset(labels=False) leaves them out). A job stopped
     by `should_stop` returns None; run it again with the same OUT to continue from where it stopped."""
     if dataset.valid is None or not len(dataset.valid):
         raise DatasetError("compress picks on validation metrics: the dataset needs a valid split")
     out = Path(out_dir)
     train_config = train_config or TrainConfig(progress=False)
-    labels = relation_labels or {}
     state = load_state(out, config, dataset)
     if state is None:
-        sizes = BundleSizes(dataset, relation_labels=labels, seed=config.seed)
+        sizes = BundleSizes(dataset, seed=config.seed)
         units = plan_candidates(sizes, config)
         seconds = validation_seconds(dataset, sizes, units, train_config)
         units = fit_to_time(config, units, seconds)
         state = new_state(config, dataset, sizes, units, seconds)
     out.mkdir(parents=True, exist_ok=True)
-    job = Job(dataset, out, config, train_config, labels, state, on_progress, should_stop,
+    job = Job(dataset, out, config, train_config, state, on_progress, should_stop,
               spent_before=state["spent_seconds"])
     job.save()
     if not search(job):

@@ -32,6 +32,8 @@ def add_compress_command(sub) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default="auto", help="auto | cpu | cuda")
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch default)")
+    p.add_argument("--no-labels", dest="labels", action="store_false",
+                   help="leave the label files beside the triples out of every bundle (their bytes too)")
     add_data_options(p)
     p.set_defaults(func=cmd_compress)
 
@@ -48,14 +50,13 @@ def cmd_compress(a: argparse.Namespace) -> int:
     from .compress import PICK, compress, pick_metrics
     from .compress_config import CompressConfig
     from .config import TrainConfig
-    from .data import load_dataset, relation_labels
+    from .data import load_dataset
 
     config = CompressConfig.from_text(a.max_bytes, a.time_limit, models=a.models, precisions=a.precisions,
                                       metric=a.metric, seed=a.seed)
     train_config = TrainConfig(progress=False, device=a.device, threads=a.threads, seed=a.seed)
-    dataset = load_dataset(a.data, data=data_config_from_options(vars(a)))
-    report = compress(dataset, a.out, config, train_config=train_config,
-                      relation_labels=relation_labels(a.data), on_progress=_show)
+    dataset = load_dataset(a.data, data=data_config_from_options(vars(a)), labels=a.labels)
+    report = compress(dataset, a.out, config, train_config=train_config, on_progress=_show)
     assert report is not None  # nothing stops the command line's job but a signal, which ends the process
     print(json.dumps({"bundle": str(Path(a.out) / PICK), **pick_metrics(report)}, indent=2))
     return 0

@@ -25,6 +25,7 @@ from .errors import (
     UnknownEntityError,
     UnknownRelationError,
 )
+from .labels import Labels, read_labels
 from .provenance import file_sha256
 from .readers import Batch, ReadReport, Triple
 from .readers.report import row_error
@@ -350,8 +351,9 @@ class Dataset:
     Entity ids ``0 .. num_train_entities - 1`` occur in train; higher ids were first seen in valid/test.
     ``stats[split]`` holds ``file``, ``format``, ``triples_read``, ``duplicates_dropped``,
     ``unknown_relation_dropped``, ``triples`` (kept) and ``new_entities`` (entities first seen in that split), and
-    where they apply ``header_line`` (a header row skipped) and ``literals_dropped`` (RDF). ``entity_labels``
-    maps entity ids to the labels the data itself gave (RDF rdfs:label / skos:prefLabel), train's first.
+    where they apply ``header_line`` (a header row skipped) and ``literals_dropped`` (RDF). ``labels`` holds the
+    label files beside the triples (earl_service/labels.py) over the labels the data itself gave (RDF rdfs:label /
+    skos:prefLabel, train's first), which the trained bundle carries; ``stats["labels"]`` counts them.
     """
 
     entities: Vocab
@@ -361,7 +363,7 @@ class Dataset:
     valid: np.ndarray | None = None
     test: np.ndarray | None = None
     stats: dict = field(default_factory=dict)
-    entity_labels: dict[str, str] = field(default_factory=dict)
+    labels: Labels = field(default_factory=Labels)
 
     @property
     def num_entities(self) -> int:
@@ -487,13 +489,15 @@ def _split_stats(file: str, table: TripleTable, kept: int, new_entities: int) ->
     return stats
 
 
-def load_dataset(path: PathLike, *, max_bytes: int = DEFAULT_MAX_BYTES, data: DataConfig | None = None) -> Dataset:
+def load_dataset(path: PathLike, *, max_bytes: int = DEFAULT_MAX_BYTES, data: DataConfig | None = None,
+                 labels: bool = True) -> Dataset:
     """Load a dataset folder holding ``train`` and optional ``valid``/``test`` triple files.
 
     Each split may be named ``<split>.txt``, ``.tsv``, ``.csv``, ``.nt``, ``.nq``, ``.ttl`` or ``.parquet``,
     optionally ``.gz``; the first found in that order is used, and read as its content says (read_table).
     Valid/test triples whose relation is not in train are dropped (counted in ``stats``); entities that occur
-    only in valid/test are appended after the train entities.
+    only in valid/test are appended after the train entities. With `labels`, the label files beside the triples
+    (earl_service.labels.read_labels) and the labels in the data (RDF) are kept; without, none are.
     """
     folder = Path(path)
     accepted = ", ".join(f"train{s}" for s in SPLIT_SUFFIXES)
@@ -505,10 +509,11 @@ def load_dataset(path: PathLike, *, max_bytes: int = DEFAULT_MAX_BYTES, data: Da
     tables = {split: (str(file), read_table(file, max_bytes=max_bytes, data=data)) for split, file in files.items()}
     for name, table in tables.values():
         table.report.sha256 = file_sha256(name)
-    return _assemble(tables, where=str(folder))
+    return _assemble(tables, where=str(folder), labels_beside=folder, labels=labels)
 
 
-def _assemble(tables: dict[str, tuple[str, TripleTable]], *, where: str) -> Dataset:
+def _assemble(tables: dict[str, tuple[str, TripleTable]], *, where: str, labels_beside: Path | None = None,
+              labels: bool = True) -> Dataset:
     """The dataset of per-split tables (train first): shared vocabularies, train's entities numbered first."""
     file, table = tables["train"]
     entities: dict[str, int] = {}
@@ -516,7 +521,7 @@ def _assemble(tables: dict[str, tuple[str, TripleTable]], *, where: str) -> Data
     arrays = {"train": _to_ids(table, entities, relations)}
     num_train_entities = len(entities)
     stats = {"train": _split_stats(file, table, len(table), num_train_entities)}
-    labels = dict(table.report.labels)
+    given = dict(table.report.labels)  # the data's own labels (RDF), train's first
     for split in SPLITS[1:]:
         if split not in tables:
             continue
@@ -528,14 +533,25 @@ def _assemble(tables: dict[str, tuple[str, TripleTable]], *, where: str) -> Data
             log.warning("%s: dropped %d triples whose relation is not in train (%d relations, e.g. %s)",
                         file, dropped, len(unknown), ", ".join(repr(r) for r in unknown[:5]))
         stats[split] = _split_stats(file, table, len(arrays[split]), len(entities) - known)
-        labels.update((e, label) for e, label in table.report.labels.items() if e not in labels)
+        given.update((e, label) for e, label in table.report.labels.items() if e not in given)
     log.info("loaded %s: %d entities (%d in train), %d relations, %s", where, len(entities),
              num_train_entities, len(relations), ", ".join(f"{s} {len(a)}" for s, a in arrays.items()))
+    found = _labels(labels_beside, given, entities=entities, relations=relations) if labels else Labels()
+    stats["labels"] = found.stats()
     return Dataset(entities=Vocab._from_index(entities, "entity"),
                    relations=Vocab._from_index(relations, "relation"),
                    num_train_entities=num_train_entities, train=arrays["train"],
-                   valid=arrays.get("valid"), test=arrays.get("test"), stats=stats,
-                   entity_labels={e: label for e, label in labels.items() if e in entities})
+                   valid=arrays.get("valid"), test=arrays.get("test"), stats=stats, labels=found)
+
+
+def _labels(folder: Path | None, given: dict[str, str], *, entities: dict[str, int],
+            relations: dict[str, int]) -> Labels:
+    """The label files in `folder` (read_labels), and for ids they leave unlabelled the labels the data gave
+    (`given`: RDF rdfs:label of entities or predicates); labels of ids outside the graph are left out."""
+    files = read_labels(folder, entities=entities, relations=relations) if folder else Labels()
+    kept = [{name: label for name, label in given.items() if name in known and name not in from_files}
+            for known, from_files in ((entities, files.entities), (relations, files.relations))]
+    return Labels({**kept[0], **files.entities}, {**kept[1], **files.relations}, files.ignored)
 
 
 def load_triples_file(path: PathLike, entities: Vocab, relations: Vocab, *, allow_new_entities: bool,
@@ -580,26 +596,3 @@ def _at_line(path: Path, triple: Triple, max_bytes: int, data: DataConfig | None
     records = readers.records(path, max_bytes=max_bytes, data=data or DataConfig())
     line = next((n for n, t in records if t == triple), None)
     return TripleFileError(path, line, f"{error}{note}")
-
-
-def relation_labels(folder: PathLike) -> dict[str, str]:
-    """Readable relation names from `relations.en.json` beside the triples (CoDEx ships one), else {}.
-
-    Accepts {"P161": {"label": "cast member", ...}} or {"P161": "cast member"}.
-    """
-    path = Path(folder) / "relations.en.json"
-    if not path.is_file():
-        return {}
-    import json
-
-    try:
-        raw = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        log.warning("ignoring %s: %s", path, exc)
-        return {}
-    labels = {}
-    for key, value in raw.items() if isinstance(raw, dict) else ():
-        label = value.get("label") if isinstance(value, dict) else value
-        if isinstance(label, str):
-            labels[str(key)] = label
-    return labels

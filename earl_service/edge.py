@@ -156,9 +156,11 @@ class EdgeModel(LinkPredictor):
     torch nor faiss is imported; `config` is the bundle's ModelConfig as a dict, `triples` (E, 3) its graph."""
 
     def __init__(self, config: dict, entities: Vocab, relations: Vocab, entity_embeddings: np.ndarray,
-                 relation_embeddings: np.ndarray, triples: np.ndarray, relation_labels: dict[str, str]) -> None:
+                 relation_embeddings: np.ndarray, triples: np.ndarray, relation_labels: dict[str, str],
+                 entity_labels: dict[str, str] | None = None) -> None:
         super().__init__(entity_embeddings, relation_embeddings, entities, relations, triples, gamma=config["gamma"],
-                         epsilon=config["epsilon"], index="exact", relation_labels=relation_labels)
+                         epsilon=config["epsilon"], index="exact", relation_labels=relation_labels,
+                         entity_labels=entity_labels)
         self.config, self.triples = config, triples
 
 
@@ -169,4 +171,4 @@ def load(path: str | os.PathLike, *, use_scipy: bool | None = None) -> EdgeModel
     bundle = decode(meta, tensors, source=str(path))
     ent, rel = encode(bundle, use_scipy=use_scipy)
     return EdgeModel(bundle.config.to_dict(), bundle.entities, bundle.relations, ent, rel, bundle.triples,
-                     bundle.relation_labels)
+                     bundle.relation_labels, bundle.entity_labels)

@@ -32,6 +32,11 @@ def _triple_file_error(cls: type[TripleFileError], path: str, line: int | None, 
     return error
 
 
+class LabelFileError(TripleFileError):
+    """A label file (entities.tsv, relations.en.json, ...) cannot be read; it names the file and line as
+    TripleFileError does (and is one, so every caller that reports a bad input file reports it)."""
+
+
 class ConfigError(EarlError, ValueError):
     """A setting is out of range or settings contradict each other (also a ValueError, for older callers)."""
 
@@ -81,6 +86,24 @@ class UnknownRelationError(_UnknownNameError):
     """A relation name is not in the vocabulary; ``suggestions`` holds close matches."""
 
     kind = "relation"
+
+
+class AmbiguousNameError(EarlError, KeyError):
+    """A label names several entities (or relations); ``candidates`` holds their ids, to ask by id instead."""
+
+    def __init__(self, kind: str, name: str, candidates: Sequence[str], total: int | None = None) -> None:
+        self.kind, self.name, self.candidates = kind, name, list(candidates)
+        self.total = len(self.candidates) if total is None else total
+        more = f" and {self.total - len(self.candidates)} more" if self.total > len(self.candidates) else ""
+        self.message = (f"{kind} label {name!r} names {self.total} {kind} ids: "
+                        + ", ".join(repr(c) for c in self.candidates) + f"{more}; give one of them by id")
+        super().__init__(self.message)
+
+    def __str__(self) -> str:
+        return self.message
+
+    def __reduce__(self):
+        return type(self), (self.kind, self.name, self.candidates, self.total)
 
 
 class _NotFoundError(_UnknownNameError):

@@ -5,6 +5,7 @@ The search itself (a FAISS proxy shortlist, then an exact RotatE re-rank) lives 
 
 from __future__ import annotations
 
+from functools import cached_property
 from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
@@ -14,6 +15,7 @@ from .core.known import KnownAnswers, Side
 from .data import Vocab
 from .errors import ConfigError
 from .index import CALIBRATION_QUERIES, HNSW_THRESHOLD, ProxyIndex, SampleQuery
+from .search import NameSearch, Page
 
 if TYPE_CHECKING:
     from .bundle import Bundle
@@ -43,6 +45,8 @@ class LinkPredictor:
     answers `exclude_known` drops. `index` is "auto" (flat / HNSW by size, GPU when available), "flat",
     "hnsw" or "exact" (no index: score every entity). `faiss_threads` and `flat_rotations` go to the
     ProxyIndex (earl_service/index.py): FAISS's OpenMP threads per querying thread, and a forced flat proxy.
+    Entities and relations are named by id, or by a label that names exactly one (`entity_labels`,
+    `relation_labels`: {id: label}); `labelled` adds the labels to predictions.
     """
 
     def __init__(
@@ -57,7 +61,8 @@ class LinkPredictor:
         epsilon: float,
         index: IndexKind = "auto",
         hnsw_threshold: int = HNSW_THRESHOLD,
-        relation_labels: dict[str, str] | None = None,
+        relation_labels: dict[str, Any] | None = None,
+        entity_labels: dict[str, str] | None = None,
         faiss_threads: int | None = 1,
         flat_rotations: int | None = None,
     ) -> None:
@@ -67,7 +72,8 @@ class LinkPredictor:
         self.entities, self.relations = entities, relations
         self.dim, self.gamma = self.relation_embeddings.shape[1], float(gamma)
         self.phase_scale = rotate.phase_scale(gamma=gamma, epsilon=epsilon, dim=self.dim)
-        self.relation_labels = dict(relation_labels or {})
+        self.relation_labels = _plain_labels(relation_labels or {})
+        self.entity_labels = dict(entity_labels or {})
         triples = np.asarray(known_triples, dtype=np.int64).reshape(-1, 3)
         self.known = KnownAnswers(triples, len(relations))
         self.index: ProxyIndex | None = None
@@ -79,10 +85,9 @@ class LinkPredictor:
     @classmethod
     def from_bundle(cls, bundle: Bundle, **kwargs: Any) -> LinkPredictor:
         """A predictor over a bundle's rebuilt embeddings and its graph's triples as the known answers."""
-        labels = getattr(bundle, "relation_labels", None)
         return cls(bundle.entity_embeddings().numpy(), bundle.relation_embeddings().numpy(), bundle.entities,
                    bundle.relations, bundle.triples, gamma=bundle.config.gamma, epsilon=bundle.config.epsilon,
-                   relation_labels=labels if isinstance(labels, dict) else None, **kwargs)
+                   relation_labels=bundle.relation_labels, entity_labels=bundle.entity_labels, **kwargs)
 
     @property
     def num_entities(self) -> int:
@@ -117,6 +122,31 @@ class LinkPredictor:
                 sample.append((self.query_vector(side, anchor, int(r)), self.known.answers(side, anchor, int(r))))
         return sample
 
+    # ------------------------------------------------------------------ names and labels
+
+    @cached_property
+    def entity_search(self) -> NameSearch:
+        return NameSearch(self.entities, self.entity_labels)
+
+    @cached_property
+    def relation_search(self) -> NameSearch:
+        return NameSearch(self.relations, self.relation_labels)
+
+    def entity_id(self, name: str) -> int:
+        """The id of an entity named by id or by a label that names exactly one (NameSearch.resolve)."""
+        return self.entities.id(name) if name in self.entities else self.entity_search.resolve(name)
+
+    def relation_id(self, name: str) -> int:
+        return self.relations.id(name) if name in self.relations else self.relation_search.resolve(name)
+
+    def search_entities(self, query: str, *, limit: int = 10, offset: int = 0) -> Page:
+        """Entities whose id or label matches `query`: exact, then prefix, then fuzzy; ranked and paginated."""
+        return self.entity_search.search(query, limit=limit, offset=offset)
+
+    def labelled(self, predictions: list[Prediction]) -> list[dict[str, Any]]:
+        """Predictions as {"entity", "label", "score"} (label None where the entity has none)."""
+        return [{"entity": e, "label": self.entity_labels.get(e), "score": s} for e, s in predictions]
+
     # ------------------------------------------------------------------ queries
 
     def predict_tails(self, head: str, relation: str, k: int = 10, *, exclude_known: bool = True) -> list[Prediction]:
@@ -139,41 +169,46 @@ class LinkPredictor:
     def answer(self, relation: str, *, head: str | None = None, tail: str | None = None, k: int = 10,
                exclude_known: bool = True) -> dict[str, Any]:
         """One query as plain JSON (GET and POST /predict, `earl predict`): exactly one of `head` (top-k tails) or
-        `tail` (top-k heads); the query, the relation's label and `predictions` [{"entity", "score"}, ...]."""
+        `tail` (top-k heads), each name an id or a label that names one. The query as ids with their labels
+        (`head_label`, `relation_label`, `tail_label`; None without one) and `predictions` [{"entity", "label",
+        "score"}, ...]."""
         side: Side = "tail" if head is not None else "head"
         anchor = head if tail is None else tail
         if anchor is None or (head is not None and tail is not None):
             raise ConfigError("give exactly one of head (to predict tails) or tail (to predict heads)")
+        anchor = self.entities.names[self.entity_id(anchor)]  # an id, also when given by label
+        relation = self.relations.names[self.relation_id(relation)]
         found = self._predict(side, anchor, relation, k, exclude_known, exact=False)
-        return {"direction": side, "head": head, "relation": relation,
-                "relation_label": self.relation_label(relation), "tail": tail, "k": k,
-                "exclude_known": exclude_known, "predictions": [{"entity": e, "score": s} for e, s in found]}
+        head, tail = (anchor, None) if side == "tail" else (None, anchor)
+        return {"direction": side, **self._named(head, relation, tail), "k": k, "exclude_known": exclude_known,
+                "predictions": self.labelled(found)}
 
     def score(self, head: str, relation: str, tail: str) -> dict[str, Any]:
         """RotatE distance and score (gamma - distance) of one triple, whether the graph holds it, and its
         filtered realistic ranks: `tail_rank` of tail among the tails of (head, relation, ?), `head_rank` of head
-        among the heads of (?, relation, tail), other known answers left out (one exact pass over N each)."""
-        h, r, t = self.entities.id(head), self.relations.id(relation), self.entities.id(tail)
+        among the heads of (?, relation, tail), other known answers left out (one exact pass over N each). Names
+        by id or by a label that names one; the answer gives ids and their labels."""
+        h, r, t = self.entity_id(head), self.relation_id(relation), self.entity_id(tail)
         tails = self.distances(self.query_vector("tail", h, r))  # (N,) |h o r - e|
         heads = self.distances(self.query_vector("head", t, r))  # (N,) |conj(r) o t - e|
         known_tails = self.known.answers("tail", h, r)
         distance = float(tails[t])
-        return {"head": head, "relation": relation, "relation_label": self.relation_label(relation), "tail": tail,
-                "distance": distance, "score": self.gamma - distance, "known": bool(np.isin(t, known_tails)),
+        names = self._named(self.entities.names[h], self.relations.names[r], self.entities.names[t])
+        return {**names, "distance": distance, "score": self.gamma - distance,
+                "known": bool(np.isin(t, known_tails)),
                 "tail_rank": rotate.realistic_rank(tails, t, excluded=known_tails),
                 "head_rank": rotate.realistic_rank(heads, h, excluded=self.known.answers("head", t, r)),
                 "entities": self.num_entities}
 
-    def relation_label(self, relation: str) -> str | None:
-        """The relation's label (a plain string, or "label" of CoDEx's {"label", "description"}), else None."""
-        label = self.relation_labels.get(relation)
-        if isinstance(label, dict):
-            label = label.get("label")
-        return label if isinstance(label, str) else None
+    def _named(self, head: str | None, relation: str, tail: str | None) -> dict[str, Any]:
+        """A query's ids, each followed by its label (None where there is none)."""
+        return {"head": head, "head_label": self.entity_labels.get(head or ""),
+                "relation": relation, "relation_label": self.relation_labels.get(relation),
+                "tail": tail, "tail_label": self.entity_labels.get(tail or "")}
 
     def known_answers(self, side: Side, anchor: str, relation: str) -> list[str]:
         """Names of the known tails of (anchor, relation, ?) or heads of (?, relation, anchor)."""
-        ids = self.known.answers(side, self.entities.id(anchor), self.relations.id(relation))
+        ids = self.known.answers(side, self.entity_id(anchor), self.relation_id(relation))
         return [self.entities.names[i] for i in ids]
 
     def query_vector(self, side: Side, anchor: int, relation: int) -> np.ndarray:
@@ -189,7 +224,7 @@ class LinkPredictor:
                  exclude_known: bool, *, exact: bool) -> list[Prediction]:
         if k < 1:
             raise ConfigError(f"k must be >= 1, not {k}")
-        anchor, relation = self.entities.id(anchor_name), self.relations.id(relation_name)
+        anchor, relation = self.entity_id(anchor_name), self.relation_id(relation_name)
         query = self.query_vector(side, anchor, relation)
         excluded = self.known.answers(side, anchor, relation) if exclude_known else np.zeros(0, dtype=np.int64)
         if exact or self.index is None:
@@ -199,6 +234,13 @@ class LinkPredictor:
         ids, dist = rotate.top_k(ids, dist, k, excluded=excluded)
         names = self.entities.names
         return [(names[int(i)], float(self.gamma - d)) for i, d in zip(ids, dist, strict=True)]
+
+
+def _plain_labels(labels: dict[str, Any]) -> dict[str, str]:
+    """{id: label} of string labels; CoDEx's {"label": ...} objects (in bundles from before labels.relations)
+    give their label."""
+    plain = {name: value.get("label") if isinstance(value, dict) else value for name, value in labels.items()}
+    return {name: label for name, label in plain.items() if isinstance(label, str) and label}
 
 
 def _check_shapes(entity_embeddings: np.ndarray, relation_embeddings: np.ndarray, entities: Vocab,

@@ -363,8 +363,7 @@ class Progress:
 def train(
     dataset: Dataset, model_config: ModelConfig, train_config: TrainConfig, out_dir: str | os.PathLike, *,
     resume: bool = False, final_eval: bool = True, protocol: str = "seen", on_progress: ProgressCallback | None = None,
-    should_stop: Callable[[], bool] | None = None, relation_labels: dict[str, str] | None = None,
-    write_bundle: bool = True, command: Sequence[str] | None = None,
+    should_stop: Callable[[], bool] | None = None, write_bundle: bool = True, command: Sequence[str] | None = None,
 ) -> dict[str, Any]:
     """Train, keep the best checkpoint by valid MRR, evaluate it, write metrics.json; returns the metrics.
 
@@ -409,7 +408,7 @@ def train(
         return {"rank": ranks.rank, "world_size": ranks.world, "steps": state.step, "stopped": state.stopped}
     metrics = _final_metrics(learner, state, checkpoints, memory=memory, extension=extension, protocol=protocol,
                              final_eval=final_eval, command=command)
-    bundle = _bundle(run, metrics, relation_labels) if write_bundle else None
+    bundle = _bundle(run, metrics) if write_bundle else None
     write_run_outputs(out, metrics, state.history, bundle=bundle)
     return metrics
 
@@ -499,11 +498,11 @@ def _final_metrics(
     return metrics
 
 
-def _bundle(run: Run, metrics: dict[str, Any], relation_labels: dict[str, str] | None) -> Bundle:
-    """The deployable bundle of the current (best) weights over the training entities."""
+def _bundle(run: Run, metrics: dict[str, Any]) -> Bundle:
+    """The deployable bundle of the current (best) weights over the training entities, with the dataset's labels."""
     ds = run.dataset
     return bundle_from_model(run.model, run.model_config, Vocab(ds.entities.names[: ds.num_train_entities]),
-                             ds.relations, ds.train, metrics=metrics, relation_labels=relation_labels)
+                             ds.relations, ds.train, metrics=metrics, labels=ds.labels)
 
 
 def _check_sampled(cfg: TrainConfig, model_config: ModelConfig) -> None:

@@ -15,10 +15,10 @@ from ..deps import HomeDep, JobId, SettingsDep, StoreDep, presented_token
 from ..errors import NOT_FOUND
 from ..limits import bounded_job_params, client_key, unfinished_jobs
 from ..schemas import JobCreated, JobOut, TrainForm
-from ..uploads import save_job_files
+from ..uploads import LABEL_FIELDS, save_job_files
 
 router = APIRouter(prefix="/jobs", tags=["jobs"])
-FILES = ("train", "valid", "test", "relation_labels")
+FILES = ("train", "valid", "test", "entity_labels", "relation_labels")
 
 
 async def reject_unknown_fields(request: Request) -> None:
@@ -40,12 +40,14 @@ def found(job: Job | None, job_id: str) -> Job:
              dependencies=[Depends(reject_unknown_fields)])
 def create_job(request: Request, settings: SettingsDep, home: HomeDep, store: StoreDep,
                form: Annotated[TrainForm, Form()], train: UploadFile, valid: UploadFile | None = None,
-               test: UploadFile | None = None, relation_labels: UploadFile | None = None) -> JobCreated:
+               test: UploadFile | None = None, entity_labels: UploadFile | None = None,
+               relation_labels: UploadFile | None = None) -> JobCreated:
     """Queue a training job, or with `max_bytes` a compress job; the files are checked (format, encoding,
     columns) before anything is queued, and a compress job's settings, valid file and budget too.
 
-    `relation_labels` (optional) is a JSON object mapping relation names to readable labels
-    ({"P27": "country of citizenship"} or CoDEx's {"P27": {"label": ...}}); predictions then carry them.
+    `entity_labels` and `relation_labels` (optional) give readable labels: TSV lines `id<TAB>label[<TAB>description]`
+    or a JSON object ({"P27": "country of citizenship"} or CoDEx's {"P27": {"label": ...}}); the bundle stores
+    the labels (not the descriptions), predictions carry them and GET /models/{id}/entities searches them.
     The server's caps (EARL_MAX_JOB_*, 422) and the client's quota of unfinished jobs (EARL_MAX_QUEUED_JOBS,
     429) are checked before any file is stored.
     """
@@ -59,14 +61,16 @@ def create_job(request: Request, settings: SettingsDep, home: HomeDep, store: St
                                  "for one to finish or cancel one", headers={"Retry-After": "60"})
     job_id = new_id()
     files, counts, tables = save_job_files(home, job_id, {"train": train, "valid": valid, "test": test},
-                                           labels=relation_labels, max_bytes=settings.max_unpacked_bytes,
+                                           labels={"entity_labels": entity_labels, "relation_labels": relation_labels},
+                                           max_bytes=settings.max_unpacked_bytes,
                                            max_triples=settings.max_upload_triples,
                                            whole=("train",) if compress is not None else (),
                                            data=data_config_from_options(stored))
     if compress is not None:
         check_uploads(home, job_id, files, compress, train=tables["train"])
     job = store.create_job(params, files, job_id=job_id)
-    return JobCreated(id=job.id, state=job.state, triples=counts)
+    labels = {name: counts.pop(name)["labels"] for name in LABEL_FIELDS if name in counts}
+    return JobCreated(id=job.id, state=job.state, triples=counts, labels=labels)
 
 
 @router.get("", response_model=list[JobOut])

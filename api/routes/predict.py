@@ -9,7 +9,7 @@ from fastapi import APIRouter, HTTPException, Query
 from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
-from earl_service.errors import BundleError, UnknownEntityError, UnknownRelationError
+from earl_service.errors import AmbiguousNameError, BundleError, UnknownEntityError, UnknownRelationError
 from earl_service.predict import LinkPredictor
 from earl_service.worker.registry import ModelRegistry
 
@@ -36,7 +36,8 @@ async def predict(
     k: Annotated[int, Query(ge=1, le=MAX_K)] = 10,
     exclude_known: bool = True,
 ) -> JSONResponse:
-    """Give exactly one of `head` (predict tails) or `tail` (predict heads); known answers are left out."""
+    """Give exactly one of `head` (predict tails) or `tail` (predict heads); known answers are left out. Entities
+    and the relation are named by id, or by a label that names exactly one (422 listing the ids when several)."""
     if (head is None) == (tail is None):
         raise HTTPException(422, "give exactly one of 'head' (to predict tails) or 'tail' (to predict heads)")
     return await in_slot(slots, answer, registry, cache, model=model, relation=relation, head=head, tail=tail, k=k,
@@ -47,7 +48,8 @@ async def predict(
 async def predict_batch(registry: RegistryDep, cache: CacheDep, slots: PredictSlotsDep,
                         batch: PredictBatch) -> JSONResponse:
     """Up to MAX_BATCH_QUERIES queries of one model, answered in order as GET /predict answers each; an unknown
-    entity or relation in any query fails the whole batch with a 404 naming the query (`queries[i]`)."""
+    entity or relation in any query fails the whole batch with a 404 naming the query (`queries[i]`), a label
+    naming several with a 422 naming it the same way."""
     return await in_slot(slots, answer_batch, registry, cache, batch=batch)
 
 
@@ -55,7 +57,8 @@ async def predict_batch(registry: RegistryDep, cache: CacheDep, slots: PredictSl
 async def score(registry: RegistryDep, cache: CacheDep, slots: PredictSlotsDep,
                 model: Annotated[str, Query(pattern=ID_PATTERN)], head: Name, relation: Name,
                 tail: Name) -> JSONResponse:
-    """RotatE distance and score of (head, relation, tail), whether the graph holds it, and its filtered ranks."""
+    """RotatE distance and score of (head, relation, tail), whether the graph holds it, and its filtered ranks;
+    names by id or by a label that names exactly one, as for GET /predict."""
     return await in_slot(slots, score_triple, registry, cache, model=model, head=head, relation=relation, tail=tail)
 
 
@@ -85,7 +88,7 @@ def answer_batch(registry: ModelRegistry, cache: PredictorCache, *, batch: Predi
         try:
             results.append(predictor.answer(query.relation, head=query.head, tail=query.tail, k=query.k,
                                             exclude_known=query.exclude_known))
-        except (UnknownEntityError, UnknownRelationError) as exc:
+        except (UnknownEntityError, UnknownRelationError, AmbiguousNameError) as exc:
             exc.message = f"queries[{i}]: {exc.message}"
             raise
     return {"model": batch.model, "results": results}

@@ -17,6 +17,7 @@ from ..bundle_format import (
     dequantize,
     parse_json,
     unpack_graph,
+    unpack_labels,
     unpack_strings,
     unpack_weights,
     weights_manifest,
@@ -41,7 +42,8 @@ class DecodedBundle:
     reserved: np.ndarray  # (N_res,) int64 entity ids
     params: dict[str, np.ndarray]  # float32 (dequantized) trainable tensors by state_dict name
     metrics: dict[str, Any]
-    relation_labels: dict[str, str]
+    relation_labels: dict[str, str]  # readable labels by id: only ids with one
+    entity_labels: dict[str, str]
     precision: str  # as stored: fp32, fp16, int8 or pq:M (pq_format)
     coding: str  # how the file stored the weights (bundle_format.CODINGS)
     sha256: str  # of the tensor payload
@@ -63,6 +65,7 @@ def decode(meta: dict[str, str], tensors: dict[str, np.ndarray], *, source: str 
         raise BundleError(f"{source}: the graph refers to entities or relations outside the vocabulary")
     if reserved.size and (reserved.max() >= n or reserved.min() < 0):
         raise BundleError(f"{source}: reserved entity ids outside the vocabulary")
+    bundle = _with_labels(bundle, tensors, source, limits)
     manifest = _manifest(meta, tensors, bundle.coding, source)
     layouts = read_layouts(meta, tensors, bundle.precision, source)
     stored = _stored_weights(tensors, manifest, source)
@@ -81,11 +84,13 @@ def _parse(meta: dict[str, str], tensors: dict[str, np.ndarray], source: str,
            limits: BundleLimits | None) -> DecodedBundle:
     """Every part but the weights (params left empty): those are decoded once their shapes are known to fit."""
     try:
-        return DecodedBundle(  # in the order load_bundle has always read them: the first fault is the one named
+        bundle = DecodedBundle(  # in the order load_bundle has always read them: the first fault is the one named
             config=_config(meta["config"]),
             # Metrics are informational: a NaN a training run wrote reads as null rather than refusing the model.
             metrics=parse_json(meta.get("metrics", "{}"), "metrics", nonfinite_as_null=True),
+            # Bundles before labels.relations kept the relation labels in their metadata.
             relation_labels=parse_json(meta.get("relation_labels", "{}"), "relation_labels"),
+            entity_labels={},
             entities=_vocab(unpack_strings(tensors["vocab.entities"], limits), "entity"),
             relations=_vocab(unpack_strings(tensors["vocab.relations"], limits), "relation"),
             triples=unpack_graph(tensors["graph.packed"], limits),
@@ -95,8 +100,30 @@ def _parse(meta: dict[str, str], tensors: dict[str, np.ndarray], source: str,
             coding=meta.get("weights_coding", "plain"),
             sha256=meta["payload_sha256"],
         )
+        return bundle
     except (KeyError, ValueError, lzma.LZMAError, TypeError, AttributeError) as exc:
         raise BundleError(f"{source} is an EARL bundle with missing or malformed content: {exc}") from exc
+
+
+def _with_labels(bundle: DecodedBundle, tensors: dict[str, np.ndarray], source: str,
+                 limits: BundleLimits | None) -> DecodedBundle:
+    """The bundle with its labels tensors decoded (after the vocabularies are known to fit the graph)."""
+    try:
+        entity_labels = _labels(tensors, "entities", bundle.entities, limits)
+        relation_labels = _labels(tensors, "relations", bundle.relations, limits)
+    except (ValueError, lzma.LZMAError) as exc:
+        raise BundleError(f"{source} is an EARL bundle with malformed labels: {exc}") from exc
+    return dataclasses.replace(bundle, entity_labels=entity_labels,
+                               relation_labels=relation_labels or bundle.relation_labels)
+
+
+def _labels(tensors: dict[str, np.ndarray], kind: str, vocab: Vocab, limits: BundleLimits | None) -> dict[str, str]:
+    """The labels.<kind> tensor as {name: label} for the names that have one ({} when the bundle holds none)."""
+    blob = tensors.get(f"labels.{kind}")
+    if blob is None:
+        return {}
+    labels = unpack_labels(blob, len(vocab), f"{vocab.kind} labels", limits)
+    return {name: label for name, label in zip(vocab.names, labels, strict=True) if label}
 
 
 def _config(text: str) -> ModelConfig:

@@ -50,15 +50,15 @@ def run_compress(home: ServiceHome, job: Job, *, search: CompressConfig, train_c
     the pick's path, or None when stopped. A rerun (the job requeued after a worker stopped or died) continues
     from the last rung the folder's saved state holds."""
     from ..compress import PICK, STATE, compress
-    from ..data import load_dataset, relation_labels
+    from ..data import load_dataset
     from ..options import data_config_from_options
 
     uploads, run_dir = home.upload_dir(job.id), home.run_dir(job.id)
     resumed = (run_dir / STATE).exists()
     if resumed:
         log.info("job %s: continuing the compress search saved in %s", job.id, home.relative(run_dir))
-    report = compress(load_dataset(uploads, data=data_config_from_options(job.params)), run_dir, search, train_config=train_config,
-                      relation_labels=relation_labels(uploads), should_stop=should_stop,
+    dataset = load_dataset(uploads, data=data_config_from_options(job.params))
+    report = compress(dataset, run_dir, search, train_config=train_config, should_stop=should_stop,
                       on_progress=lambda event: on_progress(job_progress(event, resumed=resumed)))
     return None if report is None else run_dir / PICK
 

@@ -210,7 +210,7 @@ class Worker:
 
     def _train(self, job: Job, beat: _Heartbeat) -> str | None:
         """Train and publish; returns the model id, or None if the job was cancelled."""
-        from ..data import load_dataset, relation_labels
+        from ..data import load_dataset
         from ..train import CHECKPOINT, train
 
         uploads = self.home.upload_dir(job.id)
@@ -234,7 +234,7 @@ class Worker:
                             should_stop=should_stop, extra_args=data_cli_args(data))
         else:
             train(dataset, model_cfg, train_cfg, run_dir, resume=resume, final_eval=True,
-                  on_progress=beat.report, should_stop=should_stop, relation_labels=relation_labels(uploads))
+                  on_progress=beat.report, should_stop=should_stop)
         # Our own flag, not metrics["stopped"]: a resumed run may carry its predecessor's stop reason.
         if beat.lost or (asked_to_stop and beat.cancelled):
             return None

@@ -25,7 +25,8 @@ def test_the_openapi_schema_documents_each_404(client):
                           ("DELETE", "/models/{model_id}"), ("GET", "/models/{model_id}/bundle"),
                           ("GET", "/models/{model_id}/versions"), ("POST", "/models/{model_id}/triples"),
                           ("GET", "/models/{model_id}/report"), ("GET", "/models/{model_id}/frontier.png"),
-                          ("GET", "/predict"), ("POST", "/predict"), ("GET", "/score")}
+                          ("GET", "/models/{model_id}/entities"), ("GET", "/predict"), ("POST", "/predict"),
+                          ("GET", "/score")}
 
 
 @pytest.mark.parametrize(("method", "path", "kind"), [

@@ -113,20 +113,25 @@ def test_list_bounds(client):
     assert client.get("/jobs", params={"state": "done"}).status_code == 422
 
 
-def test_relation_labels_are_stored_beside_the_triples(client, tmp_path):
-    labels = b'{"r": {"label": "related to"}}'
-    r = client.post("/jobs", files={"train": ("train.txt", GOOD), "relation_labels": ("rel.json", labels)},
-                    headers=AUTH)
+def test_labels_are_stored_beside_the_triples(client, tmp_path):
+    files = {"train": ("train.txt", GOOD), "relation_labels": ("rel.json", b'{"r": {"label": "related to"}}'),
+             "entity_labels": ("ents.txt", b"a\tAlpha\tthe first\nzzz\tNot in the graph\n")}
+    r = client.post("/jobs", files=files, headers=AUTH)
     assert r.status_code == 202, r.text
+    assert r.json()["labels"] == {"entity_labels": 2, "relation_labels": 1}
     job = client.get(f"/jobs/{r.json()['id']}").json()
-    from earl_service.data import relation_labels
+    assert job["files"]["entity_labels"].endswith("entities.tsv")
+    assert job["files"]["relation_labels"].endswith("relations.en.json")  # JSON by content, named as CoDEx's
+    from earl_service.labels import read_labels
 
-    folder = tmp_path / job["files"]["train"]
-    assert relation_labels(folder.parent) == {"r": "related to"}
+    labels = read_labels((tmp_path / job["files"]["train"]).parent, entities={"a", "b"}, relations={"r"})
+    assert labels.entities == {"a": "Alpha"} and labels.relations == {"r": "related to"} and labels.ignored == 1
 
 
-@pytest.mark.parametrize("labels", [b"not json", b"[1, 2]", b"\xff\xfe"])
-def test_bad_relation_labels_are_422(client, labels):
+@pytest.mark.parametrize(("labels", "reason"), [(b"not json", "rel.json, line 1: expected 2 or 3"),
+                                                (b'{"r": [1, 2]}', "rel.json, line 1: the label of 'r'"),
+                                                (b"\xff\xfe", "rel.json: is encoded as UTF-16")])
+def test_bad_relation_labels_are_422(client, labels, reason):
     r = client.post("/jobs", files={"train": ("train.txt", GOOD), "relation_labels": ("rel.json", labels)},
                     headers=AUTH)
-    assert r.status_code == 422 and "relation_labels" in r.json()["detail"]
+    assert r.status_code == 422 and reason in r.json()["detail"]

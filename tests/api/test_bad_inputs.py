@@ -193,7 +193,9 @@ CASES = [
          f"upload limit of {LIMIT_MB} MiB (EARL_MAX_UPLOAD_MB)"),
     Case("bad valid file", job(GOOD, valid=("valid.txt", b"x\ty\n")), 422, "valid.txt, line 1: expected 3"),
     Case("relation labels not JSON", job(GOOD, relation_labels=("labels.json", b"{oops")), 422,
-         "relation_labels: not a UTF-8 JSON document"),
+         "labels.json, line 1: not a JSON object of labels"),
+    Case("entity labels with a short line", job(GOOD, entity_labels=("ents.tsv", b"a\tA\nb\n")), 422,
+         "ents.tsv, line 2: expected 2 or 3 tab-separated fields"),
     Case("no train file", lambda c: c.client.post("/jobs", data={"steps": "5"}, headers=AUTH), 422, "train"),
     # accepted as they are
     Case("UTF-8 BOM accepted", job(b"\xef\xbb\xbf" + GOOD), 202, "", counts("train", 2)),
@@ -291,11 +293,12 @@ CASES = [
          "metrics must be a JSON object"),
     Case("bundle metrics of 1 MB", upload_bundle(abuse.with_metadata(metrics=json.dumps({"x": "x" * 2**20}))), 422,
          "'metrics' may (65,536, bundle_format.METADATA_LIMITS)"),
-    Case("relation labels nested 100k deep", job(GOOD, relation_labels=("labels.json", abuse.NESTED.encode())), 422,
-         "relation_labels: not a UTF-8 JSON document (relation_labels is nested more than 32 deep)"),
-    Case("relation labels too large for a bundle",
+    Case("relation labels nested 100k deep",
+         job(GOOD, relation_labels=("labels.json", f'{{"r": {abuse.NESTED}}}'.encode())), 422,
+         "labels.json: not a JSON object of labels: the label file is nested more than 32 deep"),
+    Case("relation label too large for a bundle",
          job(GOOD, relation_labels=("labels.json", json.dumps({"r": "x" * 3 * MB}).encode())), 422,
-         "more than a bundle may carry"),
+         "labels.json, line 1: a label of 3,145,728 characters; labels are limited to 1,000"),
     Case("streamed bundle over the limit (no Content-Length)",
          lambda c: c.client.post("/models", content=(b"\0" * MB for _ in range(LIMIT_MB + 2)), headers={
              **AUTH, "Content-Type": "multipart/form-data; boundary=xyz"}), 413, "EARL_MAX_UPLOAD_MB"),
@@ -418,7 +421,8 @@ def test_malicious_ids(ctx, method, path, bad_id, status):
 def test_unknown_well_formed_id_is_404(ctx, method, path):
     url = path.replace("{job_id}", "0" * 32).replace("{model_id}", "0" * 32)
     files = {"triples": ("t.txt", GOOD)} if url.endswith("/triples") else None
-    r = ctx.client.request(method, url, headers=AUTH, files=files)
+    params = {"q": "x"} if url.endswith("/entities") else None  # a valid query: the unknown id is what is wrong
+    r = ctx.client.request(method, url, headers=AUTH, files=files, params=params)
     assert r.status_code == 404 and r.json()["detail"]["name"] == "0" * 32
 
 

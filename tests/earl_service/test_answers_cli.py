@@ -50,6 +50,7 @@ def test_predict_json_equals_the_library(codex_bundle, reference, query, capsys,
 
 
 def test_predict_prints_a_table_by_default(codex_bundle, reference, query, capsys):
+    """CoDEx-S's bundle has no entity labels: no empty label column."""
     head, relation, _ = query
     assert main(["predict", str(codex_bundle), "--head", head, "--relation", relation, "-k", "3"]) == 0
     lines = capsys.readouterr().out.splitlines()
@@ -64,6 +65,7 @@ def test_the_table_shows_every_field_the_predictor_gives():
              "predictions": [{"entity": "Q2", "score": 1.5, "label": "Two"}, {"entity": "Q30", "score": 1.25}]}
     lines = predictions_table(found).splitlines()
     assert lines[0] == "heads of (?, P27 (citizenship), Q1)"
+    assert predictions_table({**found, "tail_label": "One"}).startswith("heads of (?, P27 (citizenship), Q1 (One))")
     assert lines[1].split() == ["rank", "entity", "score", "label"]
     assert lines[2].split() == ["1", "Q2", "1.5", "Two"] and lines[3].split() == ["2", "Q30", "1.25"]
 
@@ -78,6 +80,30 @@ def test_score_equals_the_library(codex_bundle, reference, query, capsys):
     assert main(["score", str(codex_bundle), *query]) == 0
     text = capsys.readouterr().out
     assert "tail_rank" in text and "distance" in text
+
+
+@pytest.mark.parametrize("reader", ["edge", "torch"])
+def test_predict_and_score_take_labels_and_show_them(codex_bundle, query, tmp_path, capsys, reader):
+    """Names resolve through the bundle's labels and the answers carry them, as over HTTP (LinkPredictor.answer)."""
+    head, relation, tail = query
+    bundle = load_bundle(codex_bundle)
+    bundle.entity_labels = {head: "The Head", tail: "The Tail"}
+    path = bundle.save(tmp_path / "labelled.safetensors")
+    got = run_json(capsys, "predict", str(path), "--head", "the head", "--relation", relation, "--include-known",
+                   "-k", str(len(bundle.entities)), "--json", "--reader", reader)
+    assert (got["head"], got["head_label"], got["tail"], got["tail_label"]) == (head, "The Head", None, None)
+    assert got["relation_label"] == bundle.relation_labels[relation]
+    labels = {p["entity"]: p["label"] for p in got["predictions"]}
+    assert labels[tail] == "The Tail" and sum(label is not None for label in labels.values()) == 2
+    scored = run_json(capsys, "score", str(path), "The Head", relation, "The Tail", "--json", "--reader", reader)
+    assert (scored["head"], scored["head_label"], scored["tail"], scored["tail_label"]) == (head, "The Head", tail,
+                                                                                            "The Tail")
+    assert main(["predict", str(path), "--tail", "The Tail", "--relation", relation, "--reader", reader,
+                 "--include-known", "-k", str(len(bundle.entities))]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == f"heads of (?, {relation} ({bundle.relation_labels[relation]}), {tail} (The Tail))"
+    assert lines[1].split() == ["rank", "entity", "label", "score"]
+    assert any(line.split()[1:4] == [head, "The", "Head"] for line in lines[2:])
 
 
 @pytest.mark.parametrize("argv", [["predict", "--head", "nope", "--relation", "{rel}"],

@@ -23,6 +23,7 @@ from earl_service.config import TrainConfig
 from earl_service.data import Dataset, Vocab, load_dataset
 from earl_service.errors import BundleError, ConfigError, DatasetError
 from earl_service.graph import choose_reserved
+from earl_service.labels import Labels
 from earl_service.model import build_model
 
 TINY = TrainConfig(batch_size=64, negatives=8, eval_every=0, progress=False, threads=1)
@@ -68,7 +69,7 @@ def _random_bundle(dataset: Dataset, sizes: BundleSizes, model: str, dim: int):
                 else torch.zeros(0, dtype=torch.long))
     net = build_model(config, n, dataset.num_relations, reserved)
     return bundle_from_model(net, config, Vocab(dataset.entities.names[:n]), dataset.relations, dataset.train,
-                             relation_labels={"r0": 'a "quoted" label é'})
+                             labels=dataset.labels)
 
 
 @pytest.mark.parametrize("model", ["earl", "rotate"])
@@ -76,7 +77,11 @@ def _random_bundle(dataset: Dataset, sizes: BundleSizes, model: str, dim: int):
 @pytest.mark.parametrize("data", ["tiny", "codex-s"])
 def test_predicted_bytes_equal_the_written_file(tmp_path, model, precision, data):
     dataset = tiny_dataset() if data == "tiny" else load_dataset(codex_s_path())
-    sizes = BundleSizes(dataset, relation_labels={"r0": 'a "quoted" label é'})
+    # Labels as the bundle stores them (only those of its own names: the last entity is a test-only one in tiny).
+    labels = Labels(entities={dataset.entities.name(0): 'a "quoted" label é', dataset.entities.names[-1]: "x"},
+                    relations={**dataset.labels.relations, dataset.relations.name(0): "r\\0 é"})
+    dataset = replace(dataset, labels=labels)
+    sizes = BundleSizes(dataset)
     metrics = {"valid": {"mrr": 0.123456789, "note": 'quotes " and \\ and é'}, "steps": 12345}
     for dim in (MIN_DIM, 37):
         bundle = _random_bundle(dataset, sizes, model, dim)

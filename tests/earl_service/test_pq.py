@@ -106,7 +106,7 @@ def _random_bundle(ds, sizes: BundleSizes, model: str, dim: int):
     n = ds.num_train_entities
     reserved = choose_reserved(n, config.reserved_ratio, config.seed) if model == "earl" else torch.zeros(0).long()
     net = build_model(config, n, ds.num_relations, reserved)
-    return bundle_from_model(net, config, Vocab(ds.entities.names[:n]), ds.relations, ds.train)
+    return bundle_from_model(net, config, Vocab(ds.entities.names[:n]), ds.relations, ds.train, labels=ds.labels)
 
 
 @pytest.mark.parametrize(("model", "dim", "precisions"), [

@@ -141,7 +141,20 @@ def test_n_triples_gzipped_and_in_a_dataset(tmp_path):
     write(folder / "train.nt.gz", gzip.compress(NT.encode()))
     ds = load_dataset(folder)
     assert ds.stats["train"]["literals_dropped"] == 3 and len(ds.train) == 3
-    assert ds.entity_labels == {f"{EX}a": "Alice", f"{EX}b": "Bob"}
+    assert ds.labels.entities == {f"{EX}a": "Alice", f"{EX}b": "Bob"} and ds.stats["labels"]["entities"] == 2
+    assert not load_dataset(folder, labels=False).labels
+
+
+def test_rdf_labels_fill_in_where_the_label_files_give_none(tmp_path):
+    """One Dataset.labels: a label file beside the triples wins; RDF labels the rest, predicates included."""
+    pytest.importorskip("rdflib")
+    folder = tmp_path / "kg"
+    folder.mkdir()
+    write(folder / "train.nt", NT + f'<{EX}knows> <http://www.w3.org/2000/01/rdf-schema#label> "knows" .\n')
+    write(folder / "entities.tsv", f"{EX}a\tAlice Liddell\n")
+    labels = load_dataset(folder).labels
+    assert labels.entities == {f"{EX}a": "Alice Liddell", f"{EX}b": "Bob"}
+    assert labels.relations == {f"{EX}knows": "knows"}
 
 
 def test_n_quads_graph_names_ignored(tmp_path):

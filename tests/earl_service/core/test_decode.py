@@ -14,6 +14,7 @@ from earl_service.config import ABLATIONS, ModelConfig
 from earl_service.core.decode import decode, expected_shapes
 from earl_service.errors import BundleError
 from earl_service.graph import choose_reserved
+from earl_service.labels import Labels
 from earl_service.model import build_model
 
 CONFIGS = [ModelConfig(model="rotate", dim=3), ModelConfig(dim=3), ModelConfig(dim=3, layers=0),
@@ -38,11 +39,13 @@ def test_decode_returns_the_saved_parts(tmp_path):
     reserved = choose_reserved(ds.num_entities, 0.2, 0)
     model = build_model(config, ds.num_entities, ds.num_relations, reserved)
     saved = bundle_from_model(model, config, ds.entities, ds.relations, ds.train, metrics={"mrr": 0.5},
-                              relation_labels={ds.relations.name(0): "zero"})
+                              labels=Labels(relations={ds.relations.name(0): "zero"},
+                                            entities={ds.entities.name(1): "one"}))
     meta, tensors, _ = read_safetensors(saved.save(tmp_path / "b.safetensors", precision="fp16"))
     got = decode(meta, tensors)
     assert got.config == config and got.entities.names == ds.entities.names
-    assert got.relations.names == ds.relations.names and got.relation_labels == saved.relation_labels
+    assert got.relations.names == ds.relations.names and got.relation_labels == {ds.relations.name(0): "zero"}
+    assert got.entity_labels == {ds.entities.name(1): "one"}
     assert got.metrics == {"mrr": 0.5} and got.precision == "fp16" and got.coding == "planes-xz"
     assert got.sha256 == meta["payload_sha256"]
     np.testing.assert_array_equal(got.reserved, reserved.numpy())
