@@ -28,7 +28,7 @@ def provenance(splits: dict[str, dict[str, Any]], *, command: Sequence[str] | No
         "torch": _version("torch"),
         "python": platform.python_version(),
         "data": {split: {"file": _clipped(str(stats.get("file", "")), MAX_PATH_CHARS), "sha256": stats.get("sha256")}
-                 for split, stats in splits.items()},
+                 for split, stats in splits.items() if "sha256" in stats},  # splits, not stats["labels"]
         "command": _clipped(" ".join(sys.argv if command is None else command), MAX_COMMAND_CHARS),
     }
 
