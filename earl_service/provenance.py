@@ -20,16 +20,15 @@ _PACKAGE = Path(__file__).resolve().parent
 
 
 def provenance(splits: dict[str, dict[str, Any]], *, command: Sequence[str] | None = None) -> dict[str, Any]:
-    """The run's origin for metrics.json (and so for its bundle): ``splits`` is Dataset.stats (file, sha256; its
-    entries without a file, such as the label counts, are not data files); ``command`` defaults to this process's
-    command line."""
+    """The run's origin for metrics.json (and so for its bundle): ``splits`` is Dataset.stats (file, sha256);
+    ``command`` defaults to this process's command line."""
     return {
         "library_version": __version__,
         "git_commit": git_commit(),
         "torch": _version("torch"),
         "python": platform.python_version(),
         "data": {split: {"file": _clipped(str(stats.get("file", "")), MAX_PATH_CHARS), "sha256": stats.get("sha256")}
-                 for split, stats in splits.items() if "file" in stats},
+                 for split, stats in splits.items() if "sha256" in stats},  # splits, not stats["labels"]
         "command": _clipped(" ".join(sys.argv if command is None else command), MAX_COMMAND_CHARS),
     }
 

@@ -149,9 +149,14 @@ def _split(text: str, delimiter: str) -> list[list[str]]:
 
 
 def _delimiter(sample: str) -> str:
-    """The delimiter under which the most sample rows have three fields; tab first among equals."""
-    scores = {d: sum(len(row) == 3 for row in _split(sample, d)) for d in DELIMITERS}
-    return max(DELIMITERS, key=lambda d: scores[d])  # max keeps the first of equals: DELIMITERS' order
+    """The delimiter under which the most sample rows have three fields; tab first among equals.
+
+    Whitespace only where no character delimiter gives a single three-field row: in a tab- or comma-separated
+    file, names with spaces stay whole and a row missing a field is an error, not a re-split into three words.
+    """
+    scores = {d: sum(len(row) == 3 for row in _split(sample, d)) for d in DELIMITERS if d != " "}
+    best = max(scores, key=lambda d: scores[d])  # max keeps the first of equals: DELIMITERS' order
+    return best if scores[best] else " "
 
 
 def _roles(row: list[str]) -> tuple[int, int, int] | None:
