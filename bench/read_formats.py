@@ -137,10 +137,10 @@ def main() -> None:
 
 `earl_service.data.read_table` on a synthetic graph (entities = triples / 10, 200 relations), one fresh process per
 format; peak RSS is that process's VmHWM (ru_maxrss carries the parent's peak over on Linux), baseline the same
-process after its imports. Run on one core (`taskset -c 1`) that other processes shared (see the load average
-below): CPU seconds are the reader's own work, wall seconds what it took on that busy core. The gzipped CSV,
-N-Triples and Turtle files are smaller, to fit the run in its time on that core; Turtle is parsed by rdflib as a
-whole graph in memory (docs/data.md), so its peak grows with the graph, not a batch.
+process after its imports. CPU seconds are the reader's own work, wall seconds the elapsed time (they part when
+other work shares the machine: see the cores and load average below). Turtle is parsed by rdflib as a whole graph
+in memory (docs/data.md), so its peak grows with the graph, not a batch, and its file is the smaller one; a Turtle
+graph is a set, so a triple the generator drew twice is read once.
 
 {table}
 """
