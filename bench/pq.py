@@ -126,9 +126,8 @@ def markdown(name: str, minutes: float, rows: list[dict], index: list[dict], goa
                    [[f"{r['rows']:,}", r["width"], r["codes"], r["exact_ms"], r["indexpq_ms"], r["top10_agreement"]]
                     for r in index])
     return (f"# Codebook compression (pq) on {name}\n\n"
-            f"Every model trained once for {minutes:g} minutes (one core: `taskset -c 1`, torch and faiss threads 1; "
-            "the core was shared with other sessions' test runs, so the step counts below are what each run "
-            "got), then "
+            f"Every model trained once for {minutes:g} minutes (the machine line below gives the cores and the "
+            "load; the step counts are what each run got), then "
             "exported at every precision from the same weights; pq exports post-hoc (faiss ProductQuantizer, "
             "codes against fp16 centroids) and again after codebook fine-tuning (codes fixed, centroids trained "
             "with the training loss). Bytes are the whole bundle file (graph, vocabularies, padded metrics), "
@@ -172,6 +171,7 @@ def main() -> int:
     parser.add_argument("--threads", type=int, default=0, help="torch and faiss threads (0: default)")
     parser.add_argument("--index-rows", type=lambda t: tuple(int(x) for x in t.split(",")), default=None)
     parser.add_argument("--runs", type=Path, default=REPO / "runs" / "bench_pq")
+    parser.add_argument("--tag", default="", help="results under pq_<dataset>_<tag> (a partial run beside the table)")
     a = parser.parse_args()
     if a.threads:
         import faiss
@@ -193,8 +193,9 @@ def main() -> int:
     index = index_timing(200, 50, a.index_rows or (len(ds.entities), 100_000, 1_000_000))
     data = {"dataset": a.dataset, "minutes": minutes, "rows": rows, "index": index, "goal": setting["goal"],
             "fine_tune": {"steps": a.ft_steps, "seconds": a.ft_seconds}}
-    plot(a.dataset, rows, setting["goal"])
-    write_results(f"pq_{a.dataset}", data, markdown(a.dataset, minutes, rows, index, setting["goal"]))
+    name = a.dataset + (f"_{a.tag}" if a.tag else "")
+    plot(name, rows, setting["goal"])
+    write_results(f"pq_{name}", data, markdown(name, minutes, rows, index, setting["goal"]))
     return 0
 
 
