@@ -181,21 +181,27 @@ def test_survivors_keep_each_models_leader_however_it_ranks():
     assert compress_module.survivors(ranked[:3], 2, model) == ["earl-a", "earl-b"]
 
 
-def test_a_killed_job_continues_after_its_last_completed_rung(tmp_path, monkeypatch):
-    dataset = tiny_dataset()
-    config = CompressConfig(max_bytes=BundleSizes(dataset).bytes("rotate", 24, "fp32"), time_limit_minutes=0.05,
-                            models=("rotate",), precisions=("fp32", "int8"))
+class Killed(Exception):
+    pass
 
-    class Killed(Exception):
-        pass
 
+def _killed_in_rung_1(dataset, out, config):
+    """Run a compress job that is killed as rung 1 starts training; returns its saved state."""
     def kill_in_rung_1(progress):
         if progress["rung"] == 1 and progress["stage"] == "train":
             raise Killed
 
     with pytest.raises(Killed):
-        compress(dataset, tmp_path, config, train_config=TINY, on_progress=kill_in_rung_1)
-    before = json.loads((tmp_path / STATE).read_text())
+        compress(dataset, out, config, train_config=TINY, on_progress=kill_in_rung_1)
+    return json.loads((out / STATE).read_text())
+
+
+def test_a_killed_job_continues_after_its_last_completed_rung(tmp_path, monkeypatch):
+    dataset = tiny_dataset()
+    config = CompressConfig(max_bytes=BundleSizes(dataset).bytes("rotate", 24, "fp32"), time_limit_minutes=0.05,
+                            models=("rotate",), precisions=("fp32", "int8"))
+
+    before = _killed_in_rung_1(dataset, tmp_path, config)
     assert set(before["rungs"][0]["results"]) == set(before["rungs"][0]["survivors"]) and not before["done"]
     trained = []
     real_train = compress_module.train
@@ -331,16 +337,7 @@ def test_a_killed_job_with_pq_candidates_continues(tmp_path, monkeypatch):
     dataset = load_dataset(codex_s_path())
     config = CompressConfig(max_bytes=100_000, time_limit_minutes=0.3, models=("rotate",), precisions=("int8", "pq"))
 
-    class Killed(Exception):
-        pass
-
-    def kill_in_rung_1(progress):
-        if progress["rung"] == 1 and progress["stage"] == "train":
-            raise Killed
-
-    with pytest.raises(Killed):
-        compress(dataset, tmp_path, config, train_config=TINY, on_progress=kill_in_rung_1)
-    before = json.loads((tmp_path / STATE).read_text())
+    before = _killed_in_rung_1(dataset, tmp_path, config)
     first = before["rungs"][0]["results"]
     assert any(p.startswith("pq:") for r in first.values() for p in r["exports"])
     assert all("fine_tune_steps" in v for r in first.values() for p, v in r["exports"].items() if p.startswith("pq:"))
