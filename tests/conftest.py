@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -102,6 +107,35 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def api_and_worker(home: Path, env: dict[str, str]) -> Iterator[str]:
+    """A real uvicorn API and one worker on 127.0.0.1 sharing `home` (env: their EARL_* settings); yields the base
+    URL once /readyz answers, stops both (SIGTERM, then kill) and prints the end of their log."""
+    from earl_client import Client
+
+    port, log = free_port(), (home / "service.log").open("w")
+    env = {**os.environ, "EARL_HOME": str(home), **env}
+    procs = [subprocess.Popen([sys.executable, "-m", "uvicorn", "api.main:app", "--host", "127.0.0.1", "--port",
+                               str(port)], cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT),
+             subprocess.Popen([sys.executable, "-m", "earl_service.cli", "worker", "--poll", "0.2", "--threads", "1"],
+                              cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)]
+    base = f"http://127.0.0.1:{port}"
+    try:
+        with Client(base) as client:
+            client.wait_ready(60, alive=lambda: all(p.poll() is None for p in procs))
+        yield base
+    finally:
+        for proc in procs:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        log.close()
+        print((home / "service.log").read_text()[-3000:])
 
 
 @pytest.fixture(scope="session")

@@ -6,15 +6,11 @@ Screenshots of each view go to runs/console/ (git-ignored); docs/console.png is 
 """
 
 import hashlib
-import os
 import shutil
-import signal
-import subprocess
-import sys
 
 import httpx
 import pytest
-from conftest import REPO, codex_s_path, free_port
+from conftest import REPO, api_and_worker, codex_s_path
 
 from earl_service.bundle import load_bundle
 
@@ -32,38 +28,12 @@ WAIT_MS = 480_000  # the tiny job: ~15 s on an idle core, minutes on a shared on
 ENTITY_LABELS = b"Q7604\tLeonhard Euler\nQ188\tGerman\nQ76\tBarack Obama\n"  # a few CoDEx-S entities
 
 
-def _stop(proc: subprocess.Popen) -> None:
-    proc.send_signal(signal.SIGTERM)
-    try:
-        proc.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-
-
 @pytest.fixture(scope="module")
 def service(tmp_path_factory):
     """An API (with a write token and a 1 MiB upload limit) and one worker sharing a throwaway EARL_HOME."""
-    home = tmp_path_factory.mktemp("console_service")
-    port = free_port()
-    env = {**os.environ, "EARL_HOME": str(home), "EARL_API_TOKEN": TOKEN, "EARL_MAX_UPLOAD_MB": str(UPLOAD_MB)}
-    log = (home / "service.log").open("w")
-    procs = [subprocess.Popen([sys.executable, "-m", "uvicorn", "api.main:app", "--host", "127.0.0.1", "--port",
-                               str(port)], cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT),
-             subprocess.Popen([sys.executable, "-m", "earl_service.cli", "worker", "--poll", "0.2", "--threads", "1"],
-                              cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)]
-    base = f"http://127.0.0.1:{port}"
-    try:
-        from earl_client import Client
-
-        with Client(base) as client:
-            client.wait_ready(60, alive=lambda: all(p.poll() is None for p in procs))
+    env = {"EARL_API_TOKEN": TOKEN, "EARL_MAX_UPLOAD_MB": str(UPLOAD_MB)}
+    with api_and_worker(tmp_path_factory.mktemp("console_service"), env) as base:
         yield base
-    finally:
-        for proc in procs:
-            _stop(proc)
-        log.close()
-        print((home / "service.log").read_text()[-3000:])
 
 
 @pytest.fixture(scope="module")

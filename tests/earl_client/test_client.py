@@ -1,14 +1,10 @@
 """earl_client.Client against a live service on 127.0.0.1: uvicorn api.main:app and `earl worker`, as processes."""
 
-import os
-import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import httpx
 import pytest
-from conftest import BUNDLED_KG, REPO, codex_s_path, free_port
+from conftest import BUNDLED_KG, api_and_worker, codex_s_path, free_port
 
 from earl_client import Client, JobFailed, ServiceError
 from earl_service.bundle import load_bundle
@@ -17,36 +13,12 @@ TOKEN = "client-token"
 TINY = {"dim": 16, "steps": 30, "batch_size": 256, "negatives": 16, "eval_every": 0}
 
 
-def _stop(proc: subprocess.Popen) -> None:
-    proc.send_signal(signal.SIGTERM)
-    try:
-        proc.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-
-
 @pytest.fixture(scope="module")
 def service(tmp_path_factory):
     """The base URL of an API and one worker sharing a throwaway EARL_HOME, with a write token."""
-    home = tmp_path_factory.mktemp("client_service")
-    port = free_port()
-    env = {**os.environ, "EARL_HOME": str(home), "EARL_STORE": "sqlite", "EARL_API_TOKEN": TOKEN}
-    log = (home / "service.log").open("w")
-    procs = [subprocess.Popen([sys.executable, "-m", "uvicorn", "api.main:app", "--host", "127.0.0.1", "--port",
-                               str(port)], cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT),
-             subprocess.Popen([sys.executable, "-m", "earl_service.cli", "worker", "--poll", "0.2", "--threads", "1"],
-                              cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)]
-    base = f"http://127.0.0.1:{port}"
-    try:
-        with Client(base) as client:
-            client.wait_ready(60, alive=lambda: all(p.poll() is None for p in procs))
+    env = {"EARL_STORE": "sqlite", "EARL_API_TOKEN": TOKEN}
+    with api_and_worker(tmp_path_factory.mktemp("client_service"), env) as base:
         yield base
-    finally:
-        for proc in procs:
-            _stop(proc)
-        log.close()
-        print((home / "service.log").read_text()[-3000:])
 
 
 @pytest.fixture
