@@ -116,7 +116,7 @@ def main() -> None:
         res: dict = {}
         res["earl_fp32"] = run_train(data, dim, steps, [])
         if args.bf16 or cpu_has_native_bf16():
-            res["earl_bf16"] = run_train(data, dim, steps, ["--bf16"])
+            res["earl_bf16"] = run_train(data, dim, steps, ["--compute", "bf16"])
         rdim = matched_rotate_dim(res["earl_fp32"]["trainable_parameters"], ds.num_train_entities, ds.num_relations)
         res["rotate_matched"] = {**run_train(data, rdim, steps, ["--model", "rotate"]), "dim": rdim}
         res["earl_every_row"] = run_train(data, dim, steps, [], code=EVERY_ROW)

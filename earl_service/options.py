@@ -149,6 +149,8 @@ def add_train_options(parser: argparse.ArgumentParser) -> None:
     groups = {key: parser.add_argument_group(title) for key, title in GROUPS.items()}
     for option in OPTIONS:
         _add_argument(groups[option.group], option)
+    # The switch that --compute replaced, still accepted.
+    groups["training"].add_argument("--bf16", dest="compute", action="store_const", const="bf16", help=argparse.SUPPRESS)
 
 
 def add_data_options(parser: argparse.ArgumentParser) -> None:
