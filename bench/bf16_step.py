@@ -34,7 +34,7 @@ def onednn_matmuls(data: Path, dim: int) -> dict[str, int]:
     with tempfile.TemporaryDirectory() as out:
         cmd = [sys.executable, "-m", "earl_service.cli", "train", str(data), "--out", out, "--dim", str(dim),
                "--steps", "2", "--eval-every", "0", "--no-final-eval", "--no-progress", "--threads", "2",
-               "--compute", "bf16"]
+               "--compute", "bf16", "--device", "cpu"]
         text = subprocess.run(cmd, check=True, capture_output=True, text=True,
                               env={**os.environ, "ONEDNN_VERBOSE": "1"}).stdout
     seen: collections.Counter[str] = collections.Counter()
@@ -59,8 +59,9 @@ def main() -> None:
     data, dim = args.datasets / args.data, DATASETS[args.data]
 
     settings = [("fp32", ["--compute", "fp32"], {}), ("bf16 autocast", ["--compute", "bf16"], {})]
+    settings = [(label, ["--device", "cpu", *extra], env) for label, extra, env in settings]
     if args.avx2:
-        settings.append(("fp32, AVX2 kernels only", ["--compute", "fp32"], AVX2_ONLY))
+        settings.append(("fp32, AVX2 kernels only", ["--device", "cpu", "--compute", "fp32"], AVX2_ONLY))
     rows = []
     for label, extra, env in settings:
         saved = {k: os.environ.get(k) for k in env}
