@@ -11,6 +11,7 @@ import numpy as np
 import torch
 
 from .core import knn as core_knn
+from .kernels import csr_mm
 
 
 def csr_tensor(crow: np.ndarray, cols: np.ndarray, values: np.ndarray, shape: tuple[int, int], *,
@@ -59,18 +60,25 @@ class SparsePair:
         return _SpMM.apply(self.mat, self.mat_t, dense)
 
 
+def _sparse_dense(mat: torch.Tensor, dense: torch.Tensor) -> torch.Tensor:
+    """mat @ dense in mat's dtype: the C++ kernel on a CPU (which reads a bfloat16 `dense` as is), else torch's."""
+    out = csr_mm(mat, dense)
+    if out is None:
+        with torch.autocast(mat.device.type, enabled=False):
+            out = torch.sparse.mm(mat, dense.to(mat.dtype).contiguous())
+    return out
+
+
 class _SpMM(torch.autograd.Function):
     @staticmethod
     def forward(ctx, mat, mat_t, dense):
         # Sparse products run in the matrix's dtype (float32), also under bfloat16 autocast.
         ctx.mat_t, ctx.dtype = mat_t, dense.dtype
-        with torch.autocast(mat.device.type, enabled=False):
-            return torch.sparse.mm(mat, dense.to(mat.dtype))
+        return _sparse_dense(mat, dense)
 
     @staticmethod
     def backward(ctx, grad):
-        with torch.autocast(grad.device.type, enabled=False):
-            return None, None, torch.sparse.mm(ctx.mat_t, grad.to(ctx.mat_t.dtype).contiguous()).to(ctx.dtype)
+        return None, None, _sparse_dense(ctx.mat_t, grad).to(ctx.dtype)
 
 
 def knn_tables(features: core_knn.SparseRows, reserved: np.ndarray, *, k: int, temperature: float,

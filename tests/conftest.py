@@ -22,7 +22,7 @@ torch.set_num_threads(2)
 
 
 def pytest_sessionstart(session):
-    """Build (or load) the fused RotatE kernel once, before any test. On a new machine the build takes ~45 s or
+    """Build (or load) the C++ CPU kernels once, before any test. On a new machine the build takes ~45 s or
     more; left to the first worker or API process a test starts, it would count against that test's deadlines."""
     from earl_service import kernels
 

@@ -1,4 +1,4 @@
-"""Fused RotatE distance against many candidates: a C++ CPU kernel with a chunked pure-torch fallback."""
+"""The C++ CPU kernels (fused RotatE distances, CSR x dense products), with pure-torch fallbacks."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from ..atomic import write_bytes
 log = logging.getLogger(__name__)
 
 EPS = 1e-12  # keeps the modulus differentiable at 0; far below any distance that matters
-_SOURCE = Path(__file__).with_name("rotate_dist.cpp")
+_SOURCE = Path(__file__).with_name("cpu_kernels.cpp")
 _extension = None
 _extension_failed = False
 DEFAULT_BUILD_WAIT_S = 600.0  # wait for another process's build: well past a first build (docs/training.md)
@@ -98,7 +98,7 @@ def build_dir() -> Path:
     digest = hashlib.sha256(_SOURCE.read_bytes() + " ".join(_cflags()).encode()).hexdigest()[:12]
     # torch's own variable, read as torch's builds read it (torch's default root ignores it).
     root = os.environ.get("TORCH_EXTENSIONS_DIR") or cpp_extension.get_default_build_root()
-    return Path(root) / f"earl_rotate_dist_{tag}_{digest}"
+    return Path(root) / f"earl_kernels_{tag}_{digest}"
 
 
 def _is_built(folder: Path) -> bool:
@@ -124,14 +124,14 @@ def _load_extension():
             started = time.perf_counter()
             built = _is_built(folder)
             if not built:  # the first use on this machine: say why nothing seems to happen for a while
-                log.info("compiling the fused RotatE kernel (once per machine, typically under a minute; cached in "
+                log.info("compiling the C++ CPU kernels (once per machine, typically under a minute; cached in "
                          "%s; EARL_NO_EXTENSION=1 skips it)", folder)
             _extension = cpp_extension.load(name=folder.name, sources=[str(copy)], extra_cflags=_cflags(),
                                             build_directory=str(folder), verbose=False)
             if not built:
-                log.info("fused RotatE kernel compiled in %.0f s", time.perf_counter() - started)
+                log.info("C++ CPU kernels compiled in %.0f s", time.perf_counter() - started)
     except Exception as exc:  # no compiler, no headers, no ninja, a build that never ends: fall back, say so once
-        log.warning("fused RotatE kernel unavailable (%s); using the slower pure-torch path", exc)
+        log.warning("C++ CPU kernels unavailable (%s); using the slower pure-torch paths", exc)
         _extension_failed = True
     return _extension
 
@@ -180,6 +180,19 @@ def rotate_distance(q: torch.Tensor, ent: torch.Tensor, idx: torch.Tensor) -> to
     if q.device.type == "cpu" and q.dtype in (torch.float32, torch.float64) and _load_extension() is not None:
         return _FusedDistance.apply(q, ent, idx)
     return rotate_distance_torch(q, ent, idx.to(torch.long))
+
+
+def csr_mm(mat: torch.Tensor, dense: torch.Tensor) -> torch.Tensor | None:
+    """mat (n, m) CSR @ dense (m, w) in mat's dtype by the C++ kernel; None where it does not apply (then use
+    torch.sparse.mm). A bfloat16 `dense` (autocast) is read as is: no float32 copy of it is made."""
+    if mat.device.type != "cpu" or mat.layout != torch.sparse_csr or dense.device.type != "cpu":
+        return None
+    if dense.dtype != mat.dtype and not (mat.dtype == torch.float32 and dense.dtype == torch.bfloat16):
+        return None
+    ext = _load_extension()
+    if ext is None or mat.dtype not in (torch.float32, torch.float64):
+        return None
+    return ext.csr_mm(mat.crow_indices(), mat.col_indices(), mat.values(), dense)
 
 
 @torch.no_grad()

@@ -1,4 +1,4 @@
-"""The fused RotatE distance kernel against the plain tensor maths (values and gradients)."""
+"""The C++ CPU kernels (fused RotatE distances, CSR products) against the plain tensor maths (values, gradients)."""
 
 from pathlib import Path
 
@@ -49,7 +49,7 @@ def test_another_checkout_of_the_same_source_reuses_the_build(tmp_path, monkeypa
         pytest.skip("C++ extension not built on this machine")
     library = kernels._extension.__file__
     built_at = Path(library).stat().st_mtime_ns
-    checkout = tmp_path / "other_checkout" / "rotate_dist.cpp"
+    checkout = tmp_path / "other_checkout" / "cpu_kernels.cpp"
     checkout.parent.mkdir()
     checkout.write_bytes(kernels._SOURCE.read_bytes())
     monkeypatch.setattr(kernels, "_SOURCE", checkout)
@@ -164,10 +164,55 @@ def test_a_build_announces_itself_and_a_built_kernel_loads_quietly(tmp_path, mon
         monkeypatch.setattr(kernels, attribute, {"_enabled": True}.get(attribute))
     with caplog.at_level("INFO", logger="earl_service.kernels"):
         assert kernels._load_extension() is not None
-    assert "compiling the fused RotatE kernel" in caplog.messages[0] and "compiled in" in caplog.messages[1]
+    assert "compiling the C++ CPU kernels" in caplog.messages[0] and "compiled in" in caplog.messages[1]
     caplog.clear()
     monkeypatch.setattr(kernels, "_extension", None)
     with caplog.at_level("INFO", logger="earl_service.kernels"):
         assert kernels._load_extension() is not None
     assert caplog.messages == []
     assert "earl_service.kernels" in NOTICES
+
+
+def _random_csr(n: int, m: int, nnz: int, dtype: torch.dtype, seed: int = 0) -> torch.Tensor:
+    from earl_service.graph import _csr
+
+    gen = torch.Generator().manual_seed(seed)
+    rows, cols = torch.randint(0, n, (nnz,), generator=gen), torch.randint(0, m, (nnz,), generator=gen)
+    return _csr(rows, cols, torch.rand(nnz, generator=gen, dtype=torch.float64).to(dtype), (n, m))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_csr_kernel_equals_torch_sparse_mm(dtype):
+    mat = _random_csr(50, 70, 300, dtype)  # some rows empty, some columns repeated
+    dense = torch.randn(70, 33, dtype=dtype)
+    out = kernels.csr_mm(mat, dense)
+    assert out is not None and out.dtype == dtype
+    torch.testing.assert_close(out, torch.sparse.mm(mat, dense))
+
+
+def test_csr_kernel_reads_bfloat16_rows_and_accumulates_in_float32():
+    mat = _random_csr(40, 60, 400, torch.float32)
+    dense = torch.randn(60, 16).bfloat16()
+    out = kernels.csr_mm(mat, dense)
+    assert out is not None and out.dtype == torch.float32
+    torch.testing.assert_close(out, torch.sparse.mm(mat, dense.float()), rtol=1e-5, atol=1e-5)  # same inputs
+
+
+def test_csr_kernel_refuses_a_column_beyond_the_dense_rows():
+    mat = _random_csr(5, 10, 20, torch.float32)
+    with pytest.raises(RuntimeError, match="out of x's rows"):
+        kernels.csr_mm(mat, torch.randn(4, 3))
+
+
+def test_sparse_products_backpropagate_through_the_kernel_as_through_torch(monkeypatch):
+    from earl_service.graph import SparsePair
+
+    mat = _random_csr(30, 45, 200, torch.float64)
+    pair = SparsePair(mat, mat.t().to_sparse_csr())
+    dense = torch.randn(45, 8, dtype=torch.float64, requires_grad=True)
+    weights = torch.randn(30, 8, dtype=torch.float64)
+    (grad_kernel,) = torch.autograd.grad(((pair @ dense) * weights).sum(), dense)
+    monkeypatch.setattr("earl_service.graph.csr_mm", lambda mat, dense: None)  # torch.sparse.mm instead
+    (grad_torch,) = torch.autograd.grad(((pair @ dense) * weights).sum(), dense)
+    torch.testing.assert_close(grad_kernel, grad_torch)
+    torch.testing.assert_close(grad_kernel, mat.to_dense().T @ weights)

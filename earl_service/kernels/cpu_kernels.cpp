@@ -1,7 +1,11 @@
-// Fused RotatE negative distances: dist[b, k] = sum_i |q[b, i] - ent[idx[b, k], i]| over complex dims i.
+// The C++ CPU kernels of one training step.
 //
+// Fused RotatE negative distances: dist[b, k] = sum_i |q[b, i] - ent[idx[b, k], i]| over complex dims i.
 // Entities are stored as (N, 2d) reals: real parts in columns [0, d), imaginary parts in [d, 2d).
 // Neither pass materialises the (B, K, 2d) gather; the backward recomputes the moduli.
+//
+// CSR x dense products (the GNN's aggregations): each output row is written once, no zero-filled buffer, and a
+// bfloat16 dense side (autocast) is read as is and accumulated in the matrix's precision.
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 #include <algorithm>
@@ -162,7 +166,53 @@ torch::Tensor rotate_dist_all(torch::Tensor q, torch::Tensor ent, double eps) {
   return out;
 }
 
+// out[i] = sum_p val[p] * x[col[p]] over row i's entries p in [crow[i], crow[i + 1]): (n, w) in V's precision.
+template <typename V, typename T>
+static void csr_rows(const int64_t* crow, const int64_t* col, const V* val, const T* x, V* out, int64_t n,
+                     int64_t w) {
+  at::parallel_for(0, n, 64, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      V* o = out + i * w;
+      std::fill(o, o + w, V(0));
+      for (int64_t p = crow[i]; p < crow[i + 1]; ++p) {
+        const V v = val[p];
+        const T* xr = x + col[p] * w;
+#pragma omp simd
+        for (int64_t c = 0; c < w; ++c) o[c] += v * static_cast<V>(xr[c]);
+      }
+    }
+  });
+}
+
+torch::Tensor csr_mm(torch::Tensor crow, torch::Tensor col, torch::Tensor val, torch::Tensor x) {
+  TORCH_CHECK(crow.dim() == 1 && col.dim() == 1 && val.dim() == 1 && x.dim() == 2, "expected CSR arrays and x (M, w)");
+  TORCH_CHECK(crow.scalar_type() == torch::kLong && col.scalar_type() == torch::kLong, "int64 CSR indices");
+  TORCH_CHECK(!x.is_cuda() && !val.is_cuda(), "CPU tensors");
+  crow = crow.contiguous();
+  col = col.contiguous();
+  val = val.contiguous();
+  x = x.contiguous();
+  const int64_t n = crow.numel() - 1, w = x.size(1), rows = x.size(0);
+  TORCH_CHECK(n >= 0 && col.numel() == val.numel() && crow[n].item<int64_t>() == col.numel(), "inconsistent CSR arrays");
+  const int64_t* c = col.data_ptr<int64_t>();
+  TORCH_CHECK(std::all_of(c, c + col.numel(), [rows](int64_t j) { return j >= 0 && j < rows; }),
+              "a column index is out of x's rows");
+  auto out = torch::empty({n, w}, x.options().dtype(val.scalar_type()));
+  const int64_t* r = crow.data_ptr<int64_t>();
+  if (val.scalar_type() == torch::kFloat && x.scalar_type() == torch::kBFloat16) {
+    csr_rows<float, at::BFloat16>(r, c, val.data_ptr<float>(), x.data_ptr<at::BFloat16>(), out.data_ptr<float>(), n, w);
+  } else {
+    TORCH_CHECK(val.scalar_type() == x.scalar_type(), "x must have the matrix's dtype (or bfloat16 for float32)");
+    AT_DISPATCH_FLOATING_TYPES(val.scalar_type(), "csr_mm", [&] {
+      csr_rows<scalar_t, scalar_t>(r, c, val.data_ptr<scalar_t>(), x.data_ptr<scalar_t>(), out.data_ptr<scalar_t>(), n,
+                                   w);
+    });
+  }
+  return out;
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("csr_mm", &csr_mm, "CSR matrix x dense rows, fp32/fp64, or fp32 with a bfloat16 dense side (CPU)");
   m.def("forward", &rotate_dist_forward, "fused RotatE negative distances (CPU)");
   m.def("all_pairs", &rotate_dist_all, "RotatE distances of every query to every entity (CPU, no grad)");
   m.def("backward", &rotate_dist_backward, "gradients of the fused RotatE negative distances (CPU)");
