@@ -60,25 +60,27 @@ class SparsePair:
         return _SpMM.apply(self.mat, self.mat_t, dense)
 
 
-def _sparse_dense(mat: torch.Tensor, dense: torch.Tensor) -> torch.Tensor:
-    """mat @ dense in mat's dtype: the C++ kernel on a CPU (which reads a bfloat16 `dense` as is), else torch's."""
-    out = csr_mm(mat, dense)
+def _sparse_dense(mat: torch.Tensor, dense: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
+    """mat @ dense summed in mat's dtype, as `out_dtype`: the C++ kernel on a CPU (which reads and writes bfloat16
+    as is), else torch's product and casts."""
+    out = csr_mm(mat, dense, out_dtype=out_dtype)
     if out is None:
         with torch.autocast(mat.device.type, enabled=False):
-            out = torch.sparse.mm(mat, dense.to(mat.dtype).contiguous())
+            out = torch.sparse.mm(mat, dense.to(mat.dtype).contiguous()).to(out_dtype)
     return out
 
 
 class _SpMM(torch.autograd.Function):
     @staticmethod
     def forward(ctx, mat, mat_t, dense):
-        # Sparse products run in the matrix's dtype (float32), also under bfloat16 autocast.
+        # Sparse products run in the matrix's dtype (float32), also under bfloat16 autocast; the gradient of a
+        # bfloat16 input comes back in bfloat16.
         ctx.mat_t, ctx.dtype = mat_t, dense.dtype
-        return _sparse_dense(mat, dense)
+        return _sparse_dense(mat, dense, mat.dtype)
 
     @staticmethod
     def backward(ctx, grad):
-        return None, None, _sparse_dense(ctx.mat_t, grad).to(ctx.dtype)
+        return None, None, _sparse_dense(ctx.mat_t, grad, ctx.dtype)
 
 
 def knn_tables(features: core_knn.SparseRows, reserved: np.ndarray, *, k: int, temperature: float,

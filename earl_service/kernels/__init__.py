@@ -182,17 +182,21 @@ def rotate_distance(q: torch.Tensor, ent: torch.Tensor, idx: torch.Tensor) -> to
     return rotate_distance_torch(q, ent, idx.to(torch.long))
 
 
-def csr_mm(mat: torch.Tensor, dense: torch.Tensor) -> torch.Tensor | None:
-    """mat (n, m) CSR @ dense (m, w) in mat's dtype by the C++ kernel; None where it does not apply (then use
-    torch.sparse.mm). A bfloat16 `dense` (autocast) is read as is: no float32 copy of it is made."""
+def csr_mm(mat: torch.Tensor, dense: torch.Tensor, *, out_dtype: torch.dtype | None = None) -> torch.Tensor | None:
+    """mat (n, m) CSR @ dense (m, w), summed in mat's dtype by the C++ kernel, written as `out_dtype` (default: mat's;
+    bfloat16 for a float32 mat); None where the kernel does not apply (then use torch.sparse.mm). A bfloat16 `dense`
+    (autocast) is read as is: no float32 copy of it is made."""
     if mat.device.type != "cpu" or mat.layout != torch.sparse_csr or dense.device.type != "cpu":
         return None
     if dense.dtype != mat.dtype and not (mat.dtype == torch.float32 and dense.dtype == torch.bfloat16):
         return None
+    bf16_out = out_dtype == torch.bfloat16 and mat.dtype == torch.float32
+    if out_dtype not in (None, mat.dtype) and not bf16_out:
+        return None
     ext = _load_extension()
     if ext is None or mat.dtype not in (torch.float32, torch.float64):
         return None
-    return ext.csr_mm(mat.crow_indices(), mat.col_indices(), mat.values(), dense)
+    return ext.csr_mm(mat.crow_indices(), mat.col_indices(), mat.values(), dense, bf16_out)
 
 
 @torch.no_grad()

@@ -166,25 +166,40 @@ torch::Tensor rotate_dist_all(torch::Tensor q, torch::Tensor ent, double eps) {
   return out;
 }
 
-// out[i] = sum_p val[p] * x[col[p]] over row i's entries p in [crow[i], crow[i + 1]): (n, w) in V's precision.
-template <typename V, typename T>
-static void csr_rows(const int64_t* crow, const int64_t* col, const V* val, const T* x, V* out, int64_t n,
+// out[i] = sum_p val[p] * x[col[p]] over row i's entries p in [crow[i], crow[i + 1]), summed in V's precision in a
+// row buffer that stays in L1, then stored as O (the matrix's dtype, or bfloat16 for a bf16 gradient).
+template <typename V, typename T, typename O>
+static void csr_rows(const int64_t* crow, const int64_t* col, const V* val, const T* x, O* out, int64_t n,
                      int64_t w) {
   at::parallel_for(0, n, 64, [&](int64_t begin, int64_t end) {
+    std::vector<V> acc(w);
     for (int64_t i = begin; i < end; ++i) {
-      V* o = out + i * w;
-      std::fill(o, o + w, V(0));
+      std::fill(acc.begin(), acc.end(), V(0));
+      V* a = acc.data();
       for (int64_t p = crow[i]; p < crow[i + 1]; ++p) {
         const V v = val[p];
         const T* xr = x + col[p] * w;
 #pragma omp simd
-        for (int64_t c = 0; c < w; ++c) o[c] += v * static_cast<V>(xr[c]);
+        for (int64_t c = 0; c < w; ++c) a[c] += v * static_cast<V>(xr[c]);
       }
+      O* o = out + i * w;
+#pragma omp simd
+      for (int64_t c = 0; c < w; ++c) o[c] = static_cast<O>(a[c]);
     }
   });
 }
 
-torch::Tensor csr_mm(torch::Tensor crow, torch::Tensor col, torch::Tensor val, torch::Tensor x) {
+// The float32 matrix with a float32 or bfloat16 dense side, written as float32 or bfloat16.
+template <typename T>
+static void csr_rows_f32(const int64_t* r, const int64_t* c, torch::Tensor val, torch::Tensor x, torch::Tensor out,
+                         int64_t n, int64_t w) {
+  if (out.scalar_type() == torch::kBFloat16)
+    csr_rows<float, T, at::BFloat16>(r, c, val.data_ptr<float>(), x.data_ptr<T>(), out.data_ptr<at::BFloat16>(), n, w);
+  else
+    csr_rows<float, T, float>(r, c, val.data_ptr<float>(), x.data_ptr<T>(), out.data_ptr<float>(), n, w);
+}
+
+torch::Tensor csr_mm(torch::Tensor crow, torch::Tensor col, torch::Tensor val, torch::Tensor x, bool bf16_out) {
   TORCH_CHECK(crow.dim() == 1 && col.dim() == 1 && val.dim() == 1 && x.dim() == 2, "expected CSR arrays and x (M, w)");
   TORCH_CHECK(crow.scalar_type() == torch::kLong && col.scalar_type() == torch::kLong, "int64 CSR indices");
   TORCH_CHECK(!x.is_cuda() && !val.is_cuda(), "CPU tensors");
@@ -197,22 +212,26 @@ torch::Tensor csr_mm(torch::Tensor crow, torch::Tensor col, torch::Tensor val, t
   const int64_t* c = col.data_ptr<int64_t>();
   TORCH_CHECK(std::all_of(c, c + col.numel(), [rows](int64_t j) { return j >= 0 && j < rows; }),
               "a column index is out of x's rows");
-  auto out = torch::empty({n, w}, x.options().dtype(val.scalar_type()));
+  const bool f32 = val.scalar_type() == torch::kFloat;
+  TORCH_CHECK(f32 || !bf16_out, "a bfloat16 result needs a float32 matrix");
+  auto out = torch::empty({n, w}, x.options().dtype(bf16_out ? torch::kBFloat16 : val.scalar_type()));
   const int64_t* r = crow.data_ptr<int64_t>();
-  if (val.scalar_type() == torch::kFloat && x.scalar_type() == torch::kBFloat16) {
-    csr_rows<float, at::BFloat16>(r, c, val.data_ptr<float>(), x.data_ptr<at::BFloat16>(), out.data_ptr<float>(), n, w);
+  if (f32 && x.scalar_type() == torch::kBFloat16) {
+    csr_rows_f32<at::BFloat16>(r, c, val, x, out, n, w);
+  } else if (f32 && x.scalar_type() == torch::kFloat) {
+    csr_rows_f32<float>(r, c, val, x, out, n, w);
   } else {
     TORCH_CHECK(val.scalar_type() == x.scalar_type(), "x must have the matrix's dtype (or bfloat16 for float32)");
     AT_DISPATCH_FLOATING_TYPES(val.scalar_type(), "csr_mm", [&] {
-      csr_rows<scalar_t, scalar_t>(r, c, val.data_ptr<scalar_t>(), x.data_ptr<scalar_t>(), out.data_ptr<scalar_t>(), n,
-                                   w);
+      csr_rows<scalar_t, scalar_t, scalar_t>(r, c, val.data_ptr<scalar_t>(), x.data_ptr<scalar_t>(),
+                                             out.data_ptr<scalar_t>(), n, w);
     });
   }
   return out;
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("csr_mm", &csr_mm, "CSR matrix x dense rows, fp32/fp64, or fp32 with a bfloat16 dense side (CPU)");
+  m.def("csr_mm", &csr_mm, "CSR matrix x dense rows in the matrix's precision; float32 with bfloat16 in or out (CPU)");
   m.def("forward", &rotate_dist_forward, "fused RotatE negative distances (CPU)");
   m.def("all_pairs", &rotate_dist_all, "RotatE distances of every query to every entity (CPU, no grad)");
   m.def("backward", &rotate_dist_backward, "gradients of the fused RotatE negative distances (CPU)");

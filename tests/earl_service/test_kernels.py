@@ -212,7 +212,15 @@ def test_sparse_products_backpropagate_through_the_kernel_as_through_torch(monke
     dense = torch.randn(45, 8, dtype=torch.float64, requires_grad=True)
     weights = torch.randn(30, 8, dtype=torch.float64)
     (grad_kernel,) = torch.autograd.grad(((pair @ dense) * weights).sum(), dense)
-    monkeypatch.setattr("earl_service.graph.csr_mm", lambda mat, dense: None)  # torch.sparse.mm instead
+    monkeypatch.setattr("earl_service.graph.csr_mm", lambda mat, dense, out_dtype: None)  # torch.sparse.mm instead
     (grad_torch,) = torch.autograd.grad(((pair @ dense) * weights).sum(), dense)
     torch.testing.assert_close(grad_kernel, grad_torch)
     torch.testing.assert_close(grad_kernel, mat.to_dense().T @ weights)
+
+
+def test_csr_kernel_writes_bfloat16_from_float32_sums():
+    mat = _random_csr(40, 60, 400, torch.float32)
+    dense = torch.randn(60, 16)
+    out = kernels.csr_mm(mat, dense, out_dtype=torch.bfloat16)
+    assert out is not None and out.dtype == torch.bfloat16
+    torch.testing.assert_close(out, torch.sparse.mm(mat, dense).bfloat16())  # one rounding, at the end
