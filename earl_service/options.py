@@ -153,7 +153,7 @@ def _recipe_sets(option: Option) -> bool:
 def _shown_default(option: Option) -> str:
     """The default as help shows it; a field some recipe sets says so (the dataclass default is the paper's)."""
     shown = option.text.format(option.default) if option.text else str(option.default)
-    return f"{shown}, or the recipe's" if _recipe_sets(option) else shown
+    return f"the recipe's, else {shown}" if _recipe_sets(option) else shown
 
 
 def _add_argument(group: argparse._ArgumentGroup, option: Option) -> None:
