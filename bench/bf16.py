@@ -34,7 +34,7 @@ def main() -> None:
         for bf16 in (False, True):
             with tempfile.TemporaryDirectory() as out:
                 m = train(ds, ModelConfig(dim=args.dim, seed=seed),
-                          TrainConfig(steps=args.steps, eval_every=args.eval_every, bf16=bf16, seed=seed, threads=2,
+                          TrainConfig(steps=args.steps, eval_every=args.eval_every, compute="bf16" if bf16 else "fp32", seed=seed, threads=2,
                                       progress=False), out)
             r = {"seed": seed, "bf16": bf16, "test": m["test"], "median_step_seconds": m["median_step_seconds"],
                  "best_step": m["best_step"]}

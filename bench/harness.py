@@ -164,7 +164,7 @@ def run_earl(ds: Dataset, cfg: ModelConfig, budget: Budget, out_dir: Path, *, op
     tcfg = TrainConfig(steps=budget.max_steps, batch_size=optim.batch_size, negatives=optim.negatives, lr=optim.lr,
                        adversarial_temperature=optim.adversarial_temperature, eval_every=budget.eval_every,
                        patience=budget.patience, eval_max_triples=budget.eval_max_triples,
-                       time_limit_minutes=budget.minutes, bf16=bf16, threads=THREADS, progress=False, seed=seed,
+                       time_limit_minutes=budget.minutes, compute="bf16" if bf16 else "fp32", threads=THREADS, progress=False, seed=seed,
                        checkpoint_every=budget.eval_every)
     t0, machine = time.perf_counter(), Machine()
     resumed_from = torch.load(out_dir / CHECKPOINT, weights_only=True)["state"]["step"] if resume else None

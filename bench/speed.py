@@ -44,10 +44,15 @@ NAIVE = """
 import sys
 from earl_service import graph, kernels, model, train
 from earl_service.cli import main
-# The reference code's approach: every entity's inputs encoded, per-edge linear maps and a materialised
-# (B, K, 2d) gather for the negatives.
+# The reference code's approach: every entity's inputs encoded, h^0 and each layer map by map with per-edge
+# linear maps, and a materialised (B, K, 2d) gather for the negatives.
 graph.compact_inputs = lambda *args, **kwargs: None
-model.GNNLayer.forward = lambda self, x, rel, graph: self.forward_naive(x, rel, graph.triples)
+def naive_forward(self, graph, layers=None):
+    h, rel = self.initial(graph), self.relations
+    for layer in self.gnn:
+        h, rel = layer.forward_naive(h, rel, graph.triples)
+    return h, rel
+model.EARL.forward = naive_forward
 train.rotate_distance = kernels.rotate_distance_torch
 sys.exit(main(sys.argv[1:]))
 """
@@ -111,7 +116,7 @@ def main() -> None:
         res: dict = {}
         res["earl_fp32"] = run_train(data, dim, steps, [])
         if args.bf16 or cpu_has_native_bf16():
-            res["earl_bf16"] = run_train(data, dim, steps, ["--bf16"])
+            res["earl_bf16"] = run_train(data, dim, steps, ["--compute", "bf16"])
         rdim = matched_rotate_dim(res["earl_fp32"]["trainable_parameters"], ds.num_train_entities, ds.num_relations)
         res["rotate_matched"] = {**run_train(data, rdim, steps, ["--model", "rotate"]), "dim": rdim}
         res["earl_every_row"] = run_train(data, dim, steps, [], code=EVERY_ROW)

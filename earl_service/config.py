@@ -142,6 +142,9 @@ class ModelConfig:
         return cls(**{k: v for k, v in values.items() if k in names})
 
 
+COMPUTE = ("fp32", "bf16", "auto")
+
+
 @dataclass(frozen=True)
 class TrainConfig:
     """The optimisation. Defaults are the paper's (batch 1024, 256 negatives per side, Adam 1e-3, margin 10)."""
@@ -175,7 +178,9 @@ class TrainConfig:
                                         limits={"le": 7 * 24 * 60})
     checkpoint_every: int = setting(100, "steps between resumable checkpoints (0: none)", bounds={"ge": 0},
                                     cli_only=True)
-    bf16: bool = setting(False, "bfloat16 autocast for the encoder's dense maps (CPU)", cli_only=True)
+    compute: str = setting("fp32", "number type of the encoder's dense maps: fp32, bf16 (autocast; fp32 master "
+                                   "weights and loss) or auto (bf16 where the CPU or GPU multiplies bf16 natively: "
+                                   "AVX512-BF16, AMX, CUDA; else fp32)", choices=COMPUTE, cli_only=True)
     device: str = setting("auto", "auto | cpu | cuda | cuda:N", cli_only=True)
     threads: int = setting(0, "torch intra-op threads (0: leave torch's default)", bounds={"ge": 0}, cli_only=True)
     seed: int = setting(0, "seed of the reserved entities, the initial weights, the batches and the negatives",
@@ -209,6 +214,8 @@ class TrainConfig:
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> TrainConfig:
         names = {f.name for f in dataclasses.fields(cls)}
+        if values.get("bf16") and "compute" not in values:  # a config written before `compute` replaced `bf16`
+            values = {**values, "compute": "bf16"}
         return cls(**{k: v for k, v in values.items() if k in names})
 
 
@@ -239,5 +246,5 @@ class DataConfig:
         return dataclasses.asdict(self)
 
 
-__all__ = ["ABLATIONS", "COLUMN_ORDERS", "DataConfig", "ModelConfig", "Text", "TrainConfig", "parse_fanout",
+__all__ = ["ABLATIONS", "COLUMN_ORDERS", "COMPUTE", "DataConfig", "ModelConfig", "Text", "TrainConfig", "parse_fanout",
            "setting"]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -66,9 +66,16 @@ class GNNLayer(nn.Module):
 
     def forward(self, x: torch.Tensor, rel: torch.Tensor, graph: Graph) -> tuple[torch.Tensor, torch.Tensor]:
         """x (N, 2d), rel (R, d) -> same shapes. Transform first, then aggregate with two spmm (see Graph)."""
-        n, width = x.shape  # a layer graph of sampled training has fewer output rows than inputs (see Graph)
-        ent_weight = torch.cat([self.out_ent.weight, self.in_ent.weight, self.self_loop.weight])  # (3*2d, 2d)
-        ent_rows = (x @ ent_weight.T).reshape(3 * n, width)  # rows 3j, 3j+1, 3j+2: out, in, self of entity j
+        return self.propagate(x @ self.entity_weight().T, rel, graph)
+
+    def entity_weight(self) -> torch.Tensor:
+        """The three entity maps stacked (3*2d, 2d): out-edge, in-edge and self-loop."""
+        return torch.cat([self.out_ent.weight, self.in_ent.weight, self.self_loop.weight])
+
+    def propagate(self, transformed: torch.Tensor, rel: torch.Tensor, graph: Graph) -> tuple[torch.Tensor, torch.Tensor]:
+        """The layer from its inputs' entity transforms: transformed (N, 3*2d) = x @ entity_weight().T, rel (R, d)."""
+        n, width = transformed.shape[0], transformed.shape[1] // 3
+        ent_rows = transformed.reshape(3 * n, width)  # rows 3j, 3j+1, 3j+2: out, in, self of entity j
         # Relation transforms act on the |R| rows before aggregation; both message biases ride along, since
         # each edge contributes exactly one relation term and one neighbour term. graph.conrel holds the
         # per-entity relation counts / c_e (out-edges in columns r, in-edges in R + r): the same weights.
@@ -101,6 +108,15 @@ class GNNLayer(nn.Module):
 
 def _mlp(width_in: int, width: int) -> nn.Sequential:
     return nn.Sequential(nn.Linear(width_in, width), nn.ReLU(), nn.Linear(width, width))
+
+
+def _chain(outer: torch.Tensor, inner: nn.Linear) -> tuple[torch.Tensor, torch.Tensor]:
+    """Weight and bias of x -> outer @ inner(x), one linear map: (outer @ W, outer @ b).
+
+    Computed in float32 under autocast too: the product is small, and a rounded one would bias every row.
+    """
+    with torch.autocast(outer.device.type, enabled=False):
+        return outer @ inner.weight, outer @ inner.bias
 
 
 def _linears(mlp: nn.Sequential) -> tuple[nn.Linear, nn.Linear]:
@@ -159,34 +175,66 @@ class EARL(nn.Module):
 
     def initial(self, graph: Graph) -> torch.Tensor:
         """h^0 (N, 2d): f_m([ConRel; kNResEnt]) for every entity, own rows for reserved entities."""
-        width = 2 * self.config.dim
         if self.combine is None:
-            h0 = self.random_inputs(graph.num_entities, self.relations.device).to(self.relations.dtype)
+            h0 = self.random_inputs(graph.num_entities, self.relations.device).to(self.relations.dtype, copy=True)
         else:
-            first, second = _linears(self.combine)
-            pre: torch.Tensor = first.bias
-            offset = 0
-            if self.conrel_mlp is not None:
-                assert self.relation_ends is not None
-                lin1, lin2 = _linears(self.conrel_mlp)
-                # W1 (f_e^T R_end) = f_e^T (R_end W1^T): the first ConRel map runs on the 2R relation-end rows.
-                ends = self.relation_ends @ lin1.weight.T  # (2R, 2d)
-                conrel = lin2(F.relu(graph.conrel @ ends + lin1.bias))  # (N, 2d)
-                pre = pre + conrel @ first.weight[:, :width].T
-                offset = width
-            if self.config.uses_knn:
-                assert self.reserved_embeddings is not None and graph.knn is not None
-                # Likewise the f_m map of the kNResEnt half runs on the N_res reserved rows, then aggregates.
-                rows = self.reserved_embeddings if graph.knn_rows is None else self.reserved_embeddings[graph.knn_rows]
-                res = rows @ first.weight[:, offset : offset + width].T  # (N_res, 2d), or the rows a batch uses
-                pre = pre + graph.knn @ res
-            h0 = second(F.relu(pre))  # (N, 2d)
-        if self.reserved_embeddings is not None:
-            own: torch.Tensor = self.reserved_embeddings
-            if graph.reserved_rows is not None:
-                own = own[graph.reserved_rows]  # (n_res_local, 2d)
-            h0 = h0.index_copy(0, graph.reserved, own.to(h0.dtype))
-        return h0
+            h0 = _linears(self.combine)[1](self._hidden(graph))  # (N, 2d)
+        return self._own_rows(graph, h0, lambda own: own)
+
+    def _hidden(self, graph: Graph) -> torch.Tensor:
+        """relu of f_m's first map over [ConRel; kNResEnt] (N, 2d): what f_m's second map turns into h^0."""
+        width = 2 * self.config.dim
+        assert self.combine is not None
+        first, _ = _linears(self.combine)
+        pre: torch.Tensor = first.bias
+        offset = 0
+        if self.conrel_mlp is not None:
+            assert self.relation_ends is not None
+            lin1, lin2 = _linears(self.conrel_mlp)
+            # W1 (f_e^T R_end) = f_e^T (R_end W1^T): the first ConRel map runs on the 2R relation-end rows. ConRel's
+            # second map and f_m's first are two linear maps in a row: one (2d, 2d) product of weights replaces an
+            # (N, 2d) x (2d, 2d) product per step.
+            ends = self.relation_ends @ lin1.weight.T  # (2R, 2d)
+            w, b = _chain(first.weight[:, :width], lin2)
+            pre = pre + F.linear(F.relu(graph.conrel @ ends + lin1.bias), w, b)
+            offset = width
+        if self.config.uses_knn:
+            assert self.reserved_embeddings is not None and graph.knn is not None
+            # Likewise the f_m map of the kNResEnt half runs on the N_res reserved rows, then aggregates.
+            rows = self.reserved_embeddings if graph.knn_rows is None else self.reserved_embeddings[graph.knn_rows]
+            res = rows @ first.weight[:, offset : offset + width].T  # (N_res, 2d), or the rows a batch uses
+            pre = pre + graph.knn @ res
+        return F.relu(pre)
+
+    def _own_rows(
+        self, graph: Graph, rows: torch.Tensor, transform: Callable[[torch.Tensor], torch.Tensor]
+    ) -> torch.Tensor:
+        """`rows` (N, w) with each reserved entity's row replaced by transform(its own embedding), in place.
+
+        `rows` is a product's fresh output, which no backward needs: writing into it saves an (N, w) copy.
+        """
+        if self.reserved_embeddings is None:
+            return rows
+        own: torch.Tensor = self.reserved_embeddings
+        if graph.reserved_rows is not None:
+            own = own[graph.reserved_rows]  # (n_res_local, 2d)
+        return rows.index_copy_(0, graph.reserved, transform(own).to(rows.dtype))
+
+    def first_transforms(self, graph: Graph) -> torch.Tensor:
+        """The first GNN layer's entity transforms of h^0 (N, 3*2d), without h^0 itself.
+
+        f_m's second map and the layer's entity maps are linear maps in a row: their (3*2d, 2d) weight product
+        replaces an (N, 2d) x (2d, 2d) product per step; reserved rows take their own embedding's transforms.
+        """
+        assert self.combine is not None
+        weight = self._first_layer().entity_weight()  # (3*2d, 2d)
+        w, b = _chain(weight, _linears(self.combine)[1])
+        return self._own_rows(graph, F.linear(self._hidden(graph), w, b), lambda own: own @ weight.T)
+
+    def _first_layer(self) -> GNNLayer:
+        layer = self.gnn[0]
+        assert isinstance(layer, GNNLayer)
+        return layer
 
     def forward(self, graph: Graph, layers: Sequence[Graph] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Embeddings of every entity of `graph` (N, 2d) and of every relation (R, d).
@@ -203,8 +251,14 @@ class EARL(nn.Module):
             # distinct input row (see CompactInputs); the first layer's messages then reach every entity.
             compact = graph.compact
             graph, layers = compact.inputs, [compact.first_layer, *[graph] * (len(self.gnn) - 1)]
-        h, rel = self.initial(graph), self.relations
-        for i, layer in enumerate(self.gnn):
+        if not self.gnn:
+            return self.initial(graph), self.relations
+        first_graph = graph if layers is None else layers[0]
+        if self.combine is None:
+            h, rel = self.gnn[0](self.initial(graph), self.relations, first_graph)
+        else:
+            h, rel = self._first_layer().propagate(self.first_transforms(graph), self.relations, first_graph)
+        for i, layer in enumerate(self.gnn[1:], start=1):
             h, rel = layer(h, rel, graph if layers is None else layers[i])
         return h, rel
 

@@ -190,6 +190,8 @@ def add_train_options(parser: argparse.ArgumentParser) -> None:
     add_recipe_option(groups["training"])
     for option in OPTIONS:
         _add_argument(groups[option.group], option)
+    # The switch that --compute replaced, still accepted.
+    groups["training"].add_argument("--bf16", dest="compute", action="store_const", const="bf16", help=argparse.SUPPRESS)
 
 
 def add_data_options(parser: argparse.ArgumentParser) -> None:

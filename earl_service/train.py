@@ -276,7 +276,7 @@ class Learner:
     cfg: TrainConfig
     ranks: Ranks
     device: torch.device
-    autocast: bool  # bfloat16 autocast of the encoder's dense maps (CPU)
+    autocast: bool  # bfloat16 autocast of the encoder's dense maps (TrainConfig.compute)
     fanout: list[int | None]  # sampled training: edges drawn per entity at each layer
 
     @classmethod
@@ -290,12 +290,23 @@ class Learner:
                    cfg, ranks, device, _bf16_autocast(cfg, device), cfg.fanout_for(run.model_config.gnn_layers))
 
 
+def native_bf16(device: torch.device) -> bool:
+    """Whether `device` multiplies bfloat16 natively: AVX512-BF16 or AMX on a CPU, a bf16-capable CUDA GPU."""
+    if device.type == "cuda":
+        return torch.cuda.is_bf16_supported(including_emulation=False)
+    return device.type == "cpu" and cpu_has_native_bf16()
+
+
 def _bf16_autocast(cfg: TrainConfig, device: torch.device) -> bool:
-    autocast = cfg.bf16 and device.type == "cpu"
-    if autocast and not cpu_has_native_bf16():
-        log.warning("--bf16: this CPU has no native bfloat16 matmul (no AVX512-BF16 / AMX); autocast emulates it and "
-                    "is several times slower than float32 here (bench/results/speed.md)")
-    return autocast
+    """Whether the steps autocast to bfloat16 (`--compute`); says why in the log when it is not plain fp32."""
+    native = native_bf16(device)
+    if cfg.compute == "auto":
+        log.info("--compute auto: %s on this %s", "bf16 (native)" if native else "fp32 (no native bf16)", device.type)
+        return native
+    if cfg.compute == "bf16" and not native:
+        log.warning("--compute bf16: this %s has no native bfloat16 matmul (no AVX512-BF16 / AMX); autocast emulates it "
+                    "and is several times slower than float32 here (bench/results/speed.md)", device.type)
+    return cfg.compute == "bf16"
 
 
 def train_step(learner: Learner, state: TrainState) -> float:
@@ -304,7 +315,7 @@ def train_step(learner: Learner, state: TrainState) -> float:
     ids = state.next_rows(len(learner.triples), cfg.batch_size)
     batch = learner.triples[ids].to(learner.device)  # the global batch: the same rows on every rank
     rows, share = ranks.shard(len(batch))
-    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=learner.autocast):
+    with torch.autocast(learner.device.type, dtype=torch.bfloat16, enabled=learner.autocast):
         if cfg.sampled:
             rng = np.random.default_rng([cfg.seed, state.step, ranks.rank])
             loss, encoded = _sampled_loss(learner.net, run, learner.sampler, batch, rows, cfg, learner.fanout,
@@ -598,5 +609,5 @@ def _check_vocab(run_dir: Path, trained: dict[str, Any] | None, dataset: Dataset
 
 __all__ = [
     "BUNDLE", "CHECKPOINT", "WARMUP_STEPS", "NegativeSampler", "Run", "StopRules", "cpu_has_native_bf16", "load_run",
-    "loss_fn", "resolve_device", "train", "train_step",
+    "loss_fn", "native_bf16", "resolve_device", "train", "train_step",
 ]

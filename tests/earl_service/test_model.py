@@ -55,6 +55,41 @@ def test_fast_gnn_equals_naive_per_edge(small_graph_triples):
             torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
 
 
+def unfused_forward(model: EARL, graph) -> tuple[torch.Tensor, torch.Tensor]:
+    """The encoder as the paper writes it: h^0 through f_m's two maps, then each GNN layer on its own."""
+    h, rel = model.initial(graph), model.relations
+    if model.conrel_mlp is not None:  # ConRel's second map applied, then f_m's first: recompute h^0 that way
+        lin1, lin2 = model.conrel_mlp[0], model.conrel_mlp[2]
+        first, second = model.combine[0], model.combine[2]
+        width = 2 * model.config.dim
+        conrel = lin2(torch.relu(graph.conrel @ (model.relation_ends @ lin1.weight.T) + lin1.bias))
+        pre = first.bias + conrel @ first.weight[:, :width].T
+        if model.config.uses_knn:
+            pre = pre + graph.knn @ (model.reserved_embeddings @ first.weight[:, width:].T)
+        h = second(torch.relu(pre))
+        if model.reserved_embeddings is not None:
+            h = h.index_copy(0, graph.reserved, model.reserved_embeddings)
+    for layer in model.gnn:
+        h, rel = layer(h, rel, graph)
+    return h, rel
+
+
+@pytest.mark.parametrize("ablation", [None, *ABLATIONS])
+def test_fused_linear_maps_equal_the_encoder_map_by_map(small_graph_triples, ablation):
+    """ConRel's second map with f_m's first, f_m's second with the first layer's: fused, same values and grads."""
+    cfg = ModelConfig(dim=3, k=2, reserved_ratio=0.2, **({ablation: True} if ablation else {}))
+    graph, reserved = _graph(small_graph_triples, cfg, dtype=torch.float64)
+    graph.compact = None  # map by map over every entity's own inputs
+    model = EARL(cfg, 4, reserved).double()
+    fused, unfused = model(graph), unfused_forward(model, graph)
+    weights = [torch.randn_like(t) for t in fused]
+    params = list(model.parameters())
+    fused_grads = torch.autograd.grad(sum((t * w).sum() for t, w in zip(fused, weights, strict=True)), params)
+    unfused_grads = torch.autograd.grad(sum((t * w).sum() for t, w in zip(unfused, weights, strict=True)), params)
+    for a, b in zip([*fused, *fused_grads], [*unfused, *unfused_grads], strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
+
+
 @pytest.mark.parametrize("ablation", [None, *ABLATIONS])
 def test_repeated_input_rows_are_encoded_once_with_the_same_result(ablation):
     cfg = ModelConfig(dim=3, k=2, reserved_ratio=0.1, **({ablation: True} if ablation else {}))

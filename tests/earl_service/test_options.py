@@ -16,7 +16,7 @@ pytest.importorskip("fastapi")
 from api.compress_jobs import job_params  # noqa: E402
 from api.schemas import CompressForm, TrainForm  # noqa: E402
 
-CLI_ONLY = {"temperature", "eval_batch_size", "eval_max_triples", "checkpoint_every", "bf16", "device", "threads",
+CLI_ONLY = {"temperature", "eval_batch_size", "eval_max_triples", "checkpoint_every", "compute", "device", "threads",
             "progress"}  # the worker decides these (device, threads, progress) or keeps the defaults
 # How the service exports and launches a job, and a compress job's fields (`earl compress` options, below).
 SERVICE_ONLY = {"precision", "nproc_per_node"} | set(CompressForm.model_fields)
@@ -103,7 +103,7 @@ def test_cli_spellings_of_earlier_releases_still_work():
     model, train = cli_configs("--margin", "6", "--temperature", "0.5", "--time-limit", "3", "--no-progress", "--bf16",
                                "--fanout", "all", "--device", "cpu", "--threads", "2", "--checkpoint-every", "0")
     assert (model.gamma, train.adversarial_temperature, train.time_limit_minutes) == (6.0, 0.5, 3.0)
-    assert (train.progress, train.bf16, train.fanout, train.device, train.threads) == (False, True, (0,), "cpu", 2)
+    assert (train.progress, train.compute, train.fanout, train.device, train.threads) == (False, "bf16", (0,), "cpu", 2)
     assert train.checkpoint_every == 0
 
 

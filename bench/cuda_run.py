@@ -1,0 +1,96 @@
+"""EARL on a CUDA GPU at the paper's settings: fp32 and bf16 autocast, step time and test MRR at early stopping.
+
+First each precision's step is timed alone (`earl train --device cuda`, `--time-steps` steps, no validation);
+then both train side by side on the same GPU (each its own process, `--minutes` of wall clock, validation every
+`--eval-every` steps, early stopping after `--patience` validations without a better MRR), and each is tested
+(seen protocol) from its best checkpoint. Side by side they share the GPU, so their own s/step is not a clean
+figure: the first table's is.
+
+    python bench/cuda_run.py                               # FB15k-237, EARL dim 150, 5 minutes each
+    python bench/cuda_run.py --dataset wn18rr --dim 200 --minutes 8
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import REPO, default_datasets, md_table, pyplot, save_png, write_results
+from speed import run_train
+
+COMPUTES = ("fp32", "bf16")
+
+
+def train_command(data: Path, out: Path, dim: int, compute: str, args: argparse.Namespace) -> list[str]:
+    return [sys.executable, "-m", "earl_service.cli", "train", str(data), "--out", str(out), "--dim", str(dim),
+            "--device", "cuda", "--compute", compute, "--time-limit", str(args.minutes), "--eval-every",
+            str(args.eval_every), "--patience", str(args.patience), "--checkpoint-every", "0", "--no-progress"]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--datasets", type=Path, default=default_datasets())
+    parser.add_argument("--dataset", default="fb15k-237")
+    parser.add_argument("--dim", type=int, default=150)
+    parser.add_argument("--minutes", type=float, default=5.0, help="wall clock of each training run")
+    parser.add_argument("--eval-every", type=int, default=500)
+    parser.add_argument("--patience", type=int, default=6)
+    parser.add_argument("--time-steps", type=int, default=60, help="steps of the timing runs")
+    parser.add_argument("--runs", type=Path, default=REPO / "runs" / "bench_cuda")
+    args = parser.parse_args()
+    data = args.datasets / args.dataset
+
+    alone = {c: run_train(data, args.dim, args.time_steps, ["--device", "cuda", "--compute", c]) for c in COMPUTES}
+    for c, r in alone.items():
+        print(f"{c}: {r['median_step_seconds'] * 1000:.2f} ms/step alone", flush=True)
+    procs = {}
+    for c in COMPUTES:
+        out = args.runs / f"{args.dataset}-{c}"
+        out.mkdir(parents=True, exist_ok=True)
+        log = (out / "train.log").open("w")
+        procs[c] = (out, subprocess.Popen(train_command(data, out, args.dim, c, args), stdout=log, stderr=log))
+    runs = {}
+    for c, (out, proc) in procs.items():
+        if proc.wait() != 0:
+            raise SystemExit(f"{c} run failed: see {out / 'train.log'}")
+        metrics, history = (json.loads((out / f).read_text()) for f in ("metrics.json", "history.json"))
+        runs[c] = {"steps": metrics["steps"], "stopped": metrics["stopped"], "best_step": metrics["best_step"],
+                   "train_seconds": metrics["train_seconds"], "median_step_seconds": metrics["median_step_seconds"],
+                   "test": metrics["test"], "valid": metrics.get("valid"),
+                   "curve": {"steps": history["eval_steps"], "seconds": history["eval_seconds"],
+                             "mrr": history["eval_mrr"]}}
+        print(f"{c}: {metrics['steps']} steps, stopped by {metrics['stopped']}, best step {metrics['best_step']}, "
+              f"test MRR {metrics['test']['mrr']:.4f}", flush=True)
+
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for c, r in runs.items():
+        ax.plot(r["curve"]["steps"], r["curve"]["mrr"], marker=".", label=f"{c} (test {r['test']['mrr']:.4f})")
+    ax.set(xlabel="step", ylabel="valid MRR", title=f"{args.dataset}, EARL dim {args.dim}, CUDA, paper settings")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    name = f"cuda_run_{args.dataset}"
+    png = save_png(name, fig)
+    md = [f"# EARL on CUDA, paper settings: {args.dataset}, dim {args.dim}", "", f"![valid MRR]({png})", "",
+          f"Step time alone (`earl train --device cuda`, median of {args.time_steps} steps, no validation):", "",
+          md_table(["compute", "ms/step", "speed-up vs fp32"],
+                   [[c, r["median_step_seconds"] * 1000,
+                     alone["fp32"]["median_step_seconds"] / r["median_step_seconds"]] for c, r in alone.items()]), "",
+          (f"Training side by side on the one GPU, {args.minutes:g} min wall clock each, validation every "
+           f"{args.eval_every} steps, early stopping after {args.patience} without improvement; test from the best "
+           "checkpoint (seen protocol):"), "",
+          md_table(["compute", "steps", "stopped by", "best step", "test MRR", "test Hits@10"],
+                   [[c, r["steps"], r["stopped"], r["best_step"], r["test"]["mrr"], r["test"]["hits_at_10"]]
+                    for c, r in runs.items()])]
+    _, mdp = write_results(name, {"dataset": args.dataset, "dim": args.dim, "minutes": args.minutes,
+                                  "eval_every": args.eval_every, "patience": args.patience, "alone": alone,
+                                  "runs": runs}, "\n".join(md))
+    print(mdp.read_text())
+
+
+if __name__ == "__main__":
+    main()
