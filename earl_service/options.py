@@ -191,7 +191,8 @@ def add_train_options(parser: argparse.ArgumentParser) -> None:
     for option in OPTIONS:
         _add_argument(groups[option.group], option)
     # The switch that --compute replaced, still accepted.
-    groups["training"].add_argument("--bf16", dest="compute", action="store_const", const="bf16", help=argparse.SUPPRESS)
+    groups["training"].add_argument("--bf16", dest="compute", action="store_const", const="bf16",
+                                    default=argparse.SUPPRESS, help=argparse.SUPPRESS)
 
 
 def add_data_options(parser: argparse.ArgumentParser) -> None:
