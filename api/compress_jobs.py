@@ -8,24 +8,40 @@ the job's error; so does a budget under the bytes of a graph too big to pack in 
 from __future__ import annotations
 
 import shutil
+from collections.abc import Collection
 from typing import Any
 
 from earl_service.compress_config import CompressConfig, budget_floor
 from earl_service.data import TripleTable
 from earl_service.errors import ConfigError, DatasetError
+from earl_service.options import recipe_options
 from earl_service.worker.compress_job import compress_settings
 from earl_service.worker.home import ServiceHome
 
 from .schemas import CompressForm
 
 
-def job_params(form: dict[str, Any]) -> tuple[dict[str, Any], CompressConfig | None]:
+def job_params(form: dict[str, Any], *, given: Collection[str]) -> tuple[dict[str, Any], CompressConfig | None]:
     """The params to store and the compress settings (None for a training job, whose params keep no compress
-    field); ConfigError (422) for bad ones. max_bytes is stored in bytes, so the job shows what '2MB' meant."""
+    field); ConfigError (422) for bad ones. max_bytes is stored in bytes, so the job shows what '2MB' meant.
+
+    The options the request left out (not in `given`) that its recipe sets take the recipe's values: a training
+    job stores them, so that it shows what it trains with; a compress job stores None ("the recipe's"), since
+    they differ by the model kind of each candidate (the worker fills them in)."""
     config = compress_settings(form)
+    left = {k: v for k, v in recipe_options(form["recipe"], form["model"]).items() if k not in given}
     if config is None:
-        return {k: v for k, v in form.items() if k not in CompressForm.model_fields}, None
-    return {**form, "max_bytes": config.max_bytes}, config
+        return {k: v for k, v in {**form, **left}.items() if k not in CompressForm.model_fields}, None
+    return {**form, **dict.fromkeys(left, None), "max_bytes": config.max_bytes}, config
+
+
+def trained_params(params: dict[str, Any], config: CompressConfig | None) -> list[dict[str, Any]]:
+    """The settings each model kind a job trains gets: its params for a training job; for a compress job, its
+    params with each searched model's recipe values where they hold None (the server's caps apply to each)."""
+    if config is None:
+        return [params]
+    return [{**params, **{k: v for k, v in recipe_options(params["recipe"], model).items() if params.get(k) is None}}
+            for model in config.models]
 
 
 def check_uploads(home: ServiceHome, job_id: str, files: dict[str, str], config: CompressConfig, *,
@@ -45,4 +61,4 @@ def check_uploads(home: ServiceHome, job_id: str, files: dict[str, str], config:
         raise
 
 
-__all__ = ["check_uploads", "job_params"]
+__all__ = ["check_uploads", "job_params", "trained_params"]

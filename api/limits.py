@@ -42,15 +42,22 @@ class PredictSlots:
                 f"finished within {self.wait:g} s (EARL_PREDICT_QUEUE_SECONDS); try again shortly")
 
 
-def bounded_job_params(params: dict[str, Any], settings: Settings) -> dict[str, Any]:
-    """`params` within this server's caps (on top of the form's own limits): ConfigError (422) naming every cap
-    exceeded and the setting that raises it. A job without a time limit gets EARL_MAX_JOB_MINUTES."""
+def _over_caps(params: dict[str, Any], settings: Settings) -> list[str]:
+    """Each of this server's caps that `params` exceed, with the setting that raises it."""
     caps = [("dim", params["dim"], settings.max_job_dim, "EARL_MAX_JOB_DIM"),
             ("batch_size x negatives", params["batch_size"] * params["negatives"], settings.max_batch_x_negatives,
              "EARL_MAX_BATCH_X_NEGATIVES"),
             ("nproc_per_node", params["nproc_per_node"], settings.max_nproc, "EARL_MAX_NPROC"),
             ("time_limit (minutes)", params["time_limit"], settings.max_job_minutes, "EARL_MAX_JOB_MINUTES")]
-    over = [f"{name} {value:,} is over {cap:,} ({setting})" for name, value, cap, setting in caps if value > cap]
+    return [f"{name} {value:,} is over {cap:,} ({setting})" for name, value, cap, setting in caps if value > cap]
+
+
+def bounded_job_params(params: dict[str, Any], settings: Settings, *,
+                       trained: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """`params` within this server's caps (on top of the form's own limits): ConfigError (422) naming every cap
+    exceeded and the setting that raises it. A job without a time limit gets EARL_MAX_JOB_MINUTES. The caps
+    apply to `trained` (api/compress_jobs.trained_params: what each model kind trains with), default `params`."""
+    over = list(dict.fromkeys(line for values in trained or [params] for line in _over_caps(values, settings)))
     if over:
         raise ConfigError(f"this server's job limits: {'; '.join(over)}; ask for less, or ask its operator to "
                           "raise the setting")

@@ -61,7 +61,7 @@ sys.exit(main(sys.argv[1:]))
 def run_train(data: Path, dim: int, steps: int, extra: list[str], code: str | None = None) -> dict:
     with tempfile.TemporaryDirectory() as out:
         args = ["train", str(data), "--out", out, "--dim", str(dim), "--steps", str(steps), "--eval-every", "0",
-                "--no-final-eval", "--no-progress", "--threads", "2", *extra]
+                "--no-final-eval", "--no-progress", "--threads", "2", "--recipe", "paper", *extra]
         cmd = [sys.executable, "-c", code, *args] if code else [sys.executable, "-m", "earl_service.cli", *args]
         t0 = time.perf_counter()
         subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)

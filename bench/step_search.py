@@ -60,7 +60,7 @@ def launch(label: str, extra: list[str], args: argparse.Namespace, out: Path) ->
            "--dim", str(DIMS[args.data]), "--steps", str(args.steps), "--batch-size", "1024", "--negatives", "256",
            "--eval-every", str(args.eval_every), "--eval-max-triples", str(args.eval_max_triples),
            "--patience", "1000000", "--checkpoint-every", "0", "--device", args.device, "--threads",
-           str(args.threads), "--seed", str(args.seed), "--no-progress", *extra]
+           str(args.threads), "--seed", str(args.seed), "--no-progress", "--recipe", "paper", *extra]
     out.mkdir(parents=True, exist_ok=True)
     log = (out / "train.log").open("w")
     return subprocess.Popen(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT,

@@ -38,23 +38,26 @@ def _add_launcher_options(p: argparse.ArgumentParser) -> None:
     d.add_argument("--node-rank", type=int, default=None, help="this machine's rank (default: torchrun's choice)")
 
 
-def _configs(a: argparse.Namespace) -> tuple[ModelConfig, TrainConfig]:
+def _configs(a: argparse.Namespace) -> tuple[ModelConfig, TrainConfig, str | None]:
+    """The run's configs and the recipe they were resolved with (the options given win over it)."""
     if getattr(a, "config", None):
         return _configs_from_file(a.config)
-    return configs_from_options(vars(a))
+    return (*configs_from_options(vars(a), recipe=a.recipe), a.recipe)
 
 
-def _configs_from_file(path: str) -> tuple[ModelConfig, TrainConfig]:
-    """{"model": {...}, "train": {...}}, or a run's metrics.json (which holds them under "config")."""
+def _configs_from_file(path: str) -> tuple[ModelConfig, TrainConfig, str | None]:
+    """{"model": {...}, "train": {...}}, or a run's metrics.json (which holds them under "config"), and the
+    recipe the file records (none applied: the file holds every setting)."""
     try:
         values = json.loads(Path(path).read_text())
     except (OSError, json.JSONDecodeError) as exc:
         raise ConfigError(f"--config {path}: {exc}") from None
+    recipe = values.get("recipe") if isinstance(values, dict) else None
     if isinstance(values, dict):
         values = values.get("config", values)
     if not isinstance(values, dict) or not all(isinstance(values.get(key), dict) for key in ("model", "train")):
         raise ConfigError(f"--config {path}: expected an object with 'model' and 'train' objects")
-    return ModelConfig.from_dict(values["model"]), TrainConfig.from_dict(values["train"])
+    return ModelConfig.from_dict(values["model"]), TrainConfig.from_dict(values["train"]), recipe
 
 
 def _without_launcher_options(argv: list[str]) -> list[str]:
@@ -135,7 +138,7 @@ def cmd_train(a: argparse.Namespace) -> int:
     from .data import load_dataset
     from .train import train
 
-    model_cfg, train_cfg = _configs(a)
+    model_cfg, train_cfg, recipe = _configs(a)
     distributed = _under_torchrun()
     if distributed:
         train_cfg = _join_process_group(train_cfg)
@@ -147,7 +150,7 @@ def cmd_train(a: argparse.Namespace) -> int:
         dataset = load_dataset(a.data, data=data_config_from_options(vars(a)), labels=a.labels)
         metrics = train(dataset, model_cfg, train_cfg, a.out, resume=a.resume, final_eval=not a.no_final_eval,
                         protocol=a.protocol, should_stop=stop.is_set, on_progress=_progress_writer(a.progress_file),
-                        command=["earl", *a.argv])
+                        command=["earl", *a.argv], recipe=recipe)
     finally:
         if distributed:
             import torch.distributed as dist
@@ -245,7 +248,7 @@ def add_train_command(sub) -> None:
     p.add_argument("--no-final-eval", action="store_true", help="skip the final valid/test evaluation")
     p.add_argument("--config", default=None, metavar="FILE",
                    help="take every model and training setting from FILE ({'model': ..., 'train': ...} or a "
-                        "run's metrics.json); the model/training options below are then ignored")
+                        "run's metrics.json); the model/training options below and --recipe are then ignored")
     p.add_argument("--progress-file", default=None, metavar="FILE", help="keep FILE holding the latest progress (JSON)")
     add_labels_option(p)
     add_train_options(p)

@@ -8,7 +8,7 @@ import logging
 import math
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
@@ -24,8 +24,10 @@ from .config import ModelConfig, ModelKind, TrainConfig
 from .data import Dataset
 from .errors import ConfigError, DatasetError
 from .evaluate import SUMMARY_KEYS
+from .options import train_configs_from_options
 from .pq import FineTune, encode_tables, fine_tune
 from .pq_format import NUMBERS_PER_CODE, codes_for, is_pq, parse_pq
+from .recipes import DEFAULT
 from .train import BUNDLE, Run, load_run, resolve_device, train
 
 log = logging.getLogger(__name__)
@@ -45,7 +47,7 @@ class Job:
     dataset: Dataset
     out: Path
     config: CompressConfig
-    train_config: TrainConfig
+    train_configs: Mapping[ModelKind, TrainConfig]  # how each model kind's candidates train
     state: dict[str, Any]
     on_progress: ProgressCallback | None = None
     should_stop: Callable[[], bool] | None = None
@@ -72,6 +74,10 @@ class Job:
 
     def unit(self, name: str) -> dict[str, Any]:
         return next(u for u in self.state["candidates"] if u["name"] == name)
+
+    def train_config(self, name: str) -> TrainConfig:
+        """How candidate `name` trains: its model kind's TrainConfig."""
+        return self.train_configs[self.unit(name)["model"]]
 
     def run_dir(self, name: str) -> Path:
         return self.out / "candidates" / name
@@ -156,12 +162,13 @@ def rung_sizes(count: int, eta: int) -> list[int]:
     return sizes
 
 
-def validation_seconds(dataset: Dataset, sizes: BundleSizes, units: list[dict], train_config: TrainConfig,
-                       ) -> dict[str, float]:
+def validation_seconds(dataset: Dataset, sizes: BundleSizes, units: list[dict],
+                       train_configs: Mapping[ModelKind, TrainConfig]) -> dict[str, float]:
     """Seconds of one validation pass of each model's largest candidate (untrained), measured here."""
     seconds = {}
     for model in dict.fromkeys(u["model"] for u in units):
         dim = max(u["dim"] for u in units if u["model"] == model)
+        train_config = train_configs[model]
         run = Run.build(dataset, sizes.config(model, dim), resolve_device(train_config.device))
         times = []
         for _ in range(2):  # the first pass also builds the known-answer filter and warms caches
@@ -238,7 +245,7 @@ def train_slice(job: Job, name: str, seconds: float) -> dict[str, Any] | None:
     limit = max(done_before + seconds, 1e-3) / 60
     # No validation inside train(): evaluate_exports validates every slice's weights, export by export, and a
     # second pass would take time from training (best.pt is then the slice's last weights).
-    config = replace(job.train_config, time_limit_minutes=limit, seed=job.config.seed, progress=False, eval_every=0)
+    config = replace(job.train_config(name), time_limit_minutes=limit, seed=job.config.seed, progress=False, eval_every=0)
 
     def forward(progress: dict[str, Any]) -> None:
         job.emit("train", name, step=progress["step"], loss=progress["loss"], valid_mrr=progress["valid_mrr"])
@@ -256,9 +263,9 @@ def evaluate_exports(job: Job, name: str, split: str = "valid", *, tune_seconds:
     """Each precision's export of the candidate's best weights: its file bytes and `split` metrics of the
     dequantized weights. Quantized variants come from the same fp32 training, never a retraining; pq variants
     get faiss codebooks, then up to `tune_seconds` (shared among them) of codebook fine-tuning."""
-    unit, run_dir = job.unit(name), job.run_dir(name)
+    unit, run_dir, train_config = job.unit(name), job.run_dir(name), job.train_config(name)
     source = load_bundle(run_dir / BUNDLE)
-    run = load_run(run_dir, job.dataset, device=job.train_config.device)
+    run = load_run(run_dir, job.dataset, device=train_config.device)
     coded = [p for p in unit["bytes"] if is_pq(p)]
     results = {}
     for precision, expected in unit["bytes"].items():
@@ -267,12 +274,12 @@ def evaluate_exports(job: Job, name: str, split: str = "valid", *, tune_seconds:
         if is_pq(precision):
             tables = encode_tables(source.config, source.params, precision, seed=job.config.seed)
             budget = FineTune(steps=FINE_TUNE_STEPS, seconds=tune_seconds / len(coded))
-            tables, budget = fine_tune(run, source.params, tables, job.train_config, budget)
+            tables, budget = fine_tune(run, source.params, tables, train_config, budget)
             tuning = {"fine_tune_steps": len(budget.losses)}
         path = save_exact(source, job.export_path(name, precision), precision=precision,
                           metrics={"compress": {"candidate": name}}, expected=expected, pq_tables=tables)
         results[precision] = {"bytes": path.stat().st_size, **tuning,
-                              **evaluate_bundle(run, path, split, batch_size=job.train_config.eval_batch_size)}
+                              **evaluate_bundle(run, path, split, batch_size=train_config.eval_batch_size)}
     return results
 
 
@@ -398,9 +405,9 @@ def finish(job: Job) -> dict[str, Any]:
     job.emit("export", name, precision=precision)
     test = None
     if job.dataset.test is not None and len(job.dataset.test):
-        run = load_run(job.run_dir(name), job.dataset, device=job.train_config.device)
-        test = evaluate_bundle(run, job.export_path(name, precision), "test",
-                               batch_size=job.train_config.eval_batch_size)
+        train_config = job.train_config(name)
+        run = load_run(job.run_dir(name), job.dataset, device=train_config.device)
+        test = evaluate_bundle(run, job.export_path(name, precision), "test", batch_size=train_config.eval_batch_size)
     report = build_report(job, rows, pick, test)
     source = load_bundle(job.run_dir(name) / BUNDLE)
     save_exact(source, job.out / PICK, precision=precision, metrics=pick_metrics(report),
@@ -422,26 +429,28 @@ def pick_metrics(report: dict[str, Any]) -> dict[str, Any]:
 
 
 def compress(dataset: Dataset, out_dir: str | os.PathLike, config: CompressConfig, *,
-             train_config: TrainConfig | None = None,
+             train_configs: Mapping[ModelKind, TrainConfig] | None = None,
              on_progress: ProgressCallback | None = None, should_stop: Callable[[], bool] | None = None,
              ) -> dict[str, Any] | None:
     """Search for the most accurate bundle of at most config.max_bytes bytes within the time limit; writes
     OUT/bundle.safetensors, report.json, report.md and frontier.png and returns the report. Every bundle carries
     the dataset's labels (counted in its bytes; load_dataset(labels=False) leaves them out). A job stopped
-    by `should_stop` returns None; run it again with the same OUT to continue from where it stopped."""
+    by `should_stop` returns None; run it again with the same OUT to continue from where it stopped.
+    `train_configs` says how each model kind's candidates train (default: the default recipe's; the time limit,
+    seed and validation cadence are the search's own)."""
     if dataset.valid is None or not len(dataset.valid):
         raise DatasetError("compress picks on validation metrics: the dataset needs a valid split")
     out = Path(out_dir)
-    train_config = train_config or TrainConfig(progress=False)
+    train_configs = train_configs or train_configs_from_options({"progress": False}, recipe=DEFAULT)
     state = load_state(out, config, dataset)
     if state is None:
         sizes = BundleSizes(dataset, seed=config.seed)
         units = plan_candidates(sizes, config)
-        seconds = validation_seconds(dataset, sizes, units, train_config)
+        seconds = validation_seconds(dataset, sizes, units, train_configs)
         units = fit_to_time(config, units, seconds)
         state = new_state(config, dataset, sizes, units, seconds)
     out.mkdir(parents=True, exist_ok=True)
-    job = Job(dataset, out, config, train_config, state, on_progress, should_stop,
+    job = Job(dataset, out, config, train_configs, state, on_progress, should_stop,
               spent_before=state["spent_seconds"])
     job.save()
     if not search(job):

@@ -10,7 +10,7 @@ from typing import Any
 
 from .compress_config import SEARCHED
 from .config import MODELS
-from .options import add_data_options, data_config_from_options
+from .options import add_data_options, add_recipe_option, data_config_from_options
 
 
 def add_compress_command(sub) -> None:
@@ -34,6 +34,7 @@ def add_compress_command(sub) -> None:
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch default)")
     p.add_argument("--no-labels", dest="labels", action="store_false",
                    help="leave the label files beside the triples out of every bundle (their bytes too)")
+    add_recipe_option(p)
     add_data_options(p)
     p.set_defaults(func=cmd_compress)
 
@@ -49,14 +50,15 @@ def _show(progress: dict[str, Any]) -> None:
 def cmd_compress(a: argparse.Namespace) -> int:
     from .compress import PICK, compress, pick_metrics
     from .compress_config import CompressConfig
-    from .config import TrainConfig
     from .data import load_dataset
+    from .options import train_configs_from_options
 
     config = CompressConfig.from_text(a.max_bytes, a.time_limit, models=a.models, precisions=a.precisions,
                                       metric=a.metric, seed=a.seed)
-    train_config = TrainConfig(progress=False, device=a.device, threads=a.threads, seed=a.seed)
+    train_configs = train_configs_from_options({"progress": False, "device": a.device, "threads": a.threads,
+                                                "seed": a.seed}, recipe=a.recipe)
     dataset = load_dataset(a.data, data=data_config_from_options(vars(a)), labels=a.labels)
-    report = compress(dataset, a.out, config, train_config=train_config, on_progress=_show)
+    report = compress(dataset, a.out, config, train_configs=train_configs, on_progress=_show)
     assert report is not None  # nothing stops the command line's job but a signal, which ends the process
     print(json.dumps({"bundle": str(Path(a.out) / PICK), **pick_metrics(report)}, indent=2))
     return 0

@@ -39,6 +39,7 @@ def build_report(job: Job, rows: list[dict[str, Any]], pick: dict[str, Any], tes
                  f"codebooks, fine-tuned; other weights int8), metrics padded to {METRICS_ROOM} header bytes; every "
                  "written file was checked against its prediction",
         "candidates": job.state["candidates"],
+        "train": {model: job.train_configs[model].to_dict() for model in job.config.models},
         "rungs": [{"index": r["index"], "survivors": r["survivors"], "budget_seconds": r.get("budget_seconds"),
                    "scores": {n: v["score"] for n, v in r["results"].items()}} for r in job.state["rungs"]],
         "exports": rows,

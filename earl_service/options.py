@@ -9,6 +9,8 @@ form and in a job's params. Bounds come in two tiers:
     (dim <= 1024, at most a week); only the job form applies them, on top of the hard ones.
 `cli_only` options (device, threads, progress, ...) are the worker's own business and stay out of the form;
 the form's service-only fields (precision, nproc_per_node) live in api/schemas.py.
+An option the user gives wins over the named recipe's value (earl_service/recipes.py), which wins over the
+dataclass default; `--config FILE` takes every setting from the file instead.
 """
 
 from __future__ import annotations
@@ -20,8 +22,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
-from .config import DataConfig, ModelConfig, Text, TrainConfig
+from .config import MODELS, DataConfig, ModelConfig, ModelKind, Text, TrainConfig
 from .errors import ConfigError
+from .recipes import DEFAULT, RECIPES, recipe_fields, recipe_values
 
 if TYPE_CHECKING:  # pydantic comes with the service extras; `earl train` runs without it
     from pydantic import BaseModel
@@ -89,15 +92,34 @@ OPTIONS = _table()
 FORM_OPTIONS = tuple(o for o in OPTIONS if not o.cli_only)
 
 
-def configs_from_options(values: Mapping[str, Any]) -> tuple[ModelConfig, TrainConfig]:
-    """Configs from option values keyed by public name (a parsed command line, a job's params); options
-    missing from `values` keep the dataclass default, other keys are ignored. ConfigError for a bad value."""
+def configs_from_options(values: Mapping[str, Any], *, recipe: str | None = None) -> tuple[ModelConfig, TrainConfig]:
+    """Configs from option values keyed by public name (a parsed command line, a job's params), other keys
+    ignored. An option in `values` was set by the user and wins; a training field it leaves out takes recipe
+    `recipe`'s value for the model kind where the recipe sets one, else the dataclass default (the paper's).
+    ConfigError for a bad value or an unknown recipe."""
     kwargs: dict[type, dict[str, Any]] = {cls: {} for cls in CONFIGS}
     for option in OPTIONS:
         if option.name in values:
             for cls, field in option.fields:
                 kwargs[cls][field] = option.value(values[option.name])
-    return ModelConfig(**kwargs[ModelConfig]), TrainConfig(**kwargs[TrainConfig])
+    model = ModelConfig(**kwargs[ModelConfig])
+    base = recipe_values(recipe, model.model) if recipe else {}
+    return model, TrainConfig(**{**base, **kwargs[TrainConfig]})
+
+
+def train_configs_from_options(values: Mapping[str, Any], *, recipe: str | None) -> dict[ModelKind, TrainConfig]:
+    """One TrainConfig per model kind, as configs_from_options for that kind (a compress job trains several)."""
+    return {model: configs_from_options({**values, "model": model}, recipe=recipe)[1] for model in MODELS}
+
+
+def recipe_options(recipe: str, model: ModelKind) -> dict[str, Any]:
+    """The job form options recipe `recipe` sets for `model`, as the form writes them (a job's params)."""
+    values, options = recipe_values(recipe, model), {}
+    for option in FORM_OPTIONS:
+        for cls, field in option.fields:
+            if cls is TrainConfig and field in values:
+                options[option.name] = option.text.format(values[field]) if option.text else values[field]
+    return options
 
 
 def data_config_from_options(values: Mapping[str, Any]) -> DataConfig:
@@ -123,34 +145,54 @@ def _cli_type(parse: Callable[[str], Any]) -> Callable[[str], Any]:
     return convert
 
 
+def _recipe_sets(option: Option) -> bool:
+    """Whether some recipe sets `option`'s training field."""
+    return any(cls is TrainConfig and field in recipe_fields() for cls, field in option.fields)
+
+
+def _shown_default(option: Option) -> str:
+    """The default as help shows it; a field some recipe sets says so (the dataclass default is the paper's)."""
+    shown = option.text.format(option.default) if option.text else str(option.default)
+    return f"the recipe's, else {shown}" if _recipe_sets(option) else shown
+
+
 def _add_argument(group: argparse._ArgumentGroup, option: Option) -> None:
+    """The option's flags; its default stays out of the namespace (argparse.SUPPRESS), so that an option in the
+    parsed values is one the user gave: it wins over the recipe (configs_from_options)."""
     help_text = option.help.replace("%", "%%")
+    given_only: dict[str, Any] = {"dest": option.name, "default": argparse.SUPPRESS}
     if option.type == bool | None:  # three states: --header, --no-header, or neither (detect)
-        group.add_argument(*option.flags, dest=option.name, action=argparse.BooleanOptionalAction,
-                           default=option.default, help=help_text)
+        group.add_argument(*option.flags, action=argparse.BooleanOptionalAction, help=help_text, **given_only)
         return
     if option.type is bool and option.default:  # a switch that turns an option off: --no-progress
-        group.add_argument(f"--no-{option.name.replace('_', '-')}", dest=option.name, action="store_false",
-                           help=f"{help_text} (default: on; this switch turns it off)")
+        group.add_argument(f"--no-{option.name.replace('_', '-')}", action="store_false",
+                           help=f"{help_text} (default: on; this switch turns it off)", **given_only)
         return
     if option.type is bool:
-        group.add_argument(*option.flags, dest=option.name, action="store_true", help=f"{help_text} (default: off)")
+        group.add_argument(*option.flags, action="store_true", help=f"{help_text} (default: off)", **given_only)
         return
-    if option.text:
-        kind, default = _cli_type(option.text.parse), option.text.format(option.default)  # argparse parses it
-    else:
-        kind, default = (str if option.choices else option.type), option.default
-    group.add_argument(*option.flags, dest=option.name, type=kind, default=default, choices=option.choices or None,
-                       metavar=option.metavar, help=f"{help_text} (default: %(default)s)")
+    kind = _cli_type(option.text.parse) if option.text else (str if option.choices else option.type)
+    default = _shown_default(option).replace("%", "%%")
+    group.add_argument(*option.flags, type=kind, choices=option.choices or None, metavar=option.metavar,
+                       help=f"{help_text} (default: {default})", **given_only)
+
+
+def add_recipe_option(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+    """--recipe: the named training settings that options not given take (`earl train`, `earl compress`)."""
+    parser.add_argument("--recipe", choices=tuple(RECIPES), default=DEFAULT,
+                        help="named training settings per model kind for the options not given (paper: the "
+                             "paper's; default: the measured best, docs/training.md#recipes) (default: %(default)s)")
 
 
 def add_train_options(parser: argparse.ArgumentParser) -> None:
     """`earl train`'s model, training, sampled-training and data option groups."""
     groups = {key: parser.add_argument_group(title) for key, title in GROUPS.items()}
+    add_recipe_option(groups["training"])
     for option in OPTIONS:
         _add_argument(groups[option.group], option)
     # The switch that --compute replaced, still accepted.
-    groups["training"].add_argument("--bf16", dest="compute", action="store_const", const="bf16", help=argparse.SUPPRESS)
+    groups["training"].add_argument("--bf16", dest="compute", action="store_const", const="bf16",
+                                    default=argparse.SUPPRESS, help=argparse.SUPPRESS)
 
 
 def add_data_options(parser: argparse.ArgumentParser) -> None:
@@ -172,16 +214,29 @@ def _form_field(option: Option) -> tuple[Any, Any]:
     elif option.text:
         kind, default = str, option.text.format(option.default)
         constraints["pattern"] = option.text.pattern
-    return kind, Field(default, description=option.help, **constraints)
+    help_text = f"{option.help} (not given: the recipe's value, else this default)" if _recipe_sets(option) \
+        else option.help
+    return kind, Field(default, description=help_text, **constraints)
+
+
+def _recipe_field() -> tuple[Any, Any]:
+    from pydantic import Field
+
+    return Literal[tuple(RECIPES)], Field(DEFAULT, description=(
+        "named training settings per model kind for the options not given (paper: the paper's; default: the "
+        "measured best; docs/training.md#recipes)"))
 
 
 def form_model(name: str = "TrainOptions") -> type[BaseModel]:
-    """The job form's training options as a pydantic model (unknown fields are the route's to refuse)."""
+    """The job form's training options as a pydantic model (unknown fields are the route's to refuse); which
+    fields a request set (`model_fields_set`) decides what its recipe fills in (api/compress_jobs.job_params)."""
     from pydantic import ConfigDict, create_model
 
-    fields: dict[str, Any] = {option.name: _form_field(option) for option in FORM_OPTIONS}
+    fields: dict[str, Any] = {"recipe": _recipe_field(),
+                              **{option.name: _form_field(option) for option in FORM_OPTIONS}}
     return create_model(name, __config__=ConfigDict(extra="ignore"), **fields)
 
 
-__all__ = ["FORM_OPTIONS", "OPTIONS", "Option", "add_data_options", "add_train_options", "configs_from_options",
-           "data_cli_args", "data_config_from_options", "form_model"]
+__all__ = ["FORM_OPTIONS", "OPTIONS", "Option", "add_data_options", "add_recipe_option", "add_train_options",
+           "configs_from_options", "data_cli_args", "data_config_from_options", "form_model", "recipe_options",
+           "train_configs_from_options"]

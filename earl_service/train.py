@@ -375,11 +375,13 @@ def train(
     dataset: Dataset, model_config: ModelConfig, train_config: TrainConfig, out_dir: str | os.PathLike, *,
     resume: bool = False, final_eval: bool = True, protocol: str = "seen", on_progress: ProgressCallback | None = None,
     should_stop: Callable[[], bool] | None = None, write_bundle: bool = True, command: Sequence[str] | None = None,
+    recipe: str | None = None,
 ) -> dict[str, Any]:
     """Train, keep the best checkpoint by valid MRR, evaluate it, write metrics.json; returns the metrics.
 
     metrics.json (and the bundle's copy) records the run's provenance: versions, git commit, each split's sha256
-    and `command` (default: this process's command line).
+    and `command` (default: this process's command line), and `recipe`: the name of the recipe the caller
+    resolved the configs with (earl_service/recipes.py; None: the configs as given).
 
     Under an initialised torch.distributed process group of several ranks (`earl train --nproc-per-node`),
     every rank calls this: each takes its slice of every global batch, DDP all-reduces the gradients, and rank 0
@@ -419,6 +421,7 @@ def train(
         return {"rank": ranks.rank, "world_size": ranks.world, "steps": state.step, "stopped": state.stopped}
     metrics = _final_metrics(learner, state, checkpoints, memory=memory, extension=extension, protocol=protocol,
                              final_eval=final_eval, command=command)
+    metrics["recipe"] = recipe
     bundle = _bundle(run, metrics) if write_bundle else None
     write_run_outputs(out, metrics, state.history, bundle=bundle)
     return metrics

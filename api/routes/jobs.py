@@ -10,7 +10,7 @@ from earl_service.errors import UnknownJobError
 from earl_service.options import data_config_from_options
 from earl_service.worker.records import STATES, TERMINAL, Job, new_id
 
-from ..compress_jobs import check_uploads, job_params
+from ..compress_jobs import check_uploads, job_params, trained_params
 from ..deps import HomeDep, JobId, SettingsDep, StoreDep, presented_token
 from ..errors import NOT_FOUND
 from ..limits import bounded_job_params, client_key, unfinished_jobs
@@ -53,8 +53,8 @@ def create_job(request: Request, settings: SettingsDep, home: HomeDep, store: St
     """
     client = client_key(settings, token=presented_token(request.scope["headers"]),
                         address=request.client.host if request.client else None)
-    stored, compress = job_params(form.model_dump())
-    params = bounded_job_params(stored, settings) | {"client": client}
+    stored, compress = job_params(form.model_dump(), given=form.model_fields_set)
+    params = bounded_job_params(stored, settings, trained=trained_params(stored, compress)) | {"client": client}
     if (unfinished := unfinished_jobs(store, client)) >= settings.max_queued_jobs:
         raise HTTPException(429, f"this client already has {unfinished} unfinished (queued or running) jobs, the "
                                  f"most this server allows (EARL_MAX_QUEUED_JOBS={settings.max_queued_jobs}); wait "

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from ..compress_config import CompressConfig
-from ..config import TrainConfig
+from ..config import ModelKind, TrainConfig
 from ..errors import ConfigError
 from .home import ServiceHome
 from .records import Job
@@ -44,7 +44,8 @@ def job_progress(event: dict[str, Any], *, resumed: bool) -> dict[str, Any]:
     return {"job": "compress", **event, "time_left": round(event["time_left"], 1), "resumed": resumed}
 
 
-def run_compress(home: ServiceHome, job: Job, *, search: CompressConfig, train_config: TrainConfig,
+def run_compress(home: ServiceHome, job: Job, *, search: CompressConfig,
+                 train_configs: Mapping[ModelKind, TrainConfig],
                  on_progress: Callable[[dict[str, Any]], None], should_stop: Callable[[], bool]) -> Path | None:
     """compress() as `search` (compress_settings of the job's params) asks, on the job's uploads in runs/<job>/;
     the pick's path, or None when stopped. A rerun (the job requeued after a worker stopped or died) continues
@@ -58,7 +59,7 @@ def run_compress(home: ServiceHome, job: Job, *, search: CompressConfig, train_c
     if resumed:
         log.info("job %s: continuing the compress search saved in %s", job.id, home.relative(run_dir))
     dataset = load_dataset(uploads, data=data_config_from_options(job.params))
-    report = compress(dataset, run_dir, search, train_config=train_config, should_stop=should_stop,
+    report = compress(dataset, run_dir, search, train_configs=train_configs, should_stop=should_stop,
                       on_progress=lambda event: on_progress(job_progress(event, resumed=resumed)))
     return None if report is None else run_dir / PICK
 

@@ -18,9 +18,15 @@ from pathlib import Path
 from typing import Any
 
 from ..compress_config import CompressConfig
-from ..config import ModelConfig, TrainConfig
+from ..config import ModelConfig, ModelKind, TrainConfig
 from ..errors import DatasetError, EarlError
-from ..options import FORM_OPTIONS, configs_from_options, data_cli_args, data_config_from_options
+from ..options import (
+    FORM_OPTIONS,
+    configs_from_options,
+    data_cli_args,
+    data_config_from_options,
+    train_configs_from_options,
+)
 from .compress_job import compress_settings
 from .home import ServiceHome
 from .housekeeping import sweep_staging
@@ -52,11 +58,22 @@ class WorkerConfig:
     nproc_per_node: int = 0  # > 0: train through torchrun with this many DDP processes (a job's own value wins)
 
 
+def _given(params: dict[str, Any], cfg: WorkerConfig) -> dict[str, Any]:
+    """The job's form fields (the option table's names) that hold a value (None: the recipe's, per model kind);
+    where the job runs (device, threads) is the worker's choice, and nobody watches a progress bar."""
+    values = {option.name: params[option.name] for option in FORM_OPTIONS if params.get(option.name) is not None}
+    return {**values, "device": cfg.device, "threads": cfg.threads, "progress": False}
+
+
 def configs_from_params(params: dict[str, Any], cfg: WorkerConfig) -> tuple[ModelConfig, TrainConfig]:
-    """The job's form fields (the option table's names) as the library's configs; where the job runs (device,
-    threads) is the worker's choice, and nobody watches a progress bar."""
-    values = {option.name: params[option.name] for option in FORM_OPTIONS if option.name in params}
-    return configs_from_options({**values, "device": cfg.device, "threads": cfg.threads, "progress": False})
+    """The job's params as the library's configs, its recipe (params["recipe"]; a job queued before recipes has
+    none and every value) under the values it holds."""
+    return configs_from_options(_given(params, cfg), recipe=params.get("recipe"))
+
+
+def train_configs_from_params(params: dict[str, Any], cfg: WorkerConfig) -> dict[ModelKind, TrainConfig]:
+    """A compress job's TrainConfig per model kind, as configs_from_params."""
+    return train_configs_from_options(_given(params, cfg), recipe=params.get("recipe"))
 
 
 class _Heartbeat(threading.Thread):
@@ -231,10 +248,10 @@ class Worker:
         nproc = int(job.params.get("nproc_per_node") or self.config.nproc_per_node)
         if nproc > 0:
             _train_torchrun(uploads, run_dir, model_cfg, train_cfg, nproc, resume=resume, beat=beat,
-                            should_stop=should_stop, extra_args=data_cli_args(data))
+                            should_stop=should_stop, extra_args=data_cli_args(data), recipe=job.params.get("recipe"))
         else:
             train(dataset, model_cfg, train_cfg, run_dir, resume=resume, final_eval=True,
-                  on_progress=beat.report, should_stop=should_stop)
+                  on_progress=beat.report, should_stop=should_stop, recipe=job.params.get("recipe"))
         # Our own flag, not metrics["stopped"]: a resumed run may carry its predecessor's stop reason.
         if beat.lost or (asked_to_stop and beat.cancelled):
             return None
@@ -248,12 +265,12 @@ class Worker:
         returns the model id, or None if the job was cancelled. A stop for shutdown requeues it (_Interrupted)."""
         from .compress_job import publish_pick, run_compress
 
-        _, train_cfg = configs_from_params(job.params, self.config)
+        train_cfgs = train_configs_from_params(job.params, self.config)
 
         def forward(progress: dict[str, Any]) -> None:
             beat.progress = progress
 
-        pick = run_compress(self.home, job, search=search, train_config=train_cfg, on_progress=forward,
+        pick = run_compress(self.home, job, search=search, train_configs=train_cfgs, on_progress=forward,
                             should_stop=lambda: beat.cancelled or beat.lost or self._stop.is_set())
         if pick is None:
             if beat.cancelled or beat.lost:
@@ -275,7 +292,7 @@ class Worker:
 
 
 def _train_torchrun(uploads: Path, run_dir: Path, model_cfg: ModelConfig, train_cfg: TrainConfig, nproc: int, *,
-                    resume: bool, beat: _Heartbeat, should_stop, extra_args: list[str]) -> None:
+                    resume: bool, beat: _Heartbeat, should_stop, extra_args: list[str], recipe: str | None) -> None:
     """`earl train --nproc-per-node N` in a subprocess: progress comes back through a file, a stop request goes
     out as SIGTERM (every rank checkpoints at its next step), the command's error message becomes the job's."""
     import json
@@ -289,7 +306,8 @@ def _train_torchrun(uploads: Path, run_dir: Path, model_cfg: ModelConfig, train_
     run_dir.mkdir(parents=True, exist_ok=True)
     threads = max(1, train_cfg.threads // nproc) if train_cfg.threads else 0  # the worker's threads, shared
     config = run_dir / "job_config.json"
-    write_json(config, {"model": model_cfg.to_dict(), "train": replace(train_cfg, threads=threads).to_dict()})
+    write_json(config, {"model": model_cfg.to_dict(), "train": replace(train_cfg, threads=threads).to_dict(),
+                        "recipe": recipe})  # recorded by the run; its values are already in "train"
     progress, log_path = run_dir / "progress.json", run_dir / "train.log"
     cmd = [sys.executable, "-m", "earl_service.cli", "train", str(uploads), "--out", str(run_dir), "--config",
            str(config), "--progress-file", str(progress), "--nproc-per-node", str(nproc),
@@ -316,4 +334,4 @@ class _Interrupted(Exception):
     """Training stopped because the worker is shutting down (not cancelled): requeue the job."""
 
 
-__all__ = ["Worker", "WorkerConfig", "configs_from_params"]
+__all__ = ["Worker", "WorkerConfig", "configs_from_params", "train_configs_from_params"]

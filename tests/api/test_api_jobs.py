@@ -5,6 +5,8 @@ from fastapi.testclient import TestClient
 
 from api.main import create_app
 from api.settings import Settings
+from earl_service.options import recipe_options
+from earl_service.recipes import DEFAULT, PAPER, RECIPES
 
 TOKEN = "s3cret-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -137,3 +139,27 @@ def test_bad_relation_labels_are_422(client, labels, reason):
     r = client.post("/jobs", files={"train": ("train.txt", GOOD), "relation_labels": ("rel.json", labels)},
                     headers=AUTH)
     assert r.status_code == 422 and reason in r.json()["detail"]
+
+
+@pytest.mark.parametrize(("data", "recipe"), [({}, DEFAULT), ({"recipe": PAPER}, PAPER), ({"model": "rotate"}, DEFAULT),
+                                              ({"recipe": PAPER, "model": "rotate"}, PAPER)])
+def test_a_job_stores_its_recipe_and_the_values_it_fills_in(client, data, recipe):
+    r = post_job(client, data=data)
+    assert r.status_code == 202, r.text
+    params = client.get(f"/jobs/{r.json()['id']}").json()["params"]
+    expected = recipe_options(recipe, params["model"])
+    assert params["recipe"] == recipe and {k: params[k] for k in expected} == expected
+
+
+def test_a_job_option_given_wins_over_its_recipe(client):
+    r = post_job(client, data={"lr": "0.0123", "lr_schedule": "cosine"})
+    params = client.get(f"/jobs/{r.json()['id']}").json()["params"]
+    rest = {k: v for k, v in recipe_options(DEFAULT, "earl").items() if k not in ("lr", "lr_schedule")}
+    assert (params["lr"], params["lr_schedule"]) == (0.0123, "cosine")
+    assert {k: params[k] for k in rest} == rest
+
+
+def test_unknown_recipe_is_422_with_the_names(client):
+    r = post_job(client, data={"recipe": "fast"})
+    assert r.status_code == 422 and "recipe" in r.text and all(name in r.text for name in RECIPES)
+    assert client.get("/jobs").json() == []

@@ -15,6 +15,8 @@ from api.settings import Settings
 from earl_service.budget import BundleSizes
 from earl_service.compress_config import PAD_KEY
 from earl_service.data import load_dataset
+from earl_service.options import recipe_options
+from earl_service.recipes import DEFAULT, RECIPES
 
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 
@@ -145,3 +147,18 @@ def test_a_compress_jobs_train_file_gets_the_upload_checks(client, tmp_path):
         r = client.post("/jobs", files=files, data=form, headers=AUTH)
         assert r.status_code == 422 and "a name is 1,001 characters long" in r.text, form
     assert client.get("/jobs").json() == [] and not any((tmp_path / "uploads").iterdir())
+
+
+def test_a_compress_job_leaves_the_recipe_values_to_each_candidates_model(client):
+    params = client.get(f"/jobs/{post(client, {'max_bytes': '1MB', 'time_limit': '2'}).json()['id']}").json()["params"]
+    left = set(recipe_options(DEFAULT, "earl")) | set(recipe_options(DEFAULT, "rotate"))
+    assert params["recipe"] == DEFAULT and all(params[k] is None for k in left)  # the worker fills them per model
+    given = post(client, {"max_bytes": "1MB", "time_limit": "2", "lr": "0.0123"}).json()["id"]
+    assert client.get(f"/jobs/{given}").json()["params"]["lr"] == 0.0123
+
+
+def test_the_servers_caps_apply_to_the_values_a_recipe_gives_each_model(client, monkeypatch):
+    monkeypatch.setitem(RECIPES[DEFAULT], "rotate", {"batch_size": 4096, "negatives": 4096})
+    r = post(client, {"max_bytes": "1MB", "time_limit": "2", "models": "earl,rotate"})
+    assert r.status_code == 422 and "EARL_MAX_BATCH_X_NEGATIVES" in r.text
+    assert post(client, {"max_bytes": "1MB", "time_limit": "2", "models": "earl"}).status_code == 202

@@ -19,14 +19,14 @@ from earl_service.bundle_format import PRECISIONS
 from earl_service.cli import bundle_info, main
 from earl_service.compress import PICK, STATE, compress
 from earl_service.compress_config import CompressConfig, budget_floor, graph_bytes, parse_size
-from earl_service.config import TrainConfig
+from earl_service.config import MODELS, TrainConfig
 from earl_service.data import Dataset, Vocab, load_dataset
 from earl_service.errors import BundleError, ConfigError, DatasetError
 from earl_service.graph import choose_reserved
 from earl_service.labels import Labels
 from earl_service.model import build_model
 
-TINY = TrainConfig(batch_size=64, negatives=8, eval_every=0, progress=False, threads=1)
+TINY = dict.fromkeys(MODELS, TrainConfig(batch_size=64, negatives=8, eval_every=0, progress=False, threads=1))
 
 
 # ---------------------------------------------------------------- sizes
@@ -123,7 +123,7 @@ def tiny_job(tmp_path_factory):
     out = tmp_path_factory.mktemp("compress")
     config = CompressConfig(max_bytes=budget, time_limit_minutes=0.05, precisions=("fp32", "int8"))
     progress = []
-    report = compress(dataset, out, config, train_config=TINY, on_progress=progress.append)
+    report = compress(dataset, out, config, train_configs=TINY, on_progress=progress.append)
     return out, report, progress
 
 
@@ -192,7 +192,7 @@ def _killed_in_rung_1(dataset, out, config):
             raise Killed
 
     with pytest.raises(Killed):
-        compress(dataset, out, config, train_config=TINY, on_progress=kill_in_rung_1)
+        compress(dataset, out, config, train_configs=TINY, on_progress=kill_in_rung_1)
     return json.loads((out / STATE).read_text())
 
 
@@ -212,7 +212,7 @@ def test_a_killed_job_continues_after_its_last_completed_rung(tmp_path, monkeypa
         return real_train(dataset, model_config, train_config, out_dir, **kwargs)
 
     monkeypatch.setattr(compress_module, "train", spy)
-    report = compress(dataset, tmp_path, config, train_config=TINY)
+    report = compress(dataset, tmp_path, config, train_configs=TINY)
     later = [name for rung in report["rungs"][1:] for name in rung["survivors"]]
     assert trained == later  # rung 0 was not trained again
     assert report["rungs"][0]["scores"] == {n: r["score"] for n, r in before["rungs"][0]["results"].items()}
@@ -224,7 +224,7 @@ def test_a_killed_job_continues_after_its_last_completed_rung(tmp_path, monkeypa
 def test_a_stopped_job_returns_none_and_trains_nothing(tmp_path, monkeypatch):
     monkeypatch.setattr(compress_module, "train", _never)
     config = CompressConfig(max_bytes=50_000, time_limit_minutes=1, models=("rotate",))
-    assert compress(tiny_dataset(), tmp_path, config, train_config=TINY, should_stop=lambda: True) is None
+    assert compress(tiny_dataset(), tmp_path, config, train_configs=TINY, should_stop=lambda: True) is None
     assert json.loads((tmp_path / STATE).read_text())["rungs"][0]["results"] == {}
 
 
@@ -249,7 +249,7 @@ def test_a_budget_below_the_smallest_bundle_fails_before_training(tmp_path, monk
 def test_a_time_limit_shorter_than_one_validation_fails(tmp_path, monkeypatch):
     monkeypatch.setattr(compress_module, "train", _never)
     with pytest.raises(ConfigError, match="too short"):
-        compress(tiny_dataset(), tmp_path, CompressConfig(max_bytes=50_000, time_limit_minutes=1e-6), train_config=TINY)
+        compress(tiny_dataset(), tmp_path, CompressConfig(max_bytes=50_000, time_limit_minutes=1e-6), train_configs=TINY)
 
 
 def test_candidates_are_dropped_until_validation_leaves_time_to_train():
@@ -349,7 +349,7 @@ def test_a_killed_job_with_pq_candidates_continues(tmp_path, monkeypatch):
         return real_train(dataset, model_config, train_config, out_dir, **kwargs)
 
     monkeypatch.setattr(compress_module, "train", spy)
-    report = compress(dataset, tmp_path, config, train_config=TINY)
+    report = compress(dataset, tmp_path, config, train_configs=TINY)
     assert trained == [name for rung in report["rungs"][1:] for name in rung["survivors"]]
     assert report["rungs"][0]["scores"] == {n: r["score"] for n, r in first.items()}
     pick = report["pick"]

@@ -13,6 +13,7 @@ from earl_service.options import GROUPS, OPTIONS, data_cli_args, data_config_fro
 from earl_service.worker.loop import WorkerConfig, configs_from_params
 
 pytest.importorskip("fastapi")
+from api.compress_jobs import job_params  # noqa: E402
 from api.schemas import CompressForm, TrainForm  # noqa: E402
 
 CLI_ONLY = {"temperature", "eval_batch_size", "eval_max_triples", "checkpoint_every", "compute", "device", "threads",
@@ -26,15 +27,17 @@ CHANGED = {"model": "rotate", "dim": "32", "reserved_ratio": "0.2", "k": "5", "l
            "no_mulhop": "true", "seed": "7", "steps": "50", "batch_size": "64", "negatives": "8", "lr": "0.01",
            "eval_every": "5", "patience": "3", "time_limit": "2.5", "sampled": "true", "fanout": "5,all",
            "negative_chunk": "16", "lr_schedule": "cosine", "warmup": "0.1", "lr_floor": "0.05",
-           "encoder_lr": "0.0005", "header": "true", "columns": "h,t,r"}
+           "encoder_lr": "0.0005", "header": "true", "columns": "h,t,r", "recipe": "paper"}
 
 
 def cli_configs(*args):
-    return _configs(build_parser().parse_args(["train", "data", "--out", "run", *args]))
+    return _configs(build_parser().parse_args(["train", "data", "--out", "run", *args]))[:2]
 
 
 def worker_configs(form):
-    return configs_from_params(TrainForm.model_validate(form).model_dump(), WORKER)
+    """The configs the worker trains a job of this form with (the params as POST /jobs stores them)."""
+    validated = TrainForm.model_validate(form)
+    return configs_from_params(job_params(validated.model_dump(), given=validated.model_fields_set)[0], WORKER)
 
 
 def as_worker_runs(configs):
@@ -64,9 +67,14 @@ def test_every_form_field_is_a_cli_option_and_back():
     assert set(CHANGED) == set(TrainForm.model_fields) - SERVICE_ONLY  # a new option needs a value above
 
 
-def test_defaults_are_the_dataclass_defaults_everywhere():
-    assert cli_configs() == (ModelConfig(), TrainConfig())
-    assert worker_configs({}) == as_worker_runs((ModelConfig(), TrainConfig()))
+def test_paper_recipe_defaults_are_the_dataclass_defaults_everywhere():
+    assert cli_configs("--recipe", "paper") == (ModelConfig(), TrainConfig())
+    assert worker_configs({"recipe": "paper"}) == as_worker_runs((ModelConfig(), TrainConfig()))
+
+
+def test_default_recipe_is_the_same_on_the_cli_and_the_worker():
+    for model in ("earl", "rotate"):
+        assert worker_configs({"model": model}) == as_worker_runs(cli_configs("--model", model))
 
 
 def test_the_same_values_give_the_same_configs():
