@@ -40,6 +40,11 @@ CANDIDATES = [
     ("linear 3e-3 bf16 batch 2048 neg 128", [*_LINEAR, "--lr", "3e-3", "--compute", "auto", "--batch-size", "2048",
                                              "--negatives", "128"]),
     ("linear 3e-3 bf16 neg 128", [*_LINEAR, "--lr", "3e-3", "--compute", "auto", "--negatives", "128"]),
+    ("linear 1e-2 bf16", [*_LINEAR, "--lr", "1e-2", "--compute", "auto"]),
+    ("cosine 5e-3 bf16", ["--recipe", "paper", "--lr-schedule", "cosine", "--warmup", "0.02", "--lr", "5e-3",
+                          "--compute", "auto"]),
+    ("linear 5e-3 bf16 batch 512", [*_LINEAR, "--lr", "5e-3", "--compute", "auto", "--batch-size", "512"]),
+    ("linear 5e-3 bf16 neg 128", [*_LINEAR, "--lr", "5e-3", "--compute", "auto", "--negatives", "128"]),
 ]
 GRIDS = {"recipes": RECIPES, "candidates": CANDIDATES}
 
