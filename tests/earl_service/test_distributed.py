@@ -25,8 +25,10 @@ def _write_tiny(folder):
     return folder
 
 
+# fp32 (not the default recipe's bf16 where native): one process and two shards then sum the same products.
 TINY = ["--steps", "8", "--dim", "4", "--k", "3", "--reserved-ratio", "0.2", "--batch-size", "30", "--negatives", "8",
-        "--eval-every", "2", "--patience", "1", "--eval-batch-size", "16", "--no-progress", "--threads", "1"]
+        "--eval-every", "2", "--patience", "1", "--eval-batch-size", "16", "--no-progress", "--threads", "1",
+        "--compute", "fp32"]
 
 
 @pytest.mark.parametrize("mode", [[], ["--sampled", "--fanout", "all", "--negative-chunk", "8"]],
