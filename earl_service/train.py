@@ -105,9 +105,11 @@ def loss_fn(
     """
     h, r, t = batch[:, 0], batch[:, 1], batch[:, 2]
     rel = relations[r]  # (B, d)
-    head_rot = scorer.rotate(entities[h], rel)  # h o r, (B, 2d)
-    tail_rot = scorer.rotate(entities[t], rel, inverse=True)  # conj(r) o t, (B, 2d)
-    pos = scorer.gamma - scorer.distance(head_rot, entities[t])  # (B,)
+    # One gather for heads and tails: its backward is one scatter into an (N, 2d) zero buffer, not one per use.
+    head, tail = entities[torch.cat([h, t])].chunk(2)  # (B, 2d) each
+    head_rot = scorer.rotate(head, rel)  # h o r, (B, 2d)
+    tail_rot = scorer.rotate(tail, rel, inverse=True)  # conj(r) o t, (B, 2d)
+    pos = scorer.gamma - scorer.distance(head_rot, tail)  # (B,)
     # Tail corruptions compare h o r with t'; head corruptions compare h' with conj(r) o t (|r_i| = 1).
     query = torch.cat([head_rot, tail_rot])  # (2B, 2d)
     neg = scorer.gamma - rotate_distance(query, entities, torch.cat([neg_tails, neg_heads]))  # (2B, K)

@@ -294,3 +294,32 @@ def test_stop_rules_follow_rank_zero():
     assert rules.after_step(9, 0) is None and told.proposed == []  # off the cadence: nothing to agree on
     assert rules.after_step(10, 0) == "early_stopping" and told.proposed == [None]
     assert StopRules(patience=2, eval_every=5, ranks=_RankOne(None)).after_step(10, 0) is None
+
+
+def test_loss_equals_its_formula_in_values_and_gradients():
+    """loss = -(mean log s(g - d_pos) + mean_{b,side} sum_j w_j log s(d_neg_j - g)) / 2, w = softmax(a (g - d_neg))."""
+    from earl_service.config import ModelConfig as MC
+    from earl_service.model import RotatE as Scorer
+    from earl_service.train import loss_fn
+
+    gen = torch.Generator().manual_seed(0)
+    scorer = Scorer(MC(dim=3))
+    entities = torch.randn(12, 6, dtype=torch.float64, generator=gen, requires_grad=True)
+    relations = torch.randn(4, 3, dtype=torch.float64, generator=gen, requires_grad=True)
+    batch = torch.tensor([[0, 1, 2], [3, 0, 3], [5, 2, 5]])  # a self-loop, a repeated relation
+    neg_heads, neg_tails = (torch.randint(0, 12, (3, 5), generator=gen) for _ in range(2))
+    loss = loss_fn(scorer, entities, relations, batch, neg_heads, neg_tails, 0.5)
+
+    h, r, t = batch.T
+    rel = relations[r]
+    pos = scorer.gamma - scorer.distance(scorer.rotate(entities[h], rel), entities[t])
+    tail_neg = scorer.gamma - scorer.distance(scorer.rotate(entities[h], rel)[:, None], entities[neg_tails])
+    head_neg = scorer.gamma - scorer.distance(scorer.rotate(entities[t], rel, inverse=True)[:, None],
+                                              entities[neg_heads])
+    neg_terms = [(torch.softmax(0.5 * n, 1).detach() * torch.nn.functional.logsigmoid(-n)).sum(1)
+                 for n in (tail_neg, head_neg)]
+    expected = -(torch.nn.functional.logsigmoid(pos).mean() + torch.cat(neg_terms).mean()) / 2
+    torch.testing.assert_close(loss, expected)
+    for a, b in zip(torch.autograd.grad(loss, [entities, relations]),
+                    torch.autograd.grad(expected, [entities, relations]), strict=True):
+        torch.testing.assert_close(a, b)
