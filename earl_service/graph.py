@@ -11,7 +11,7 @@ import numpy as np
 import torch
 
 from .core import knn as core_knn
-from .kernels import csr_mm
+from .kernels import csr_mm, csr_mm_sum
 
 
 def csr_tensor(crow: np.ndarray, cols: np.ndarray, values: np.ndarray, shape: tuple[int, int], *,
@@ -81,6 +81,28 @@ class _SpMM(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         return None, None, _sparse_dense(ctx.mat_t, grad, ctx.dtype)
+
+
+def aggregate(a: SparsePair, x: torch.Tensor, b: SparsePair, y: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    """a @ x + b @ y + bias, differentiable in x, y and bias: one pass of the C++ kernel on a CPU (no (N, w)
+    partial products to write, read and add), else the two sparse products and the sums."""
+    return _SpMMSum.apply(a.mat, a.mat_t, x, b.mat, b.mat_t, y, bias)
+
+
+class _SpMMSum(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, a, a_t, x, b, b_t, y, bias):
+        ctx.a_t, ctx.b_t, ctx.dtypes = a_t, b_t, (x.dtype, y.dtype, bias.dtype)
+        out = csr_mm_sum(a, x, b, y, bias)
+        if out is None:
+            out = _sparse_dense(a, x, a.dtype) + _sparse_dense(b, y, b.dtype) + bias.to(a.dtype)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        x_dtype, y_dtype, bias_dtype = ctx.dtypes
+        return (None, None, _sparse_dense(ctx.a_t, grad, x_dtype), None, None, _sparse_dense(ctx.b_t, grad, y_dtype),
+                grad.sum(0).to(bias_dtype))
 
 
 def knn_tables(features: core_knn.SparseRows, reserved: np.ndarray, *, k: int, temperature: float,

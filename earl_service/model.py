@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .config import ModelConfig
-from .graph import Graph
+from .graph import Graph, aggregate
 
 
 class RotatE:
@@ -82,7 +82,7 @@ class GNNLayer(nn.Module):
         rel_out = F.linear(rel, self.out_rel.weight, self.out_rel.bias + self.out_ent.bias)  # (R, 2d)
         rel_in = F.linear(rel, self.in_rel.weight, self.in_rel.bias + self.in_ent.bias)  # (R, 2d)
         assert graph.message is not None
-        h = graph.message @ ent_rows + graph.conrel @ torch.cat([rel_out, rel_in]) + self.self_loop.bias  # (N, 2d)
+        h = aggregate(graph.message, ent_rows, graph.conrel, torch.cat([rel_out, rel_in]), self.self_loop.bias)  # (N, 2d)
         r = self.rel_update(rel)  # (R, d)
         if self.activation:
             h, r = F.relu(h), F.relu(r)

@@ -199,6 +199,24 @@ def csr_mm(mat: torch.Tensor, dense: torch.Tensor, *, out_dtype: torch.dtype | N
     return ext.csr_mm(mat.crow_indices(), mat.col_indices(), mat.values(), dense, bf16_out)
 
 
+def csr_mm_sum(a: torch.Tensor, x: torch.Tensor, b: torch.Tensor, y: torch.Tensor, bias: torch.Tensor,
+               ) -> torch.Tensor | None:
+    """a @ x + b @ y + bias by the C++ kernel in one pass (each output row written once), in the matrices' dtype;
+    x and y may be bfloat16 for float32 matrices. None where the kernel does not apply."""
+    tensors = (a, x, b, y, bias)
+    if any(t.device.type != "cpu" for t in tensors) or a.layout != torch.sparse_csr or b.layout != torch.sparse_csr:
+        return None
+    if a.dtype not in (torch.float32, torch.float64) or b.dtype != a.dtype or bias.dtype != a.dtype:
+        return None
+    if any(t.dtype != a.dtype and not (a.dtype == torch.float32 and t.dtype == torch.bfloat16) for t in (x, y)):
+        return None
+    ext = _load_extension()
+    if ext is None:
+        return None
+    return ext.csr_mm_sum(a.crow_indices(), a.col_indices(), a.values(), x, b.crow_indices(), b.col_indices(),
+                          b.values(), y, bias)
+
+
 @torch.no_grad()
 def rotate_distance_all(q: torch.Tensor, ent: torch.Tensor, chunk: int = 16) -> torch.Tensor:
     """dist[b, j] = sum_i |q[b, i] - ent[j, i]| for every query and entity: (B, 2d), (N, 2d) -> (B, N)."""

@@ -166,72 +166,118 @@ torch::Tensor rotate_dist_all(torch::Tensor q, torch::Tensor ent, double eps) {
   return out;
 }
 
-// out[i] = sum_p val[p] * x[col[p]] over row i's entries p in [crow[i], crow[i + 1]), summed in V's precision in a
-// row buffer that stays in L1, then stored as O (the matrix's dtype, or bfloat16 for a bf16 gradient).
-template <typename V, typename T, typename O>
-static void csr_rows(const int64_t* crow, const int64_t* col, const V* val, const T* x, O* out, int64_t n,
-                     int64_t w) {
-  at::parallel_for(0, n, 64, [&](int64_t begin, int64_t end) {
-    std::vector<V> acc(w);
-    for (int64_t i = begin; i < end; ++i) {
-      std::fill(acc.begin(), acc.end(), V(0));
-      V* a = acc.data();
-      for (int64_t p = crow[i]; p < crow[i + 1]; ++p) {
-        const V v = val[p];
-        const T* xr = x + col[p] * w;
+// One CSR matrix x dense rows: the arrays and the dense side, checked once.
+struct Csr {
+  torch::Tensor crow, col, val, x;
+
+  Csr(torch::Tensor crow_, torch::Tensor col_, torch::Tensor val_, torch::Tensor x_)
+      : crow(crow_.contiguous()), col(col_.contiguous()), val(val_.contiguous()), x(x_.contiguous()) {
+    TORCH_CHECK(crow.dim() == 1 && col.dim() == 1 && val.dim() == 1 && x.dim() == 2, "expected CSR arrays and x (M, w)");
+    TORCH_CHECK(crow.scalar_type() == torch::kLong && col.scalar_type() == torch::kLong, "int64 CSR indices");
+    TORCH_CHECK(!x.is_cuda() && !val.is_cuda(), "CPU tensors");
+    TORCH_CHECK(val.scalar_type() == torch::kFloat || val.scalar_type() == torch::kDouble, "float32/64 matrix values");
+    TORCH_CHECK(x.scalar_type() == val.scalar_type() ||
+                    (val.scalar_type() == torch::kFloat && x.scalar_type() == torch::kBFloat16),
+                "x must have the matrix's dtype (or bfloat16 for float32)");
+    const int64_t n = rows();
+    TORCH_CHECK(n >= 0 && col.numel() == val.numel() && crow[n].item<int64_t>() == col.numel(), "inconsistent CSR arrays");
+    const int64_t* c = col.data_ptr<int64_t>();
+    const int64_t m = x.size(0);
+    TORCH_CHECK(std::all_of(c, c + col.numel(), [m](int64_t j) { return j >= 0 && j < m; }),
+                "a column index is out of x's rows");
+  }
+  int64_t rows() const { return crow.numel() - 1; }
+};
+
+// acc[0:w) += sum_p val[p] * x[col[p]] over row i's entries, in V's precision.
+template <typename V, typename T>
+static inline void add_row(const Csr& a, const V* val, const T* x, int64_t i, int64_t w, V* acc) {
+  const int64_t* crow = a.crow.data_ptr<int64_t>();
+  const int64_t* col = a.col.data_ptr<int64_t>();
+  for (int64_t p = crow[i]; p < crow[i + 1]; ++p) {
+    const V v = val[p];
+    const T* xr = x + col[p] * w;
 #pragma omp simd
-        for (int64_t c = 0; c < w; ++c) a[c] += v * static_cast<V>(xr[c]);
-      }
-      O* o = out + i * w;
+    for (int64_t c = 0; c < w; ++c) acc[c] += v * static_cast<V>(xr[c]);
+  }
+}
+
+// f(typed pointer of t's data): float, double or bfloat16.
+template <typename F>
+static void with_data(const torch::Tensor& t, F f) {
+  if (t.scalar_type() == torch::kBFloat16)
+    f(t.data_ptr<at::BFloat16>());
+  else if (t.scalar_type() == torch::kDouble)
+    f(t.data_ptr<double>());
+  else
+    f(t.data_ptr<float>());
+}
+
+// out[i] = a[i] @ a.x (+ b[i] @ b.x) (+ bias): each row summed in V's precision in a buffer that stays in L1, then
+// stored once as O. Few output rows (a reduction, as a transposed ConRel matrix is) still split over threads.
+template <typename V, typename O>
+static void csr_rows(const Csr& a, const Csr* b, const V* bias, O* out, int64_t w) {
+  const int64_t n = a.rows();
+  const V* a_val = a.val.data_ptr<V>();
+  const V* b_val = b ? b->val.data_ptr<V>() : nullptr;
+  with_data(a.x, [&](auto* ax) {
+    with_data(b ? b->x : a.x, [&](auto* bx) {
+      at::parallel_for(0, n, n >= 4096 ? 64 : 1, [&](int64_t begin, int64_t end) {
+        std::vector<V> acc(w);
+        for (int64_t i = begin; i < end; ++i) {
+          V* s = acc.data();
+          if (bias)
+            std::copy(bias, bias + w, s);
+          else
+            std::fill(s, s + w, V(0));
+          add_row(a, a_val, ax, i, w, s);
+          if (b) add_row(*b, b_val, bx, i, w, s);
+          O* o = out + i * w;
 #pragma omp simd
-      for (int64_t c = 0; c < w; ++c) o[c] = static_cast<O>(a[c]);
-    }
+          for (int64_t c = 0; c < w; ++c) o[c] = static_cast<O>(s[c]);
+        }
+      });
+    });
   });
 }
 
-// The float32 matrix with a float32 or bfloat16 dense side, written as float32 or bfloat16.
-template <typename T>
-static void csr_rows_f32(const int64_t* r, const int64_t* c, torch::Tensor val, torch::Tensor x, torch::Tensor out,
-                         int64_t n, int64_t w) {
-  if (out.scalar_type() == torch::kBFloat16)
-    csr_rows<float, T, at::BFloat16>(r, c, val.data_ptr<float>(), x.data_ptr<T>(), out.data_ptr<at::BFloat16>(), n, w);
+// mat @ x in the matrix's precision, written in it or (a float32 matrix) as bfloat16.
+torch::Tensor csr_mm(torch::Tensor crow, torch::Tensor col, torch::Tensor val, torch::Tensor x, bool bf16_out) {
+  Csr a(crow, col, val, x);
+  const bool f32 = a.val.scalar_type() == torch::kFloat;
+  TORCH_CHECK(f32 || !bf16_out, "a bfloat16 result needs a float32 matrix");
+  const int64_t w = a.x.size(1);
+  auto out = torch::empty({a.rows(), w}, a.x.options().dtype(bf16_out ? torch::kBFloat16 : a.val.scalar_type()));
+  if (bf16_out)
+    csr_rows<float, at::BFloat16>(a, nullptr, nullptr, out.data_ptr<at::BFloat16>(), w);
+  else if (f32)
+    csr_rows<float, float>(a, nullptr, nullptr, out.data_ptr<float>(), w);
   else
-    csr_rows<float, T, float>(r, c, val.data_ptr<float>(), x.data_ptr<T>(), out.data_ptr<float>(), n, w);
+    csr_rows<double, double>(a, nullptr, nullptr, out.data_ptr<double>(), w);
+  return out;
 }
 
-torch::Tensor csr_mm(torch::Tensor crow, torch::Tensor col, torch::Tensor val, torch::Tensor x, bool bf16_out) {
-  TORCH_CHECK(crow.dim() == 1 && col.dim() == 1 && val.dim() == 1 && x.dim() == 2, "expected CSR arrays and x (M, w)");
-  TORCH_CHECK(crow.scalar_type() == torch::kLong && col.scalar_type() == torch::kLong, "int64 CSR indices");
-  TORCH_CHECK(!x.is_cuda() && !val.is_cuda(), "CPU tensors");
-  crow = crow.contiguous();
-  col = col.contiguous();
-  val = val.contiguous();
-  x = x.contiguous();
-  const int64_t n = crow.numel() - 1, w = x.size(1), rows = x.size(0);
-  TORCH_CHECK(n >= 0 && col.numel() == val.numel() && crow[n].item<int64_t>() == col.numel(), "inconsistent CSR arrays");
-  const int64_t* c = col.data_ptr<int64_t>();
-  TORCH_CHECK(std::all_of(c, c + col.numel(), [rows](int64_t j) { return j >= 0 && j < rows; }),
-              "a column index is out of x's rows");
-  const bool f32 = val.scalar_type() == torch::kFloat;
-  TORCH_CHECK(f32 || !bf16_out, "a bfloat16 result needs a float32 matrix");
-  auto out = torch::empty({n, w}, x.options().dtype(bf16_out ? torch::kBFloat16 : val.scalar_type()));
-  const int64_t* r = crow.data_ptr<int64_t>();
-  if (f32 && x.scalar_type() == torch::kBFloat16) {
-    csr_rows_f32<at::BFloat16>(r, c, val, x, out, n, w);
-  } else if (f32 && x.scalar_type() == torch::kFloat) {
-    csr_rows_f32<float>(r, c, val, x, out, n, w);
-  } else {
-    TORCH_CHECK(val.scalar_type() == x.scalar_type(), "x must have the matrix's dtype (or bfloat16 for float32)");
-    AT_DISPATCH_FLOATING_TYPES(val.scalar_type(), "csr_mm", [&] {
-      csr_rows<scalar_t, scalar_t, scalar_t>(r, c, val.data_ptr<scalar_t>(), x.data_ptr<scalar_t>(),
-                                             out.data_ptr<scalar_t>(), n, w);
-    });
-  }
+// A @ x + B @ y + bias (a GNN layer's aggregation: messages, relation terms, self-loop bias) written once.
+torch::Tensor csr_mm_sum(torch::Tensor a_crow, torch::Tensor a_col, torch::Tensor a_val, torch::Tensor x,
+                         torch::Tensor b_crow, torch::Tensor b_col, torch::Tensor b_val, torch::Tensor y,
+                         torch::Tensor bias) {
+  Csr a(a_crow, a_col, a_val, x), b(b_crow, b_col, b_val, y);
+  const auto dtype = a.val.scalar_type();
+  const int64_t w = a.x.size(1);
+  TORCH_CHECK(b.val.scalar_type() == dtype && b.rows() == a.rows() && b.x.size(1) == w, "A and B must match");
+  TORCH_CHECK(bias.dim() == 1 && bias.numel() == w && bias.scalar_type() == dtype, "bias (w,) in the matrices' dtype");
+  bias = bias.contiguous();
+  auto out = torch::empty({a.rows(), w}, a.x.options().dtype(dtype));
+  if (dtype == torch::kFloat)
+    csr_rows<float, float>(a, &b, bias.data_ptr<float>(), out.data_ptr<float>(), w);
+  else
+    csr_rows<double, double>(a, &b, bias.data_ptr<double>(), out.data_ptr<double>(), w);
   return out;
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("csr_mm", &csr_mm, "CSR matrix x dense rows in the matrix's precision; float32 with bfloat16 in or out (CPU)");
+  m.def("csr_mm_sum", &csr_mm_sum, "A @ x + B @ y + bias in the matrices' precision, x and y may be bfloat16 (CPU)");
   m.def("forward", &rotate_dist_forward, "fused RotatE negative distances (CPU)");
   m.def("all_pairs", &rotate_dist_all, "RotatE distances of every query to every entity (CPU, no grad)");
   m.def("backward", &rotate_dist_backward, "gradients of the fused RotatE negative distances (CPU)");

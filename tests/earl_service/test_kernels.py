@@ -224,3 +224,30 @@ def test_csr_kernel_writes_bfloat16_from_float32_sums():
     out = kernels.csr_mm(mat, dense, out_dtype=torch.bfloat16)
     assert out is not None and out.dtype == torch.bfloat16
     torch.testing.assert_close(out, torch.sparse.mm(mat, dense).bfloat16())  # one rounding, at the end
+
+
+@pytest.mark.parametrize("low", [False, True])
+def test_one_pass_aggregation_equals_two_products_and_a_bias(low):
+    a, b = _random_csr(50, 90, 400, torch.float32), _random_csr(50, 6, 80, torch.float32, seed=1)
+    x, y, bias = torch.randn(90, 12), torch.randn(6, 12), torch.randn(12)
+    if low:  # autocast's bf16 transforms, read as they are
+        x, y = x.bfloat16(), y.bfloat16()
+    out = kernels.csr_mm_sum(a, x, b, y, bias)
+    assert out is not None and out.dtype == torch.float32
+    torch.testing.assert_close(out, torch.sparse.mm(a, x.float()) + torch.sparse.mm(b, y.float()) + bias)
+
+
+def test_aggregation_backpropagates_through_the_kernel_as_through_torch(monkeypatch):
+    from earl_service.graph import SparsePair, aggregate
+
+    mats = [_random_csr(30, m, 150, torch.float64, seed=m) for m in (45, 4)]
+    a, b = (SparsePair(m, m.t().to_sparse_csr()) for m in mats)
+    x, y, bias = (torch.randn(*shape, dtype=torch.float64, requires_grad=True) for shape in ((45, 8), (4, 8), (8,)))
+    weights = torch.randn(30, 8, dtype=torch.float64)
+    kernel = torch.autograd.grad((aggregate(a, x, b, y, bias) * weights).sum(), (x, y, bias))
+    monkeypatch.setattr("earl_service.graph.csr_mm_sum", lambda *args: None)
+    monkeypatch.setattr("earl_service.graph.csr_mm", lambda mat, dense, out_dtype: None)
+    plain = torch.autograd.grad((aggregate(a, x, b, y, bias) * weights).sum(), (x, y, bias))
+    for got, want in zip(kernel, plain, strict=True):
+        torch.testing.assert_close(got, want)
+    torch.testing.assert_close(kernel[2], weights.sum(0))
