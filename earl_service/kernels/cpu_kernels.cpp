@@ -213,18 +213,41 @@ static void with_data(const torch::Tensor& t, F f) {
     f(t.data_ptr<float>());
 }
 
+// Row ranges of about equal work (entries + 1 per row), several per thread: a graph's rows differ in degree by
+// orders of magnitude and ids follow first appearance, so equal row counts would leave one thread most of the work.
+static std::vector<int64_t> balanced_rows(const Csr& a, const Csr* b) {
+  const int64_t n = a.rows();
+  const int64_t* ca = a.crow.data_ptr<int64_t>();
+  const int64_t* cb = b ? b->crow.data_ptr<int64_t>() : nullptr;
+  auto work = [&](int64_t i) { return ca[i] + (cb ? cb[i] : 0) + i; };  // non-decreasing in i
+  const int64_t parts = std::max<int64_t>(1, std::min<int64_t>(n, 8 * at::get_num_threads()));
+  std::vector<int64_t> bounds(parts + 1, n);
+  bounds[0] = 0;
+  int64_t lo = 0;
+  for (int64_t k = 1; k < parts; ++k) {
+    const int64_t target = work(n) * k / parts;
+    int64_t hi = n;
+    while (lo < hi) {  // the first row whose cumulative work reaches the target
+      const int64_t mid = lo + (hi - lo) / 2;
+      if (work(mid) < target) lo = mid + 1; else hi = mid;
+    }
+    bounds[k] = lo;
+  }
+  return bounds;
+}
+
 // out[i] = a[i] @ a.x (+ b[i] @ b.x) (+ bias): each row summed in V's precision in a buffer that stays in L1, then
-// stored once as O. Few output rows (a reduction, as a transposed ConRel matrix is) still split over threads.
+// stored once as O.
 template <typename V, typename O>
 static void csr_rows(const Csr& a, const Csr* b, const V* bias, O* out, int64_t w) {
-  const int64_t n = a.rows();
   const V* a_val = a.val.data_ptr<V>();
   const V* b_val = b ? b->val.data_ptr<V>() : nullptr;
+  const std::vector<int64_t> bounds = balanced_rows(a, b);
   with_data(a.x, [&](auto* ax) {
     with_data(b ? b->x : a.x, [&](auto* bx) {
-      at::parallel_for(0, n, n >= 4096 ? 64 : 1, [&](int64_t begin, int64_t end) {
+      at::parallel_for(0, static_cast<int64_t>(bounds.size()) - 1, 1, [&](int64_t first, int64_t last) {
         std::vector<V> acc(w);
-        for (int64_t i = begin; i < end; ++i) {
+        for (int64_t i = bounds[first]; i < bounds[last]; ++i) {
           V* s = acc.data();
           if (bias)
             std::copy(bias, bias + w, s);

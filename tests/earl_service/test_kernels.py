@@ -251,3 +251,19 @@ def test_aggregation_backpropagates_through_the_kernel_as_through_torch(monkeypa
     for got, want in zip(kernel, plain, strict=True):
         torch.testing.assert_close(got, want)
     torch.testing.assert_close(kernel[2], weights.sum(0))
+
+
+def test_csr_kernel_splits_skewed_rows_over_threads_with_the_same_result():
+    from earl_service.graph import _csr
+
+    rows = torch.cat([torch.zeros(500, dtype=torch.long), torch.arange(1, 40)])  # row 0 holds most entries
+    cols = torch.randint(0, 30, (rows.numel(),), generator=torch.Generator().manual_seed(0))
+    mat = _csr(rows, cols, torch.rand(rows.numel(), dtype=torch.float64), (40, 30))
+    dense = torch.randn(30, 7, dtype=torch.float64)
+    threads = torch.get_num_threads()
+    try:
+        for n in (1, 2, 3):
+            torch.set_num_threads(n)
+            torch.testing.assert_close(kernels.csr_mm(mat, dense), torch.sparse.mm(mat, dense))
+    finally:
+        torch.set_num_threads(threads)
