@@ -65,7 +65,7 @@ class GNNLayer(nn.Module):
         self.activation = activation
 
     def forward(self, x: torch.Tensor, rel: torch.Tensor, graph: Graph) -> tuple[torch.Tensor, torch.Tensor]:
-        """x (N, 2d), rel (R, d) -> same shapes. Transform first, then aggregate with two spmm (see Graph)."""
+        """x (N, 2d), rel (R, d) -> same shapes. Transform first, then aggregate in one sparse pass (see Graph)."""
         return self.propagate(x @ self.entity_weight().T, rel, graph)
 
     def entity_weight(self) -> torch.Tensor:

@@ -124,10 +124,15 @@ def loss_fn(
 
 
 def cpu_has_native_bf16() -> bool:
-    """Whether oneDNN runs bfloat16 matmuls natively on this CPU (AVX512-BF16 or AMX); False where unknown."""
+    """Whether this CPU multiplies bfloat16 natively (AVX512-BF16 or AMX); False where unknown.
+
+    Not torch.ops.mkldnn._is_mkldnn_bf16_supported(): that holds on any AVX-512 CPU (Skylake-X, Cascade Lake,
+    Ice Lake), where oneDNN emulates bfloat16 several times slower than float32.
+    """
+    checks = [getattr(torch.cpu, name, None) for name in ("_is_avx512_bf16_supported", "_is_amx_tile_supported")]
     try:
-        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
-    except (AttributeError, RuntimeError):
+        return any(bool(check()) for check in checks if check is not None)
+    except RuntimeError:
         return False
 
 
@@ -295,7 +300,8 @@ class Learner:
 def native_bf16(device: torch.device) -> bool:
     """Whether `device` multiplies bfloat16 natively: AVX512-BF16 or AMX on a CPU, a bf16-capable CUDA GPU."""
     if device.type == "cuda":
-        return torch.cuda.is_bf16_supported(including_emulation=False)
+        with torch.cuda.device(device):  # the chosen GPU, not the current one
+            return torch.cuda.is_bf16_supported(including_emulation=False)
     return device.type == "cpu" and cpu_has_native_bf16()
 
 
@@ -306,8 +312,8 @@ def _bf16_autocast(cfg: TrainConfig, device: torch.device) -> bool:
         log.info("--compute auto: %s on this %s", "bf16 (native)" if native else "fp32 (no native bf16)", device.type)
         return native
     if cfg.compute == "bf16" and not native:
-        log.warning("--compute bf16: this %s has no native bfloat16 matmul (no AVX512-BF16 / AMX); autocast emulates it "
-                    "and is several times slower than float32 here (bench/results/speed.md)", device.type)
+        log.warning("--compute bf16: this %s has no native bfloat16 matmul (CPU: no AVX512-BF16 / AMX); autocast "
+                    "emulates it and is several times slower than float32 here (bench/results/speed.md)", device.type)
     return cfg.compute == "bf16"
 
 
@@ -499,6 +505,7 @@ def _final_metrics(
         "train_seconds": state.elapsed,
         "median_encoded_entities": statistics.median(history.encoded) if history.encoded else None,
         "device": str(learner.device),
+        "compute_used": "bf16" if learner.autocast else "fp32",  # what --compute auto chose on this machine
         "world_size": learner.ranks.world,
         "threads": torch.get_num_threads(),
         "extension": extension,

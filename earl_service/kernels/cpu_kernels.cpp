@@ -180,7 +180,9 @@ struct Csr {
                     (val.scalar_type() == torch::kFloat && x.scalar_type() == torch::kBFloat16),
                 "x must have the matrix's dtype (or bfloat16 for float32)");
     const int64_t n = rows();
-    TORCH_CHECK(n >= 0 && col.numel() == val.numel() && crow[n].item<int64_t>() == col.numel(), "inconsistent CSR arrays");
+    TORCH_CHECK(n >= 0 && col.numel() == val.numel(), "inconsistent CSR arrays");
+    const int64_t* r = crow.data_ptr<int64_t>();
+    TORCH_CHECK(r[0] == 0 && r[n] == col.numel() && std::is_sorted(r, r + n + 1), "malformed CSR row pointers");
     const int64_t* c = col.data_ptr<int64_t>();
     const int64_t m = x.size(0);
     TORCH_CHECK(std::all_of(c, c + col.numel(), [m](int64_t j) { return j >= 0 && j < m; }),

@@ -198,10 +198,16 @@ def test_csr_kernel_reads_bfloat16_rows_and_accumulates_in_float32():
     torch.testing.assert_close(out, torch.sparse.mm(mat, dense.float()), rtol=1e-5, atol=1e-5)  # same inputs
 
 
-def test_csr_kernel_refuses_a_column_beyond_the_dense_rows():
+def test_csr_kernel_refuses_a_column_beyond_the_dense_rows_and_bad_row_pointers():
     mat = _random_csr(5, 10, 20, torch.float32)
+    ext = kernels._load_extension()  # the C++ checks themselves, below the Python shape check
+    crow, col, val = mat.crow_indices(), mat.col_indices(), mat.values()
     with pytest.raises(RuntimeError, match="out of x's rows"):
-        kernels.csr_mm(mat, torch.randn(4, 3))
+        ext.csr_mm(crow, col, val, torch.randn(4, 3), False)
+    bad = crow.clone()
+    bad[2] = bad[3] + 1  # decreasing
+    with pytest.raises(RuntimeError, match="malformed CSR row pointers"):
+        ext.csr_mm(bad, col, val, torch.randn(10, 3), False)
 
 
 def test_sparse_products_backpropagate_through_the_kernel_as_through_torch(monkeypatch):
@@ -267,3 +273,18 @@ def test_csr_kernel_splits_skewed_rows_over_threads_with_the_same_result():
             torch.testing.assert_close(kernels.csr_mm(mat, dense), torch.sparse.mm(mat, dense))
     finally:
         torch.set_num_threads(threads)
+
+
+def test_csr_kernel_refuses_a_dense_side_of_the_wrong_height_as_torch_does():
+    mat = _random_csr(5, 10, 20, torch.float32)
+    with pytest.raises(RuntimeError, match="cannot be multiplied"):
+        torch.sparse.mm(mat, torch.randn(12, 3))
+    with pytest.raises(RuntimeError, match="cannot be multiplied"):
+        kernels.csr_mm(mat, torch.randn(12, 3))
+
+
+def test_csr_kernel_leaves_int32_indices_to_torch():
+    mat = _random_csr(5, 10, 20, torch.float32)
+    narrow = torch.sparse_csr_tensor(mat.crow_indices().int(), mat.col_indices().int(), mat.values(), mat.shape,
+                                     check_invariants=True)
+    assert kernels.csr_mm(narrow, torch.randn(10, 3)) is None

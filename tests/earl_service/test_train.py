@@ -99,7 +99,7 @@ def test_bf16_trains_and_warns_where_the_cpu_only_emulates_it(tmp_path, monkeypa
     cfg = TrainConfig(steps=2, batch_size=32, negatives=4, eval_every=0, compute="bf16", progress=False)
     with caplog.at_level("WARNING", logger="earl_service.train"):
         metrics = train(tiny_dataset(), ModelConfig(dim=4, k=3), cfg, tmp_path, final_eval=False, write_bundle=False)
-    assert metrics["steps"] == 2
+    assert metrics["steps"] == 2 and metrics["compute_used"] == "bf16"
     assert ("no native bfloat16" in caplog.text) is (not native)
 
 
@@ -113,6 +113,17 @@ def test_compute_auto_takes_bf16_only_where_it_is_native_and_says_so(monkeypatch
     assert autocast is native
     assert ("bf16 (native)" if native else "fp32 (no native bf16)") in caplog.text
     assert train_module._bf16_autocast(TrainConfig(), torch.device("cpu")) is False  # fp32 unless asked
+
+
+def test_native_bf16_means_avx512_bf16_or_amx_not_any_avx512(monkeypatch):
+    """torch.ops.mkldnn._is_mkldnn_bf16_supported() holds on every AVX-512 CPU, emulating CPUs included."""
+    from earl_service import train as train_module
+
+    for avx512_bf16, amx, native in ((False, False, False), (True, False, True), (False, True, True)):
+        monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda v=avx512_bf16: v)
+        monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda v=amx: v)
+        monkeypatch.setattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", lambda: True, raising=False)
+        assert train_module.cpu_has_native_bf16() is native
 
 
 def test_a_config_written_with_the_old_bf16_switch_still_reads():
