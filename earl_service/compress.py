@@ -237,6 +237,13 @@ def load_state(out: Path, config: CompressConfig, dataset: Dataset) -> dict[str,
 # ---------------------------------------------------------------- successive halving
 
 
+def survivor_seconds(job: Job) -> float:
+    """Training seconds planned for a candidate that survives every rung: each rung's equal share of the time
+    limit, split among that rung's candidates (validation and exports make the real figure somewhat smaller)."""
+    sizes = rung_sizes(len(job.state["candidates"]), job.config.eta)
+    return sum(job.config.time_limit_minutes * 60 / len(sizes) / n for n in sizes)
+
+
 def train_slice(job: Job, name: str, seconds: float) -> dict[str, Any] | None:
     """Train candidate `name` for about `seconds` more (continuing its checkpoint); None if stopped."""
     unit = job.unit(name)
@@ -245,7 +252,10 @@ def train_slice(job: Job, name: str, seconds: float) -> dict[str, Any] | None:
     limit = max(done_before + seconds, 1e-3) / 60
     # No validation inside train(): evaluate_exports validates every slice's weights, export by export, and a
     # second pass would take time from training (best.pt is then the slice's last weights).
-    config = replace(job.train_config(name), time_limit_minutes=limit, seed=job.config.seed, progress=False, eval_every=0)
+    # A decaying schedule decays over what a candidate surviving every rung would train, not over each slice: a
+    # slice's time limit grows rung by rung, and decaying to each slice's end would restart the rate every rung.
+    config = replace(job.train_config(name), time_limit_minutes=limit, schedule_minutes=survivor_seconds(job) / 60,
+                     seed=job.config.seed, progress=False, eval_every=0)
 
     def forward(progress: dict[str, Any]) -> None:
         job.emit("train", name, step=progress["step"], loss=progress["loss"], valid_mrr=progress["valid_mrr"])

@@ -176,6 +176,8 @@ class TrainConfig:
     time_limit_minutes: float = setting(0.0, "stop training after this many minutes (0: no limit)",
                                         option="time_limit", metavar="MINUTES", bounds={"ge": 0.0},
                                         limits={"le": 7 * 24 * 60})
+    schedule_minutes: float = setting(0.0, "the budget a decaying schedule decays over, in minutes (0: whichever of "
+                                           "--steps and --time-limit ends first)", bounds={"ge": 0.0}, cli_only=True)
     checkpoint_every: int = setting(100, "steps between resumable checkpoints (0: none)", bounds={"ge": 0},
                                     cli_only=True)
     compute: str = setting("fp32", "number type of the encoder's dense maps: fp32, bf16 (autocast; fp32 master "

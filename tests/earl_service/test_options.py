@@ -16,8 +16,8 @@ pytest.importorskip("fastapi")
 from api.compress_jobs import job_params  # noqa: E402
 from api.schemas import CompressForm, TrainForm  # noqa: E402
 
-CLI_ONLY = {"temperature", "eval_batch_size", "eval_max_triples", "checkpoint_every", "compute", "device", "threads",
-            "progress"}  # the worker decides these (device, threads, progress) or keeps the defaults
+CLI_ONLY = {"temperature", "eval_batch_size", "eval_max_triples", "checkpoint_every", "compute", "schedule_minutes",
+            "device", "threads", "progress"}  # the worker decides these (device, threads, progress) or keeps the defaults
 # How the service exports and launches a job, and a compress job's fields (`earl compress` options, below).
 SERVICE_ONLY = {"precision", "nproc_per_node"} | set(CompressForm.model_fields)
 WORKER = WorkerConfig(device="cpu", threads=3)

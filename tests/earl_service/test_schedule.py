@@ -37,6 +37,22 @@ def test_the_budget_is_whichever_of_steps_and_time_ends_first():
     assert budget_used(cfg, 2000, 0.0) == 1.0
 
 
+def test_a_schedule_budget_of_its_own_outlasts_the_time_limit_of_one_slice():
+    cfg = TrainConfig(steps=0, time_limit_minutes=1, schedule_minutes=10)  # a first slice of a 10-minute plan
+    assert budget_used(cfg, 50, 60.0) == pytest.approx(0.1)
+    assert budget_used(TrainConfig(steps=0, time_limit_minutes=1), 50, 60.0) == 1.0
+
+
+def test_compress_candidates_decay_over_what_a_survivor_of_every_rung_trains():
+    from types import SimpleNamespace
+
+    from earl_service.compress import rung_sizes, survivor_seconds
+
+    job = SimpleNamespace(state={"candidates": [{}] * 8}, config=SimpleNamespace(eta=2, time_limit_minutes=40))
+    assert rung_sizes(8, 2) == [8, 4, 2, 1]
+    assert survivor_seconds(job) == pytest.approx(600 * (1 / 8 + 1 / 4 + 1 / 2 + 1))  # 2400 s in 4 equal rungs
+
+
 def test_bad_schedule_values_are_refused():
     with pytest.raises(ConfigError, match="lr_schedule"):
         TrainConfig(lr_schedule="step")
