@@ -101,6 +101,15 @@ def codex_bundle(tmp_path_factory) -> Path:
     return export_bundle(root / "run", root / "codex-s.safetensors")
 
 
+@pytest.fixture(scope="module")
+def reference(codex_bundle):
+    """An exact (brute-force) LinkPredictor over codex_bundle: what every other answer path must equal."""
+    from earl_service.bundle import load_bundle
+    from earl_service.predict import LinkPredictor
+
+    return LinkPredictor.from_bundle(load_bundle(codex_bundle), index="exact")
+
+
 def free_port() -> int:
     import socket
 

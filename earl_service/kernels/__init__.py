@@ -184,33 +184,32 @@ def rotate_distance(q: torch.Tensor, ent: torch.Tensor, idx: torch.Tensor) -> to
     return rotate_distance_torch(q, ent, idx.to(torch.long))
 
 
-def _plain_csr(mat: torch.Tensor) -> bool:
-    """A 2-D CSR matrix with int64 indices and scalar values: what the C++ kernels read."""
-    return (mat.layout == torch.sparse_csr and mat.dim() == 2 and mat.crow_indices().dtype == torch.int64
-            and mat.values().dim() == 1)
-
-
-def _check_product(mat: torch.Tensor, dense: torch.Tensor) -> None:
-    """The shape check torch.sparse.mm makes, with its error."""
+def _kernel_reads(mat: torch.Tensor, dense: torch.Tensor) -> bool:
+    """Whether the C++ kernels read mat @ dense: a 2-D CPU CSR matrix (int64 indices, float32/64 scalar values) and
+    a CPU dense side in its dtype, or bfloat16 for float32. Raises torch.sparse.mm's error for mismatched shapes."""
+    if mat.device.type != "cpu" or dense.device.type != "cpu" or mat.layout != torch.sparse_csr or mat.dim() != 2:
+        return False
+    if mat.crow_indices().dtype != torch.int64 or mat.values().dim() != 1:
+        return False
+    if mat.dtype not in (torch.float32, torch.float64):
+        return False
+    if dense.dtype != mat.dtype and not (mat.dtype == torch.float32 and dense.dtype == torch.bfloat16):
+        return False
     if dense.dim() != 2 or dense.shape[0] != mat.shape[1]:
         raise RuntimeError(f"mat1 and mat2 shapes cannot be multiplied ({mat.shape[0]}x{mat.shape[1]} and "
                            f"{'x'.join(map(str, dense.shape))})")
+    return True
 
 
 def csr_mm(mat: torch.Tensor, dense: torch.Tensor, *, out_dtype: torch.dtype | None = None) -> torch.Tensor | None:
     """mat (n, m) CSR @ dense (m, w), summed in mat's dtype by the C++ kernel, written as `out_dtype` (default: mat's;
     bfloat16 for a float32 mat); None where the kernel does not apply (then use torch.sparse.mm). A bfloat16 `dense`
     (autocast) is read as is: no float32 copy of it is made."""
-    if mat.device.type != "cpu" or not _plain_csr(mat) or dense.device.type != "cpu":
-        return None
-    if dense.dtype != mat.dtype and not (mat.dtype == torch.float32 and dense.dtype == torch.bfloat16):
-        return None
-    _check_product(mat, dense)
     bf16_out = out_dtype == torch.bfloat16 and mat.dtype == torch.float32
     if out_dtype not in (None, mat.dtype) and not bf16_out:
         return None
-    ext = _load_extension()
-    if ext is None or mat.dtype not in (torch.float32, torch.float64):
+    ext = _load_extension() if _kernel_reads(mat, dense) else None
+    if ext is None:
         return None
     return ext.csr_mm(mat.crow_indices(), mat.col_indices(), mat.values(), dense, bf16_out)
 
@@ -219,16 +218,9 @@ def csr_mm_sum(a: torch.Tensor, x: torch.Tensor, b: torch.Tensor, y: torch.Tenso
                ) -> torch.Tensor | None:
     """a @ x + b @ y + bias by the C++ kernel in one pass (each output row written once), in the matrices' dtype;
     x and y may be bfloat16 for float32 matrices. None where the kernel does not apply."""
-    tensors = (a, x, b, y, bias)
-    if any(t.device.type != "cpu" for t in tensors) or not (_plain_csr(a) and _plain_csr(b)):
+    if b.dtype != a.dtype or bias.dtype != a.dtype or bias.device.type != "cpu":
         return None
-    if a.dtype not in (torch.float32, torch.float64) or b.dtype != a.dtype or bias.dtype != a.dtype:
-        return None
-    if any(t.dtype != a.dtype and not (a.dtype == torch.float32 and t.dtype == torch.bfloat16) for t in (x, y)):
-        return None
-    _check_product(a, x)
-    _check_product(b, y)
-    ext = _load_extension()
+    ext = _load_extension() if _kernel_reads(a, x) and _kernel_reads(b, y) else None
     if ext is None:
         return None
     return ext.csr_mm_sum(a.crow_indices(), a.col_indices(), a.values(), x, b.crow_indices(), b.col_indices(),

@@ -9,7 +9,6 @@ from api.main import create_app
 from api.schemas import MAX_BATCH_QUERIES, BatchPredictionOut, ScoreOut
 from api.settings import Settings
 from earl_service.bundle import load_bundle
-from earl_service.predict import LinkPredictor
 
 TOKEN = "answers-token"
 
@@ -23,11 +22,6 @@ def server(tmp_path_factory, codex_bundle):
                        headers={"Authorization": f"Bearer {TOKEN}"}, timeout=120)
         assert r.status_code == 201, r.text
         yield base, r.json()["id"]
-
-
-@pytest.fixture(scope="module")
-def reference(codex_bundle):
-    return LinkPredictor.from_bundle(load_bundle(codex_bundle), index="exact")
 
 
 @pytest.fixture(scope="module")

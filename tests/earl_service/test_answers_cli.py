@@ -14,13 +14,7 @@ from earl_service.answers_cli import predictions_table
 from earl_service.bundle import load_bundle
 from earl_service.cli import main
 from earl_service.errors import ConfigError
-from earl_service.predict import LinkPredictor
 from earl_service.tables import export_tables
-
-
-@pytest.fixture(scope="module")
-def reference(codex_bundle):
-    return LinkPredictor.from_bundle(load_bundle(codex_bundle), index="exact")
 
 
 @pytest.fixture(scope="module")
