@@ -137,6 +137,41 @@ def md_table(headers: list[str], rows: list[list]) -> str:
     return "\n".join(lines)
 
 
+def train_process(args: list[str], out: Path) -> subprocess.Popen:
+    """`earl train ARGS --out OUT` in its own process from the repository, its output in OUT/train.log."""
+    out.mkdir(parents=True, exist_ok=True)
+    log = (out / "train.log").open("w")
+    return subprocess.Popen([sys.executable, "-m", "earl_service.cli", "train", *args, "--out", str(out)], cwd=REPO,
+                            stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+
+
+def run_settings(grid: list[tuple[str, list[str]]], start, finish, *, parallel: int, done: list[dict] | None = None,
+                 partial: Path | None = None) -> list[dict]:
+    """Run each (label, flags) of `grid`, `parallel` at once: start(label, flags) -> (out dir, Popen); when one
+    ends, finish(label, flags, out, returncode, wall seconds) -> its record. Returns `done` + the records in the
+    order they finished; `partial` (JSON) holds them after each one (what a cut-off run still leaves)."""
+    pending, running, done = list(grid), [], list(done or [])
+    while pending or running:
+        while pending and len(running) < parallel:
+            label, flags = pending.pop(0)
+            running.append((label, flags, *start(label, flags), time.perf_counter()))
+            print(f"[{time.strftime('%H:%M:%S')}] started {label}", flush=True)
+        for item in list(running):
+            label, flags, out, proc, started = item
+            if proc.poll() is None:
+                continue
+            running.remove(item)
+            done.append(finish(label, flags, out, proc.returncode, time.perf_counter() - started))
+            if partial is not None:
+                partial.parent.mkdir(parents=True, exist_ok=True)
+                partial.write_text(json.dumps(done, indent=1))
+            rec = done[-1]
+            print(f"[{time.strftime('%H:%M:%S')}] finished {label}: rc {proc.returncode}, valid MRR "
+                  f"{(rec.get('valid') or {}).get('mrr')}, test MRR {(rec.get('test') or {}).get('mrr')}", flush=True)
+        time.sleep(1)
+    return done
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -18,14 +18,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import REPO, default_datasets, md_table, pyplot, save_png, write_results
+from common import REPO, default_datasets, md_table, pyplot, run_settings, save_png, train_process, write_results
 
 DIMS = {"fb15k-237": 150, "wn18rr": 200, "codex-s": 100}
 RECIPES = [("paper recipe", ["--recipe", "paper"]), ("default recipe", ["--recipe", "default"])]
@@ -49,19 +46,16 @@ CANDIDATES = [
 GRIDS = {"recipes": RECIPES, "candidates": CANDIDATES}
 
 
-def launch(extra: list[str], args: argparse.Namespace, out: Path) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "earl_service.cli", "train", str(args.datasets / args.dataset), "--out", str(out),
-           "--dim", str(DIMS[args.dataset]), "--time-limit", str(args.minutes), "--eval-every", str(args.eval_every),
-           "--eval-max-triples", str(args.eval_max_triples), "--patience", "1000000", "--checkpoint-every", "0",
-           "--device", "cpu", "--threads", str(args.threads), "--seed", str(args.seed), "--no-progress", *extra]
-    out.mkdir(parents=True, exist_ok=True)
-    log = (out / "train.log").open("w")
-    return subprocess.Popen(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
-                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+def launch(extra: list[str], args: argparse.Namespace, out: Path):
+    return train_process([str(args.datasets / args.dataset), "--dim", str(DIMS[args.dataset]), "--time-limit",
+                          str(args.minutes), "--eval-every", str(args.eval_every), "--eval-max-triples",
+                          str(args.eval_max_triples), "--patience", "1000000", "--checkpoint-every", "0", "--device",
+                          "cpu", "--threads", str(args.threads), "--seed", str(args.seed), "--no-progress", *extra],
+                         out)
 
 
-def result(label: str, extra: list[str], out: Path, returncode: int) -> dict:
-    rec: dict = {"setting": label, "flags": extra, "returncode": returncode}
+def result(label: str, extra: list[str], out: Path, returncode: int, seconds: float) -> dict:
+    rec: dict = {"setting": label, "flags": extra, "returncode": returncode, "wall_seconds": seconds}
     if returncode != 0:
         return {**rec, "error": (out / "train.log").read_text()[-2000:]}
     m = json.loads((out / "metrics.json").read_text())
@@ -73,22 +67,11 @@ def result(label: str, extra: list[str], out: Path, returncode: int) -> dict:
 
 
 def run_grid(grid: list[tuple[str, list[str]]], args: argparse.Namespace, work: Path) -> list[dict]:
-    pending, running, done = list(grid), [], []
-    while pending or running:
-        while pending and len(running) < args.parallel:
-            label, extra = pending.pop(0)
-            out = work / label.replace(" ", "_")
-            running.append((label, extra, out, launch(extra, args, out)))
-            print(f"[{time.strftime('%H:%M:%S')}] started {label}", flush=True)
-        for item in list(running):
-            label, extra, out, proc = item
-            if proc.poll() is None:
-                continue
-            running.remove(item)
-            done.append(result(label, extra, out, proc.returncode))
-            test = (done[-1].get("test") or {}).get("mrr")
-            print(f"[{time.strftime('%H:%M:%S')}] finished {label}: rc {proc.returncode}, test MRR {test}", flush=True)
-        time.sleep(1)
+    def start(label: str, extra: list[str]):
+        out = work / label.replace(" ", "_")
+        return out, launch(extra, args, out)
+
+    done = run_settings(grid, start, result, parallel=args.parallel)
     order = {label: i for i, (label, _) in enumerate(grid)}
     return sorted(done, key=lambda r: order[r["setting"]])
 

@@ -19,14 +19,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import REPO, default_datasets, md_table, pyplot, save_png, write_results
+from common import default_datasets, md_table, pyplot, run_settings, save_png, train_process, write_results
 
 DIMS = {"fb15k-237": 150, "wn18rr": 200, "codex-s": 100}
 # One factor at a time around the paper's settings (lr 1e-3, margin 10, temperature 1); none changes a step's cost.
@@ -55,16 +53,24 @@ SCHEDULES = [
 GRIDS = {"settings": GRID, "schedules": SCHEDULES}
 
 
-def launch(label: str, extra: list[str], args: argparse.Namespace, out: Path) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "earl_service.cli", "train", str(args.datasets / args.data), "--out", str(out),
-           "--dim", str(DIMS[args.data]), "--steps", str(args.steps), "--batch-size", "1024", "--negatives", "256",
-           "--eval-every", str(args.eval_every), "--eval-max-triples", str(args.eval_max_triples),
-           "--patience", "1000000", "--checkpoint-every", "0", "--device", args.device, "--threads",
-           str(args.threads), "--seed", str(args.seed), "--no-progress", "--recipe", "paper", *extra]
-    out.mkdir(parents=True, exist_ok=True)
-    log = (out / "train.log").open("w")
-    return subprocess.Popen(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
-                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+def launch(label: str, extra: list[str], args: argparse.Namespace, out: Path):
+    return train_process([str(args.datasets / args.data), "--dim", str(DIMS[args.data]), "--steps", str(args.steps),
+                          "--batch-size", "1024", "--negatives", "256", "--eval-every", str(args.eval_every),
+                          "--eval-max-triples", str(args.eval_max_triples), "--patience", "1000000",
+                          "--checkpoint-every", "0", "--device", args.device, "--threads", str(args.threads),
+                          "--seed", str(args.seed), "--no-progress", "--recipe", "paper", *extra], out)
+
+
+def record(label: str, extra: list[str], out: Path, returncode: int, seconds: float) -> dict:
+    rec = {"setting": label, "flags": extra, "returncode": returncode, "wall_seconds": seconds}
+    if returncode != 0:
+        return {**rec, "error": (out / "train.log").read_text()[-2000:]}
+    m = json.loads((out / "metrics.json").read_text())
+    h = json.loads((out / "history.json").read_text())
+    return {**rec, "steps": m["steps"], "best_step": m["best_step"], "device": m["device"],
+            "median_step_seconds": m["median_step_seconds"], "parameters": m["trainable_parameters"],
+            "valid": m.get("valid"), "test": m.get("test"),
+            "curve": {"eval_steps": h["eval_steps"], "eval_mrr": h["eval_mrr"]}}
 
 
 def main() -> None:
@@ -108,35 +114,12 @@ def main() -> None:
     work = args.work / name
 
     t0 = time.perf_counter()
-    pending, running, done = list(grid), [], list(earlier)
-    while pending or running:
-        while pending and len(running) < args.parallel:
-            label, extra = pending.pop(0)
-            out = work / label.replace(" ", "_")
-            running.append((label, extra, out, launch(label, extra, args, out), time.perf_counter()))
-            print(f"[{time.strftime('%H:%M:%S')}] started {label}", flush=True)
-        for item in list(running):
-            label, extra, out, proc, started = item
-            if proc.poll() is None:
-                continue
-            running.remove(item)
-            rec = {"setting": label, "flags": extra, "returncode": proc.returncode,
-                   "wall_seconds": time.perf_counter() - started}
-            if proc.returncode == 0:
-                m = json.loads((out / "metrics.json").read_text())
-                h = json.loads((out / "history.json").read_text())
-                rec.update(steps=m["steps"], best_step=m["best_step"], device=m["device"],
-                           median_step_seconds=m["median_step_seconds"], parameters=m["trainable_parameters"],
-                           valid=m.get("valid"), test=m.get("test"),
-                           curve={"eval_steps": h["eval_steps"], "eval_mrr": h["eval_mrr"]})
-            else:
-                rec["error"] = (out / "train.log").read_text()[-2000:]
-            done.append(rec)
-            work.mkdir(parents=True, exist_ok=True)
-            (work / "partial.json").write_text(json.dumps(done, indent=1))  # what a cut-off lease still returns
-            print(f"[{time.strftime('%H:%M:%S')}] finished {label}: rc {proc.returncode}, "
-                  f"valid MRR {rec.get('valid', {}).get('mrr')}", flush=True)
-        time.sleep(1)
+
+    def start(label: str, extra: list[str]):
+        out = work / label.replace(" ", "_")
+        return out, launch(label, extra, args, out)
+
+    done = run_settings(grid, start, record, parallel=args.parallel, done=earlier, partial=work / "partial.json")
     order = {label: i for i, (label, _) in enumerate(GRIDS[args.grid])}
     done.sort(key=lambda r: order[r["setting"]])
     ok = [r for r in done if "error" not in r]
