@@ -35,6 +35,29 @@ def test_fused_distance_matches_reference(path):
     torch.testing.assert_close(kernels.rotate_distance(q, ent, idx), ref.add(1e-12).sqrt().sum(-1), rtol=1e-5, atol=1e-4)
 
 
+def test_fused_distance_gradients_are_the_same_on_any_number_of_threads():
+    """The backward splits entities over threads, each with its own copy of the query gradients: the sums must not
+    depend on the split (3 entities and 5 threads: more threads than entities)."""
+    if not kernels.extension_available():
+        pytest.skip("C++ extension not built on this machine")
+    gen = torch.Generator().manual_seed(3)
+    threads = torch.get_num_threads()
+    for n_ent in (3, 50):
+        q, ent = torch.randn(17, 24, dtype=torch.float64, generator=gen), torch.randn(n_ent, 24, dtype=torch.float64,
+                                                                                      generator=gen)
+        idx = torch.randint(0, n_ent, (17, 11), generator=gen)
+        grad = torch.randn(17, 11, dtype=torch.float64, generator=gen)
+        ref = torch.autograd.grad(kernels.rotate_distance_torch(q.requires_grad_(), ent.requires_grad_(), idx), (q, ent),
+                                  grad)
+        try:
+            for n in (1, 2, 3, 5):
+                torch.set_num_threads(n)
+                got = torch.autograd.grad(kernels.rotate_distance(q, ent, idx), (q, ent), grad)
+                torch.testing.assert_close(got, ref)
+        finally:
+            torch.set_num_threads(threads)
+
+
 def test_all_pairs_matches_reference(path):
     torch.manual_seed(2)
     q, ent = torch.randn(9, 12), torch.randn(70, 12)
