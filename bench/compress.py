@@ -13,7 +13,8 @@ weights as compress writes them, and all three are evaluated on the test split f
 
 Writes bench/results/compress_<dataset>[_quick].{json,md,png}, rewritten after every method. A rerun keeps the
 methods already measured and runs the rest, so a long table can be filled piece by piece (`--budget`,
-`--method`); `--fresh` starts over.
+`--method`); `--fresh` starts over. Pieces run side by side from separate checkouts each write their own file;
+`--merge OTHER.json` adds the methods another file measured (each method keeps the machine and commit it ran on).
 """
 
 from __future__ import annotations
@@ -128,6 +129,8 @@ def main() -> int:
     parser.add_argument("--method", action="append", choices=METHODS, help="run only this method (repeatable)")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     parser.add_argument("--fresh", action="store_true", help="forget the methods already measured")
+    parser.add_argument("--merge", type=Path, action="append", default=[],
+                        help="a results file of the same table whose methods this one lacks (repeatable)")
     a = parser.parse_args()
     if a.threads:
         torch.set_num_threads(a.threads)
@@ -135,6 +138,11 @@ def main() -> int:
     minutes = QUICK_MINUTES if a.quick else minutes
     name = f"compress_{a.dataset}" + ("_quick" if a.quick else "")
     rows = {r["budget"]: r for r in ([] if a.fresh else previous_rows(name, minutes))}
+    if a.merge:
+        merge_rows(rows, a.merge, minutes)
+        done = [rows[b] for b in budgets if b in rows]
+        write_results(name, {"rows": done}, markdown(done, a.quick) + f"\n![test MRR]({plot(done, name)})\n")
+        return 0
     for budget in budgets:
         row = rows.setdefault(budget, {"dataset": a.dataset, "budget": budget, "max_bytes": parse_size(budget),
                                        "minutes": minutes})
@@ -143,11 +151,26 @@ def main() -> int:
                 continue
             row[method] = run_method(method, a.dataset, budget, minutes, a.runs / name / budget)
             # Each method records where it ran: pieces of one table may come from different sittings.
-            row[method]["environment"] = environment()["machine"]
+            env = environment()
+            row[method]["environment"], row[method]["commit"] = env["machine"], env["commit"]
             done = [rows[b] for b in budgets if b in rows]
             write_results(name, {"rows": done}, markdown(done, a.quick) + f"\n![test MRR]({plot(done, name)})\n")
             print(budget, method, row[method], flush=True)
     return 0
+
+
+def merge_rows(rows: dict[str, dict], files: list[Path], minutes: float) -> None:
+    """Add to `rows` (by budget) the methods that `files` measured and `rows` lacks; a file of other minutes is
+    refused (its rows would not be the same table)."""
+    for path in files:
+        other = json.loads(path.read_text()).get("rows", [])
+        for r in other:
+            if r.get("minutes") != minutes:
+                raise SystemExit(f"{path}: row {r.get('budget')} has {r.get('minutes')} minutes, this table {minutes}")
+            row = rows.setdefault(r["budget"], {k: v for k, v in r.items() if k not in METHODS})
+            for method in METHODS:
+                if method in r and method not in row:
+                    row[method] = r[method]
 
 
 def previous_rows(name: str, minutes: float) -> list[dict]:
