@@ -181,6 +181,34 @@ def test_survivors_keep_each_models_leader_however_it_ranks():
     assert compress_module.survivors(ranked[:3], 2, model) == ["earl-a", "earl-b"]
 
 
+def test_a_candidate_that_overruns_its_slice_takes_no_time_from_the_next(tmp_path, monkeypatch):
+    """Each survivor of a rung trains for the same slice, whatever the ones before it spent: at rung 0 a
+    candidate's overhead is only an estimate (its validations as timed before the search)."""
+    units = [{"name": f"rotate-d{d}", "model": "rotate", "dim": d, "bytes": {"fp32": 1, "int8": 1}}
+             for d in (30, 20, 10)]
+    state = {"candidates": units, "rungs": [{"index": 0, "survivors": [u["name"] for u in units], "results": {}}],
+             "rung_count": 2, "validation_seconds": {"rotate": 2.0}, "spent_seconds": 0.0}
+    job = compress_module.Job(tiny_dataset(), tmp_path, CompressConfig(max_bytes=10**6, time_limit_minutes=10),
+                              TINY, state)
+    trained = {}
+
+    def train_slice(job, name, seconds):
+        trained[name] = seconds
+        job.unit(name).update(train_seconds=seconds, steps=1)
+        return {}
+
+    def evaluate_exports(job, name, **kwargs):
+        job.spent_before += 200.0  # the first candidate's exports take far longer than estimated
+        return {p: {"mrr": 0.1, "hits_at_10": 0.2} for p in job.unit(name)["bytes"]}
+
+    monkeypatch.setattr(compress_module, "train_slice", train_slice)
+    monkeypatch.setattr(compress_module, "evaluate_exports", evaluate_exports)
+    assert compress_module.run_rung(job)
+    slice_seconds = 600 / 2 / 3  # half of 10 minutes for rung 0 of 2, among 3 candidates
+    assert trained == pytest.approx(dict.fromkeys(trained, slice_seconds - 2 * 2.0))
+    assert all(job.unit(n)["overhead_seconds"] >= 0 for n in trained)
+
+
 class Killed(Exception):
     pass
 
