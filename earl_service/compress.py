@@ -37,6 +37,11 @@ EVAL_SHARE = 0.5  # most of the time limit the search's validations may take (ca
 # Codebook fine-tuning of a candidate's pq exports: this share of its training slice on top (counted in its
 # measured overhead, so the next rung's slices shrink to match), and at most this many steps per export.
 FINE_TUNE_SHARE, FINE_TUNE_STEPS = 0.25, 300
+# Rungs before the last rank their candidates on one fixed random subset of at most this many valid triples (the
+# same for every candidate); the last rung, whose scores choose the pick, on the whole split. A full validation of
+# FB15k-237 (17,535 triples) takes 8-30 s on one core, so validating every export of a dozen candidates on it took
+# more than rung 0's minutes and left nothing for training.
+EARLY_VALID_TRIPLES = 2000
 ProgressCallback = Callable[[dict[str, Any]], None]
 
 
@@ -179,21 +184,30 @@ def validation_seconds(dataset: Dataset, sizes: BundleSizes, units: list[dict],
     return seconds
 
 
-def validation_cost(units: list[dict], seconds: dict[str, float], eta: int) -> float:
-    """Seconds the whole halving schedule spends validating: every export of each rung's survivors."""
+def valid_fraction(dataset: Dataset, limit: int) -> float:
+    """The share of a whole validation that one on at most `limit` triples costs (0: the whole split)."""
+    return min(1.0, limit / max(len(dataset.split("valid")), 1)) if limit else 1.0
+
+
+def validation_cost(units: list[dict], seconds: dict[str, float], eta: int, early_fraction: float = 1.0) -> float:
+    """Seconds the whole halving schedule spends validating: every export of each rung's survivors, on the
+    subset (`early_fraction` of a whole validation) before the last rung."""
     per_candidate = sum(seconds[u["model"]] * len(u["bytes"]) for u in units) / len(units)
-    return per_candidate * sum(rung_sizes(len(units), eta))
+    sizes = rung_sizes(len(units), eta)
+    return per_candidate * (early_fraction * sum(sizes[:-1]) + sizes[-1])
 
 
-def fit_to_time(config: CompressConfig, units: list[dict], seconds: dict[str, float]) -> list[dict]:
+def fit_to_time(config: CompressConfig, units: list[dict], seconds: dict[str, float], early_fraction: float = 1.0,
+                ) -> list[dict]:
     """Drop the smallest candidates until the schedule's validations take at most EVAL_SHARE of the time
     limit; refuse a limit shorter than validating the remaining candidates once."""
     limit, kept = config.time_limit_minutes * 60, list(units)
-    while len(kept) > 1 and validation_cost(kept, seconds, config.eta) > EVAL_SHARE * limit:
+    while len(kept) > 1 and validation_cost(kept, seconds, config.eta, early_fraction) > EVAL_SHARE * limit:
         counts = {m: sum(u["model"] == m for u in kept) for m in seconds}
         crowded = max(counts, key=lambda m: counts[m])  # keep every model while another has more candidates
         kept.remove(min((u for u in kept if u["model"] == crowded), key=lambda u: u["dim"]))
-    need = sum(seconds[u["model"]] * len(u["bytes"]) for u in kept)
+    first = early_fraction if len(rung_sizes(len(kept), config.eta)) > 1 else 1.0  # rung 0's share of a validation
+    need = sum(seconds[u["model"]] * len(u["bytes"]) for u in kept) * first
     if limit < need:
         raise ConfigError(
             f"a time limit of {config.time_limit_minutes:g} min is too short: validating {len(kept)} "
@@ -268,15 +282,18 @@ def train_slice(job: Job, name: str, seconds: float) -> dict[str, Any] | None:
     return metrics
 
 
-def evaluate_exports(job: Job, name: str, split: str = "valid", *, tune_seconds: float = 0.0,
+def evaluate_exports(job: Job, name: str, split: str = "valid", *, tune_seconds: float = 0.0, limit: int = 0,
                      ) -> dict[str, dict[str, Any]]:
     """Each precision's export of the candidate's best weights: its file bytes and `split` metrics of the
-    dequantized weights. Quantized variants come from the same fp32 training, never a retraining; pq variants
-    get faiss codebooks, then up to `tune_seconds` (shared among them) of codebook fine-tuning."""
+    dequantized weights (on the fixed subset of at most `limit` triples; 0: all, recorded as `valid_subset`).
+    Quantized variants come from the same fp32 training, never a retraining; pq variants get faiss codebooks,
+    then up to `tune_seconds` (shared among them) of codebook fine-tuning."""
     unit, run_dir, train_config = job.unit(name), job.run_dir(name), job.train_config(name)
     source = load_bundle(run_dir / BUNDLE)
     run = load_run(run_dir, job.dataset, device=train_config.device)
     coded = [p for p in unit["bytes"] if is_pq(p)]
+    triples = job.dataset.split(split)
+    subset = limit if 0 < limit < int(job.dataset.seen_mask(triples).sum()) else 0  # as Run.evaluate chooses
     results = {}
     for precision, expected in unit["bytes"].items():
         job.emit("evaluate", name, precision=precision)
@@ -288,16 +305,18 @@ def evaluate_exports(job: Job, name: str, split: str = "valid", *, tune_seconds:
             tuning = {"fine_tune_steps": len(budget.losses)}
         path = save_exact(source, job.export_path(name, precision), precision=precision,
                           metrics={"compress": {"candidate": name}}, expected=expected, pq_tables=tables)
-        results[precision] = {"bytes": path.stat().st_size, **tuning,
-                              **evaluate_bundle(run, path, split, batch_size=train_config.eval_batch_size)}
+        results[precision] = {"bytes": path.stat().st_size, **tuning, "valid_subset": subset,
+                              **evaluate_bundle(run, path, split, batch_size=train_config.eval_batch_size,
+                                                limit=limit)}
     return results
 
 
-def evaluate_bundle(run: Run, path: Path, split: str, *, batch_size: int = 256) -> dict[str, Any]:
-    """`split` metrics of the weights stored in bundle `path` (dequantized), through `run`'s model and graph."""
+def evaluate_bundle(run: Run, path: Path, split: str, *, batch_size: int = 256, limit: int = 0) -> dict[str, Any]:
+    """`split` metrics of the weights stored in bundle `path` (dequantized), through `run`'s model and graph, on
+    Run.evaluate's fixed random subset of at most `limit` triples (0: all)."""
     params = {k: torch.from_numpy(v) for k, v in load_bundle(path).params.items()}
     run.model.load_state_dict(params, strict=False)  # every weight; the reserved ids are the run's own
-    result = run.evaluate(split, batch_size=batch_size)
+    result = run.evaluate(split, batch_size=batch_size, limit=limit)
     return {k: result[k] for k in SUMMARY_KEYS}
 
 
@@ -305,14 +324,16 @@ def score(job: Job, results: dict[str, dict]) -> float:
     return max(r[METRICS[job.config.metric]] for r in results.values())
 
 
-def slice_training(job: Job, name: str, share: float) -> float:
+def slice_training(job: Job, name: str, share: float, limit: int) -> float:
     """Training seconds of candidate `name` in a slice of `share` wall seconds: the slice less its overhead
     (build, validations, exports, codebook fine-tuning) as measured at its last rung; before its first rung, less
-    its validations as timed before the search, with its pq exports' fine-tuning on top of the training."""
+    its validations (on at most `limit` triples) as timed before the search, with its pq exports' fine-tuning on
+    top of the training."""
     unit = job.unit(name)
     if "overhead_seconds" in unit:
         return max(share - unit["overhead_seconds"], 0.0)
-    validations = job.state["validation_seconds"][unit["model"]] * len(unit["bytes"])
+    validations = (job.state["validation_seconds"][unit["model"]] * len(unit["bytes"])
+                   * valid_fraction(job.dataset, limit))
     tuning = FINE_TUNE_SHARE if any(is_pq(p) for p in unit["bytes"]) else 0.0
     return max(share - validations, 0.0) / (1 + tuning)
 
@@ -329,17 +350,18 @@ def run_rung(job: Job) -> bool:
     rungs_left = job.state["rung_count"] - rung["index"]
     rung.setdefault("budget_seconds", job.time_left / rungs_left)
     rung.setdefault("slice_seconds", rung["budget_seconds"] / len(rung["survivors"]))
+    limit = 0 if rungs_left == 1 else EARLY_VALID_TRIPLES  # the last rung chooses the pick: the whole split
     for name in rung["survivors"]:
         if name in rung["results"]:
             continue  # done before a restart
         if job.should_stop is not None and job.should_stop():
             return False
-        seconds = slice_training(job, name, rung["slice_seconds"])
+        seconds = slice_training(job, name, rung["slice_seconds"], limit)
         started = time.monotonic()
         job.emit("train", name, seconds=seconds)
         if train_slice(job, name, seconds) is None:
             return False
-        results = evaluate_exports(job, name, tune_seconds=FINE_TUNE_SHARE * seconds)
+        results = evaluate_exports(job, name, tune_seconds=FINE_TUNE_SHARE * seconds, limit=limit)
         unit = job.unit(name)
         unit["overhead_seconds"] = max(time.monotonic() - started - seconds, 0.0)
         rung["results"][name] = {"exports": results, "train_seconds": unit["train_seconds"], "steps": unit["steps"],
@@ -415,9 +437,11 @@ def exports_table(job: Job) -> list[dict[str, Any]]:
 
 
 def choose(rows: list[dict[str, Any]], metric: str) -> dict[str, Any]:
-    """The best row on validation; among equals, the smaller file."""
+    """The best row validated on the whole split (the last rung's: rows from earlier rungs were ranked on a subset,
+    against other candidates with less training); among equals, the smaller file."""
     key = METRICS[metric]
-    return max(rows, key=lambda r: (r[key], -r["bytes"]))
+    whole = [r for r in rows if not r.get("valid_subset")] or rows
+    return max(whole, key=lambda r: (r[key], -r["bytes"]))
 
 
 def finish(job: Job) -> dict[str, Any]:
@@ -472,7 +496,7 @@ def compress(dataset: Dataset, out_dir: str | os.PathLike, config: CompressConfi
         sizes = BundleSizes(dataset, seed=config.seed)
         units = plan_candidates(sizes, config)
         seconds = validation_seconds(dataset, sizes, units, train_configs)
-        units = fit_to_time(config, units, seconds)
+        units = fit_to_time(config, units, seconds, valid_fraction(dataset, EARLY_VALID_TRIPLES))
         state = new_state(config, dataset, sizes, units, seconds)
     out.mkdir(parents=True, exist_ok=True)
     job = Job(dataset, out, config, train_configs, state, on_progress, should_stop,

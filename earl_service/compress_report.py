@@ -61,8 +61,9 @@ def _fmt(x: Any) -> str:
 def markdown(report: dict[str, Any]) -> str:
     key, pick, test = report["metric_key"], report["pick"], report["test"]
     on_frontier = {tuple(f) for f in report["frontier"]}
-    rivals = [r for r in report["exports"] if r is not pick and (r["candidate"], r["precision"]) !=
+    rivals = [r for r in report["exports"] if not r.get("valid_subset") and (r["candidate"], r["precision"]) !=
               (pick["candidate"], pick["precision"])]
+    subset = max((r.get("valid_subset") or 0 for r in report["exports"]), default=0)
     runner = max(rivals, key=lambda r: r[key], default=None)
     lines = [
         "# Compress report", "",
@@ -71,6 +72,8 @@ def markdown(report: dict[str, Any]) -> str:
         "",
         f"Why: the best validation {report['metric']} of the {len(report['exports'])} exports that fit (every "
         f"candidate at every precision that fits its dim)"
+        + (f", among the last rung's, validated on the whole split (earlier rungs ranked on a fixed subset of "
+           f"{subset:,} valid triples, marked below)" if subset else "")
         + (f"; next best {runner['candidate']} {runner['precision']} at {runner[key]:.4f}" if runner else "") + ". "
         f"{len(report['candidates'])} candidates shared {report['spent_seconds'] / 60:.1f} of "
         f"{report['time_limit_minutes']:g} minutes through {len(report['rungs'])} rungs of successive halving "
@@ -82,7 +85,8 @@ def markdown(report: dict[str, Any]) -> str:
     ]
     for r in sorted(report["exports"], key=lambda r: -r[key]):
         mark = "yes" if (r["candidate"], r["precision"]) in on_frontier else ""
-        lines.append(f"| {r['candidate']} | {r['precision']} | {r['bytes']:,} | {r['rung']} | {r['steps']} | "
+        rung = f"{r['rung']} (subset)" if r.get("valid_subset") else str(r["rung"])
+        lines.append(f"| {r['candidate']} | {r['precision']} | {r['bytes']:,} | {rung} | {r['steps']} | "
                      f"{r['train_seconds']:.0f} | {r['mrr']:.4f} | {r['hits_at_10']:.4f} | {mark} |")
     lines += ["", "| rung | candidates | seconds for the rung | scores |", "|---|---|---|---|"]
     for rung in report["rungs"]:

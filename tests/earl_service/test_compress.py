@@ -209,6 +209,32 @@ def test_a_candidate_that_overruns_its_slice_takes_no_time_from_the_next(tmp_pat
     assert all(job.unit(n)["overhead_seconds"] >= 0 for n in trained)
 
 
+def test_early_rungs_rank_on_a_valid_subset_and_the_pick_on_the_whole_split(tmp_path, monkeypatch):
+    monkeypatch.setattr(compress_module, "EARLY_VALID_TRIPLES", 8)  # of the tiny graph's 20 valid triples
+    dataset = tiny_dataset()
+    config = CompressConfig(max_bytes=BundleSizes(dataset).bytes("rotate", 32, "fp32"), time_limit_minutes=0.05,
+                            precisions=("fp32", "int8"))
+    report = compress(dataset, tmp_path, config, train_configs=TINY)
+    last = len(report["rungs"]) - 1
+    assert last >= 1
+    assert {row["valid_subset"] for row in report["exports"] if row["rung"] < last} == {8}
+    whole = [row for row in report["exports"] if row["rung"] == last]
+    assert whole and all(row["valid_subset"] == 0 for row in whole)
+    key, pick = report["metric_key"], report["pick"]
+    assert pick["valid_subset"] == 0 and all(row[key] <= pick[key] for row in whole)
+    assert "(subset)" in (tmp_path / "report.md").read_text()
+
+
+def test_validations_on_a_subset_leave_more_candidates_in_the_search():
+    units = [{"model": "earl", "dim": d, "bytes": {"fp32": 1, "int8": 1}} for d in (150, 120, 90, 60, 30)]
+    config = CompressConfig(max_bytes=10**7, time_limit_minutes=1)
+    seconds = {"earl": 10.0}
+    sizes = compress_module.rung_sizes(5, 2)  # [5, 3, 2, 1]: 10 validations of 2 exports before the last rung
+    assert compress_module.validation_cost(units, seconds, 2, 0.25) == 20.0 * (0.25 * sum(sizes[:-1]) + 1)
+    whole, subset = (len(compress_module.fit_to_time(config, units, seconds, f)) for f in (1.0, 0.05))
+    assert whole < subset
+
+
 class Killed(Exception):
     pass
 
