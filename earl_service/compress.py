@@ -292,8 +292,7 @@ def evaluate_exports(job: Job, name: str, split: str = "valid", *, tune_seconds:
     source = load_bundle(run_dir / BUNDLE)
     run = load_run(run_dir, job.dataset, device=train_config.device)
     coded = [p for p in unit["bytes"] if is_pq(p)]
-    triples = job.dataset.split(split)
-    subset = limit if 0 < limit < int(job.dataset.seen_mask(triples).sum()) else 0  # as Run.evaluate chooses
+    subset = limit if 0 < limit < len(run.ranked_triples(split)) else 0
     results = {}
     for precision, expected in unit["bytes"].items():
         job.emit("evaluate", name, precision=precision)

@@ -202,10 +202,9 @@ class Run:
         return self.model(self.graph_for(protocol))
 
     @torch.no_grad()
-    def evaluate(self, split: str, protocol: str = "seen", *, batch_size: int = 256, limit: int = 0,
-                 per_relation: bool = False) -> dict:
-        """Filtered metrics of `split` (both directions pooled, then "tail" and "head"); with `per_relation` also
-        "per_relation": {relation name: metrics of its triples}."""
+    def ranked_triples(self, split: str, protocol: str = "seen", *, limit: int = 0) -> np.ndarray:
+        """The triples `evaluate` ranks: `split`'s (under "seen", those whose entities training saw), or a fixed
+        random subset of `limit` of them (0: all)."""
         triples = self.dataset.split(split)
         if protocol == "seen":
             triples = triples[self.dataset.seen_mask(triples)]
@@ -213,6 +212,13 @@ class Run:
             raise ConfigError(f"protocol must be 'seen' or 'all', not {protocol!r}")
         if limit and len(triples) > limit:
             triples = triples[np.random.default_rng(0).choice(len(triples), limit, replace=False)]
+        return triples
+
+    def evaluate(self, split: str, protocol: str = "seen", *, batch_size: int = 256, limit: int = 0,
+                 per_relation: bool = False) -> dict:
+        """Filtered metrics of `split` (both directions pooled, then "tail" and "head"); with `per_relation` also
+        "per_relation": {relation name: metrics of its triples}."""
+        triples = self.ranked_triples(split, protocol, limit=limit)
         if self.known is None:
             self.known = KnownAnswers(_all_triples(self.dataset), self.dataset.num_relations)
         self.model.eval()
