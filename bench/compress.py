@@ -15,6 +15,8 @@ Writes bench/results/compress_<dataset>[_quick].{json,md,png}, rewritten after e
 methods already measured and runs the rest, so a long table can be filled piece by piece (`--budget`,
 `--method`); `--fresh` starts over. Pieces run side by side from separate checkouts each write their own file;
 `--merge OTHER.json` adds the methods another file measured (each method keeps the machine and commit it ran on).
+Each compress row also records its search: minutes spent and the best candidate of each model kind on the whole
+valid split, read from the run folder's report.json (a merged file's run folder is the `runs/` beside it).
 """
 
 from __future__ import annotations
@@ -65,7 +67,18 @@ def compress_method(ds, minutes: float, budget: int, out: Path) -> dict:
     pick = report["pick"]
     return {"model": pick["model"], "dim": pick["dim"], "precision": pick["precision"], "bytes": pick["bytes"],
             "test_mrr": report["test"]["mrr"], "fits": True, "seconds": time.monotonic() - start,
-            "candidates": len(report["candidates"])}
+            "candidates": len(report["candidates"]), **search_summary(report)}
+
+
+def search_summary(report: dict) -> dict:
+    """What a compress report says of its search: minutes spent, and each model kind's best export validated on
+    the whole split (early rungs rank on a subset, not comparable), so a row shows how close the other kind came."""
+    best: dict[str, dict] = {}
+    for r in report["exports"]:
+        if r.get("valid_subset") or r["mrr"] <= best.get(r["model"], {}).get("valid_mrr", -1.0):
+            continue
+        best[r["model"]] = {"dim": r["dim"], "precision": r["precision"], "bytes": r["bytes"], "valid_mrr": r["mrr"]}
+    return {"search_minutes": report["spent_seconds"] / 60, "best_of_model": best}
 
 
 METHODS = ("compress", "earl_default", "rotate_matched")
@@ -97,15 +110,35 @@ def _cell(method: dict | None) -> str:
     return f"{method['test_mrr']:.4f} ({method['model']} d{method['dim']} {method['precision']}, {method['bytes']:,} B)"
 
 
+def _best_cell(compress_row: dict | None, model: str) -> str:
+    if not compress_row or "best_of_model" not in compress_row:
+        return "not recorded"
+    best = compress_row["best_of_model"].get(model)
+    if best is None:
+        return "none on the whole split"
+    return f"{best['valid_mrr']:.4f} (d{best['dim']} {best['precision']}, {best['bytes']:,} B)"
+
+
 def markdown(rows: list[dict], quick: bool) -> str:
     table = md_table(["dataset", "budget", "minutes", "compress pick: test MRR", "EARL default", "RotatE matched bytes"],
                      [[r["dataset"], r["budget"], r["minutes"], *(_cell(r.get(m)) for m in METHODS)] for r in rows])
+    searches = md_table(["dataset", "budget", "search minutes", "best EARL export: valid MRR",
+                         "best RotatE export: valid MRR"],
+                        [[r["dataset"], r["budget"], _minutes(r.get("compress")),
+                          _best_cell(r.get("compress"), "earl"), _best_cell(r.get("compress"), "rotate")] for r in rows])
     note = ("Quick mode: minutes shortened from the issue's table; timings on a shared machine are noisy, so the "
             "same command can pick differently on another run.\n\n" if quick else "")
     return ("# Compress to a byte budget vs baselines with the same time\n\n" + note + table + "\n\n"
             "Test MRR (filtered, seen protocol) of the exported file. EARL default: dim 150, exported at the highest "
             "precision that fits. RotatE matched bytes: the largest fp32 RotatE that fits. Every method gets the "
-            "row's minutes (compress: the whole search; baselines: training).\n")
+            "row's minutes (compress: the whole search; baselines: training).\n\n"
+            "Inside each compress search: the best export of each model kind validated on the whole valid split (the "
+            "last rung's; earlier rungs rank on a subset), and the minutes the search spent (exports and the test "
+            "evaluation of the pick included).\n\n" + searches + "\n")
+
+
+def _minutes(compress_row: dict | None) -> str:
+    return f"{compress_row['search_minutes']:.1f}" if compress_row and "search_minutes" in compress_row else ""
 
 
 def plot(rows: list[dict], name: str) -> str:
@@ -138,6 +171,7 @@ def main() -> int:
     minutes = QUICK_MINUTES if a.quick else minutes
     name = f"compress_{a.dataset}" + ("_quick" if a.quick else "")
     rows = {r["budget"]: r for r in ([] if a.fresh else previous_rows(name, minutes))}
+    fill_searches(rows, a.runs / name)
     if a.merge:
         merge_rows(rows, a.merge, minutes)
         done = [rows[b] for b in budgets if b in rows]
@@ -171,6 +205,20 @@ def merge_rows(rows: dict[str, dict], files: list[Path], minutes: float) -> None
             for method in METHODS:
                 if method in r and method not in row:
                     row[method] = r[method]
+        fill_searches(rows, path.resolve().parents[2] / "runs" / "bench_compress" / path.stem)
+
+
+def fill_searches(rows: dict[str, dict], table_runs: Path) -> None:
+    """Give compress rows measured before search_summary existed their summary, from the report.json the search
+    left in its run folder (`table_runs`/BUDGET/compress), where that folder is still on disk and its pick's test
+    MRR is the row's (a later search in the same folder is not the row's)."""
+    for budget, row in rows.items():
+        path = table_runs / budget / "compress" / "report.json"
+        if "compress" not in row or "best_of_model" in row["compress"] or not path.exists():
+            continue
+        report = json.loads(path.read_text())
+        if report.get("test") and report["test"]["mrr"] == row["compress"]["test_mrr"]:
+            row["compress"].update(search_summary(report))
 
 
 def previous_rows(name: str, minutes: float) -> list[dict]:
