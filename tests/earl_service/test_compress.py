@@ -209,6 +209,26 @@ def test_a_candidate_that_overruns_its_slice_takes_no_time_from_the_next(tmp_pat
     assert all(job.unit(n)["overhead_seconds"] >= 0 for n in trained)
 
 
+def test_each_candidate_is_charged_the_validations_of_its_own_dim(tmp_path):
+    """Rung 0 charges a candidate its validations as estimated before the search: at its own dim, interpolated
+    between its model's largest and smallest (both measured), not at its model's largest."""
+    units = [{"name": f"rotate-d{d}", "model": "rotate", "dim": d, "bytes": {"fp32": 1, "int8": 1}}
+             for d in (1000, 500, 100)]
+    measured = {"rotate": {1000: 20.0, 100: 2.0}}
+    units = compress_module.with_validation_estimates(units, measured)
+    assert [u["validation_seconds"] for u in units] == pytest.approx([20.0, 10.0, 2.0])
+    assert compress_module.largest_validation_seconds(measured) == {"rotate": 20.0}
+    state = {"candidates": units, "rungs": [], "rung_count": 2, "validation_seconds": {"rotate": 20.0},
+             "spent_seconds": 0.0}
+    job = compress_module.Job(tiny_dataset(), tmp_path, CompressConfig(max_bytes=10**6, time_limit_minutes=10),
+                              TINY, state)
+    train = {u["name"]: compress_module.slice_training(job, u["name"], 60.0, 0) for u in units}
+    assert train == pytest.approx({"rotate-d1000": 60 - 2 * 20.0, "rotate-d500": 60 - 2 * 10.0,
+                                   "rotate-d100": 60 - 2 * 2.0})
+    del job.unit("rotate-d100")["validation_seconds"]  # a job saved before the estimates: its model's largest
+    assert compress_module.slice_training(job, "rotate-d100", 60.0, 0) == pytest.approx(60 - 2 * 20.0)
+
+
 def test_early_rungs_rank_on_a_valid_subset_and_the_pick_on_the_whole_split(tmp_path, monkeypatch):
     monkeypatch.setattr(compress_module, "EARLY_VALID_TRIPLES", 8)  # of the tiny graph's 20 valid triples
     dataset = tiny_dataset()
