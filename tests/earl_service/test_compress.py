@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -318,6 +319,26 @@ def test_a_budget_below_the_smallest_bundle_fails_before_training(tmp_path, monk
         compress(dataset, tmp_path / "job", CompressConfig(max_bytes=smallest - 1, time_limit_minutes=1))
     assert f"alone take {sizes.fixed_bytes()} bytes" in str(error.value)
     assert not (tmp_path / "job").exists()
+
+
+def test_timing_the_validations_counts_against_the_time_limit(tmp_path, monkeypatch):
+    """The validation passes timed before the search are the search's time too (3 of 60 minutes on FB15k-237)."""
+    timed, seen = compress_module.validation_seconds, {}
+
+    def slow_timing(*args):
+        time.sleep(0.5)
+        return timed(*args)
+
+    def search(job):
+        seen["spent"] = job.spent_before
+        return False  # stopped: the test needs only what the search started with
+
+    monkeypatch.setattr(compress_module, "validation_seconds", slow_timing)
+    monkeypatch.setattr(compress_module, "search", search)
+    assert compress(tiny_dataset(), tmp_path, CompressConfig(max_bytes=10**6, time_limit_minutes=1),
+                    train_configs=TINY) is None
+    assert seen["spent"] >= 0.5
+    assert json.loads((tmp_path / STATE).read_text())["spent_seconds"] >= 0.5
 
 
 def test_a_time_limit_shorter_than_one_validation_fails(tmp_path, monkeypatch):
