@@ -9,6 +9,11 @@ of the timed steps after 3 warm-up steps. What a faster step has to cut is what 
     python bench/step_profile.py                  # FB15k-237, EARL dim 150
     python bench/step_profile.py --data wn18rr    # EARL dim 200
     python bench/step_profile.py --tag amx        # results file suffixed _amx (a second machine's run)
+    python bench/step_profile.py --compile        # also both precisions with the encoder under torch.compile
+
+`--compile` wraps the encoder (the module whose forward rebuilds every entity) in `torch.compile` (inductor, the
+default mode); the C++ sparse kernels are opaque to it, so it can fuse only the dense and elementwise work around
+them. Its warm-up steps include the compilation, reported apart.
 """
 
 from __future__ import annotations
@@ -65,16 +70,20 @@ def phase_step(learner: Learner, state: TrainState) -> dict[str, float]:
     return times
 
 
-def profile(data: Path, dim: int, compute: str, steps: int, threads: int) -> dict:
+def profile(data: Path, dim: int, compute: str, steps: int, threads: int, compiled: bool = False) -> dict:
     torch.manual_seed(0)
     ds = load_dataset(data)
     cfg = TrainConfig(compute=compute, threads=threads, device="cpu")
     run = Run.build(ds, ModelConfig(dim=dim), torch.device("cpu"))
     learner = Learner.build(run, build_optimizer(run.model, cfg), cfg, ranks=Ranks.current(torch.device("cpu")),
                             device=torch.device("cpu"))
+    if compiled:
+        learner.net = torch.compile(learner.net)
     state = TrainState.start(cfg.seed)
     run.model.train()
-    laps = [phase_step(learner, state) for _ in range(WARMUP + steps)][WARMUP:]
+    laps = [phase_step(learner, state) for _ in range(WARMUP + steps)]
+    warmup_seconds = sum(sum(lap.values()) for lap in laps[:WARMUP])
+    laps = laps[WARMUP:]
     phases = {p: statistics.median(lap[p] for lap in laps) for p in PHASES}
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
         for _ in range(steps):
@@ -83,13 +92,17 @@ def profile(data: Path, dim: int, compute: str, steps: int, threads: int) -> dic
     total = sum(e.self_cpu_time_total for e in ops) or 1.0
     top = [{"op": e.key, "calls_per_step": e.count / steps, "self_ms_per_step": e.self_cpu_time_total / 1e3 / steps,
             "share": e.self_cpu_time_total / total} for e in ops[:15]]
-    return {"compute": compute, "autocast": learner.autocast, "median_step_seconds": sum(phases.values()),
-            "phases": phases, "top_ops": top}
+    label = compute + (" compiled" if compiled else "")
+    return {"compute": label, "autocast": learner.autocast, "compiled": compiled,
+            "median_step_seconds": sum(phases.values()), "warmup_seconds": warmup_seconds, "phases": phases,
+            "top_ops": top}
 
 
 def markdown(results: list[dict], data: str, dim: int, threads: int) -> str:
     phase_rows = [[p, *(f"{r['phases'][p]:.4f}" for r in results)] for p in PHASES]
     phase_rows.append(["step (sum)", *(f"{r['median_step_seconds']:.4f}" for r in results)])
+    phase_rows.append([f"{WARMUP} warm-up steps (compilation included)",
+                       *(f"{r['warmup_seconds']:.1f}" if "warmup_seconds" in r else "" for r in results)])
     text = (f"# Where an EARL step's time goes: {data}, dim {dim}, paper settings, {threads} threads\n\n"
             "Median seconds per phase (clock around each phase of train_step's full-graph path):\n\n"
             + md_table(["phase", *(r["compute"] for r in results)], phase_rows) + "\n")
@@ -108,12 +121,13 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=5, help="steps timed and profiled per setting")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--tag", default="", help="suffix of the results file (a second machine's run)")
+    parser.add_argument("--compile", action="store_true", help="also time the encoder under torch.compile")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     dim = DIMS[args.data]
     results = []
-    for compute in ("fp32", "bf16"):
-        results.append(profile(args.datasets / args.data, dim, compute, args.steps, args.threads))
+    for compiled, compute in [(False, "fp32"), (False, "bf16")] + ([(True, "fp32"), (True, "bf16")] * args.compile):
+        results.append(profile(args.datasets / args.data, dim, compute, args.steps, args.threads, compiled))
         print(compute, {k: round(v, 4) for k, v in results[-1]["phases"].items()}, flush=True)
     name = f"step_profile_{args.data}" + (f"_{args.tag}" if args.tag else "")
     write_results(name, {"data": args.data, "dim": dim, "threads": args.threads, "steps": args.steps, "results": results},
