@@ -133,8 +133,9 @@ def markdown(rows: list[dict], quick: bool) -> str:
             "precision that fits. RotatE matched bytes: the largest fp32 RotatE that fits. Every method gets the "
             "row's minutes (compress: the whole search; baselines: training).\n\n"
             "Inside each compress search: the best export of each model kind validated on the whole valid split (the "
-            "last rung's; earlier rungs rank on a subset), and the minutes the search spent (exports and the test "
-            "evaluation of the pick included).\n\n" + searches + "\n")
+            "last rung's; earlier rungs rank on a subset), and the minutes the search spent by its own clock (exports "
+            "and the pick's test evaluation included; the validation timing before the first rung only from "
+            "commit ef37aa8 on).\n\n" + searches + "\n")
 
 
 def _minutes(compress_row: dict | None) -> str:
