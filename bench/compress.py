@@ -34,7 +34,7 @@ from common import REPO, default_datasets, environment, md_table, pyplot, save_p
 from earl_service.budget import BundleSizes, save_exact
 from earl_service.bundle import load_bundle
 from earl_service.bundle_format import PRECISIONS
-from earl_service.compress import compress, evaluate_bundle
+from earl_service.compress import choose, compress, evaluate_bundle
 from earl_service.compress_config import CompressConfig, parse_size
 from earl_service.config import ModelConfig, TrainConfig
 from earl_service.data import load_dataset
@@ -73,11 +73,11 @@ def compress_method(ds, minutes: float, budget: int, out: Path) -> dict:
 def search_summary(report: dict) -> dict:
     """What a compress report says of its search: minutes spent, and each model kind's best export validated on
     the whole split (early rungs rank on a subset, not comparable), so a row shows how close the other kind came."""
-    best: dict[str, dict] = {}
-    for r in report["exports"]:
-        if r.get("valid_subset") or r["mrr"] <= best.get(r["model"], {}).get("valid_mrr", -1.0):
-            continue
-        best[r["model"]] = {"dim": r["dim"], "precision": r["precision"], "bytes": r["bytes"], "valid_mrr": r["mrr"]}
+    exports = report["exports"]
+    best = {}
+    for model in dict.fromkeys(r["model"] for r in exports if not r.get("valid_subset")):
+        r = choose([r for r in exports if r["model"] == model], "mrr")  # the rule that chose the pick
+        best[model] = {"dim": r["dim"], "precision": r["precision"], "bytes": r["bytes"], "valid_mrr": r["mrr"]}
     return {"search_minutes": report["spent_seconds"] / 60, "best_of_model": best}
 
 

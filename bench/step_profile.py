@@ -128,7 +128,7 @@ def main() -> None:
     results = []
     for compiled, compute in [(False, "fp32"), (False, "bf16")] + ([(True, "fp32"), (True, "bf16")] * args.compile):
         results.append(profile(args.datasets / args.data, dim, compute, args.steps, args.threads, compiled))
-        print(compute, {k: round(v, 4) for k, v in results[-1]["phases"].items()}, flush=True)
+        print(results[-1]["compute"], {k: round(v, 4) for k, v in results[-1]["phases"].items()}, flush=True)
     name = f"step_profile_{args.data}" + (f"_{args.tag}" if args.tag else "")
     write_results(name, {"data": args.data, "dim": dim, "threads": args.threads, "steps": args.steps, "results": results},
                   markdown(results, args.data, dim, args.threads))
