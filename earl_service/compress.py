@@ -375,21 +375,23 @@ def slice_training(job: Job, name: str, share: float, limit: int) -> float:
 
 
 def test_reserve(job: Job) -> float:
-    """Seconds to keep back for the pick's test evaluation after the last rung: a whole pass over the test split
-    at the slowest survivor's validation speed."""
+    """Seconds to keep back for the pick's test evaluation after the last rung, at the slowest survivor's: a
+    whole pass over the test split at its validation speed, and loading its run (its other overhead, as measured
+    at its last rung)."""
     test, valid = job.dataset.test, job.dataset.split("valid")
     if test is None or not len(test):
         return 0.0
-    survivors = job.state["rungs"][-1]["survivors"]
-    slowest = max(unit_validation_seconds(job.unit(n), job.state["validation_seconds"]) for n in survivors)
-    return slowest * len(test) / max(len(valid), 1)
+    units = [job.unit(n) for n in job.state["rungs"][-1]["survivors"]]
+    return max(unit_validation_seconds(u, job.state["validation_seconds"]) * len(test) / max(len(valid), 1)
+               + u.get("other_seconds", 0.0) for u in units)
 
 
 def run_rung(job: Job) -> bool:
     """Train and evaluate every survivor of the current rung that has no result yet; False if stopped.
 
     Every survivor gets the same slice of the rung, fixed when the rung starts. A candidate that overruns its
-    slice (at rung 0 its overhead is an estimate) takes the time from the later rungs, planned from the time left,
+    slice (at rung 0 its validations are estimates and the rest of its overhead unknown) takes the time from the
+    later rungs, planned from the time left,
     not from the candidates after it: sharing out what was left instead starved the last four RotatE candidates of
     FB15k-237's 2 MB search to one step each at rung 0.
     """

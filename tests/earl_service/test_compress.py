@@ -213,15 +213,17 @@ def test_a_candidate_that_overruns_its_slice_takes_no_time_from_the_next(tmp_pat
 
 
 def test_the_last_rung_and_the_pick_test_end_within_the_time_limit(tmp_path, monkeypatch):
-    """A slice is charged the validations of its own rung (a subset before the last rung, the whole split in it),
-    and the pick's test pass is kept back: when the work takes what the estimates say, search and test end at the
-    limit. Carrying the overhead measured on rung 0's subset into the last rung overran it (FB15k-237 at 8 MB:
-    61.2 of 60 minutes)."""
+    """A slice is charged the validations of its own rung (a subset before the last rung, the whole split in it)
+    and its codebook fine-tuning, and the pick's test pass is kept back: when the work takes what the estimates
+    say, search and test end at the limit. Carrying the overhead measured on rung 0's subset into the last rung
+    overran it (FB15k-237 at 8 MB: 61.2 of 60 minutes)."""
     monkeypatch.setattr(compress_module, "EARLY_VALID_TRIPLES", 2)  # of the tiny graph's 20 valid triples
     clock = {"now": 0.0}
     monkeypatch.setattr(compress_module, "time", SimpleNamespace(monotonic=lambda: clock["now"]))
-    units = [{"name": f"rotate-d{d}", "model": "rotate", "dim": d, "bytes": {"fp32": 1, "int8": 1},
-              "validation_seconds": 30.0} for d in (20, 10)]
+    units = [{"name": "rotate-d20", "model": "rotate", "dim": 20, "bytes": {"fp32": 1, "int8": 1},
+              "validation_seconds": 30.0},
+             {"name": "rotate-d10", "model": "rotate", "dim": 10, "bytes": {"fp32": 1, "pq:4": 1},
+              "validation_seconds": 20.0}]
     config = CompressConfig(max_bytes=10**6, time_limit_minutes=10)
     state = {"candidates": units, "rungs": [], "rung_count": len(compress_module.rung_sizes(2, config.eta)),
              "validation_seconds": {"rotate": 30.0}, "spent_seconds": 0.0, "done": False}
@@ -234,14 +236,18 @@ def test_the_last_rung_and_the_pick_test_end_within_the_time_limit(tmp_path, mon
         return {}
 
     def evaluate_exports(job, name, *, tune_seconds, limit):
-        clock["now"] += 5.0 + 30.0 * 2 * compress_module.valid_fraction(job.dataset, limit)  # load, 2 validations
-        return {p: {"mrr": 0.1, "hits_at_10": 0.2} for p in job.unit(name)["bytes"]}
+        unit = job.unit(name)
+        validations = unit["validation_seconds"] * 2 * compress_module.valid_fraction(job.dataset, limit)
+        clock["now"] += 5.0 + tune_seconds + validations  # load and export, fine-tune the pq export, validate
+        return {p: {"mrr": 0.2 if p.startswith("pq") else 0.1, "hits_at_10": 0.2,
+                    **({"fine_tune_seconds": tune_seconds} if p.startswith("pq") else {})} for p in unit["bytes"]}
 
     monkeypatch.setattr(compress_module, "train_slice", train_slice)
     monkeypatch.setattr(compress_module, "evaluate_exports", evaluate_exports)
     assert state["rung_count"] == 2 and compress_module.search(job)
-    test_seconds = 30.0 * len(dataset.test) / len(dataset.valid)
-    assert test_seconds > 0 and job.spent + test_seconds == pytest.approx(600.0)
+    assert job.state["rungs"][-1]["survivors"] == ["rotate-d10"]  # its pq export scored best
+    test_seconds = 20.0 * len(dataset.test) / len(dataset.valid) + 5.0  # test pass and loading the pick's run
+    assert job.spent + test_seconds == pytest.approx(600.0)
 
 
 def test_each_candidate_is_charged_the_validations_of_its_own_dim(tmp_path):
