@@ -391,9 +391,8 @@ def run_rung(job: Job) -> bool:
 
     Every survivor gets the same slice of the rung, fixed when the rung starts. A candidate that overruns its
     slice (at rung 0 its validations are estimates and the rest of its overhead unknown) takes the time from the
-    later rungs, planned from the time left,
-    not from the candidates after it: sharing out what was left instead starved the last four RotatE candidates of
-    FB15k-237's 2 MB search to one step each at rung 0.
+    later rungs, planned from the time left, not from the candidates after it: sharing out what was left instead
+    starved the last four RotatE candidates of FB15k-237's 2 MB search to one step each at rung 0.
     """
     rung = job.state["rungs"][-1]
     rungs_left = job.state["rung_count"] - rung["index"]
