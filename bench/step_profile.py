@@ -102,7 +102,7 @@ def markdown(results: list[dict], data: str, dim: int, threads: int) -> str:
     phase_rows = [[p, *(f"{r['phases'][p]:.4f}" for r in results)] for p in PHASES]
     phase_rows.append(["step (sum)", *(f"{r['median_step_seconds']:.4f}" for r in results)])
     phase_rows.append([f"{WARMUP} warm-up steps (compilation included)",
-                       *(f"{r['warmup_seconds']:.1f}" if "warmup_seconds" in r else "" for r in results)])
+                       *(f"{r['warmup_seconds']:.1f}" for r in results)])
     text = (f"# Where an EARL step's time goes: {data}, dim {dim}, paper settings, {threads} threads\n\n"
             "Median seconds per phase (clock around each phase of train_step's full-graph path):\n\n"
             + md_table(["phase", *(r["compute"] for r in results)], phase_rows) + "\n")
@@ -126,7 +126,8 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     dim = DIMS[args.data]
     results = []
-    for compiled, compute in [(False, "fp32"), (False, "bf16")] + ([(True, "fp32"), (True, "bf16")] * args.compile):
+    settings = [(compiled, compute) for compiled in (False, True)[:1 + args.compile] for compute in ("fp32", "bf16")]
+    for compiled, compute in settings:
         results.append(profile(args.datasets / args.data, dim, compute, args.steps, args.threads, compiled))
         print(results[-1]["compute"], {k: round(v, 4) for k, v in results[-1]["phases"].items()}, flush=True)
     name = f"step_profile_{args.data}" + (f"_{args.tag}" if args.tag else "")
