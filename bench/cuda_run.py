@@ -8,7 +8,7 @@ figure: the first table's is.
 
     python bench/cuda_run.py                               # FB15k-237, EARL dim 150, 5 minutes each
     python bench/cuda_run.py --dataset wn18rr --dim 200 --minutes 8
-    python bench/cuda_run.py --computes fp32 --time-steps 0 --minutes 8.5 --eval-every 100 --patience 20 \
+    python bench/cuda_run.py --computes fp32 --time-steps 0 --minutes 8 --eval-every 100 --patience 20 \
         --tag paper-es                                     # fp32 alone to the paper's early stopping
 
 With `--time-steps 0` the timing runs are skipped; a precision trained alone then has a clean s/step of its own.
