@@ -13,6 +13,7 @@ sizes up to a million) for the docs' question whether an index over the codes wo
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import time
@@ -28,8 +29,10 @@ from earl_service.bundle import load_bundle
 from earl_service.compress import evaluate_bundle
 from earl_service.config import ModelConfig, TrainConfig
 from earl_service.data import load_dataset
+from earl_service.options import train_configs_from_options
 from earl_service.pq import FineTune, encode_tables, fine_tune
 from earl_service.pq_format import codes_for
+from earl_service.recipes import DEFAULT, RECIPES
 from earl_service.train import BUNDLE, load_run, train
 
 SETTINGS = {"codex-s": {"minutes": 3.0, "earl_dim": 100, "goal": (400_000, 0.38)},
@@ -38,17 +41,18 @@ ROTATE_DIMS = (50, 100, 200, 500)
 NUMBERS_PER_CODE = (2, 4, 8, 16)  # floats per code byte: pq:M with M = 2 * dim / this
 
 
-def trained(ds, config: ModelConfig, minutes: float, threads: int, out: Path) -> dict:
-    """Train `config` for `minutes` into `out` unless a run is already there; its steps and training seconds."""
+def trained(ds, config: ModelConfig, train_config: TrainConfig, out: Path) -> dict:
+    """Train `config` into `out` unless a run is already there; its steps and training seconds."""
     if not (out / BUNDLE).exists():
-        train(ds, config, TrainConfig(time_limit_minutes=minutes, progress=False, threads=threads), out,
-              final_eval=False)
+        train(ds, config, train_config, out, final_eval=False)
     metrics = json.loads((out / "metrics.json").read_text())
     return {"train_steps": metrics.get("steps"), "train_seconds": metrics.get("train_seconds")}
 
 
-def exports(ds, sizes: BundleSizes, config: ModelConfig, out: Path, ft: FineTune) -> list[dict]:
-    """Every precision of one trained run: bytes (predicted, checked on the file) and test MRR."""
+def exports(ds, sizes: BundleSizes, config: ModelConfig, train_config: TrainConfig, out: Path,
+            ft: FineTune) -> list[dict]:
+    """Every precision of one trained run: bytes (predicted, checked on the file) and test MRR; codebooks are
+    fine-tuned with the run's own training settings, as a compress job does."""
     source, run = load_bundle(out / BUNDLE), load_run(out, ds, device="cpu")
     rows = []
 
@@ -70,7 +74,7 @@ def exports(ds, sizes: BundleSizes, config: ModelConfig, out: Path, ft: FineTune
         start = time.perf_counter()
         tables = encode_tables(source.config, source.params, f"pq:{m}")
         export(f"pq:{m}", tables, numbers_per_code=per_code, encode_seconds=time.perf_counter() - start)
-        tuned, info = fine_tune(run, source.params, tables, TrainConfig(), FineTune(ft.steps, ft.seconds))
+        tuned, info = fine_tune(run, source.params, tables, train_config, FineTune(ft.steps, ft.seconds))
         export(f"pq:{m}", tuned, tuned=True, numbers_per_code=per_code, fine_tune_steps=len(info.losses),
                fine_tune_loss=[info.losses[0], info.losses[-1]] if info.losses else None)
     return rows
@@ -107,7 +111,8 @@ def index_timing(width: int, codes: int, rows_list: tuple[int, ...], queries: in
     return out
 
 
-def markdown(name: str, minutes: float, rows: list[dict], index: list[dict], goal: tuple[int, float]) -> str:
+def markdown(name: str, minutes: float, recipe: str, rows: list[dict], index: list[dict],
+             goal: tuple[int, float]) -> str:
     budget, target = goal
     best = max((r for r in rows if r["bytes"] <= budget), key=lambda r: r["test_mrr"], default=None)
     fp32 = max((r for r in rows if r["precision"] == "fp32"), key=lambda r: r["test_mrr"])
@@ -126,7 +131,7 @@ def markdown(name: str, minutes: float, rows: list[dict], index: list[dict], goa
                    [[f"{r['rows']:,}", r["width"], r["codes"], r["exact_ms"], r["indexpq_ms"], r["top10_agreement"]]
                     for r in index])
     return (f"# Codebook compression (pq) on {name}\n\n"
-            f"Every model trained once for {minutes:g} minutes (the machine line below gives the cores and the "
+            f"Every model trained once for {minutes:g} minutes with the {recipe} recipe (the machine line below gives the cores and the "
             "load; the step counts are what each run got), then "
             "exported at every precision from the same weights; pq exports post-hoc (faiss ProductQuantizer, "
             "codes against fp16 centroids) and again after codebook fine-tuning (codes fixed, centroids trained "
@@ -166,6 +171,8 @@ def main() -> int:
     parser.add_argument("--minutes", type=float, help="training minutes per model (default per dataset)")
     parser.add_argument("--dims", default=",".join(map(str, ROTATE_DIMS)), help="RotatE dims")
     parser.add_argument("--no-earl", action="store_true")
+    parser.add_argument("--recipe", choices=sorted(RECIPES), default=DEFAULT,
+                        help="training settings of every model, as a compress job's (default: the default recipe)")
     parser.add_argument("--ft-steps", type=int, default=300)
     parser.add_argument("--ft-seconds", type=float, default=30.0)
     parser.add_argument("--threads", type=int, default=0, help="torch and faiss threads (0: default)")
@@ -186,16 +193,19 @@ def main() -> int:
     configs += [] if a.no_earl else [ModelConfig(dim=setting["earl_dim"])]
     rows: list[dict] = []
     for config in configs:
-        out = a.runs / a.dataset / f"{config.model}-d{config.dim}-{minutes:g}min"
-        training = trained(ds, config, minutes, a.threads, out)
-        for row in exports(ds, sizes, config, out, FineTune(a.ft_steps, a.ft_seconds)):
+        # each model kind trains as a compress job's candidates do: the recipe's values for it, for `minutes`
+        train_config = dataclasses.replace(train_configs_from_options({"progress": False}, recipe=a.recipe)[config.model],
+                                           time_limit_minutes=minutes, threads=a.threads)
+        out = a.runs / a.dataset / f"{config.model}-d{config.dim}-{minutes:g}min-{a.recipe}"
+        training = trained(ds, config, train_config, out)
+        for row in exports(ds, sizes, config, train_config, out, FineTune(a.ft_steps, a.ft_seconds)):
             rows.append({**row, **training})
     index = index_timing(200, 50, a.index_rows or (len(ds.entities), 100_000, 1_000_000))
-    data = {"dataset": a.dataset, "minutes": minutes, "rows": rows, "index": index, "goal": setting["goal"],
+    data = {"dataset": a.dataset, "minutes": minutes, "recipe": a.recipe, "rows": rows, "index": index, "goal": setting["goal"],
             "fine_tune": {"steps": a.ft_steps, "seconds": a.ft_seconds}}
     name = a.dataset + (f"_{a.tag}" if a.tag else "")
     plot(name, rows, setting["goal"])
-    write_results(f"pq_{name}", data, markdown(name, minutes, rows, index, setting["goal"]))
+    write_results(f"pq_{name}", data, markdown(name, minutes, a.recipe, rows, index, setting["goal"]))
     return 0
 
 
