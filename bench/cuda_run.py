@@ -79,7 +79,8 @@ def main() -> None:
     fig, ax = plt.subplots(figsize=(6, 4))
     for c, r in runs.items():
         ax.plot(r["curve"]["steps"], r["curve"]["mrr"], marker=".", label=f"{c} (test {r['test']['mrr']:.4f})")
-    ax.set(xlabel="step", ylabel="valid MRR", title=f"{args.dataset}, EARL dim {args.dim}, CUDA, paper settings")
+    ax.set(xlabel="step", ylabel="valid MRR",
+           title=f"{args.dataset}, EARL dim {args.dim}, {args.device.upper()}, paper settings")
     ax.grid(alpha=0.3)
     ax.legend()
     name = f"cuda_run_{args.dataset}" + (f"_{args.tag}" if args.tag else "")

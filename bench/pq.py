@@ -131,8 +131,8 @@ def markdown(name: str, minutes: float, recipe: str, rows: list[dict], index: li
                    [[f"{r['rows']:,}", r["width"], r["codes"], r["exact_ms"], r["indexpq_ms"], r["top10_agreement"]]
                     for r in index])
     return (f"# Codebook compression (pq) on {name}\n\n"
-            f"Every model trained once for {minutes:g} minutes with the {recipe} recipe (the machine line below gives the cores and the "
-            "load; the step counts are what each run got), then "
+            f"Every model trained once for {minutes:g} minutes with the {recipe} recipe (the machine line below "
+            "gives the cores and the load; the step counts are what each run got), then "
             "exported at every precision from the same weights; pq exports post-hoc (faiss ProductQuantizer, "
             "codes against fp16 centroids) and again after codebook fine-tuning (codes fixed, centroids trained "
             "with the training loss). Bytes are the whole bundle file (graph, vocabularies, padded metrics), "
@@ -191,18 +191,18 @@ def main() -> int:
     sizes = BundleSizes(ds)
     configs = [ModelConfig(model="rotate", dim=int(d)) for d in a.dims.split(",")]
     configs += [] if a.no_earl else [ModelConfig(dim=setting["earl_dim"])]
+    # each model kind trains (and fine-tunes) as a compress job's candidates do: the recipe's values for it
+    recipe_configs = train_configs_from_options({"progress": False}, recipe=a.recipe)
     rows: list[dict] = []
     for config in configs:
-        # each model kind trains as a compress job's candidates do: the recipe's values for it, for `minutes`
-        train_config = dataclasses.replace(train_configs_from_options({"progress": False}, recipe=a.recipe)[config.model],
-                                           time_limit_minutes=minutes, threads=a.threads)
+        train_config = dataclasses.replace(recipe_configs[config.model], time_limit_minutes=minutes, threads=a.threads)
         out = a.runs / a.dataset / f"{config.model}-d{config.dim}-{minutes:g}min-{a.recipe}"
         training = trained(ds, config, train_config, out)
         for row in exports(ds, sizes, config, train_config, out, FineTune(a.ft_steps, a.ft_seconds)):
             rows.append({**row, **training})
     index = index_timing(200, 50, a.index_rows or (len(ds.entities), 100_000, 1_000_000))
-    data = {"dataset": a.dataset, "minutes": minutes, "recipe": a.recipe, "rows": rows, "index": index, "goal": setting["goal"],
-            "fine_tune": {"steps": a.ft_steps, "seconds": a.ft_seconds}}
+    data = {"dataset": a.dataset, "minutes": minutes, "recipe": a.recipe, "rows": rows, "index": index,
+            "goal": setting["goal"], "fine_tune": {"steps": a.ft_steps, "seconds": a.ft_seconds}}
     name = a.dataset + (f"_{a.tag}" if a.tag else "")
     plot(name, rows, setting["goal"])
     write_results(f"pq_{name}", data, markdown(name, minutes, a.recipe, rows, index, setting["goal"]))
