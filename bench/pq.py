@@ -6,7 +6,9 @@ code sizes, with and without codebook fine-tuning), every export from the same t
     python bench/pq.py codex-s --minutes 1 --dims 50,100        # a quick look
 
 Writes bench/results/pq_<dataset>.{json,md,png}. Trained runs are kept under --runs and reused by a rerun (delete
-them to retrain). Also times a faiss IndexPQ search against exact search over the decoded table (synthetic rows,
+them to retrain), and so are their measured exports (exports.json in the run folder, per fine-tuning setting), so a
+long table can be filled piece by piece (`--dims 200 --no-earl --tag d200`, one core each) and written whole by a
+last run over every dim that only measures what is missing. Also times a faiss IndexPQ search against exact search over the decoded table (synthetic rows,
 sizes up to a million) for the docs' question whether an index over the codes would pay.
 """
 
@@ -52,7 +54,20 @@ def trained(ds, config: ModelConfig, train_config: TrainConfig, out: Path) -> di
 def exports(ds, sizes: BundleSizes, config: ModelConfig, train_config: TrainConfig, out: Path,
             ft: FineTune) -> list[dict]:
     """Every precision of one trained run: bytes (predicted, checked on the file) and test MRR; codebooks are
-    fine-tuned with the run's own training settings, as a compress job does."""
+    fine-tuned with the run's own training settings, as a compress job does. Rows measured before with the same
+    fine-tuning are read back from the run folder."""
+    cache, key = out / "exports.json", f"ft{ft.steps}-{ft.seconds:g}s"
+    measured = json.loads(cache.read_text()) if cache.exists() else {}
+    if key not in measured:
+        measured[key] = measure_exports(ds, sizes, config, train_config, out, ft)
+        tmp = cache.with_suffix(".tmp")
+        tmp.write_text(json.dumps(measured, indent=1))
+        tmp.replace(cache)
+    return measured[key]
+
+
+def measure_exports(ds, sizes: BundleSizes, config: ModelConfig, train_config: TrainConfig, out: Path,
+                    ft: FineTune) -> list[dict]:
     source, run = load_bundle(out / BUNDLE), load_run(out, ds, device="cpu")
     rows = []
 
