@@ -2,7 +2,7 @@
 code sizes, with and without codebook fine-tuning), every export from the same trained run.
 
     taskset -c 1 python bench/pq.py codex-s --threads 1        # RotatE 50/100/200/500 + EARL 100, 3 min each
-    python bench/pq.py fb15k-237                                # RotatE 50/100/200/500 + EARL 150, 30 min each
+    python bench/pq.py fb15k-237 --threads 1                    # RotatE 50/100/200/500 + EARL 150, 20 min each
     python bench/pq.py codex-s --minutes 1 --dims 50,100        # a quick look
 
 Writes bench/results/pq_<dataset>.{json,md,png}. Trained runs are kept under --runs and reused by a rerun (delete
@@ -38,7 +38,7 @@ from earl_service.recipes import DEFAULT, RECIPES
 from earl_service.train import BUNDLE, load_run, train
 
 SETTINGS = {"codex-s": {"minutes": 3.0, "earl_dim": 100, "goal": (400_000, 0.38)},
-            "fb15k-237": {"minutes": 30.0, "earl_dim": 150, "goal": (2_000_000, 0.300)}}
+            "fb15k-237": {"minutes": 20.0, "earl_dim": 150, "goal": (2_000_000, 0.300)}}
 ROTATE_DIMS = (50, 100, 200, 500)
 NUMBERS_PER_CODE = (2, 4, 8, 16)  # floats per code byte: pq:M with M = 2 * dim / this
 
