@@ -7,9 +7,10 @@ code sizes, with and without codebook fine-tuning), every export from the same t
 
 Writes bench/results/pq_<dataset>.{json,md,png}. Trained runs are kept under --runs and reused by a rerun (delete
 them to retrain), and so are their measured exports (exports.json in the run folder, per fine-tuning setting), so a
-long table can be filled piece by piece (`--dims 200 --no-earl --tag d200`, one core each) and written whole by a
-last run over every dim that only measures what is missing. Also times a faiss IndexPQ search against exact search over the decoded table (synthetic rows,
-sizes up to a million) for the docs' question whether an index over the codes would pay.
+long table can be filled piece by piece, one core each (`--dims 200 --no-earl --tag d200`; `--dims ''` for EARL
+alone), and written whole by a last run over every model that only measures what is missing. Also times a faiss
+IndexPQ search against exact search over the decoded table (synthetic rows, sizes up to a million) for the docs'
+question whether an index over the codes would pay.
 """
 
 from __future__ import annotations
@@ -184,7 +185,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("dataset", choices=sorted(SETTINGS))
     parser.add_argument("--minutes", type=float, help="training minutes per model (default per dataset)")
-    parser.add_argument("--dims", default=",".join(map(str, ROTATE_DIMS)), help="RotatE dims")
+    parser.add_argument("--dims", default=",".join(map(str, ROTATE_DIMS)), help="RotatE dims ('': none)")
     parser.add_argument("--no-earl", action="store_true")
     parser.add_argument("--recipe", choices=sorted(RECIPES), default=DEFAULT,
                         help="training settings of every model, as a compress job's (default: the default recipe)")
@@ -204,8 +205,10 @@ def main() -> int:
     minutes = a.minutes or setting["minutes"]
     ds = load_dataset(default_datasets() / a.dataset, labels=False)  # as the committed results: bytes of weights
     sizes = BundleSizes(ds)
-    configs = [ModelConfig(model="rotate", dim=int(d)) for d in a.dims.split(",")]
+    configs = [ModelConfig(model="rotate", dim=int(d)) for d in a.dims.split(",") if d.strip()]
     configs += [] if a.no_earl else [ModelConfig(dim=setting["earl_dim"])]
+    if not configs:
+        parser.error("no model to run: --dims is empty and --no-earl is set")
     # each model kind trains (and fine-tunes) as a compress job's candidates do: the recipe's values for it
     recipe_configs = train_configs_from_options({"progress": False}, recipe=a.recipe)
     rows: list[dict] = []
