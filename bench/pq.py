@@ -27,6 +27,7 @@ import numpy as np
 import torch
 from common import REPO, default_datasets, md_table, pyplot, save_png, write_results
 
+from earl_service.atomic import write_json
 from earl_service.budget import BundleSizes, save_exact
 from earl_service.bundle import load_bundle
 from earl_service.compress import evaluate_bundle
@@ -61,9 +62,7 @@ def exports(ds, sizes: BundleSizes, config: ModelConfig, train_config: TrainConf
     measured = json.loads(cache.read_text()) if cache.exists() else {}
     if key not in measured:
         measured[key] = measure_exports(ds, sizes, config, train_config, out, ft)
-        tmp = cache.with_suffix(".tmp")
-        tmp.write_text(json.dumps(measured, indent=1))
-        tmp.replace(cache)
+        write_json(cache, measured)
     return measured[key]
 
 
