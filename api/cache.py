@@ -9,8 +9,8 @@ from concurrent.futures import Future
 from pathlib import Path
 
 from earl_service.errors import BundleError
-from earl_service.predict import LinkPredictor
-from earl_service.worker.records import ModelRecord
+from earl_service.serve.predictor import LinkPredictor
+from earl_service.service.records import ModelRecord
 
 Key = tuple[str, str]  # (model id, sha256)
 Signature = tuple[int, int, int]  # (inode, size, mtime_ns) of a bundle file
@@ -95,7 +95,7 @@ class PredictorCache:
 
 
 def load_predictor(path: Path) -> LinkPredictor:
-    from earl_service.bundle import load_bundle
+    from earl_service.bundle.model_io import load_bundle
 
     return LinkPredictor.from_bundle(load_bundle(path))
 

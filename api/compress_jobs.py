@@ -11,12 +11,12 @@ import shutil
 from collections.abc import Collection
 from typing import Any
 
-from earl_service.compress_config import CompressConfig, budget_floor
-from earl_service.data import TripleTable
+from earl_service.compress.config import CompressConfig, budget_floor
+from earl_service.compress.job import compress_settings
+from earl_service.config.options import recipe_options
+from earl_service.data.dataset import TripleTable
 from earl_service.errors import ConfigError, DatasetError
-from earl_service.options import recipe_options
-from earl_service.worker.compress_job import compress_settings
-from earl_service.worker.home import ServiceHome
+from earl_service.service.home import ServiceHome
 
 from .schemas import CompressForm
 

@@ -13,9 +13,9 @@ from fastapi import Depends, HTTPException, Path, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from starlette.routing import get_route_path
 
-from earl_service.worker.home import ServiceHome
-from earl_service.worker.registry import ModelRegistry
-from earl_service.worker.store import JobStore
+from earl_service.service.home import ServiceHome
+from earl_service.service.registry import ModelRegistry
+from earl_service.service.store import JobStore
 
 from .cache import PredictorCache
 from .limits import PredictSlots

@@ -9,7 +9,7 @@ from typing import Any
 import anyio
 
 from earl_service.errors import ConfigError
-from earl_service.worker.store import JobStore
+from earl_service.service.store import JobStore
 
 from .settings import Settings
 

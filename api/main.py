@@ -18,10 +18,10 @@ from starlette.concurrency import run_in_threadpool
 from starlette.types import ASGIApp
 
 from earl_service import __version__
-from earl_service.predict import configure_threads
-from earl_service.worker import housekeeping
-from earl_service.worker.home import ServiceHome
-from earl_service.worker.registry import ModelRegistry
+from earl_service.serve.predictor import configure_threads
+from earl_service.service import housekeeping
+from earl_service.service.home import ServiceHome
+from earl_service.service.registry import ModelRegistry
 
 from .cache import PredictorCache
 from .deps import check_access
@@ -33,7 +33,7 @@ from .routes import console, entities, events, health, jobs, models, predict, re
 from .settings import Settings
 
 log = logging.getLogger(__name__)
-SWEEP_EVERY_S = 3600.0  # housekeeping (earl_service/worker/housekeeping.py) after the one at start-up
+SWEEP_EVERY_S = 3600.0  # housekeeping (earl_service/service/housekeeping.py) after the one at start-up
 ROUTERS = (jobs, events, models, relations, reports, predict, entities, health, console)
 
 

@@ -6,9 +6,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field, model_validator
 
-from earl_service.bundle_format import PRECISIONS
-from earl_service.compress_config import METRICS
-from earl_service.options import form_model
+from earl_service.bundle.format import PRECISIONS
+from earl_service.compress.config import METRICS
+from earl_service.config.options import form_model
 
 from .deps import ID_PATTERN
 
@@ -16,7 +16,7 @@ from .deps import ID_PATTERN
 class CompressForm(BaseModel):
     """The form fields of a compress job: POST /jobs with max_bytes searches models, dims and precisions for the
     most accurate bundle under that size within `time_limit` minutes (required then) instead of training one
-    model. Service options, not TrainConfig fields; read by earl_service.worker.compress_job.compress_settings."""
+    model. Service options, not TrainConfig fields; read by earl_service.compress.job.compress_settings."""
 
     max_bytes: str | None = Field(None, max_length=40, description=(
         "compress job: most bytes the bundle file may take: 2MB (10**6 bytes: kB/MB/GB are powers of 10), "
@@ -30,7 +30,7 @@ class CompressForm(BaseModel):
 
 
 class TrainForm(form_model(), CompressForm):  # type: ignore[misc]  # a derived base is dynamic to mypy
-    """Form fields of POST /jobs: the option table's service options (earl_service/options.py, with its limits
+    """Form fields of POST /jobs: the option table's service options (earl_service/config/options.py, with its limits
     that keep one request from asking for an absurd job), plus how the service runs and exports the job, and
     the compress job's fields (CompressForm).
 

@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from earl_service.cli import add_service_options
+from earl_service.cli.main import add_service_options
 from earl_service.errors import ConfigError
 
 if TYPE_CHECKING:  # pydantic loads only when `earl serve` runs
@@ -75,7 +75,7 @@ def is_loopback(host: str) -> bool:
 
 
 def start_worker(home: str, store: str, *, threads: int) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "earl_service.cli", "worker", "--home", home, "--store", store,
+    return subprocess.Popen([sys.executable, "-m", "earl_service.cli.main", "worker", "--home", home, "--store", store,
                              "--threads", str(threads)])
 
 

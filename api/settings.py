@@ -7,7 +7,7 @@ from pathlib import Path
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from earl_service.bundle_format import BundleLimits
+from earl_service.bundle.format import BundleLimits
 
 
 class Settings(BaseSettings):

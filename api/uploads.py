@@ -10,10 +10,10 @@ from pathlib import Path
 from fastapi import UploadFile
 
 from earl_service.config import DataConfig
-from earl_service.data import DEFAULT_MAX_BYTES, SPLIT_SUFFIXES, TripleTable, count_triples, read_table
+from earl_service.data.dataset import DEFAULT_MAX_BYTES, SPLIT_SUFFIXES, TripleTable, count_triples, read_table
+from earl_service.data.labels import FILE_NAMES, Kind, check_label_file, is_json
 from earl_service.errors import TripleFileError, TripleLimitError
-from earl_service.labels import FILE_NAMES, Kind, check_label_file, is_json
-from earl_service.worker.home import ServiceHome
+from earl_service.service.home import ServiceHome
 
 LABEL_FIELDS: dict[str, Kind] = {"entity_labels": "entities", "relation_labels": "relations"}  # form field: kind
 MAX_NAME_CHARS = 1000  # as the /predict query parameters

@@ -62,11 +62,11 @@ def good_bundle(path: Path, *, model: str = "earl") -> Path:
     """An untrained CoDEx-S bundle (dim 16, fp32, plain tensors): its vocabularies and graph are real."""
     import torch
 
-    from earl_service.bundle import bundle_from_model
+    from earl_service.bundle.model_io import bundle_from_model
     from earl_service.config import ModelConfig
-    from earl_service.data import load_dataset
-    from earl_service.graph import choose_reserved
-    from earl_service.model import build_model
+    from earl_service.data.dataset import load_dataset
+    from earl_service.model.graph import choose_reserved
+    from earl_service.model.modules import build_model
 
     ds = load_dataset(REPO / "earl_service" / "demo_data" / "codex-s")
     config = ModelConfig(model=model, dim=16)
@@ -85,7 +85,7 @@ def source_bundle(model: str = "earl") -> bytes:
 
 def _parts(data: bytes) -> tuple[dict[str, np.ndarray], dict[str, str]]:
     """The tensors (coded weights left coded) and metadata of a bundle file's bytes, checksum dropped."""
-    from earl_service.bundle_format import read_safetensors
+    from earl_service.bundle.format import read_safetensors
 
     with tempfile.TemporaryDirectory() as tmp:
         (Path(tmp) / "b").write_bytes(data)
@@ -95,7 +95,7 @@ def _parts(data: bytes) -> tuple[dict[str, np.ndarray], dict[str, str]]:
 
 
 def _write(tensors: dict[str, np.ndarray], meta: dict[str, str]) -> bytes:
-    from earl_service.bundle_format import write_safetensors
+    from earl_service.bundle.format import write_safetensors
 
     with tempfile.TemporaryDirectory() as tmp:
         return write_safetensors(Path(tmp) / "b", tensors, meta).read_bytes()
@@ -104,7 +104,7 @@ def _write(tensors: dict[str, np.ndarray], meta: dict[str, str]) -> bytes:
 def weights_bomb(data: bytes, *, decoded_mib: int = 512) -> bytes:
     """Item 1: the weights coded as byte planes + xz, whose manifest declares its first tensor `decoded_mib` MiB
     large and whose xz stream does decode to that many zero bytes (about 80 KB per 512 MiB)."""
-    from earl_service.bundle import load_bundle
+    from earl_service.bundle.model_io import load_bundle
 
     with tempfile.TemporaryDirectory() as tmp:
         (Path(tmp) / "b").write_bytes(data)
@@ -123,7 +123,7 @@ def weights_bomb(data: bytes, *, decoded_mib: int = 512) -> bytes:
 
 def _graph(data: bytes, make: Callable[[int, int, int], bytes]) -> bytes:
     """The bundle with its graph replaced by xz(make(entities, relations, edges)), the raw CSR bytes."""
-    from earl_service.bundle_format import unpack_graph, unpack_strings
+    from earl_service.bundle.format import unpack_graph, unpack_strings
 
     tensors, meta = _parts(data)
     n, num_rel = len(unpack_strings(tensors["vocab.entities"])), len(unpack_strings(tensors["vocab.relations"]))

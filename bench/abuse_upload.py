@@ -7,7 +7,7 @@ measurement runs in a fresh process.
                                  [--plain-mib 4 16 64 100] [--distinct-gzip-mib 1024] [--long-names-mib 256]
 
 "before" is the code at --before (main at the review), "streaming" the first streaming reader (--streaming), both
-from `git show` of earl_service/data.py and api/uploads.py; "after" is this tree, with its default
+from `git show` of earl_service/data/dataset.py and api/uploads.py; "after" is this tree, with its default
 EARL_MAX_UPLOAD_TRIPLES ("after, no limit": 10**9). The old readers are not run on the distinct-triples gzip.
 """
 
@@ -59,14 +59,14 @@ print(json.dumps({"result": result, "seconds": seconds, "grown_mib": (status_kib
 
 
 def old_code(rev: str, folder: Path) -> Path:
-    """earl_service/data.py and api/uploads.py at `rev` as modules old_data and old_uploads in `folder`."""
+    """earl_service/data/dataset.py and api/uploads.py at `rev` as modules old_data and old_uploads in `folder`."""
     folder.mkdir(parents=True)
     def show(path: str) -> str:
         return subprocess.run(["git", "show", f"{rev}:{path}"], cwd=REPO, capture_output=True, text=True,
                               check=True).stdout
 
-    (folder / "old_data.py").write_text(show("earl_service/data.py"))
-    uploads = show("api/uploads.py").replace("from earl_service.data import", "from old_data import")
+    (folder / "old_data.py").write_text(show("earl_service/data/dataset.py"))
+    uploads = show("api/uploads.py").replace("from earl_service.data.dataset import", "from old_data import")
     (folder / "old_uploads.py").write_text(uploads)
     return folder
 

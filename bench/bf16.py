@@ -15,8 +15,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import default_datasets, md_table, write_results
 
 from earl_service.config import ModelConfig, TrainConfig
-from earl_service.data import load_dataset
-from earl_service.train import train
+from earl_service.data.dataset import load_dataset
+from earl_service.train.loop import train
 
 
 def main() -> None:

@@ -32,7 +32,7 @@ AVX2_ONLY = {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_E
 def onednn_matmuls(data: Path, dim: int) -> dict[str, int]:
     """oneDNN matmul/inner-product implementations seen in 2 bf16 steps, with their counts."""
     with tempfile.TemporaryDirectory() as out:
-        cmd = [sys.executable, "-m", "earl_service.cli", "train", str(data), "--out", out, "--dim", str(dim),
+        cmd = [sys.executable, "-m", "earl_service.cli.main", "train", str(data), "--out", out, "--dim", str(dim),
                "--steps", "2", "--eval-every", "0", "--no-final-eval", "--no-progress", "--threads", "2",
                "--compute", "bf16", "--device", "cpu"]
         text = subprocess.run(cmd, check=True, capture_output=True, text=True,

@@ -29,13 +29,13 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import default_datasets, md_table, write_results
 
-from earl_service.bundle import bundle_from_model, load_bundle
+from earl_service.bundle.model_io import bundle_from_model, load_bundle
 from earl_service.config import ModelConfig, TrainConfig
 from earl_service.core import knn as core_knn
-from earl_service.data import Vocab, load_dataset
-from earl_service.evaluate import KnownAnswers, rank_triples, summarize
-from earl_service.model import RotatEModel
-from earl_service.train import BUNDLE, train
+from earl_service.data.dataset import Vocab, load_dataset
+from earl_service.model.modules import RotatEModel
+from earl_service.train.evaluate import KnownAnswers, rank_triples, summarize
+from earl_service.train.loop import BUNDLE, train
 
 
 def test_mrr(bundle, ds) -> float:

@@ -19,7 +19,7 @@ from common import REPO, md_table, write_results
 CHILD = """
 import json, lzma, sys, time
 import numpy as np
-from earl_service.bundle_format import BundleLimits, unpack_strings
+from earl_service.bundle.format import BundleLimits, unpack_strings
 def hwm():
     return int([l for l in open("/proc/self/status") if l.startswith("VmHWM")][0].split()[1]) / 1024
 n, most = int(sys.argv[1]), int(sys.argv[2])

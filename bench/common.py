@@ -141,7 +141,7 @@ def train_process(args: list[str], out: Path) -> subprocess.Popen:
     """`earl train ARGS --out OUT` in its own process from the repository, its output in OUT/train.log."""
     out.mkdir(parents=True, exist_ok=True)
     log = (out / "train.log").open("w")
-    return subprocess.Popen([sys.executable, "-m", "earl_service.cli", "train", *args, "--out", str(out)], cwd=REPO,
+    return subprocess.Popen([sys.executable, "-m", "earl_service.cli.main", "train", *args, "--out", str(out)], cwd=REPO,
                             stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
 
 

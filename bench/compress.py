@@ -31,14 +31,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import torch
 from common import REPO, default_datasets, environment, md_table, pyplot, save_png, write_results
 
-from earl_service.budget import BundleSizes, save_exact
-from earl_service.bundle import load_bundle
-from earl_service.bundle_format import PRECISIONS
-from earl_service.compress import choose, compress, evaluate_bundle
-from earl_service.compress_config import CompressConfig, parse_size
+from earl_service.bundle.format import PRECISIONS
+from earl_service.bundle.model_io import load_bundle
+from earl_service.bundle.sizes import BundleSizes, save_exact
+from earl_service.compress.config import CompressConfig, parse_size
+from earl_service.compress.search import choose, compress, evaluate_bundle
 from earl_service.config import ModelConfig, TrainConfig
-from earl_service.data import load_dataset
-from earl_service.train import BUNDLE, load_run, train
+from earl_service.data.dataset import load_dataset
+from earl_service.train.loop import BUNDLE, load_run, train
 
 TABLES = {"codex-s": (("0.5MB", "1MB", "2MB"), 10.0), "fb15k-237": (("2MB", "4MB", "8MB"), 60.0),
           "wn18rr": (("4MB",), 60.0)}

@@ -30,7 +30,7 @@ COMPUTES = ("fp32", "bf16")
 
 
 def train_command(data: Path, out: Path, dim: int, compute: str, args: argparse.Namespace) -> list[str]:
-    return [sys.executable, "-m", "earl_service.cli", "train", str(data), "--out", str(out), "--dim", str(dim),
+    return [sys.executable, "-m", "earl_service.cli.main", "train", str(data), "--out", str(out), "--dim", str(dim),
             "--device", args.device, "--compute", compute, "--time-limit", str(args.minutes), "--eval-every",
             str(args.eval_every), "--patience", str(args.patience), "--checkpoint-every", "0", "--no-progress",
             "--recipe", "paper"]

@@ -1,4 +1,4 @@
-"""Entity search (earl_service/search.py) on 100k entities: index build time and memory, and per-query latency
+"""Entity search (earl_service/serve/names.py) on 100k entities: index build time and memory, and per-query latency
 for exact, prefix and fuzzy queries. Labels are FB15k-237's, repeated with a suffix to reach the size.
 
     taskset -c 1 python bench/entity_search.py [--entities 100000] [--queries 200]
@@ -16,9 +16,9 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import default_datasets, md_table, write_results
 
-from earl_service.data import Vocab
-from earl_service.labels import read_label_file
-from earl_service.search import NameSearch
+from earl_service.data.dataset import Vocab
+from earl_service.data.labels import read_label_file
+from earl_service.serve.names import NameSearch
 
 
 def labels_of_size(n: int) -> dict[str, str]:

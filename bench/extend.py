@@ -24,12 +24,12 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import default_datasets, md_table, write_results
 
-from earl_service.bundle import bundle_from_model, load_bundle
+from earl_service.bundle.model_io import bundle_from_model, load_bundle
 from earl_service.config import ModelConfig, TrainConfig
-from earl_service.data import Dataset, Vocab, load_dataset
-from earl_service.evaluate import KnownAnswers, rank_triples, summarize
-from earl_service.model import EARL
-from earl_service.train import BUNDLE, train
+from earl_service.data.dataset import Dataset, Vocab, load_dataset
+from earl_service.model.modules import EARL
+from earl_service.train.evaluate import KnownAnswers, rank_triples, summarize
+from earl_service.train.loop import BUNDLE, train
 
 
 def names_of(ds: Dataset, triples: np.ndarray) -> list[tuple[str, str, str]]:

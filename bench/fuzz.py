@@ -53,7 +53,7 @@ def server_errors(metrics: str) -> tuple[int, int]:
 
 def fuzz(bundle: Path, *, examples: int, max_time: int, seed: int, workdir: Path) -> dict:
     """One schemathesis run against a fresh server; the summary (test cases, failures, server-side 5xx)."""
-    from earl_service.bundle import load_bundle
+    from earl_service.bundle.model_io import load_bundle
 
     b = load_bundle(bundle)
     home = workdir / "home"

@@ -1,6 +1,6 @@
 """Train one configuration under a wall-clock budget and collect what the paper tables report.
 
-Two trainers share one contract: `run_earl` (this repository's `earl_service.train`, EARL or plain RotatE) and
+Two trainers share one contract: `run_earl` (this repository's `earl_service.train.loop`, EARL or plain RotatE) and
 `run_pykeen` (PyKEEN 1.11's RotatE or NodePiece+RotatE). Both take the same `Budget` (wall-clock minutes that
 include periodic validation, a step cap, validation cadence and early-stopping patience), keep the best
 checkpoint by validation MRR, and return one flat record: parameters, steps done, why training stopped
@@ -25,9 +25,9 @@ import numpy as np
 import torch
 
 from earl_service.config import ModelConfig, TrainConfig
-from earl_service.data import Dataset
-from earl_service.evaluate import KnownAnswers, realistic_ranks, summarize
-from earl_service.model import build_model, trainable_parameters
+from earl_service.data.dataset import Dataset
+from earl_service.model.modules import build_model, trainable_parameters
+from earl_service.train.evaluate import KnownAnswers, realistic_ranks, summarize
 
 THREADS = 2  # the machine's cores; every run in every table uses the same
 
@@ -120,7 +120,7 @@ def _stopped(budget: Budget, stopped: str, machine: Machine) -> dict:
 
 def earl_parameters(ds: Dataset, cfg: ModelConfig) -> int:
     """Trainable parameters of a model config on this dataset, without training it."""
-    from earl_service.graph import choose_reserved
+    from earl_service.model.graph import choose_reserved
 
     n = ds.num_train_entities
     reserved = (choose_reserved(n, cfg.reserved_ratio, cfg.seed) if cfg.model == "earl" and cfg.uses_reserved
@@ -146,7 +146,7 @@ def dim_for_parameters(ds: Dataset, base: ModelConfig, target: int, *, lo: int =
 
 def run_earl(ds: Dataset, cfg: ModelConfig, budget: Budget, out_dir: Path, *, optim: Optim = Optim(),
              protocols: tuple[str, ...] = ("seen",), bf16: bool = False, seed: int = 0, final_eval: bool = True) -> dict:
-    """Train with `earl_service.train` under the budget; test the best checkpoint under each protocol.
+    """Train with `earl_service.train.loop` under the budget; test the best checkpoint under each protocol.
 
     Resumable: the training state is checkpointed at every validation, and a call on a directory holding a
     checkpoint (an earlier attempt that was interrupted) continues from it; the budget counts the training
@@ -154,7 +154,7 @@ def run_earl(ds: Dataset, cfg: ModelConfig, budget: Budget, out_dir: Path, *, op
     """
     from dataclasses import replace
 
-    from earl_service.train import CHECKPOINT, train
+    from earl_service.train.loop import CHECKPOINT, train
 
     out_dir = Path(out_dir)
     resume = (out_dir / CHECKPOINT).exists()
@@ -197,7 +197,7 @@ def run_earl(ds: Dataset, cfg: ModelConfig, budget: Budget, out_dir: Path, *, op
 
 def test_earl(ds: Dataset, out_dir: Path, protocols: tuple[str, ...], *, seen: dict | None = None) -> dict:
     """Test metrics of a finished run's best checkpoint under each protocol (`seen`: pass the trainer's own)."""
-    from earl_service.train import load_run
+    from earl_service.train.loop import load_run
 
     run = None
     if seen is None:
@@ -488,7 +488,7 @@ def run_pykeen(ds: Dataset, kind: str, budget: Budget, out_dir: Path, *, dim: in
         except _BudgetSpent as stop:
             stopped = stop.reason
     train_seconds = time.perf_counter() - start[0]
-    # As in earl_service.train: the steps since the last validation are validated once, outside the budget.
+    # As in earl_service.train.loop: the steps since the last validation are validated once, outside the budget.
     last_validated = history["eval_steps"][-1] if history["eval_steps"] else 0
     if valid_triples is not None and budget.eval_every and state["step"] > last_validated:
         validate(state["step"])

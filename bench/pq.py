@@ -28,16 +28,16 @@ import torch
 from common import REPO, default_datasets, md_table, pyplot, save_png, write_results
 
 from earl_service.atomic import write_json
-from earl_service.budget import BundleSizes, save_exact
-from earl_service.bundle import load_bundle
-from earl_service.compress import evaluate_bundle
+from earl_service.bundle.codebooks import codes_for
+from earl_service.bundle.model_io import load_bundle
+from earl_service.bundle.sizes import BundleSizes, save_exact
+from earl_service.compress.search import evaluate_bundle
 from earl_service.config import ModelConfig, TrainConfig
-from earl_service.data import load_dataset
-from earl_service.options import train_configs_from_options
-from earl_service.pq import FineTune, encode_tables, fine_tune
-from earl_service.pq_format import codes_for
-from earl_service.recipes import DEFAULT, RECIPES
-from earl_service.train import BUNDLE, load_run, train
+from earl_service.config.options import train_configs_from_options
+from earl_service.config.recipes import DEFAULT, RECIPES
+from earl_service.data.dataset import load_dataset
+from earl_service.train.finetune import FineTune, encode_tables, fine_tune
+from earl_service.train.loop import BUNDLE, load_run, train
 
 SETTINGS = {"codex-s": {"minutes": 3.0, "earl_dim": 100, "goal": (400_000, 0.38)},
             "fb15k-237": {"minutes": 20.0, "earl_dim": 150, "goal": (2_000_000, 0.300)}}

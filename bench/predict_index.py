@@ -7,7 +7,7 @@ Synthetic embeddings (uniform in the RotatE init range, dim 150 as in the paper)
 and FAISS as in the API process. For each size: index build time, median and p95 latency of one
 predict_tails call (shortlist + exact re-rank), and the share of queries whose top-10 equals the exact
 brute-force top-10. It also records how deep the exact top-10 sits in L2 and in L1 order, the reason the
-index searches L1 over rotated copies. HNSW_THRESHOLD in earl_service/index.py is read off these rows:
+index searches L1 over rotated copies. HNSW_THRESHOLD in earl_service/serve/index.py is read off these rows:
 the flat index is always exact (its shortlist is certified); HNSW is only worth its build time and its
 misses once flat search costs tens of milliseconds (clustered data is the default; --uniform is harder).
 """
@@ -23,9 +23,9 @@ from pathlib import Path
 
 import numpy as np
 
-from earl_service.data import Vocab
-from earl_service.index import PROXY_ROTATIONS, lift
-from earl_service.predict import LinkPredictor, configure_threads
+from earl_service.data.dataset import Vocab
+from earl_service.serve.index import PROXY_ROTATIONS, lift
+from earl_service.serve.predictor import LinkPredictor, configure_threads
 
 OUT = Path(__file__).resolve().parent / "results"
 

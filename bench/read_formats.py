@@ -2,7 +2,7 @@
 
 A random graph (entities = triples / 10, 200 relations, names like e123456 / r17, RDF: http://example.org/ IRIs)
 is written as TSV, gzipped CSV with a header, N-Triples, Parquet (row groups of 1M) and Turtle; each file is then
-read by `earl_service.data.read_table` in a fresh process, whose VmHWM is its peak resident memory (the
+read by `earl_service.data.dataset.read_table` in a fresh process, whose VmHWM is its peak resident memory (the
 baseline column: the same process after its imports, before reading).
 
     python bench/read_formats.py                                   # 10M triples; N-Triples 2M, Turtle 200k
@@ -87,7 +87,7 @@ def peak_rss_mib() -> float:
 
 def child(path: str) -> None:
     """Read one file and print what it cost (this process's own peak)."""
-    from earl_service.data import read_table
+    from earl_service.data.dataset import read_table
 
     baseline = peak_rss_mib()
     start, cpu = time.perf_counter(), time.process_time()
@@ -135,7 +135,7 @@ def main() -> None:
                        f"{r['entities']:,}"] for r in rows])
     markdown = f"""# Reading each input format
 
-`earl_service.data.read_table` on a synthetic graph (entities = triples / 10, 200 relations), one fresh process per
+`earl_service.data.dataset.read_table` on a synthetic graph (entities = triples / 10, 200 relations), one fresh process per
 format; peak RSS is that process's VmHWM (ru_maxrss carries the parent's peak over on Linux), baseline the same
 process after its imports. CPU seconds are the reader's own work, wall seconds the elapsed time (they part when
 other work shares the machine: see the cores and load average below). Turtle is parsed by rdflib as a whole graph

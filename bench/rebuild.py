@@ -17,8 +17,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import md_table, write_results
 
-from earl_service import edge
-from earl_service.bundle import load_bundle
+from earl_service.bundle.model_io import load_bundle
+from earl_service.device import reader as edge
 
 
 def timed(fn, repeats: int) -> float:

@@ -1,6 +1,6 @@
 """Scale: peak memory and seconds per step of sampled and full-graph training on synthetic power-law KGs.
 
-Graphs come from earl_service.synthetic (Zipf popularity degrees, Zipf relation frequencies, typed relations;
+Graphs come from earl_service.data.synthetic (Zipf popularity degrees, Zipf relation frequencies, typed relations;
 10 train triples per entity, 200 relations, seed 0). Every configuration runs `train()` in a fresh process, so
 its memory figures are its own:
 - graph build: building the training structures (sampled: the neighbour index with the exact kNResEnt tables;
@@ -41,9 +41,9 @@ def child(spec: dict) -> dict:
     import torch
 
     from earl_service.config import ModelConfig, TrainConfig
-    from earl_service.memory import current_rss_mb, reset_peak_rss
-    from earl_service.synthetic import SyntheticConfig, generate
-    from earl_service.train import train
+    from earl_service.data.synthetic import SyntheticConfig, generate
+    from earl_service.train.loop import train
+    from earl_service.train.memory import current_rss_mb, reset_peak_rss
 
     torch.set_num_threads(spec["threads"])
     t0 = time.perf_counter()

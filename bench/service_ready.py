@@ -32,7 +32,7 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory() as home:
         port = free_port()
-        server = subprocess.Popen([sys.executable, "-m", "earl_service.cli", "serve", "--home", home, "--port",
+        server = subprocess.Popen([sys.executable, "-m", "earl_service.cli.main", "serve", "--home", home, "--port",
                                    str(port), "--log-level", "warning"], stderr=subprocess.DEVNULL)
         try:
             with Client(f"http://127.0.0.1:{port}", timeout=60) as api:

@@ -34,16 +34,19 @@ def matched_rotate_dim(params: int, entities: int, relations: int) -> int:
 # Trainers with parts of the library replaced, run as `python -c <code> train ...`.
 EVERY_ROW = """
 import sys
-from earl_service import graph
-from earl_service.cli import main
+from earl_service.model import graph as graph
+from earl_service.cli.main import main
 # Every entity's initial embedding and first-layer transforms computed, repeated input rows included.
 graph.compact_inputs = lambda *args, **kwargs: None
 sys.exit(main(sys.argv[1:]))
 """
 NAIVE = """
 import sys
-from earl_service import graph, kernels, model, train
-from earl_service.cli import main
+from earl_service.model import graph as graph
+from earl_service.model import kernels as kernels
+from earl_service.model import modules as model
+from earl_service.train import loop as train
+from earl_service.cli.main import main
 # The reference code's approach: every entity's inputs encoded, h^0 and each layer map by map with per-edge
 # linear maps, and a materialised (B, K, 2d) gather for the negatives.
 graph.compact_inputs = lambda *args, **kwargs: None
@@ -62,7 +65,7 @@ def run_train(data: Path, dim: int, steps: int, extra: list[str], code: str | No
     with tempfile.TemporaryDirectory() as out:
         args = ["train", str(data), "--out", out, "--dim", str(dim), "--steps", str(steps), "--eval-every", "0",
                 "--no-final-eval", "--no-progress", "--threads", "2", "--recipe", "paper", *extra]
-        cmd = [sys.executable, "-c", code, *args] if code else [sys.executable, "-m", "earl_service.cli", *args]
+        cmd = [sys.executable, "-c", code, *args] if code else [sys.executable, "-m", "earl_service.cli.main", *args]
         t0 = time.perf_counter()
         subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
         wall = time.perf_counter() - t0
@@ -77,8 +80,8 @@ def time_evaluation(data: Path, dim: int) -> dict:
 import json, time, torch
 torch.set_num_threads(2)
 from earl_service.config import ModelConfig
-from earl_service.data import load_dataset
-from earl_service.train import Run
+from earl_service.data.dataset import load_dataset
+from earl_service.train.loop import Run
 ds = load_dataset({str(data)!r})
 run = Run.build(ds, ModelConfig(dim={dim}), torch.device("cpu"))
 t0 = time.perf_counter()
@@ -106,8 +109,8 @@ def main() -> None:
     names = ["fb15k-237"] if args.quick else list(DATASETS)
     steps, naive_steps = (10, 4) if args.quick else (args.steps, args.naive_steps)
 
-    from earl_service.data import load_dataset
-    from earl_service.train import cpu_has_native_bf16
+    from earl_service.data.dataset import load_dataset
+    from earl_service.train.loop import cpu_has_native_bf16
 
     rows, results = [], {}
     for name in names:

@@ -1,6 +1,6 @@
 """Where one EARL training step's time goes on this CPU: phases and operators, fp32 against bf16 autocast.
 
-The step `earl train` takes (earl_service.train.train_step) cut into its phases, each timed with the clock around
+The step `earl train` takes (earl_service.train.loop.train_step) cut into its phases, each timed with the clock around
 it (CPU work is synchronous): negative sampling, the full-graph encoder's forward, the loss (gathers, RotatE
 distances, self-adversarial weights), backward, and the optimizer. Then torch's profiler over the same steps lists
 the operators by self time. Paper settings (batch 1024, 256 negatives per side), 2 threads (`--threads`), median
@@ -31,11 +31,11 @@ from common import default_datasets, md_table, write_results
 from speed import DATASETS
 
 from earl_service.config import ModelConfig, TrainConfig
-from earl_service.data import load_dataset
-from earl_service.distributed import Ranks
-from earl_service.schedule import build_optimizer
-from earl_service.train import Learner, Run, loss_fn
-from earl_service.train_state import TrainState
+from earl_service.data.dataset import load_dataset
+from earl_service.train.distributed import Ranks
+from earl_service.train.loop import Learner, Run, loss_fn
+from earl_service.train.schedule import build_optimizer
+from earl_service.train.state import TrainState
 
 DIMS = {**DATASETS, "codex-s": 100}  # speed.py's paper dims, and the demo's for CoDEx-S
 PHASES = ("sample", "encoder forward", "loss", "backward", "optimizer")

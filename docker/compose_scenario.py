@@ -236,7 +236,7 @@ def api_healthy(stack: Stack) -> dict[str, Any]:
 
 def worker_image_checks(image: str) -> dict[str, Any]:
     """The worker image loads its prebuilt kernel without a compiler, and holds one FAISS build."""
-    script = ("import importlib.metadata as m, os, time; t = time.monotonic(); from earl_service import kernels; "
+    script = ("import importlib.metadata as m, os, time; t = time.monotonic(); from earl_service.model import kernels; "
               "kernels.configure(march=os.environ['EARL_KERNEL_MARCH']); ok = kernels.extension_available(); "
               "faiss = sorted(d.metadata['Name'] for d in m.distributions() if 'faiss' in d.metadata['Name']); "
               "import shutil; print(ok, round(time.monotonic() - t, 2), ','.join(faiss), "

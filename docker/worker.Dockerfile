@@ -34,7 +34,7 @@ COPY earl_service ./earl_service
 RUN sh /opt/earl-setup/pip-install.sh ".[train]" "redis>=5.0"
 # Compile the kernel into TORCH_EXTENSIONS_DIR now; fail the build if it cannot be built.
 # (`earl worker` passes EARL_KERNEL_MARCH the same way, so it finds this build.)
-RUN python -c "import os; from earl_service import kernels; kernels.configure(march=os.environ['EARL_KERNEL_MARCH']); \
+RUN python -c "import os; from earl_service.model import kernels; kernels.configure(march=os.environ['EARL_KERNEL_MARCH']); \
 assert kernels.extension_available(), 'the C++ kernel did not build'"
 
 FROM ${BASE_IMAGE}

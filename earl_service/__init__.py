@@ -4,9 +4,9 @@ __version__ = "0.1.0"
 
 
 def __getattr__(name: str):
-    # Lazy, so that `earl_service.edge` (numpy only) never imports torch through this package.
+    # Lazy, so that `earl_service.device.reader` (numpy only) never imports torch through this package.
     if name in ("load_bundle", "Bundle"):
-        from . import bundle
+        from earl_service.bundle import model_io as bundle
 
         return getattr(bundle, name)
     raise AttributeError(f"module 'earl_service' has no attribute {name!r}")

@@ -33,7 +33,7 @@ def free_port() -> int:
 
 def start_server(home: Path, port: int) -> subprocess.Popen:
     """`earl serve` (API + one worker) on 127.0.0.1:port with its artifacts under `home`."""
-    return subprocess.Popen([sys.executable, "-m", "earl_service.cli", "serve", "--host", "127.0.0.1",
+    return subprocess.Popen([sys.executable, "-m", "earl_service.cli.main", "serve", "--host", "127.0.0.1",
                              "--port", str(port), "--log-level", "warning"], env={**os.environ, "EARL_HOME": str(home)})
 
 
@@ -91,7 +91,7 @@ def show_predictions(client: Client, model_id: str) -> None:
 
 def download(client: Client, model_id: str, out: Path) -> None:
     """Download the bundle and check it loads and matches the checksum the server gave."""
-    from earl_service.bundle import load_bundle
+    from earl_service.bundle.model_io import load_bundle
 
     etag = client.download(model_id, out)
     bundle = load_bundle(out)

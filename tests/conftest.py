@@ -24,7 +24,7 @@ torch.set_num_threads(2)
 def pytest_sessionstart(session):
     """Build (or load) the C++ CPU kernels once, before any test. On a new machine the build takes ~45 s or
     more; left to the first worker or API process a test starts, it would count against that test's deadlines."""
-    from earl_service import kernels
+    from earl_service.model import kernels as kernels
 
     kernels.extension_available()
 
@@ -60,7 +60,7 @@ def star_triples(leaves: int = 60) -> np.ndarray:
 
 def tiny_dataset():
     """40 entities, 3 relations: 250 train, 20 valid and the rest test triples of a random multigraph."""
-    from earl_service.data import Dataset, Vocab
+    from earl_service.data.dataset import Dataset, Vocab
 
     triples = random_triples(40, 3, 300, seed=3)
     triples = np.unique(triples, axis=0)
@@ -91,10 +91,10 @@ TINY_TRAIN = {"steps": 30, "batch_size": 256, "negatives": 16, "eval_every": 0, 
 @pytest.fixture(scope="session")
 def codex_bundle(tmp_path_factory) -> Path:
     """A CoDEx-S EARL bundle after 30 steps at dim 16 (a few seconds): real vocabularies, graph and embeddings."""
-    from earl_service.bundle import export_bundle
+    from earl_service.bundle.model_io import export_bundle
     from earl_service.config import ModelConfig, TrainConfig
-    from earl_service.data import load_dataset
-    from earl_service.train import train
+    from earl_service.data.dataset import load_dataset
+    from earl_service.train.loop import train
 
     root = tmp_path_factory.mktemp("codex_bundle")
     train(load_dataset(codex_s_path()), ModelConfig(dim=16), TrainConfig(**TINY_TRAIN), root / "run", final_eval=False)
@@ -104,8 +104,8 @@ def codex_bundle(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def reference(codex_bundle):
     """An exact (brute-force) LinkPredictor over codex_bundle: what every other answer path must equal."""
-    from earl_service.bundle import load_bundle
-    from earl_service.predict import LinkPredictor
+    from earl_service.bundle.model_io import load_bundle
+    from earl_service.serve.predictor import LinkPredictor
 
     return LinkPredictor.from_bundle(load_bundle(codex_bundle), index="exact")
 
@@ -128,7 +128,7 @@ def api_and_worker(home: Path, env: dict[str, str]) -> Iterator[str]:
     env = {**os.environ, "EARL_HOME": str(home), **env}
     procs = [subprocess.Popen([sys.executable, "-m", "uvicorn", "api.main:app", "--host", "127.0.0.1", "--port",
                                str(port)], cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT),
-             subprocess.Popen([sys.executable, "-m", "earl_service.cli", "worker", "--poll", "0.2", "--threads", "1"],
+             subprocess.Popen([sys.executable, "-m", "earl_service.cli.main", "worker", "--poll", "0.2", "--threads", "1"],
                               cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)]
     base = f"http://127.0.0.1:{port}"
     try:

@@ -28,7 +28,7 @@ def wait_for_file(path: Path) -> None:
 
 
 def hold_extends(gate: Path) -> None:
-    from earl_service.bundle import Bundle
+    from earl_service.bundle.model_io import Bundle
 
     extend, count = Bundle.extend, itertools.count()
 
@@ -50,9 +50,9 @@ def main(gate: Path, command: str, home: str, *args: str) -> None:
 
         uvicorn.run(create_app(Settings(home=home)), host="127.0.0.1", port=int(args[0]), log_level="warning")
         return
-    from earl_service.worker.home import ServiceHome
-    from earl_service.worker.registry import ModelRegistry
-    from earl_service.worker.sqlite_store import SqliteStore
+    from earl_service.service.home import ServiceHome
+    from earl_service.service.registry import ModelRegistry
+    from earl_service.service.sqlite_store import SqliteStore
 
     service = ServiceHome(home)
     registry = ModelRegistry(service, SqliteStore(service.store_target("sqlite")))

@@ -8,8 +8,8 @@ from fastapi import APIRouter, HTTPException, Query
 from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
-from earl_service.search import MAX_QUERY_CHARS
-from earl_service.worker.registry import ModelRegistry
+from earl_service.serve.names import MAX_QUERY_CHARS
+from earl_service.service.registry import ModelRegistry
 
 from ..cache import PredictorCache
 from ..deps import CacheDep, ModelId, PredictSlotsDep, RegistryDep

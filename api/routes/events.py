@@ -22,10 +22,10 @@ from fastapi.responses import StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
 from earl_service.errors import EarlError, UnknownJobError
-from earl_service.run_outputs import HISTORY
-from earl_service.worker.home import ServiceHome
-from earl_service.worker.records import TERMINAL, Job
-from earl_service.worker.store import JobStore
+from earl_service.service.home import ServiceHome
+from earl_service.service.records import TERMINAL, Job
+from earl_service.service.store import JobStore
+from earl_service.train.outputs import HISTORY
 
 from ..deps import HomeDep, JobId, StoreDep
 from ..schemas import JobOut

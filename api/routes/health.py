@@ -13,7 +13,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, PlainTextResponse
 
 from earl_service.errors import EarlError
-from earl_service.worker.store import JobStore
+from earl_service.service.store import JobStore
 
 from ..deps import CacheDep, MetricsDep, SettingsDep, StoreDep
 from ..settings import Settings

@@ -6,9 +6,9 @@ from typing import Annotated, Literal
 
 from fastapi import APIRouter, Depends, Form, HTTPException, Query, Request, UploadFile
 
+from earl_service.config.options import data_config_from_options
 from earl_service.errors import UnknownJobError
-from earl_service.options import data_config_from_options
-from earl_service.worker.records import STATES, TERMINAL, Job, new_id
+from earl_service.service.records import STATES, TERMINAL, Job, new_id
 
 from ..compress_jobs import check_uploads, job_params, trained_params
 from ..deps import HomeDep, JobId, SettingsDep, StoreDep, presented_token

@@ -5,8 +5,8 @@ from __future__ import annotations
 from fastapi import APIRouter, Header, HTTPException, Query, Response, UploadFile
 from fastapi.responses import FileResponse
 
-from earl_service.worker.records import ModelRecord
-from earl_service.worker.registry import version_number
+from earl_service.service.records import ModelRecord
+from earl_service.service.registry import version_number
 
 from ..deps import CacheDep, ModelId, RegistryDep, SettingsDep, StoreDep
 from ..errors import NOT_FOUND

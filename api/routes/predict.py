@@ -10,8 +10,8 @@ from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
 from earl_service.errors import AmbiguousNameError, BundleError, UnknownEntityError, UnknownRelationError
-from earl_service.predict import LinkPredictor
-from earl_service.worker.registry import ModelRegistry
+from earl_service.serve.predictor import LinkPredictor
+from earl_service.service.registry import ModelRegistry
 
 from ..cache import PredictorCache
 from ..deps import ID_PATTERN, CacheDep, PredictSlotsDep, RegistryDep

@@ -82,7 +82,7 @@ function downloadSection(m) {
   } }, "Download bundle");
   return h("section", { "aria-labelledby": "download-title" }, h("h3", { id: "download-title" }, "Download"),
     h("p", {}, `One safetensors file (${bytes(m.bytes)}): weights, graph, vocabularies, config; `,
-      h("code", {}, "earl_service.edge.load()"), " reads it on a device."), button, status);
+      h("code", {}, "earl_service.device.reader.load()"), " reads it on a device."), button, status);
 }
 
 function extendSection(m) {

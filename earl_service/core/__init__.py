@@ -1,4 +1,5 @@
-"""The torch-free numeric core: RotatE maths, known answers, kNResEnt and bundle decoding in numpy.
+"""The torch-free numeric core: RotatE maths, known answers and kNResEnt in numpy, each formula written once.
 
-predict, edge and evaluate all call it; the torch paths mirror it only where autograd needs it.
+The predictor, the device reader and evaluation call it; the torch paths mirror it only where autograd needs
+it. Imports nothing of the package.
 """

@@ -17,22 +17,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..compress_config import CompressConfig
-from ..config import ModelConfig, ModelKind, TrainConfig
-from ..errors import DatasetError, EarlError
-from ..options import (
+from earl_service.compress.config import CompressConfig
+from earl_service.compress.job import compress_settings
+from earl_service.config import ModelConfig, ModelKind, TrainConfig
+from earl_service.config.options import (
     FORM_OPTIONS,
     configs_from_options,
     data_cli_args,
     data_config_from_options,
     train_configs_from_options,
 )
-from .compress_job import compress_settings
-from .home import ServiceHome
-from .housekeeping import sweep_staging
-from .records import Job
-from .registry import ModelRegistry
-from .store import JobStore
+from earl_service.errors import DatasetError, EarlError
+from earl_service.service.home import ServiceHome
+from earl_service.service.housekeeping import sweep_staging
+from earl_service.service.records import Job
+from earl_service.service.registry import ModelRegistry
+from earl_service.service.store import JobStore
 
 log = logging.getLogger(__name__)
 
@@ -227,8 +227,8 @@ class Worker:
 
     def _train(self, job: Job, beat: _Heartbeat) -> str | None:
         """Train and publish; returns the model id, or None if the job was cancelled."""
-        from ..data import load_dataset
-        from ..train import CHECKPOINT, train
+        from earl_service.data.dataset import load_dataset
+        from earl_service.train.loop import CHECKPOINT, train
 
         uploads = self.home.upload_dir(job.id)
         run_dir = self.home.run_dir(job.id)
@@ -263,7 +263,7 @@ class Worker:
     def _compress(self, job: Job, search: CompressConfig, beat: _Heartbeat) -> str | None:
         """A compress job (max_bytes): the search in the run folder, then its pick published with the report;
         returns the model id, or None if the job was cancelled. A stop for shutdown requeues it (_Interrupted)."""
-        from .compress_job import publish_pick, run_compress
+        from earl_service.compress.job import publish_pick, run_compress
 
         train_cfgs = train_configs_from_params(job.params, self.config)
 
@@ -281,7 +281,7 @@ class Worker:
 
     def _publish(self, job: Job, run_dir: Path) -> None:
         """Export the bundle inside the run directory, then publish it: models/ never holds a partial bundle."""
-        from ..bundle import export_bundle
+        from earl_service.bundle.model_io import export_bundle
 
         staged = run_dir / f".export.{self.config.worker_id}.tmp"  # hidden .tmp: swept if a crash leaves it
         try:
@@ -301,7 +301,7 @@ def _train_torchrun(uploads: Path, run_dir: Path, model_cfg: ModelConfig, train_
     import sys
     from dataclasses import replace
 
-    from ..atomic import write_json
+    from earl_service.atomic import write_json
 
     run_dir.mkdir(parents=True, exist_ok=True)
     threads = max(1, train_cfg.threads // nproc) if train_cfg.threads else 0  # the worker's threads, shared
@@ -309,7 +309,7 @@ def _train_torchrun(uploads: Path, run_dir: Path, model_cfg: ModelConfig, train_
     write_json(config, {"model": model_cfg.to_dict(), "train": replace(train_cfg, threads=threads).to_dict(),
                         "recipe": recipe})  # recorded by the run; its values are already in "train"
     progress, log_path = run_dir / "progress.json", run_dir / "train.log"
-    cmd = [sys.executable, "-m", "earl_service.cli", "train", str(uploads), "--out", str(run_dir), "--config",
+    cmd = [sys.executable, "-m", "earl_service.cli.main", "train", str(uploads), "--out", str(run_dir), "--config",
            str(config), "--progress-file", str(progress), "--nproc-per-node", str(nproc),
            *(["--resume"] if resume else []), *extra_args]
     with log_path.open("w") as log_file:

@@ -8,7 +8,7 @@ from live import live
 from api.main import create_app
 from api.schemas import MAX_BATCH_QUERIES, BatchPredictionOut, ScoreOut
 from api.settings import Settings
-from earl_service.bundle import load_bundle
+from earl_service.bundle.model_io import load_bundle
 
 TOKEN = "answers-token"
 

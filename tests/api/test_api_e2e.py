@@ -13,8 +13,8 @@ import httpx
 import pytest
 from conftest import REPO, codex_s_path, free_port
 
-from earl_service.bundle import load_bundle
-from earl_service.predict import LinkPredictor
+from earl_service.bundle.model_io import load_bundle
+from earl_service.serve.predictor import LinkPredictor
 
 TOKEN = "e2e-token"
 
@@ -53,7 +53,7 @@ def service(tmp_path):
     log = (tmp_path / "service.log").open("w")
     api = subprocess.Popen([sys.executable, "-m", "uvicorn", "api.main:app", "--host", "127.0.0.1", "--port",
                             str(port)], cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
-    worker = subprocess.Popen([sys.executable, "-m", "earl_service.cli", "worker", "--poll", "0.2", "--threads", "1"],
+    worker = subprocess.Popen([sys.executable, "-m", "earl_service.cli.main", "worker", "--poll", "0.2", "--threads", "1"],
                               cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
     base = f"http://127.0.0.1:{port}"
     try:
@@ -110,7 +110,7 @@ def test_train_predict_download_over_http(service, tmp_path):
 def test_earl_serve_stops_api_and_worker_on_sigint(tmp_path):
     port = free_port()
     env = {**os.environ, "EARL_API_TOKEN": ""}
-    proc = subprocess.Popen([sys.executable, "-m", "earl_service.cli", "serve", "--home", str(tmp_path), "--port",
+    proc = subprocess.Popen([sys.executable, "-m", "earl_service.cli.main", "serve", "--home", str(tmp_path), "--port",
                              str(port)], cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, start_new_session=True)
     try:

@@ -5,8 +5,8 @@ from fastapi.testclient import TestClient
 
 from api.main import create_app
 from api.settings import Settings
-from earl_service.options import recipe_options
-from earl_service.recipes import DEFAULT, PAPER, RECIPES
+from earl_service.config.options import recipe_options
+from earl_service.config.recipes import DEFAULT, PAPER, RECIPES
 
 TOKEN = "s3cret-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -126,7 +126,7 @@ def test_labels_are_stored_beside_the_triples(client, tmp_path):
     job = client.get(f"/jobs/{r.json()['id']}").json()
     assert job["files"]["entity_labels"].endswith("entities.tsv")
     assert job["files"]["relation_labels"].endswith("relations.en.json")  # JSON by content, named as CoDEx's
-    from earl_service.labels import read_labels
+    from earl_service.data.labels import read_labels
 
     labels = read_labels((tmp_path / job["files"]["train"]).parent, entities={"a", "b"}, relations={"r"})
     assert labels.entities == {"a": "Alpha"} and labels.relations == {"r": "related to"} and labels.ignored == 1

@@ -11,7 +11,7 @@ from live import live
 from api.main import create_app
 from api.schemas import BatchPredictionOut, EntityPage, PredictionOut, ScoreOut
 from api.settings import Settings
-from earl_service import edge
+from earl_service.device import reader as edge
 from earl_service.worker.loop import Worker, WorkerConfig
 
 AUTH = {"Authorization": "Bearer t"}

@@ -7,8 +7,8 @@ from fastapi.testclient import TestClient
 from api.main import create_app
 from api.schemas import PredictionOut
 from api.settings import Settings
-from earl_service.bundle import load_bundle
-from earl_service.predict import LinkPredictor
+from earl_service.bundle.model_io import load_bundle
+from earl_service.serve.predictor import LinkPredictor
 
 AUTH = {"Authorization": "Bearer t"}
 

@@ -25,8 +25,8 @@ from fastapi.testclient import TestClient
 
 from api.main import create_app
 from api.settings import Settings
-from earl_service.bundle import load_bundle
-from earl_service.bundle_format import read_safetensors, write_safetensors
+from earl_service.bundle.format import read_safetensors, write_safetensors
+from earl_service.bundle.model_io import load_bundle
 
 sys.path.insert(0, str(REPO / "bench"))
 import abuse  # noqa: E402 - the hostile bundles of issue 34, shared with bench/abuse.py
@@ -340,15 +340,15 @@ def test_a_refused_bundle_is_never_registered(ctx):
 def test_a_failed_load_is_remembered_until_the_file_changes(ctx, monkeypatch):
     """A registered model whose file went bad answers 500 with the reason at once: the file is read once, not
     once per request. A changed file (restored from a backup) is read again."""
-    import earl_service.bundle
+    import earl_service.bundle.model_io
 
     model = ctx.client.post("/models", files={"bundle": ("m.safetensors", ctx.bundle)}, headers=AUTH).json()["id"]
     path = ctx.home / "models" / model / "v1.safetensors"  # ServiceHome.version_path
     assert path.is_file()
     path.write_bytes(ctx.bundle[: len(ctx.bundle) // 2])
     loads = []
-    real_load = earl_service.bundle.load_bundle
-    monkeypatch.setattr(earl_service.bundle, "load_bundle", lambda p: loads.append(p) or real_load(p))
+    real_load = earl_service.bundle.model_io.load_bundle
+    monkeypatch.setattr(earl_service.bundle.model_io, "load_bundle", lambda p: loads.append(p) or real_load(p))
     query = {"model": model, "relation": ctx.relation, "head": ctx.head}
     for _ in range(3):
         r = ctx.client.get("/predict", params=query)
@@ -361,8 +361,8 @@ def test_a_failed_load_is_remembered_until_the_file_changes(ctx, monkeypatch):
 
 def test_listings_do_not_decode_config_or_metrics(ctx):
     """/models, /metrics and a 404's suggestions list every model: the store leaves out what they never show."""
-    from earl_service.worker.records import ModelRecord
-    from earl_service.worker.sqlite_store import SqliteStore
+    from earl_service.service.records import ModelRecord
+    from earl_service.service.sqlite_store import SqliteStore
 
     store = SqliteStore(ctx.home / "earl.sqlite3")
     try:

@@ -19,8 +19,8 @@ import api.routes.predict as predict_route
 from api.cache import PredictorCache
 from api.main import create_app
 from api.settings import Settings
-from earl_service.predict import LinkPredictor
-from earl_service.worker.records import ModelRecord
+from earl_service.serve.predictor import LinkPredictor
+from earl_service.service.records import ModelRecord
 
 QUERY = {"model": "m", "relation": "r", "head": "h"}
 THREADPOOL = 40  # anyio's default thread limit, which every sync route and to_thread call shares
@@ -110,7 +110,7 @@ def test_a_prediction_that_finds_no_slot_in_time_gets_503_with_retry_after(tmp_p
 
 def test_concurrent_misses_load_a_model_once(monkeypatch, tmp_path):
     """Two models alternating under load made every request that missed load its own copy of the bundle."""
-    import earl_service.bundle
+    import earl_service.bundle.model_io
 
     loads, release = [], threading.Event()
 
@@ -119,7 +119,7 @@ def test_concurrent_misses_load_a_model_once(monkeypatch, tmp_path):
         assert release.wait(60), "never released"
         return object()
 
-    monkeypatch.setattr(earl_service.bundle, "load_bundle", slow_load)
+    monkeypatch.setattr(earl_service.bundle.model_io, "load_bundle", slow_load)
     monkeypatch.setattr(LinkPredictor, "from_bundle", staticmethod(lambda bundle: ("predictor", bundle)))
     cache = PredictorCache(2)
     record = ModelRecord(id="m", path="models/m.safetensors", sha256="0" * 64, bytes=1)
@@ -135,7 +135,7 @@ def test_concurrent_misses_load_a_model_once(monkeypatch, tmp_path):
 
 
 def test_a_failed_load_reaches_every_waiter_and_is_not_kept(monkeypatch):
-    import earl_service.bundle
+    import earl_service.bundle.model_io
     from earl_service.errors import BundleError
 
     calls, release = [], threading.Event()
@@ -145,7 +145,7 @@ def test_a_failed_load_reaches_every_waiter_and_is_not_kept(monkeypatch):
         release.wait(60)
         raise BundleError(f"{path}: broken")
 
-    monkeypatch.setattr(earl_service.bundle, "load_bundle", failing_load)
+    monkeypatch.setattr(earl_service.bundle.model_io, "load_bundle", failing_load)
     cache = PredictorCache(2)
     record = ModelRecord(id="m", path="p", sha256="1" * 64, bytes=1)
     with ThreadPoolExecutor(4) as pool:

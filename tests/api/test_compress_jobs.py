@@ -12,11 +12,11 @@ from test_api_e2e import TOKEN, service  # noqa: F401  # the live API + worker f
 
 from api.main import create_app
 from api.settings import Settings
-from earl_service.budget import BundleSizes
-from earl_service.compress_config import PAD_KEY
-from earl_service.data import load_dataset
-from earl_service.options import recipe_options
-from earl_service.recipes import DEFAULT, RECIPES
+from earl_service.bundle.sizes import BundleSizes
+from earl_service.compress.config import PAD_KEY
+from earl_service.config.options import recipe_options
+from earl_service.config.recipes import DEFAULT, RECIPES
+from earl_service.data.dataset import load_dataset
 
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 

@@ -12,7 +12,7 @@ import httpx
 import pytest
 from conftest import REPO, api_and_worker, codex_s_path
 
-from earl_service.bundle import load_bundle
+from earl_service.bundle.model_io import load_bundle
 
 sync_api = pytest.importorskip("playwright.sync_api", reason="playwright not installed (pip install -e '.[dev]')")
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")

@@ -15,7 +15,7 @@ from fastapi.testclient import TestClient
 
 from api.main import create_app
 from api.settings import Settings
-from earl_service.bundle import load_bundle
+from earl_service.bundle.model_io import load_bundle
 
 GOOD = b"a\tr\tb\nb\tr\tc\n"
 

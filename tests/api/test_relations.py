@@ -4,7 +4,7 @@ from fastapi.testclient import TestClient
 
 from api.main import create_app
 from api.settings import Settings
-from earl_service.bundle import load_bundle
+from earl_service.bundle.model_io import load_bundle
 
 
 def test_relations_are_listed_in_vocabulary_order_with_labels_and_paged(tmp_path, codex_bundle):

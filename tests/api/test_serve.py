@@ -7,7 +7,7 @@ import tomllib
 import pytest
 from conftest import REPO
 
-from earl_service import cli
+from earl_service.cli import main as cli
 
 SERVE = importlib.metadata.EntryPoint(name="serve", value="api.serve:add_command", group=cli.COMMANDS_GROUP)
 

@@ -27,7 +27,7 @@ CHILD = """
 import gc, json, sys
 from pathlib import Path
 from api.uploads import check_triples
-from earl_service.data import load_dataset
+from earl_service.data.dataset import load_dataset
 from earl_service.errors import TripleFileError
 
 def status_kib(key):

@@ -25,7 +25,7 @@ from harness import (
 )
 
 from earl_service.config import ModelConfig, TrainConfig
-from earl_service.train import CHECKPOINT, train
+from earl_service.train.loop import CHECKPOINT, train
 
 
 def _args(work: Path, **flags) -> argparse.Namespace:
@@ -240,7 +240,7 @@ def _ranked_as_pykeens_evaluator_ranks(model, ds) -> list[dict]:
     import torch
     from pykeen.evaluation import RankBasedEvaluator
 
-    from earl_service.evaluate import KnownAnswers, summarize
+    from earl_service.train.evaluate import KnownAnswers, summarize
 
     known = KnownAnswers(np.concatenate([ds.train, ds.valid, ds.test]), ds.num_relations)
     filters = [torch.as_tensor(x) for x in (ds.train, ds.valid, ds.test)]
@@ -276,7 +276,7 @@ def test_retest_evaluates_a_finished_run_again_and_keeps_the_old_figures(tmp_pat
 
 def test_revalidate_validates_the_last_step_of_a_run_that_ended_between_validations(tmp_path, monkeypatch):
     """Records from before the trainer validated a run's last step: --revalidate does it, training no step."""
-    import earl_service.train as trainer
+    import earl_service.train.loop as trainer
 
     ds, cfg = tiny_dataset(), ModelConfig(dim=4, k=3, reserved_ratio=0.2)
     fn = partial(run_earl, ds, cfg, Budget(minutes=10, max_steps=5, eval_every=2),

@@ -7,7 +7,7 @@ import pytest
 from conftest import BUNDLED_KG, api_and_worker, codex_s_path, free_port
 
 from earl_client import Client, JobFailed, ServiceError
-from earl_service.bundle import load_bundle
+from earl_service.bundle.model_io import load_bundle
 
 TOKEN = "client-token"
 TINY = {"dim": 16, "steps": 30, "batch_size": 256, "negatives": 16, "eval_every": 0}

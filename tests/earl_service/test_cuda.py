@@ -10,11 +10,11 @@ import pytest
 import torch
 from conftest import codex_s_path, star_triples, tiny_dataset
 
-from earl_service.bundle import load_bundle
+from earl_service.bundle.model_io import load_bundle
 from earl_service.config import ModelConfig, TrainConfig
-from earl_service.data import load_dataset
-from earl_service.kernels import rotate_distance, rotate_distance_all
-from earl_service.train import BUNDLE, NegativeSampler, Run, load_run, loss_fn, train
+from earl_service.data.dataset import load_dataset
+from earl_service.model.kernels import rotate_distance, rotate_distance_all
+from earl_service.train.loop import BUNDLE, NegativeSampler, Run, load_run, loss_fn, train
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
 CUDA = torch.device("cuda")
@@ -59,8 +59,8 @@ def test_training_step_cuda_matches_cpu(model):
 
 def test_compact_inputs_on_cuda_give_the_full_graph_embeddings():
     """A graph whose repeated input rows are grouped (graph.CompactInputs), moved to the GPU, encodes as on the CPU."""
-    from earl_service.graph import build_graph, choose_reserved
-    from earl_service.model import EARL
+    from earl_service.model.graph import build_graph, choose_reserved
+    from earl_service.model.modules import EARL
 
     cfg, reserved = ModelConfig(dim=8, k=2), choose_reserved(80, 0.1, 0)
     graph = build_graph(star_triples(), 80, 3, reserved, k=cfg.k)

@@ -10,12 +10,12 @@ import sys
 import pytest
 import torch
 
-from earl_service.bundle import load_bundle
-from earl_service.bundle_format import METADATA_LIMITS, read_safetensors
-from earl_service.cli import main
+from earl_service.bundle.format import METADATA_LIMITS, read_safetensors
+from earl_service.bundle.model_io import load_bundle
+from earl_service.cli.main import main
 from earl_service.errors import DatasetError
 from earl_service.provenance import git_commit, provenance
-from earl_service.train import CHECKPOINT, load_run
+from earl_service.train.loop import CHECKPOINT, load_run
 
 TINY = ["--steps", "2", "--dim", "4", "--k", "2", "--batch-size", "16", "--negatives", "4", "--eval-every", "0",
         "--no-progress", "--no-final-eval", "--threads", "1"]
@@ -89,14 +89,14 @@ def test_evaluate_on_other_data_says_so(tmp_path, capsys):
     assert "Traceback" not in err and "size mismatch" not in err
     renamed = graph(tmp_path / "renamed", prefix="x")  # the same counts, other names
     with pytest.raises(DatasetError, match="the counts agree but the names"):
-        from earl_service.data import load_dataset
+        from earl_service.data.dataset import load_dataset
 
         load_run(run, load_dataset(renamed), device="cpu")
 
 
 def test_evaluate_a_run_from_before_vocabularies_were_kept(tmp_path):
     """An older checkpoint has no vocabulary: a shape mismatch still becomes the same message, not a traceback."""
-    from earl_service.data import load_dataset
+    from earl_service.data.dataset import load_dataset
 
     _, run = trained(tmp_path, "--model", "rotate")
     ckpt = torch.load(run / CHECKPOINT, weights_only=True)

@@ -52,7 +52,7 @@ def test_no_reserved_entities_give_empty_tables(small_graph_triples):
 
 
 def test_nearest_reserved_matches_brute_force(small_graph_triples):
-    from earl_service.graph import choose_reserved
+    from earl_service.model.graph import choose_reserved
 
     feats = knn.relational_features(small_graph_triples, 30, 4)
     reserved = choose_reserved(30, 0.3, seed=1)
@@ -77,9 +77,9 @@ def test_fast_nearest_reserved_equals_the_exhaustive_search(case, small_graph_tr
     (and weights) of the exhaustive float64 search, ties included."""
     from conftest import codex_s_path
 
-    from earl_service.data import load_dataset
-    from earl_service.graph import choose_reserved
-    from earl_service.synthetic import SyntheticConfig, generate
+    from earl_service.data.dataset import load_dataset
+    from earl_service.data.synthetic import SyntheticConfig, generate
+    from earl_service.model.graph import choose_reserved
 
     k, ratio, block = 10, 0.2, 1 << 24
     if case == "ties":  # 5 relations, low degrees: many identical and proportional feature vectors
@@ -104,8 +104,8 @@ def test_fast_nearest_reserved_equals_the_exhaustive_search(case, small_graph_tr
 
 def test_every_torch_caller_gets_the_core_answer(small_graph_triples):
     """build_graph, graph.knn_tables and the sampled-training index all read the one numpy search."""
-    from earl_service.graph import build_graph, choose_reserved, knn_tables
-    from earl_service.sampling import NeighborIndex
+    from earl_service.model.graph import build_graph, choose_reserved, knn_tables
+    from earl_service.train.sampling import NeighborIndex
 
     reserved = choose_reserved(30, 0.3, seed=1)
     ids, weights = knn.nearest_reserved(knn.relational_features(small_graph_triples, 30, 4), reserved.numpy(), 3, 0.2)

@@ -9,7 +9,7 @@ import torch
 
 from earl_service.config import ModelConfig
 from earl_service.core import rotate
-from earl_service.model import RotatE
+from earl_service.model.modules import RotatE
 
 
 @pytest.mark.parametrize("inverse", [False, True])
@@ -75,7 +75,7 @@ def test_the_core_imports_neither_torch_nor_faiss():
 def test_realistic_rank_equals_the_evaluators_twin():
     """core.rotate.realistic_rank (numpy, one query) and evaluate.realistic_ranks (torch, a batch) on ties and
     filters: the hand example of test_evaluate plus random distances with many ties."""
-    from earl_service.evaluate import realistic_ranks
+    from earl_service.train.evaluate import realistic_ranks
 
     dist = np.array([1.0, 2.0, 2.0, 2.0, 5.0, 0.5], dtype=np.float32)
     assert rotate.realistic_rank(dist, 1) == 4.0

@@ -20,12 +20,12 @@ import pytest
 import torch
 from conftest import REPO, codex_s_path, random_triples
 
-from earl_service.bundle import load_bundle
-from earl_service.train import CHECKPOINT
-from earl_service.worker.home import ServiceHome
+from earl_service.bundle.model_io import load_bundle
+from earl_service.service.home import ServiceHome
+from earl_service.service.records import new_id
+from earl_service.service.sqlite_store import SqliteStore
+from earl_service.train.loop import CHECKPOINT
 from earl_service.worker.loop import Worker, WorkerConfig
-from earl_service.worker.records import new_id
-from earl_service.worker.sqlite_store import SqliteStore
 
 # About 20 ms a step on 2 busy cores: a checkpoint every 100 steps (TrainConfig default) lands every ~2 s.
 CODEX_JOB = {"dim": 16, "batch_size": 256, "negatives": 16, "eval_every": 0}
@@ -51,7 +51,7 @@ def submit_tiny(store, home, seed=0):
 
 def start_worker(home, name, *args):
     log = (home / f"worker-{name}.log").open("w")
-    cmd = [sys.executable, "-m", "earl_service.cli", "worker", "--home", str(home), "--threads", "1", "--poll", "0.1",
+    cmd = [sys.executable, "-m", "earl_service.cli.main", "worker", "--home", str(home), "--threads", "1", "--poll", "0.1",
            "--id", name, *args]
     proc = subprocess.Popen(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
     log.close()
@@ -177,12 +177,12 @@ def test_two_workers_never_train_the_same_job(home, store):
 
 
 def _disk_full(monkeypatch, home):
-    import earl_service.bundle
+    import earl_service.bundle.model_io
 
     def full(path, *args, **kwargs):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
 
-    monkeypatch.setattr(earl_service.bundle, "write_safetensors", full)
+    monkeypatch.setattr(earl_service.bundle.model_io, "write_safetensors", full)
     return "No space left on device"
 
 
@@ -224,15 +224,15 @@ def test_storage_failure_fails_the_job_cleanly(home, store, monkeypatch, break_s
 
 def test_bundles_reach_models_only_by_rename(home, store, monkeypatch):
     """No write ever targets models/: the bundle is written in the run directory and moved by os.replace."""
-    import earl_service.bundle
+    import earl_service.bundle.model_io
 
-    written, write = [], earl_service.bundle.write_safetensors
+    written, write = [], earl_service.bundle.model_io.write_safetensors
 
     def recording(path, *args, **kwargs):
         written.append(os.path.abspath(path))
         return write(path, *args, **kwargs)
 
-    monkeypatch.setattr(earl_service.bundle, "write_safetensors", recording)
+    monkeypatch.setattr(earl_service.bundle.model_io, "write_safetensors", recording)
     worker = Worker(WorkerConfig(home=home, worker_id="w", threads=1, heartbeat_seconds=0.05), store)
     job = submit_tiny(store, home)
     assert worker.run_once().state == "succeeded"

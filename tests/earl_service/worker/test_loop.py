@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 from conftest import random_triples
 
-from earl_service.bundle import load_bundle
-from earl_service.train import CHECKPOINT
+from earl_service.bundle.model_io import load_bundle
+from earl_service.service.records import new_id
+from earl_service.train.loop import CHECKPOINT
 from earl_service.worker.loop import Worker, WorkerConfig
-from earl_service.worker.records import new_id
 
 TINY = {"dim": 4, "k": 3, "reserved_ratio": 0.2, "steps": 6, "batch_size": 32, "negatives": 4, "eval_every": 3}
 
@@ -129,7 +129,7 @@ def test_dead_workers_job_is_taken_over(worker):
     ("a\tr\tb\nb\tr\tc\n", {"reserved_ratio": 0.0}),  # no reserved entities at all
 ], ids=["two-entities", "one-entity", "k-above-reserved", "no-reserved"])
 def test_tiny_graphs_train_into_a_bundle(worker, text, params):
-    from earl_service.predict import LinkPredictor
+    from earl_service.serve.predictor import LinkPredictor
 
     job_id = new_id()
     folder = worker.home.upload_dir(job_id)

@@ -1,0 +1,210 @@
+"""Product-quantized tables in a bundle (numpy only): which tables a `pq:M` bundle codes, their layout, the gather."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+import numpy as np
+
+from earl_service.bundle.format import parse_json
+from earl_service.errors import BundleError
+
+PQ = "pq"
+CENTROIDS = 256  # per subspace: one code byte
+# Numbers per code byte that `--precision pq` tries (compress: each that fits); 4 when no budget chooses.
+NUMBERS_PER_CODE = (2, 4, 8)
+DEFAULT_NUMBERS_PER_CODE = 4
+# The tensors a pq bundle does not code (MLP and GNN weights, small tables) are stored as int8 does: one byte a
+# number, per-row scales. fp16 would double their bytes for no measurable MRR (bench/results/bundle_sizes.md).
+FALLBACK = "int8"
+# The per-entity (RotatE) and embedding tables (EARL) worth coding; every other weight is a dense map.
+CODABLE = {"rotate": ("entities",), "earl": ("reserved_embeddings", "relation_ends", "relations")}
+MANIFEST_KEY = "pq_manifest"
+TENSOR_PREFIX = "pq."
+
+
+@dataclass(frozen=True)
+class Layout:
+    """One coded table: rows x width floats as `codes` one-byte codes per row, codebooks (codes, 256, width/codes)."""
+
+    rows: int
+    width: int
+    codes: int
+
+    @property
+    def sub(self) -> int:
+        return self.width // self.codes
+
+    @property
+    def nbytes(self) -> int:
+        """Codes plus fp16 codebooks."""
+        return self.rows * self.codes + self.codes * CENTROIDS * self.sub * 2
+
+    @property
+    def int8_nbytes(self) -> int:
+        return self.rows * self.width + 4 * self.rows
+
+
+def parse_pq(precision: str) -> int | None:
+    """Codes per row of a pq precision ('pq:50' -> 50, 'pq' -> 0: chosen later); None for any other precision."""
+    if precision != PQ and not precision.startswith(PQ + ":"):
+        return None
+    if precision == PQ:
+        return 0
+    text = precision[len(PQ) + 1 :]
+    if not text.isdigit() or int(text) < 1 or len(text) > 6:
+        raise ValueError(f"precision {precision[:40]!r}: write pq:M with M, the one-byte codes per row, a positive "
+                         "integer")
+    return int(text)
+
+
+def is_pq(precision: str) -> bool:
+    return precision == PQ or precision.startswith(PQ + ":")
+
+
+def codes_for(dim: int, numbers_per_code: int) -> int | None:
+    """M for a dim at `numbers_per_code` floats per code byte (the row width 2 * dim must divide)."""
+    return 2 * dim // numbers_per_code if (2 * dim) % numbers_per_code == 0 else None
+
+
+def default_codes(dim: int) -> int:
+    """M for `--precision pq` without a budget: the divisor of 2 * dim nearest 2 * dim / DEFAULT_NUMBERS_PER_CODE."""
+    width = 2 * dim
+    return min((m for m in range(1, width + 1) if width % m == 0),
+               key=lambda m: abs(m - width / DEFAULT_NUMBERS_PER_CODE))
+
+
+def resolve(precision: str, dim: int) -> str:
+    """'pq' -> 'pq:M' for this dim; ValueError unless M divides the row width 2 * dim."""
+    m = parse_pq(precision)
+    assert m is not None, precision
+    m = m or default_codes(dim)
+    if (2 * dim) % m:
+        raise ValueError(f"precision pq:{m} needs M dividing the row width 2 * dim = {2 * dim}")
+    return f"{PQ}:{m}"
+
+
+def plan(model: str, dim: int, codes: int, shapes: dict[str, tuple[int, ...]]) -> dict[str, Layout]:
+    """The tables a `pq:codes` bundle codes: those of CODABLE whose width holds whole subvectors of 2 * dim / codes
+    floats, and whose codes and codebooks take fewer bytes than int8 would (a table of 256 rows or fewer never
+    does). Known from shapes alone, so a bundle's bytes are too."""
+    sub = 2 * dim // codes
+    layouts = {}
+    for name in CODABLE.get(model, ()):
+        shape = shapes.get(name)
+        if shape is None or len(shape) != 2 or shape[1] % sub:
+            continue
+        layout = Layout(shape[0], shape[1], shape[1] // sub)
+        if layout.nbytes < layout.int8_nbytes:
+            layouts[name] = layout
+    return layouts
+
+
+def zero_tables(layouts: dict[str, Layout]) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """Tables of the given layouts, all zero: what BundleSizes writes to know a file's bytes before training."""
+    return {name: (np.zeros((lay.rows, lay.codes), np.uint8), np.zeros((lay.codes, CENTROIDS, lay.sub), np.float16))
+            for name, lay in layouts.items()}
+
+
+def with_tables(tensors: dict[str, np.ndarray], metadata: dict[str, str],
+                tables: dict[str, tuple[np.ndarray, np.ndarray]]) -> tuple[dict[str, np.ndarray], dict[str, str]]:
+    """A bundle's tensors with each coded table's `param.NAME` (and its int8 scale) replaced by its codes
+    (rows, M) uint8 and codebooks (M, 256, width/M) fp16; the layout goes in the metadata."""
+    out = dict(tensors)
+    manifest = {}
+    for name, (codes, books) in sorted(tables.items()):
+        out.pop(f"param.{name}", None)
+        out.pop(f"param.{name}.scale", None)
+        out[f"{TENSOR_PREFIX}{name}.codes"] = np.ascontiguousarray(codes, dtype=np.uint8)
+        out[f"{TENSOR_PREFIX}{name}.codebooks"] = np.ascontiguousarray(books, dtype=np.float16)
+        manifest[name] = [int(codes.shape[0]), int(books.shape[0] * books.shape[2]), int(books.shape[0])]
+    return out, {**metadata, MANIFEST_KEY: json.dumps(manifest)}
+
+
+def read_layouts(meta: dict[str, str], tensors: dict[str, np.ndarray], precision: str,
+                 source: str) -> dict[str, Layout]:
+    """The coded tables a bundle declares, each checked against its codes and codebooks tensors (dtype and shape)
+    before anything is decoded; the declared (rows, width) are then held against the config like any weight."""
+    stray = [n for n in tensors if n.startswith(TENSOR_PREFIX)]
+    if not is_pq(precision):
+        if stray or MANIFEST_KEY in meta:
+            raise BundleError(f"{source} holds product-quantized tables but its precision is {precision}")
+        return {}
+    if MANIFEST_KEY not in meta:
+        raise BundleError(f"{source} has precision {precision} but no {MANIFEST_KEY}")
+    try:
+        declared = parse_json(meta[MANIFEST_KEY], "the pq manifest")
+        layouts = {str(name): Layout(*(_count(x) for x in value)) for name, value in declared.items()}
+    except (ValueError, TypeError) as exc:
+        raise BundleError(f"{source}: its pq manifest is malformed ({exc}); it maps each coded table to "
+                          "[rows, width, codes]") from exc
+    for name, lay in layouts.items():
+        _check_layout(tensors, name, lay, source)
+    expected = {f"{TENSOR_PREFIX}{n}.{part}" for n in layouts for part in ("codes", "codebooks")}
+    if set(stray) != expected:
+        raise BundleError(f"{source} holds pq tensors its manifest does not declare: {sorted(set(stray) - expected)}")
+    return layouts
+
+
+def _count(value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{value!r} is not a count")
+    return value
+
+
+def _check_layout(tensors: dict[str, np.ndarray], name: str, lay: Layout, source: str) -> None:
+    if lay.codes < 1 or lay.width % lay.codes:
+        raise BundleError(f"{source}: pq table {name!r} declares {lay.codes} codes for rows of {lay.width} floats; "
+                          "the codes must divide the width")
+    wanted = {"codes": (np.uint8, (lay.rows, lay.codes)), "codebooks": (np.float16, (lay.codes, CENTROIDS, lay.sub))}
+    for part, (dtype, shape) in wanted.items():
+        tensor = tensors.get(f"{TENSOR_PREFIX}{name}.{part}")
+        if tensor is None or tensor.dtype != dtype or tensor.shape != shape:
+            got = "missing" if tensor is None else f"{tensor.dtype} {tensor.shape}"
+            raise BundleError(f"{source}: pq table {name!r} {part} are {got}, its manifest implies "
+                              f"{np.dtype(dtype)} {shape}")
+
+
+def check_plan(layouts: dict[str, Layout], precision: str, model: str, dim: int,
+               shapes: dict[str, tuple[int, ...]], source: str) -> None:
+    """The coded tables are exactly those `plan` codes at this precision for this config's weight `shapes`, with
+    its code counts."""
+    m = parse_pq(precision)
+    assert m, precision
+    if (2 * dim) % m:
+        raise BundleError(f"{source}: precision {precision} needs M dividing the row width 2 * dim = {2 * dim}")
+    wanted = plan(model, dim, m, shapes)
+    if layouts != wanted:
+        raise BundleError(f"{source}: its pq tables {_describe(layouts)} are not what {precision} codes for "
+                          f"{model} dim {dim}: {_describe(wanted)}")
+
+
+def _describe(layouts: dict[str, Layout]) -> str:
+    return "{" + ", ".join(f"{n}: {lay.rows}x{lay.width} in {lay.codes} codes" for n, lay in layouts.items()) + "}"
+
+
+def declared_shapes(layouts: dict[str, Layout]) -> dict[str, tuple[np.dtype, tuple[int, ...]]]:
+    """What each coded table decodes to, as core.decode lists stored weights: float32 (rows, width), by param name."""
+    return {f"param.{name}": (np.dtype(np.float32), (lay.rows, lay.width)) for name, lay in layouts.items()}
+
+
+def decode_table(codes: np.ndarray, codebooks: np.ndarray) -> np.ndarray:
+    """(N, M) uint8 codes and (M, 256, s) codebooks -> (N, M * s) float32: row i, subspace j is codebooks[j, codes[i, j]]."""
+    m = codebooks.shape[0]
+    return codebooks[np.arange(m)[None, :], codes].astype(np.float32).reshape(len(codes), m * codebooks.shape[2])
+
+
+def decode_tables(tensors: dict[str, np.ndarray], layouts: dict[str, Layout]) -> dict[str, np.ndarray]:
+    """Every coded table decoded (its layout already checked against the tensors and the config)."""
+    return {name: decode_table(tensors[f"{TENSOR_PREFIX}{name}.codes"], tensors[f"{TENSOR_PREFIX}{name}.codebooks"])
+            for name in layouts}
+
+
+def coded_bytes(layouts: dict[str, Layout]) -> int:
+    return int(sum(lay.nbytes for lay in layouts.values()))
+
+
+__all__ = ["CENTROIDS", "FALLBACK", "check_plan", "NUMBERS_PER_CODE", "PQ", "Layout", "codes_for", "decode_table", "decode_tables",
+           "declared_shapes", "default_codes", "is_pq", "parse_pq", "plan", "read_layouts", "resolve",
+           "with_tables", "zero_tables"]

@@ -1,0 +1,303 @@
+"""Decode a bundle's metadata and tensors into numpy values, refusing anything inconsistent (BundleError)."""
+
+from __future__ import annotations
+
+import dataclasses
+import lzma
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from earl_service.bundle.codebooks import check_plan, declared_shapes, decode_tables, is_pq, parse_pq, read_layouts
+from earl_service.bundle.format import (
+    CODINGS,
+    PRECISIONS,
+    BundleLimits,
+    dequantize,
+    parse_json,
+    unpack_graph,
+    unpack_labels,
+    unpack_strings,
+    unpack_weights,
+    weights_manifest,
+)
+from earl_service.config import ModelConfig
+from earl_service.data.dataset import Vocab
+from earl_service.errors import BundleError
+
+F32_MAX = float(np.finfo(np.float32).max)
+Manifest = list[tuple[str, np.dtype, tuple[int, ...]]]  # bundle_format.weights_manifest: (name, dtype, shape)
+
+
+@dataclass(frozen=True)
+class DecodedBundle:
+    """Everything a bundle file holds, checked against itself: what the torch and the edge readers rebuild from."""
+
+    config: ModelConfig
+    entities: Vocab
+    relations: Vocab
+    triples: np.ndarray  # (E, 3) int64, the graph the encoder reads
+    reserved: np.ndarray  # (N_res,) int64 entity ids
+    params: dict[str, np.ndarray]  # float32 (dequantized) trainable tensors by state_dict name
+    metrics: dict[str, Any]
+    relation_labels: dict[str, str]  # readable labels by id: only ids with one
+    entity_labels: dict[str, str]
+    precision: str  # as stored: fp32, fp16, int8 or pq:M (pq_format)
+    coding: str  # how the file stored the weights (bundle_format.CODINGS)
+    sha256: str  # of the tensor payload
+
+
+def decode(meta: dict[str, str], tensors: dict[str, np.ndarray], *, source: str = "bundle",
+           limits: BundleLimits | None = None) -> DecodedBundle:
+    """The parts of a bundle (bundle_format.read_safetensors' metadata and tensors), checked: content present and
+    well-formed, vocabularies valid, graph and reserved ids within them, every tensor the config implies present
+    with its shape and no other, then every weight finite (and RotatE's scores finite in float32).
+
+    Sizes come before contents: every declared weight shape is held against the config before any coded weight is
+    decoded, so what a small file can make this function allocate is bounded by what its config implies; `limits`
+    bounds the vocabularies and the graph while they decompress."""
+    bundle = _parse(meta, tensors, source, limits)
+    n, num_rel = len(bundle.entities), len(bundle.relations)
+    triples, reserved = bundle.triples, bundle.reserved
+    if triples.size and (triples[:, [0, 2]].max() >= n or triples[:, 1].max() >= num_rel):
+        raise BundleError(f"{source}: the graph refers to entities or relations outside the vocabulary")
+    if reserved.size and (reserved.max() >= n or reserved.min() < 0):
+        raise BundleError(f"{source}: reserved entity ids outside the vocabulary")
+    bundle = _with_labels(bundle, tensors, source, limits)
+    manifest = _manifest(meta, tensors, bundle.coding, source)
+    layouts = read_layouts(meta, tensors, bundle.precision, source)
+    stored = _stored_weights(tensors, manifest, source)
+    if set(stored) & set(declared_shapes(layouts)):
+        raise BundleError(f"{source} holds a weight both product-quantized and not")
+    _check_shapes(bundle, stored | declared_shapes(layouts), coded=manifest is not None or bool(layouts))
+    if is_pq(bundle.precision):
+        cfg = bundle.config
+        check_plan(layouts, bundle.precision, cfg.model, cfg.dim, expected_shapes(cfg, n, num_rel, len(reserved)), source)
+    params = _weights(tensors, manifest) | decode_tables(tensors, layouts)
+    _check_values(bundle.config, params, source)
+    return dataclasses.replace(bundle, params=params)
+
+
+def _parse(meta: dict[str, str], tensors: dict[str, np.ndarray], source: str,
+           limits: BundleLimits | None) -> DecodedBundle:
+    """Every part but the weights (params left empty): those are decoded once their shapes are known to fit."""
+    try:
+        bundle = DecodedBundle(  # in the order load_bundle has always read them: the first fault is the one named
+            config=_config(meta["config"]),
+            # Metrics are informational: a NaN a training run wrote reads as null rather than refusing the model.
+            metrics=parse_json(meta.get("metrics", "{}"), "metrics", nonfinite_as_null=True),
+            # Bundles before labels.relations kept the relation labels in their metadata.
+            relation_labels=parse_json(meta.get("relation_labels", "{}"), "relation_labels"),
+            entity_labels={},
+            entities=_vocab(unpack_strings(tensors["vocab.entities"], limits), "entity"),
+            relations=_vocab(unpack_strings(tensors["vocab.relations"], limits), "relation"),
+            triples=unpack_graph(tensors["graph.packed"], limits),
+            reserved=tensors["buffer.reserved"].astype(np.int64),
+            params={},
+            precision=_precision(meta.get("precision", "fp32")),
+            coding=meta.get("weights_coding", "plain"),
+            sha256=meta["payload_sha256"],
+        )
+        return bundle
+    except (KeyError, ValueError, lzma.LZMAError, TypeError, AttributeError) as exc:
+        raise BundleError(f"{source} is an EARL bundle with missing or malformed content: {exc}") from exc
+
+
+def _with_labels(bundle: DecodedBundle, tensors: dict[str, np.ndarray], source: str,
+                 limits: BundleLimits | None) -> DecodedBundle:
+    """The bundle with its labels tensors decoded (after the vocabularies are known to fit the graph)."""
+    try:
+        entity_labels = _labels(tensors, "entities", bundle.entities, limits)
+        relation_labels = _labels(tensors, "relations", bundle.relations, limits)
+    except (ValueError, lzma.LZMAError) as exc:
+        raise BundleError(f"{source} is an EARL bundle with malformed labels: {exc}") from exc
+    return dataclasses.replace(bundle, entity_labels=entity_labels,
+                               relation_labels=relation_labels or bundle.relation_labels)
+
+
+def _labels(tensors: dict[str, np.ndarray], kind: str, vocab: Vocab, limits: BundleLimits | None) -> dict[str, str]:
+    """The labels.<kind> tensor as {name: label} for the names that have one ({} when the bundle holds none)."""
+    blob = tensors.get(f"labels.{kind}")
+    if blob is None:
+        return {}
+    labels = unpack_labels(blob, len(vocab), f"{vocab.kind} labels", limits)
+    return {name: label for name, label in zip(vocab.names, labels, strict=True) if label}
+
+
+def _config(text: str) -> ModelConfig:
+    """The bundle's ModelConfig; ValueError unless every field has its type (finite numbers) and the RotatE phase
+    scale pi / ((gamma + epsilon) / dim) is a finite float32, as the scorers compute it."""
+    values = parse_json(text, "config")
+    for f in dataclasses.fields(ModelConfig):
+        if f.name in values and not _fits(values[f.name], type(f.default)):
+            raise ValueError(f"config {f.name} must be a finite {type(f.default).__name__}, not {values[f.name]!r}")
+    config = ModelConfig.from_dict(values)
+    # gamma > 0, yet (gamma + epsilon) / dim may underflow to 0 (no scale at all) or overflow to infinity.
+    scale = config.phase_scale if config.embedding_range > 0 else math.inf
+    if not (math.isfinite(config.embedding_range) and scale < F32_MAX):
+        raise ValueError(f"config gamma {config.gamma}, epsilon {config.epsilon} and dim {config.dim} give a RotatE "
+                         "phase scale that float32 cannot hold")
+    return config
+
+
+def _fits(value: Any, kind: type) -> bool:
+    if kind is bool or isinstance(value, bool):
+        return isinstance(value, kind)
+    if kind is float:
+        return isinstance(value, int | float) and math.isfinite(value)
+    return isinstance(value, kind)
+
+
+def _choice(value: str, choices: tuple[str, ...], what: str) -> str:
+    if value not in choices:
+        raise ValueError(f"{what} must be one of {choices}, not {value[:100]!r}")
+    return value
+
+
+def _precision(value: str) -> str:
+    """One of PRECISIONS, or pq:M (its M checked against the config with the tables' layout)."""
+    if parse_pq(value) is not None and value != "pq":  # ValueError for a malformed pq:M
+        return value
+    return _choice(value, PRECISIONS, "precision")
+
+
+def _vocab(names: list[str], kind: str) -> Vocab:
+    try:
+        return Vocab(names, kind=kind)
+    except ValueError as exc:
+        raise BundleError(f"bundle {kind} vocabulary is invalid: {exc}") from exc
+
+
+def _manifest(meta: dict[str, str], tensors: dict[str, np.ndarray], coding: str, source: str) -> Manifest | None:
+    """The coded weights' manifest, parsed once (None when the weights are plain tensors)."""
+    if coding not in CODINGS:
+        raise BundleError(f"{source} uses weight coding {coding!r}, unknown to this earl_service")
+    if coding == "plain":
+        return None
+    if "weights.packed" not in tensors or "weights_manifest" not in meta:
+        raise BundleError(f"{source} says its weights are {coding}-coded but holds no coded weights")
+    return weights_manifest(meta["weights_manifest"])
+
+
+def _stored_weights(tensors: dict[str, np.ndarray], manifest: Manifest | None, source: str,
+                    ) -> dict[str, tuple[np.dtype, tuple[int, ...]]]:
+    """dtype and shape of every `param.*` tensor as the file declares it (coded ones from the manifest), unread."""
+    stored = {name: (t.dtype, t.shape) for name, t in tensors.items() if name.startswith("param.")}
+    if manifest is None:
+        return stored
+    coded = {name: (dtype, shape) for name, dtype, shape in manifest}
+    if set(coded) & set(stored):
+        raise BundleError(f"{source} holds weights both coded and plain")
+    return stored | coded
+
+
+def _check_shapes(bundle: DecodedBundle, stored: dict[str, tuple[np.dtype, tuple[int, ...]]], *,
+                  coded: bool) -> None:
+    """Every tensor the config implies is stored with its shape, and no other; int8 matrices with their scales."""
+    cfg = bundle.config
+    shapes = {name[len("param.") :]: shape for name, (_, shape) in stored.items() if not name.endswith(".scale")}
+    if cfg.gnn_layers > len(shapes):  # every layer has weights; refuse before listing a huge layer count
+        raise BundleError(f"bundle config asks for {cfg.gnn_layers} GNN layers but holds {len(shapes)} tensors")
+    expected = expected_shapes(cfg, len(bundle.entities), len(bundle.relations), len(bundle.reserved))
+    where = " in its coded weights" if coded else ""
+    for name, shape in expected.items():
+        if shapes.get(name) != shape:
+            raise BundleError(f"bundle tensor {name!r} has shape {shapes.get(name)}{where}, the config implies {shape}")
+    extra = set(shapes) - set(expected)
+    if extra:
+        raise BundleError(f"bundle holds tensors its config does not use: {sorted(extra)}")
+    for name, (dtype, shape) in stored.items():
+        if not _stored_as_quantize_writes(name, dtype, shape, stored):
+            raise BundleError(f"bundle tensor {name!r} has missing or malformed content: {dtype} {shape}, "
+                              f"{'with' if name + '.scale' in stored else 'without'} a scale")
+
+
+def _stored_as_quantize_writes(name: str, dtype: np.dtype, shape: tuple[int, ...],
+                               stored: dict[str, tuple[np.dtype, tuple[int, ...]]]) -> bool:
+    """float32 or float16; or an int8 matrix with a float32 scale per row (bundle_format.quantize)."""
+    if name.endswith(".scale"):
+        base = stored.get(name.removesuffix(".scale"))
+        return base is not None and base[0] == np.int8 and dtype == np.float32 and shape == base[1][:1]
+    if dtype == np.int8:
+        return len(shape) == 2 and name + ".scale" in stored
+    return dtype in (np.float32, np.float16) and name + ".scale" not in stored
+
+
+def _weights(tensors: dict[str, np.ndarray], manifest: Manifest | None) -> dict[str, np.ndarray]:
+    """The float32 trainable tensors by state_dict name: coded weights decoded (their shapes already checked)."""
+    if manifest is not None:
+        decoded = unpack_weights(tensors["weights.packed"], manifest)
+        tensors = {name: t for name, t in tensors.items() if name != "weights.packed"} | decoded
+    return {name[len("param.") :]: dequantize(tensors, name) for name in tensors
+            if name.startswith("param.") and not name.endswith(".scale")}
+
+
+def _check_values(config: ModelConfig, params: dict[str, np.ndarray], source: str) -> None:
+    """Every weight finite; RotatE's, which are its embeddings, small enough that its scores stay finite."""
+    for name, value in params.items():
+        if not np.isfinite(value).all():
+            raise BundleError(f"bundle tensor {name!r} is not finite: the rebuilt embeddings hold NaN or infinite "
+                              "values")
+    if config.model == "rotate":  # finite, as just checked: only their range is left to check
+        _check_score_range(config, params["entities"], params["relations"], source)
+
+
+def check_embeddings(config: ModelConfig, entities: np.ndarray, relations: np.ndarray, *,
+                     source: str = "bundle") -> None:
+    """BundleError unless every RotatE score of these embeddings is finite in float32: entities (N, 2d), relation
+    values (R, d) finite, and within _check_score_range's bounds."""
+    if not (np.isfinite(entities).all() and np.isfinite(relations).all()):
+        raise BundleError(f"{source}: the rebuilt embeddings hold NaN or infinite values")
+    _check_score_range(config, entities, relations, source)
+
+
+def _check_score_range(config: ModelConfig, entities: np.ndarray, relations: np.ndarray, source: str) -> None:
+    """BundleError unless these finite embeddings keep every float32 score finite. A rotated query's reals are at most
+    sqrt(2) * max |x|, so each real of e - q is under 3 * max |x|, and a row's sum of squares (what an L2 index adds
+    up over all 2d reals) under 9 * max|x|^2 * 2d: that must stay below float32's max. Relation values times the
+    phase scale must too."""
+    largest = float(np.abs(entities).max(initial=0.0))
+    limit = math.sqrt(F32_MAX / (9 * max(entities.shape[-1], 1)))
+    if largest > limit:
+        raise BundleError(f"{source}: the entity embeddings reach {largest:.3g}; scores stay finite in float32 "
+                          f"only up to {limit:.3g}")
+    phase = float(np.abs(relations).max(initial=0.0)) * config.phase_scale
+    if phase >= F32_MAX:
+        raise BundleError(f"{source}: the relation embeddings give phases up to {phase:.3g}, past float32's range")
+
+
+def expected_shapes(config: ModelConfig, num_entities: int, num_relations: int, num_reserved: int,
+                    ) -> dict[str, tuple[int, ...]]:
+    """The shape of every trainable tensor of build_model(config, ...), by state_dict name and in its order
+    (the `reserved` buffer aside): what a bundle must hold, known without building the module."""
+    d, w = config.dim, 2 * config.dim
+    if config.model == "rotate":
+        return {"entities": (num_entities, w), "relations": (num_relations, d)}
+    shapes: dict[str, tuple[int, ...]] = {}
+    if config.uses_reserved and num_reserved:
+        shapes["reserved_embeddings"] = (num_reserved, w)
+    if config.uses_conrel:
+        shapes["relation_ends"] = (2 * num_relations, w)
+    shapes["relations"] = (num_relations, d)
+    if config.uses_conrel:
+        shapes.update(_mlp("conrel_mlp", w, w))
+    inputs = int(config.uses_conrel) + int(config.uses_knn)
+    if inputs:
+        shapes.update(_mlp("combine", inputs * w, w))
+    for i in range(config.gnn_layers):
+        layer = {"out_ent": (w, w), "out_rel": (w, d), "in_ent": (w, w), "in_rel": (w, d), "self_loop": (w, w),
+                 "rel_update": (d, d)}
+        for name, (rows, cols) in layer.items():
+            shapes.update(_linear(f"gnn.{i}.{name}", cols, rows))
+    return shapes
+
+
+def _linear(name: str, width_in: int, width_out: int) -> dict[str, tuple[int, ...]]:
+    return {f"{name}.weight": (width_out, width_in), f"{name}.bias": (width_out,)}
+
+
+def _mlp(name: str, width_in: int, width: int) -> dict[str, tuple[int, ...]]:
+    """model._mlp: Linear(width_in, width), ReLU, Linear(width, width)."""
+    return _linear(f"{name}.0", width_in, width) | _linear(f"{name}.2", width, width)

@@ -1,0 +1,199 @@
+"""The bundle: one safetensors file with everything needed to rebuild every embedding, checked on load."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from earl_service import __version__
+from earl_service.bundle.codebooks import FALLBACK, is_pq, resolve, with_tables
+from earl_service.bundle.decode import decode
+from earl_service.bundle.format import (
+    FORMAT,
+    FORMAT_VERSION,
+    PRECISIONS,
+    BundleLimits,
+    default_coding,
+    encode_weights,
+    narrowest_uint,
+    pack_graph,
+    pack_labels,
+    pack_strings,
+    quantize,
+    read_safetensors,
+    write_safetensors,
+)
+from earl_service.config import ModelConfig
+from earl_service.data.dataset import Vocab, load_triples_file
+from earl_service.data.labels import Labels
+from earl_service.errors import BundleError
+
+PQTables = dict[str, tuple[np.ndarray, np.ndarray]]  # name -> (codes (N, M) uint8, codebooks (M, 256, w/M) fp16)
+# ---------------------------------------------------------------- the torch-side bundle
+
+
+@dataclass
+class Bundle:
+    """A trained model, its graph and vocabularies; rebuilds embeddings with the trained encoder."""
+
+    config: ModelConfig
+    params: dict[str, np.ndarray]  # float32 (dequantized) trainable tensors by state_dict name
+    reserved: np.ndarray  # (N_res,) entity ids
+    entities: Vocab
+    relations: Vocab
+    triples: np.ndarray  # (E, 3) int64, the graph the encoder reads
+    metrics: dict[str, Any] = field(default_factory=dict)
+    precision: str = "fp32"
+    relation_labels: dict[str, str] = field(default_factory=dict)
+    entity_labels: dict[str, str] = field(default_factory=dict)
+    sha256: str = ""
+    num_bytes: int = 0
+    path: Path | None = None
+    coding: str = "plain"  # how the file stored the weights (bundle_format.CODINGS)
+    _cache: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    @property
+    def trainable_parameters(self) -> int:
+        return int(sum(v.size for v in self.params.values()))
+
+    @property
+    def scorer(self):
+        from earl_service.model.modules import RotatE
+
+        return RotatE(self.config)
+
+    def _graph(self):
+        from earl_service.model.graph import build_graph
+
+        return build_graph(self.triples, len(self.entities), len(self.relations), torch.from_numpy(self.reserved),
+                           **self.config.graph_options)
+
+    def model(self) -> torch.nn.Module:
+        """The trained module with the bundle's weights (float32, CPU, eval mode)."""
+        from earl_service.model.modules import build_model
+
+        model = build_model(self.config, len(self.entities), len(self.relations), torch.from_numpy(self.reserved))
+        state = {k: torch.from_numpy(v) for k, v in self.params.items()}
+        state["reserved"] = torch.from_numpy(self.reserved.astype(np.int64))
+        missing, unexpected = model.load_state_dict(state, strict=False)
+        missing = [m for m in missing if m != "reserved"]
+        if missing or unexpected:
+            raise BundleError(f"bundle tensors do not match its config: missing {missing}, unexpected {unexpected}")
+        return model.eval()
+
+    @torch.no_grad()
+    def _embed(self) -> tuple[torch.Tensor, torch.Tensor]:
+        if "emb" not in self._cache and self.config.model == "rotate":
+            self._cache["emb"] = (torch.from_numpy(self.params["entities"]), torch.from_numpy(self.params["relations"]))
+        if "emb" not in self._cache:
+            ent, rel = self.model()(self._graph())
+            self._cache["emb"] = (ent.float().contiguous(), rel.float().contiguous())
+        return self._cache["emb"]
+
+    def entity_embeddings(self) -> torch.Tensor:
+        """(N, 2*dim) float32: every entity rebuilt from the stored weights and graph."""
+        return self._embed()[0]
+
+    def relation_embeddings(self) -> torch.Tensor:
+        """(R, dim) float32 relation values (phases are value * pi / embedding_range)."""
+        return self._embed()[1]
+
+    def to_tensors(self, precision: str | None = None, coding: str | None = None, *,
+                   pq_tables: PQTables | None = None) -> tuple[dict[str, np.ndarray], dict[str, str]]:
+        """Tensors and metadata of the bundle file; coding (CODINGS) defaults to default_coding(precision). A pq
+        precision (pq_format) stores `pq_tables`, or codebooks faiss trains on the weights here when None."""
+        precision = precision or self.precision
+        pq = is_pq(precision)
+        if pq:
+            precision = resolve(precision, self.config.dim)
+        elif precision not in PRECISIONS:
+            raise ValueError(f"precision must be one of {PRECISIONS} or pq[:M], not {precision!r}")
+        tensors: dict[str, np.ndarray] = {}
+        for name, value in self.params.items():
+            tensors.update(quantize(f"param.{name}", value, FALLBACK if pq else precision))
+        tensors["buffer.reserved"] = self.reserved.astype(narrowest_uint(max(len(self.entities), 1)))
+        tensors["graph.packed"] = pack_graph(self.triples, len(self.entities), len(self.relations))
+        tensors["vocab.entities"] = pack_strings(self.entities.names)
+        tensors["vocab.relations"] = pack_strings(self.relations.names)
+        tensors.update(self._label_tensors())
+        metadata = {
+            "format": FORMAT,
+            "format_version": str(FORMAT_VERSION),
+            "library_version": __version__,
+            "precision": precision,
+            "config": json.dumps(self.config.to_dict()),
+            "metrics": json.dumps(self.metrics, default=str),
+            "trainable_parameters": str(self.trainable_parameters),
+            "entities": str(len(self.entities)),
+            "relations": str(len(self.relations)),
+            "triples": str(len(self.triples)),
+            "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        }
+        if pq:
+            if pq_tables is None:
+                from earl_service.train.finetune import encode_tables
+
+                pq_tables = encode_tables(self.config, self.params, precision)
+            tensors, metadata = with_tables(tensors, metadata, pq_tables)
+        return encode_weights(tensors, metadata, coding or default_coding(precision))
+
+    def _label_tensors(self) -> dict[str, np.ndarray]:
+        """labels.entities / labels.relations: xz-coded, aligned with the vocabularies; absent when none."""
+        packed = {"labels.entities": pack_labels(self.entities.names, self.entity_labels),
+                  "labels.relations": pack_labels(self.relations.names, self.relation_labels)}
+        return {name: blob for name, blob in packed.items() if blob is not None}
+
+    def save(self, path: str | os.PathLike, *, precision: str | None = None, coding: str | None = None,
+             pq_tables: PQTables | None = None) -> Path:
+        tensors, metadata = self.to_tensors(precision, coding, pq_tables=pq_tables)
+        return write_safetensors(path, tensors, metadata)
+
+    def extend(self, triples_path: str | os.PathLike) -> Bundle:
+        """A new bundle whose graph also holds the triples of `triples_path`; unseen entities join the
+        vocabulary and are embedded by the trained encoders. No parameter changes."""
+        new, new_names = load_triples_file(triples_path, self.entities, self.relations, allow_new_entities=True)
+        return self.extend_with(new, new_names)
+
+    def extend_with(self, new_triples: np.ndarray, new_names: list[str]) -> Bundle:
+        if self.config.model != "earl":
+            raise BundleError("only EARL bundles can embed new entities; a RotatE bundle has one row per entity")
+        triples = np.unique(np.concatenate([self.triples, np.asarray(new_triples, dtype=np.int64).reshape(-1, 3)]), axis=0)
+        entities = Vocab(self.entities.names + list(new_names))
+        return replace(self, entities=entities, triples=triples, sha256="", num_bytes=0, path=None, _cache={})
+
+
+def load_bundle(path: str | os.PathLike, *, limits: BundleLimits | None = None) -> Bundle:
+    """Read and verify a bundle: format and version, checksum, then every check of core.decode (vocabularies,
+    graph and reserved ids, tensor shapes against the config; sizes within `limits`)."""
+    meta, tensors, size = read_safetensors(path)
+    decoded = decode(meta, tensors, source=str(path), limits=limits)
+    return Bundle(**vars(decoded), num_bytes=size, path=Path(path))  # every DecodedBundle field is a Bundle field
+
+
+def bundle_from_model(
+    model: torch.nn.Module, config: ModelConfig, entities: Vocab, relations: Vocab, triples: np.ndarray,
+    *, metrics: dict | None = None, labels: Labels | None = None,
+) -> Bundle:
+    state = model.state_dict()
+    reserved = state.pop("reserved", torch.zeros(0, dtype=torch.long)).cpu().numpy().astype(np.int64)
+    params = {k: v.detach().float().cpu().numpy() for k, v in state.items()}
+    labels = labels or Labels()
+    return Bundle(config, params, reserved, entities, relations, np.asarray(triples, dtype=np.int64), metrics or {},
+                  "fp32", relation_labels=labels.relations, entity_labels=labels.entities)
+
+
+def export_bundle(run_dir: str | os.PathLike, out_path: str | os.PathLike, *, precision: str = "fp32",
+                  coding: str | None = None) -> Path:
+    """Re-export the bundle of a trained run (RUN_DIR/bundle.safetensors) at another precision (and weight
+    coding: plain tensors, or byte planes + xz; default_coding(precision) when None)."""
+    source = Path(run_dir) / "bundle.safetensors"
+    if not source.exists():
+        raise BundleError(f"{run_dir} holds no bundle.safetensors: is it a run directory written by `earl train`?")
+    return load_bundle(source).save(out_path, precision=precision, coding=coding)

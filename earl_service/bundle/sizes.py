@@ -1,0 +1,165 @@
+"""Bundle bytes before training: exact file sizes from shapes, a fixed-size metrics field."""
+
+from __future__ import annotations
+
+import builtins
+import json
+import math
+import os
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from earl_service.bundle.codebooks import FALLBACK, codes_for, is_pq, parse_pq, plan, with_tables, zero_tables
+from earl_service.bundle.format import pack_labels, quantize
+from earl_service.bundle.model_io import Bundle, PQTables
+from earl_service.compress.config import PAD_KEY, graph_bytes
+from earl_service.config import ModelConfig, ModelKind
+from earl_service.data.dataset import Dataset, Vocab
+from earl_service.errors import BundleError
+from earl_service.model.graph import choose_reserved
+from earl_service.model.modules import build_model
+
+# Plain tensors: their bytes follow from shapes alone. planes-xz would be ~15% smaller at fp16 (~5% at int8,
+# bench/results/bundle_sizes.md) but its size depends on the trained values, so it cannot be known in advance.
+CODING = "plain"
+MIN_DIM = 8  # the smallest candidate dim worth training
+# Header bytes every compress bundle gives its metrics JSON: the metrics are padded to exactly this, so the
+# file size is known before training whatever the metrics turn out to be.
+METRICS_ROOM = 2048
+
+
+def _header_bytes(text: str) -> int:
+    """Bytes a metadata string takes in the safetensors header, whose JSON escapes quotes and backslashes.
+    json.dumps writes ASCII only, so no other character is escaped or widened."""
+    return len(text) + text.count('"') + text.count("\\")
+
+
+def padded_metrics(metrics: dict[str, Any]) -> dict[str, Any]:
+    """`metrics` plus a run of spaces under PAD_KEY that makes its header field exactly METRICS_ROOM bytes
+    (Bundle.to_tensors writes json.dumps(metrics, default=str))."""
+    room = METRICS_ROOM - _header_bytes(json.dumps({**metrics, PAD_KEY: ""}, default=str))
+    if room < 0:
+        raise BundleError(f"bundle metrics take {METRICS_ROOM - room} header bytes, more than the {METRICS_ROOM} "
+                          "reserved for them")
+    return {**metrics, PAD_KEY: " " * room}
+
+
+def save_exact(bundle: Bundle, path: str | os.PathLike, *, precision: str, metrics: dict[str, Any],
+               expected: int, pq_tables: PQTables | None = None) -> Path:
+    """Write `bundle` at `precision` carrying `metrics`; the file must be `expected` bytes, as predicted."""
+    out = replace(bundle, metrics=padded_metrics(metrics)).save(path, precision=precision, coding=CODING,
+                                                                pq_tables=pq_tables)
+    size = out.stat().st_size
+    if size != expected:
+        raise BundleError(f"{out} is {size} bytes, the size model predicted {expected}: the bundle format changed "
+                          "under earl_service.bundle.sizes")
+    return out
+
+
+class BundleSizes:
+    """Exact bundle file bytes for (model, dim, precision) over one dataset: an untrained bundle written to a
+    temporary file. Plain-coded weights and a padded metrics field make the size independent of training."""
+
+    def __init__(self, dataset: Dataset, *, seed: int = 0, base: ModelConfig | None = None) -> None:
+        # What train() puts in its bundle: the training entities, every relation, the training graph, the labels.
+        self.entities = Vocab(dataset.entities.names[: dataset.num_train_entities])
+        self.relations = dataset.relations
+        self.triples = dataset.train
+        self.labels = dataset.labels
+        self.base = replace(base or ModelConfig(), seed=seed)
+        self._bytes: dict[tuple[str, int, str], int] = {}
+        self._packed: dict[str, tuple[dict[str, np.ndarray], dict[str, str]]] = {}
+
+    def config(self, model: ModelKind, dim: int) -> ModelConfig:
+        return replace(self.base, model=model, dim=dim)
+
+    def untrained(self, config: ModelConfig) -> Bundle:
+        """A bundle with zero weights of the shapes `config` implies (no weights are initialised)."""
+        n = len(self.entities)
+        reserved = (choose_reserved(n, config.reserved_ratio, config.seed)
+                    if config.model == "earl" and config.uses_reserved else torch.zeros(0, dtype=torch.long))
+        with torch.device("meta"):  # shapes without storage
+            shapes = build_model(config, n, len(self.relations), reserved).state_dict()
+        params = {name: np.zeros(tuple(t.shape), np.float32) for name, t in shapes.items() if name != "reserved"}
+        return Bundle(config, params, reserved.numpy().astype(np.int64), self.entities, self.relations, self.triples,
+                      padded_metrics({}), relation_labels=self.labels.relations, entity_labels=self.labels.entities)
+
+    def bytes(self, model: ModelKind, dim: int, precision: str) -> int:
+        key = (model, dim, precision)
+        if key not in self._bytes:
+            self._bytes[key] = len(self._serialise(self.untrained(self.config(model, dim)), precision))
+        return self._bytes[key]
+
+    def _serialise(self, bundle: Bundle, precision: str) -> builtins.bytes:  # the method `bytes` shadows the type
+        """The file write_safetensors would write for `bundle` (checksum zeroed: same length)."""
+        from safetensors.numpy import save as st_save
+
+        # Bundle.to_tensors xz-packs the graph and vocabularies at preset 9 (tenths of a second even for a tiny
+        # graph), and only the weights and the config change with dim: pack once per model, then swap those in.
+        if bundle.config.model not in self._packed:
+            self._packed[bundle.config.model] = bundle.to_tensors("fp32", CODING)
+        tensors, metadata = self._packed[bundle.config.model]
+        tensors = {name: t for name, t in tensors.items() if not name.startswith("param.")}
+        for name, value in bundle.params.items():
+            tensors.update(quantize(f"param.{name}", value, FALLBACK if is_pq(precision) else precision))
+        metadata = {**metadata, "precision": precision, "config": json.dumps(bundle.config.to_dict()),
+                    "trainable_parameters": str(bundle.trainable_parameters), "payload_sha256": "0" * 64}
+        if is_pq(precision):  # codes and codebooks of the shapes pq_format.plan gives: their bytes need no values
+            tensors, metadata = with_tables(tensors, metadata, zero_tables(self.pq_layouts(bundle, precision)))
+        return st_save(tensors, metadata=metadata)
+
+    def pq_layouts(self, bundle: Bundle, precision: str) -> dict:
+        m = parse_pq(precision)
+        assert m, f"{precision}: give pq:M to know the bytes"
+        return plan(bundle.config.model, bundle.config.dim, m, {n: v.shape for n, v in bundle.params.items()})
+
+    def pq_codes(self, model: ModelKind, dim: int, precision: str) -> int:
+        """How many tables a bundle of (model, dim) at `precision` (pq:M) codes: 0 makes it int8 in all but name."""
+        return len(self.pq_layouts(self.untrained(self.config(model, dim)), precision))
+
+    def fixed_bytes(self) -> int:
+        """Bytes of the graph, vocabularies and labels, which every candidate carries whatever its weights."""
+        labels = (pack_labels(self.entities.names, self.labels.entities),
+                  pack_labels(self.relations.names, self.labels.relations))
+        return graph_bytes(self.triples, self.entities.names, self.relations.names) + sum(
+            blob.nbytes for blob in labels if blob is not None)
+
+    def max_dim(self, model: ModelKind, precision: str, max_bytes: int) -> int | None:
+        """The largest dim whose bundle fits in `max_bytes` (None below MIN_DIM)."""
+        return _largest(lambda dim: self.bytes(model, dim, precision) <= max_bytes, step=1)
+
+    def max_pq_dim(self, model: ModelKind, numbers_per_code: int, max_bytes: int) -> int | None:
+        """The largest dim whose bundle at `numbers_per_code` floats per code byte (pq:M, M = 2 * dim / that) fits
+        in `max_bytes`: dims step so that M is whole; bytes still grow with dim (each table takes the cheaper of
+        pq and int8, both growing)."""
+        step = numbers_per_code // math.gcd(numbers_per_code, 2)
+        return _largest(lambda dim: self.bytes(model, dim, f"pq:{codes_for(dim, numbers_per_code)}") <= max_bytes,
+                        step=step)
+
+    def max_pq_codes_dim(self, model: ModelKind, codes: int, max_bytes: int) -> int | None:
+        """The largest dim whose bundle at pq:`codes` fits in `max_bytes` (dims where `codes` divides 2 * dim)."""
+        step = codes // math.gcd(codes, 2)
+        return _largest(lambda dim: self.bytes(model, dim, f"pq:{codes}") <= max_bytes, step=step)
+
+
+def _largest(fits: Callable[[int], bool], *, step: int) -> int | None:
+    """The largest multiple of `step` from MIN_DIM up for which `fits` holds (None if none does), `fits` being
+    monotone: double until it no longer fits, then bisect."""
+    first = -(-MIN_DIM // step)  # in units of step
+    if not fits(first * step):
+        return None
+    good, bad = first, 2 * first
+    while fits(bad * step):
+        good, bad = bad, 2 * bad
+    while bad - good > 1:
+        mid = (good + bad) // 2
+        good, bad = (mid, bad) if fits(mid * step) else (good, mid)
+    return good * step
+
+
+__all__ = ["CODING", "METRICS_ROOM", "MIN_DIM", "BundleSizes", "padded_metrics", "save_exact"]

@@ -1,0 +1,431 @@
+"""The `earl` command: train, evaluate, export, info, extend, predict, score, compress, worker and serve."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+from pathlib import Path
+
+from earl_service.bundle.format import PRECISIONS
+from earl_service.cli.answers import add_answer_commands, cmd_export_tables
+from earl_service.cli.compress import add_compress_command
+from earl_service.config import ModelConfig, TrainConfig
+from earl_service.config.options import (
+    add_data_options,
+    add_train_options,
+    configs_from_options,
+    data_config_from_options,
+)
+from earl_service.device.tables import FORMATS as TABLE_FORMATS
+from earl_service.errors import ConfigError, EarlError
+
+COMMANDS_GROUP = "earl.commands"  # entry points: callables that add a subcommand (`earl serve`, from api/serve.py)
+
+TRAIN_MODULES = ("torch", "tqdm", "matplotlib", "ninja")  # the [train] extra: absent from an edge install
+# Loggers whose INFO lines a user should see without -v: a header row skipped, the C++ kernel being compiled.
+NOTICES = ("earl_service.data.readers", "earl_service.model.kernels")
+
+LAUNCHER_OPTIONS = ("--nproc-per-node", "--nnodes", "--rdzv-endpoint", "--rdzv-backend", "--rdzv-id", "--node-rank")
+
+
+def _add_launcher_options(p: argparse.ArgumentParser) -> None:
+    d = p.add_argument_group("distributed (torch.distributed DDP through torchrun)")
+    d.add_argument("--nproc-per-node", type=int, default=0, metavar="N",
+                   help="run N data-parallel processes on this machine (gloo on CPU, NCCL on CUDA; 0: no torchrun)")
+    d.add_argument("--nnodes", default="1", help="machines taking part (torchrun's --nnodes; default: %(default)s)")
+    d.add_argument("--rdzv-endpoint", default=None, metavar="HOST:PORT",
+                   help="rendezvous address shared by all machines (default: a free local port, one machine)")
+    d.add_argument("--rdzv-backend", default="c10d", help="torchrun's rendezvous backend (default: %(default)s)")
+    d.add_argument("--rdzv-id", default=None, help="job id shared by all machines")
+    d.add_argument("--node-rank", type=int, default=None, help="this machine's rank (default: torchrun's choice)")
+
+
+def _configs(a: argparse.Namespace) -> tuple[ModelConfig, TrainConfig, str | None]:
+    """The run's configs and the recipe they were resolved with (the options given win over it)."""
+    if getattr(a, "config", None):
+        return _configs_from_file(a.config)
+    return (*configs_from_options(vars(a), recipe=a.recipe), a.recipe)
+
+
+def _configs_from_file(path: str) -> tuple[ModelConfig, TrainConfig, str | None]:
+    """{"model": {...}, "train": {...}}, or a run's metrics.json (which holds them under "config"), and the
+    recipe the file records (none applied: the file holds every setting)."""
+    try:
+        values = json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ConfigError(f"--config {path}: {exc}") from None
+    recipe = values.get("recipe") if isinstance(values, dict) else None
+    if isinstance(values, dict):
+        values = values.get("config", values)
+    if not isinstance(values, dict) or not all(isinstance(values.get(key), dict) for key in ("model", "train")):
+        raise ConfigError(f"--config {path}: expected an object with 'model' and 'train' objects")
+    return ModelConfig.from_dict(values["model"]), TrainConfig.from_dict(values["train"]), recipe
+
+
+def _without_launcher_options(argv: list[str]) -> list[str]:
+    """argv minus the torchrun options (so that the processes torchrun starts do not launch again)."""
+    out, skip = [], False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg in LAUNCHER_OPTIONS:
+            skip = True
+        elif not arg.startswith(tuple(f"{o}=" for o in LAUNCHER_OPTIONS)):
+            out.append(arg)
+    return out
+
+
+def launch_torchrun(a: argparse.Namespace) -> int:
+    """Re-run this `earl train` command under torchrun; SIGINT/SIGTERM are passed on (ranks checkpoint, exit)."""
+    import signal
+    import subprocess
+
+    from earl_service.train.distributed import torchrun_command
+
+    cmd = torchrun_command(_without_launcher_options(a.argv), nproc_per_node=a.nproc_per_node, nnodes=a.nnodes,
+                           rdzv_endpoint=a.rdzv_endpoint, rdzv_backend=a.rdzv_backend, rdzv_id=a.rdzv_id,
+                           node_rank=a.node_rank)
+    proc = subprocess.Popen(cmd)
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, lambda sig, _frame: proc.send_signal(sig))
+    return proc.wait()
+
+
+def _under_torchrun() -> bool:
+    return int(os.environ.get("WORLD_SIZE", "1")) > 1 and "LOCAL_RANK" in os.environ
+
+
+def _progress_writer(path: str | None):
+    """A progress callback that keeps PATH holding the latest progress as JSON (at most twice a second)."""
+    if not path:
+        return None
+    import time
+
+    from earl_service.atomic import write_json
+
+    last = [0.0]
+
+    def write(progress: dict) -> None:
+        now = time.monotonic()
+        if now - last[0] >= 0.5 or progress["step"] == progress["total"]:
+            last[0] = now
+            write_json(Path(path), progress)
+
+    return write
+
+
+def _join_process_group(train_cfg: TrainConfig) -> TrainConfig:
+    """Under torchrun: join the process group on this rank's device; only rank 0 shows progress."""
+    from dataclasses import replace
+
+    import torch
+
+    from earl_service.train.distributed import init_process_group
+    from earl_service.train.loop import resolve_device
+
+    device = resolve_device(train_cfg.device)
+    if device.type == "cuda":  # one GPU per process
+        device = torch.device(f"cuda:{os.environ.get('LOCAL_RANK', '0')}")
+    init_process_group(device)
+    return replace(train_cfg, device=str(device), progress=train_cfg.progress and os.environ["RANK"] == "0")
+
+
+def cmd_train(a: argparse.Namespace) -> int:
+    import signal
+    import threading
+
+    if a.nproc_per_node and not _under_torchrun():
+        return launch_torchrun(a)
+
+    from earl_service.data.dataset import load_dataset
+    from earl_service.train.loop import train
+
+    model_cfg, train_cfg, recipe = _configs(a)
+    distributed = _under_torchrun()
+    if distributed:
+        train_cfg = _join_process_group(train_cfg)
+    # SIGTERM (a stopping worker, torchrun passing one on) ends training at the next step with a checkpoint.
+    stop = threading.Event()
+    if distributed or a.progress_file:
+        signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    try:
+        dataset = load_dataset(a.data, data=data_config_from_options(vars(a)), labels=a.labels)
+        metrics = train(dataset, model_cfg, train_cfg, a.out, resume=a.resume, final_eval=not a.no_final_eval,
+                        protocol=a.protocol, should_stop=stop.is_set, on_progress=_progress_writer(a.progress_file),
+                        command=["earl", *a.argv], recipe=recipe)
+    finally:
+        if distributed:
+            import torch.distributed as dist
+
+            dist.destroy_process_group()
+    if "rank" not in metrics:  # other ranks leave the report to rank 0
+        print(json.dumps(_summary(metrics), indent=2))
+    return 0
+
+
+def _summary(metrics: dict) -> dict:
+    """What `earl train` prints: size, speed and the final metrics of a run's metrics.json."""
+    from earl_service.train.evaluate import SUMMARY_KEYS
+
+    keys = ("trainable_parameters", "steps", "median_step_seconds", "peak_rss_mb", "bundle_bytes")
+    summary = {k: metrics.get(k) for k in keys}
+    for split in ("valid", "test"):
+        if split in metrics:
+            summary[split] = {k: metrics[split][k] for k in SUMMARY_KEYS}
+    return summary
+
+
+def cmd_evaluate(a: argparse.Namespace) -> int:
+    from earl_service.data.dataset import load_dataset
+    from earl_service.train.loop import load_run
+
+    run = load_run(a.run_dir, load_dataset(a.data, data=data_config_from_options(vars(a))), device=a.device)
+    print(json.dumps(run.evaluate(a.split, a.protocol, batch_size=a.batch_size, per_relation=a.per_relation),
+                     indent=2))
+    return 0
+
+
+def cmd_export(a: argparse.Namespace) -> int:
+    if a.format != "safetensors":
+        return cmd_export_tables(a)
+    from earl_service.bundle.model_io import export_bundle
+
+    path = export_bundle(a.run_dir, a.out, precision=a.precision, coding=a.coding)
+    print(json.dumps({"path": str(path), "bytes": path.stat().st_size, "precision": a.precision}))
+    return 0
+
+
+def bundle_info(path: str) -> dict:
+    from earl_service.bundle.model_io import load_bundle
+    from earl_service.compress.config import shown_metrics
+
+    b = load_bundle(path)
+    return {"path": str(path), "bytes": b.num_bytes, "precision": b.precision, "sha256": b.sha256,
+            "trainable_parameters": b.trainable_parameters, "entities": len(b.entities),
+            "relations": len(b.relations), "triples": len(b.triples), "model": b.config.model,
+            "dim": b.config.dim, "weights_coding": b.coding,
+            "labels": {"entities": len(b.entity_labels), "relations": len(b.relation_labels)},
+            "metrics": shown_metrics(b.metrics)}
+
+
+def cmd_info(a: argparse.Namespace) -> int:
+    print(json.dumps(bundle_info(a.bundle), indent=2, default=str))
+    return 0
+
+
+def cmd_extend(a: argparse.Namespace) -> int:
+    from earl_service.bundle.model_io import load_bundle
+
+    before = load_bundle(a.bundle)
+    after = before.extend(a.triples)
+    path = after.save(a.out, precision=a.precision or before.precision, coding=a.coding)
+    print(json.dumps({"path": str(path), "entities_added": len(after.entities) - len(before.entities),
+                      "triples_added": int(len(after.triples) - len(before.triples)), "bytes": path.stat().st_size}))
+    return 0
+
+
+def _add_coding_option(p: argparse.ArgumentParser) -> None:
+    from earl_service.bundle.format import CODINGS
+
+    p.add_argument("--coding", choices=CODINGS, default=None,
+                   help="weights as plain tensors, or byte planes + xz (lossless, ~15%% smaller); default: plain "
+                        "for fp32, planes-xz for fp16/int8")
+
+
+def add_labels_option(p: argparse.ArgumentParser) -> None:
+    """--no-labels: leave the label files beside the triples out of the bundle (`earl train`, `earl compress`)."""
+    p.add_argument("--no-labels", dest="labels", action="store_false",
+                   help="do not read entities.tsv / relations.tsv (or *.en.json) beside the triples: the bundle "
+                        "then carries no labels (smaller)")
+
+
+def add_train_command(sub) -> None:
+    p = sub.add_parser("train", help="train EARL (or the RotatE baseline) on a dataset folder")
+    p.add_argument("data", help="folder with a train file and optional valid / test files (.txt, .tsv, .csv, .nt, "
+                                ".nq, .ttl, .parquet, any of them .gz; read by content: docs/data.md)")
+    p.add_argument("--out", required=True, help="run directory (checkpoints, metrics.json, curves.png)")
+    p.add_argument("--resume", action="store_true", help="continue from RUN_DIR's last checkpoint")
+    p.add_argument("--protocol", choices=["seen", "all"], default="seen",
+                   help="protocol of the final evaluation (default: %(default)s)")
+    p.add_argument("--no-final-eval", action="store_true", help="skip the final valid/test evaluation")
+    p.add_argument("--config", default=None, metavar="FILE",
+                   help="take every model and training setting from FILE ({'model': ..., 'train': ...} or a "
+                        "run's metrics.json); the model/training options below and --recipe are then ignored")
+    p.add_argument("--progress-file", default=None, metavar="FILE", help="keep FILE holding the latest progress (JSON)")
+    add_labels_option(p)
+    add_train_options(p)
+    _add_launcher_options(p)
+    p.set_defaults(func=cmd_train)
+
+
+def add_evaluate_command(sub) -> None:
+    p = sub.add_parser("evaluate", help="filtered ranking of a trained run's best checkpoint")
+    p.add_argument("run_dir")
+    p.add_argument("data")
+    p.add_argument("--split", default="test", choices=["train", "valid", "test"], help="(default: %(default)s)")
+    p.add_argument("--protocol", choices=["seen", "all"], default="seen", help="(default: %(default)s)")
+    p.add_argument("--batch-size", type=int, default=TrainConfig.eval_batch_size, help="(default: %(default)s)")
+    p.add_argument("--device", default=TrainConfig.device, help="auto | cpu | cuda | cuda:N (default: %(default)s)")
+    p.add_argument("--per-relation", action="store_true", help="add MRR / Hits@k of each relation ('per_relation')")
+    add_data_options(p)
+    p.set_defaults(func=cmd_evaluate)
+
+
+def _precision(text: str) -> str:
+    """A precision argument: one of PRECISIONS, pq or pq:M."""
+    from earl_service.bundle.codebooks import parse_pq
+
+    try:
+        if text in PRECISIONS or parse_pq(text) is not None:
+            return text
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from exc
+    raise argparse.ArgumentTypeError(f"choose from {', '.join(PRECISIONS)}, pq or pq:M, not {text!r}")
+
+
+def add_bundle_commands(sub) -> None:
+    """`earl export`, `earl info` and `earl extend`: a bundle out of a run, described, or grown."""
+    p = sub.add_parser("export", help="re-export a trained run's bundle (optionally at lower precision), or its "
+                                      "rebuilt embeddings as tables (--format npy|tsv|parquet)")
+    p.add_argument("run_dir", help="run directory; with a table --format also a bundle file")
+    p.add_argument("--out", required=True, help="bundle file; with a table --format a directory")
+    p.add_argument("--format", choices=("safetensors", *TABLE_FORMATS), default="safetensors",
+                   help="safetensors: a bundle (default); npy, tsv, parquet: entity embeddings and relation phases "
+                        "with their ids, and meta.json (docs/answers.md)")
+    p.add_argument("--precision", type=_precision, default="fp32",
+                   help=f"{', '.join(PRECISIONS)}, pq (M chosen: 4 floats a code byte) or pq:M (M one-byte codes per "
+                        "row of the entity tables; faiss codebooks) (default: %(default)s)")
+    _add_coding_option(p)
+    p.set_defaults(func=cmd_export)
+
+    p = sub.add_parser("info", help="print a bundle's size, precision, counts and stored metrics as JSON")
+    p.add_argument("bundle")
+    p.set_defaults(func=cmd_info)
+
+    p = sub.add_parser("extend", help="add triples (new entities allowed) to a bundle without retraining")
+    p.add_argument("bundle")
+    p.add_argument("--triples", required=True, help="triple file to add")
+    p.add_argument("--out", required=True)
+    p.add_argument("--precision", choices=PRECISIONS, default=None,
+                   help="(default: the bundle's own)")
+    _add_coding_option(p)
+    p.set_defaults(func=cmd_extend)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="earl", description="Entity-agnostic knowledge-graph embeddings (EARL).")
+    parser.add_argument("-v", "--verbose", action="store_true")
+    sub = parser.add_subparsers(dest="command", required=True)
+    add_train_command(sub)
+    add_evaluate_command(sub)
+    add_bundle_commands(sub)
+    add_answer_commands(sub)
+    add_compress_command(sub)
+    add_worker_command(sub)
+    if not add_plugin_commands(sub):
+        parser.epilog = ("`earl serve` (the HTTP API) is added when the package is installed with its entry points: "
+                         "pip install 'earl-service[serve]', or pip install -e '.[serve]' in a checkout")
+    return parser
+
+
+def add_plugin_commands(sub) -> list[str]:
+    """Subcommands that installed packages add through the entry point group 'earl.commands' (pyproject.toml):
+    `earl serve` comes from api/serve.py, so the library never imports the web app. A command whose module cannot
+    be imported is left out. Returns the names added."""
+    from importlib.metadata import entry_points
+
+    added = []
+    for entry in entry_points(group=COMMANDS_GROUP):
+        try:
+            add_command = entry.load()
+        except ImportError as exc:
+            logging.getLogger(__name__).debug("earl %s left out: %s", entry.name, exc)
+            continue
+        add_command(sub)
+        added.append(entry.name)
+    return added
+
+
+# ---------------------------------------------------------------- service: `earl worker` (api/serve.py: `earl serve`)
+# The command line is the service's edge: EARL_HOME / EARL_STORE give the defaults, as for the API.
+
+
+def add_service_options(p: argparse.ArgumentParser) -> None:
+    """--home and --store, shared by `earl worker` and `earl serve`."""
+    p.add_argument("--home", default=os.environ.get("EARL_HOME", "artifacts"),
+                   help="service home: uploads/, runs/, models/, earl.sqlite3 (default $EARL_HOME or ./artifacts)")
+    p.add_argument("--store", default=os.environ.get("EARL_STORE", "sqlite"),
+                   help="'sqlite' (HOME/earl.sqlite3), a SQLite path or a redis:// URL (default $EARL_STORE or sqlite)")
+
+
+def add_worker_command(sub) -> None:
+    """`earl worker`: train queued jobs until SIGINT/SIGTERM (the running job is checkpointed and requeued)."""
+    p = sub.add_parser("worker", help="run training jobs from the service queue until stopped")
+    add_service_options(p)
+    p.add_argument("--threads", type=int, default=2, help="torch threads per job")
+    p.add_argument("--device", default="auto", help="auto (CUDA when present) | cpu | cuda")
+    p.add_argument("--poll", type=float, default=1.0, help="seconds between looks at an empty queue")
+    p.add_argument("--stale-after", type=float, default=60.0,
+                   help="take over a running job whose worker sent no heartbeat for this many seconds")
+    p.add_argument("--max-attempts", type=int, default=3, help="give a job up after this many takeovers")
+    p.add_argument("--max-jobs", type=int, default=0, help="exit after this many jobs (0: never)")
+    p.add_argument("--id", dest="worker_id", default=None, help="worker name (default host-pid)")
+    p.add_argument("--nproc-per-node", type=int, default=0, metavar="N",
+                   help="train every job with N DDP processes through torchrun (a job's own nproc_per_node wins)")
+    p.set_defaults(func=cmd_worker)
+
+
+def cmd_worker(a: argparse.Namespace) -> int:
+    import signal
+
+    from earl_service.worker.loop import Worker, WorkerConfig, default_worker_id
+
+    logging.getLogger("earl_service.worker").setLevel(logging.INFO)
+    worker = Worker(WorkerConfig(home=Path(a.home), store=a.store, worker_id=a.worker_id or default_worker_id(),
+                                 threads=a.threads, device=a.device, poll_seconds=a.poll, stale_after=a.stale_after,
+                                 max_attempts=a.max_attempts, max_jobs=a.max_jobs,
+                                 nproc_per_node=a.nproc_per_node))
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, lambda *_: worker.stop())
+    worker.run()
+    return 0
+
+
+def _configure_kernels(environ: dict[str, str]) -> None:
+    """EARL_NO_EXTENSION, EARL_EXTENSION_WAIT_S and EARL_KERNEL_MARCH into the kernel's settings (torch loads only
+    if one is set)."""
+    if environ.get("EARL_NO_EXTENSION") or "EARL_EXTENSION_WAIT_S" in environ or environ.get("EARL_KERNEL_MARCH"):
+        from earl_service.model import kernels as kernels
+
+        kernels.configure(enabled=not environ.get("EARL_NO_EXTENSION"),
+                          build_wait_s=float(environ.get("EARL_EXTENSION_WAIT_S", kernels.DEFAULT_BUILD_WAIT_S)),
+                          march=environ.get("EARL_KERNEL_MARCH") or "native")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    args = parser.parse_args(argv)
+    args.argv = argv  # `earl train --nproc-per-node` re-runs the same command under torchrun
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(message)s")
+    for name in NOTICES:
+        logging.getLogger(name).setLevel(logging.INFO)
+    try:
+        _configure_kernels(dict(os.environ))
+        return args.func(args)
+    except (EarlError, ValueError, FileNotFoundError) as exc:
+        print(f"earl: error: {exc}", file=sys.stderr)
+        return 2
+    except ModuleNotFoundError as exc:
+        if exc.name not in TRAIN_MODULES:
+            raise
+        print(f"earl: error: `earl {args.command}` needs {exc.name}, which the edge install leaves out: "
+              "pip install 'earl-service[train]' (torch first: docs/answers.md#edge-install)", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

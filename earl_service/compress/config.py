@@ -1,0 +1,151 @@
+"""What a compress job asks for, checked without torch (the API refuses a bad job before queueing it):
+byte sizes ('2MB'), the job's settings, and the bytes of the graph and vocabularies every bundle carries."""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, cast
+
+import numpy as np
+
+from earl_service.bundle.codebooks import PQ, parse_pq
+from earl_service.bundle.format import PRECISIONS, graph_csr, joined_strings, pack_graph, pack_strings
+from earl_service.config import MODELS, ModelKind
+from earl_service.errors import ConfigError
+
+# What compress searches by default: the uniform precisions, and pq at each code size that fits (pq_format).
+SEARCHED = (*PRECISIONS, PQ)
+METRICS = {"mrr": "mrr", "hits@10": "hits_at_10"}  # --metric -> the key in evaluation results
+# The metrics key whose run of spaces pads a compress bundle's metrics to a fixed size (budget.padded_metrics):
+# part of the file, never something to show.
+PAD_KEY = "pad"
+
+# Raw graph and name bytes up to which the API packs them (xz -9e) to know a budget's floor exactly: past it the
+# request would wait on a compression the worker repeats anyway, and the worker's exact check decides.
+EXACT_FLOOR_RAW_BYTES = 2**20
+
+# SI prefixes are powers of ten (2MB = 2,000,000 bytes), as disk and network sizes are; KiB/MiB/GiB powers of two.
+_UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9, "gb": 10**9,
+          "kib": 2**10, "mib": 2**20, "gib": 2**30}
+_SIZE = re.compile(r"(?P<number>[0-9]*\.?[0-9]+(?:e[+-]?[0-9]+)?)\s*(?P<unit>[a-z]*)", re.IGNORECASE)
+
+
+def parse_size(value: str | int | float) -> int:
+    """Bytes from '2MB' (2 * 10**6), '1.5 MiB' (1.5 * 2**20), '500000' or '2e6' (rounded down)."""
+    if isinstance(value, bool):
+        raise ConfigError(f"a size must be a number of bytes or a string like '2MB', not {value!r}")
+    if isinstance(value, int | float):
+        number, unit = float(value), 1
+    else:
+        text = str(value).strip()
+        match = _SIZE.fullmatch(text)
+        if text.startswith("-"):
+            raise ConfigError(f"a size must be positive, not {value!r}")
+        if match is None or match["unit"].lower() not in _UNITS:
+            raise ConfigError(f"cannot read {value!r} as a size; write e.g. 2MB (10**6 bytes), 1.5MiB (2**20), "
+                              f"500000 or 2e6")
+        number, unit = float(match["number"]), _UNITS[match["unit"].lower()]
+    if not math.isfinite(number) or number * unit < 1:
+        raise ConfigError(f"a size must be at least 1 byte, not {value!r}")
+    return int(number * unit)
+
+
+def shown_metrics(metrics: dict[str, Any]) -> dict[str, Any]:
+    """A bundle's metrics as `earl info` and the API show them: without the padding."""
+    return {k: v for k, v in metrics.items() if k != PAD_KEY}
+
+
+def graph_bytes(triples: np.ndarray, entities: Sequence[str], relations: Sequence[str]) -> int:
+    """Bytes of the packed graph and vocabularies in a bundle of these training triples and names: what every
+    candidate carries whatever its weights, so no budget below it can be met."""
+    parts = (pack_graph(triples, len(entities), len(relations)), pack_strings(list(entities)),
+             pack_strings(list(relations)))
+    return int(sum(part.nbytes for part in parts))
+
+
+def split_names(text: str) -> tuple[str, ...]:
+    """'earl, rotate' -> ('earl', 'rotate'): the --models and --precisions lists (and the job form's)."""
+    return tuple(x.strip() for x in text.split(",") if x.strip())
+
+
+def split_models(text: str) -> tuple[ModelKind, ...]:
+    """split_names typed as model kinds: CompressConfig refuses any other name with the choices."""
+    return cast("tuple[ModelKind, ...]", split_names(text))
+
+
+def _xz_bound(raw: int) -> int:
+    """Most bytes xz writes for `raw` input bytes: LZMA2 stores a chunk it cannot shrink as is (3 header bytes per
+    64 KiB), plus the container's headers, index and check (far below the 2 KiB allowed here)."""
+    return raw + 3 * -(-raw // 2**16) + 2048
+
+
+def budget_floor(max_bytes: int, triples: np.ndarray, entities: Sequence[str], relations: Sequence[str]) -> int | None:
+    """graph_bytes when `max_bytes` cannot hold it, else None; None too when it is unknown without packing a graph
+    larger than EXACT_FLOOR_RAW_BYTES (the worker's exact check decides then). A budget above the raw bytes' xz
+    bound needs no packing at all."""
+    raw = [len(graph_csr(triples, len(entities), len(relations))), len(joined_strings(list(entities))),
+           len(joined_strings(list(relations)))]
+    if max_bytes > sum(map(_xz_bound, raw)) or sum(raw) > EXACT_FLOOR_RAW_BYTES:
+        return None
+    floor = graph_bytes(triples, entities, relations)
+    return floor if max_bytes <= floor else None
+
+
+def _pq_codes(name: str) -> int | None:
+    """M of a well-formed pq:M; None for anything else."""
+    try:
+        return parse_pq(name) if name.startswith(PQ + ":") else None
+    except ValueError:
+        return None
+
+
+@dataclass(frozen=True)
+class CompressConfig:
+    """What to search: the byte and time budgets, the models and precisions, the metric that picks."""
+
+    max_bytes: int
+    time_limit_minutes: float
+    models: tuple[ModelKind, ...] = MODELS
+    precisions: tuple[str, ...] = SEARCHED  # and pq:M for one code size
+    metric: str = "mrr"
+    seed: int = 0
+    eta: int = 2  # successive halving keeps the best 1/eta of the candidates at each rung
+
+    def __post_init__(self) -> None:
+        if self.max_bytes < 1:
+            raise ConfigError(f"max_bytes must be at least 1, not {self.max_bytes}")
+        if not self.time_limit_minutes > 0:
+            raise ConfigError(f"the time limit must be positive, not {self.time_limit_minutes} minutes")
+        for kind, names, known in (("model", self.models, MODELS), ("precision", self.precisions, SEARCHED)):
+            pq_ok = kind == "precision"
+            unknown = ([n for n in names if n not in known and not (pq_ok and _pq_codes(n))]
+                       or ([] if names else ["(none given)"]))
+            if unknown:
+                choices = ", ".join(known) + (", pq:M (M one-byte codes per row)" if kind == "precision" else "")
+                raise ConfigError(f"unknown {kind} {', '.join(map(repr, unknown))}; choose from {choices}")
+        if self.metric not in METRICS:
+            raise ConfigError(f"unknown metric {self.metric!r}; choose from {', '.join(METRICS)}")
+        if self.eta < 2:
+            raise ConfigError("eta must be at least 2")
+
+    @classmethod
+    def from_text(cls, max_bytes: str | int | float, time_limit_minutes: float, *, models: str | None = None,
+                  precisions: str | None = None, metric: str | None = None, seed: int = 0) -> CompressConfig:
+        """The search as the command line and the job form write it: a size ('2MB'), comma-separated models and
+        precisions (None: all); ConfigError for a bad size or an unknown name."""
+        return cls(max_bytes=parse_size(max_bytes), time_limit_minutes=time_limit_minutes,
+                   models=MODELS if models is None else split_models(models),
+                   precisions=SEARCHED if precisions is None else split_names(precisions),
+                   metric=metric or cls.metric, seed=seed)
+
+    def settings(self) -> dict[str, Any]:
+        """What a resumed job must share with the one it continues (the time limit may change)."""
+        return {"max_bytes": self.max_bytes, "models": list(self.models), "precisions": list(self.precisions),
+                "metric": self.metric, "seed": self.seed, "eta": self.eta}
+
+
+__all__ = ["EXACT_FLOOR_RAW_BYTES", "METRICS", "PAD_KEY", "SEARCHED", "CompressConfig", "budget_floor", "graph_bytes",
+           "parse_size", "shown_metrics", "split_models", "split_names"]

@@ -1,0 +1,90 @@
+"""Compress jobs: a job with max_bytes runs compress() in its run folder instead of train(), and its model keeps
+the report. The settings are read here for the API too (before queueing) and for the worker (when it runs)."""
+
+from __future__ import annotations
+
+import logging
+import shutil
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from earl_service.compress.config import CompressConfig
+from earl_service.config import ModelKind, TrainConfig
+from earl_service.errors import ConfigError
+from earl_service.service.home import ServiceHome
+from earl_service.service.records import Job
+from earl_service.service.registry import ModelRegistry
+
+log = logging.getLogger(__name__)
+
+COMPRESS_ONLY = ("models", "precisions", "metric")  # form fields that mean nothing to a training job
+
+
+def compress_settings(params: Mapping[str, Any]) -> CompressConfig | None:
+    """The search a job's params ask for (form names: max_bytes, time_limit, models, precisions, metric, seed);
+    None for a training job. ConfigError for a bad size, a missing time limit or an unknown name."""
+    if params.get("max_bytes") is None:
+        given = [name for name in COMPRESS_ONLY if params.get(name) is not None]
+        if given:
+            raise ConfigError(f"{', '.join(given)}: only a compress job takes them; give max_bytes too")
+        return None
+    if not params.get("time_limit"):
+        raise ConfigError("a compress job (max_bytes) needs time_limit: the minutes the search may take")
+    if params.get("nproc_per_node"):
+        raise ConfigError("a compress job trains in the worker's own process: leave nproc_per_node at 0")
+    return CompressConfig.from_text(params["max_bytes"], float(params["time_limit"]), models=params.get("models"),
+                                    precisions=params.get("precisions"), metric=params.get("metric"),
+                                    seed=int(params.get("seed") or 0))
+
+
+def job_progress(event: dict[str, Any], *, resumed: bool) -> dict[str, Any]:
+    """A compress progress event as the job's progress: the stage, which candidate, which rung (from 0) of how
+    many, the seconds left, and whether this attempt continued a search an earlier one saved."""
+    return {"job": "compress", **event, "time_left": round(event["time_left"], 1), "resumed": resumed}
+
+
+def run_compress(home: ServiceHome, job: Job, *, search: CompressConfig,
+                 train_configs: Mapping[ModelKind, TrainConfig],
+                 on_progress: Callable[[dict[str, Any]], None], should_stop: Callable[[], bool]) -> Path | None:
+    """compress() as `search` (compress_settings of the job's params) asks, on the job's uploads in runs/<job>/;
+    the pick's path, or None when stopped. A rerun (the job requeued after a worker stopped or died) continues
+    from the last rung the folder's saved state holds."""
+    from earl_service.compress.search import PICK, STATE, compress
+    from earl_service.config.options import data_config_from_options
+    from earl_service.data.dataset import load_dataset
+
+    uploads, run_dir = home.upload_dir(job.id), home.run_dir(job.id)
+    resumed = (run_dir / STATE).exists()
+    if resumed:
+        log.info("job %s: continuing the compress search saved in %s", job.id, home.relative(run_dir))
+    dataset = load_dataset(uploads, data=data_config_from_options(job.params))
+    report = compress(dataset, run_dir, search, train_configs=train_configs, should_stop=should_stop,
+                      on_progress=lambda event: on_progress(job_progress(event, resumed=resumed)))
+    return None if report is None else run_dir / PICK
+
+
+def publish_pick(registry: ModelRegistry, job: Job, pick: Path, *, worker_id: str) -> None:
+    """Publish the pick as model `job.id` (a copy: the run folder keeps its own), then keep the report with the
+    model, where a delete removes it. After the publish: a failure there never leaves files without a model."""
+    from earl_service.compress.report import FRONTIER_PNG, REPORT_JSON, REPORT_MD
+
+    staged = pick.parent / f".pick.{worker_id}.tmp"  # hidden .tmp: swept if a crash leaves it
+    try:
+        shutil.copyfile(pick, staged)
+        registry.publish(job.id, staged, job_id=job.id)
+    finally:
+        staged.unlink(missing_ok=True)
+    for kind, name in (("json", REPORT_JSON), ("md", REPORT_MD), ("png", FRONTIER_PNG)):
+        keep(pick.parent / name, registry.home.report_path(job.id, kind))
+
+
+def keep(source: Path, dest: Path) -> None:
+    """Copy `source` to `dest` in one os.replace (a reader never sees half a report)."""
+    from earl_service.atomic import replacing
+
+    with replacing(dest) as tmp:
+        shutil.copyfile(source, tmp)
+
+
+__all__ = ["compress_settings", "job_progress", "publish_pick", "run_compress"]

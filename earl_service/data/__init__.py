@@ -1,0 +1,7 @@
+"""Data: triple files in (text, RDF, Parquet, DataFrames), integer-id datasets with vocabularies, labels, and
+synthetic graphs. Numpy only; imports `errors`, `atomic`, `provenance`, `config`; nothing above.
+"""
+
+from earl_service.data.dataset import Dataset, Vocab, load_dataset, load_triples_file
+
+__all__ = ["Dataset", "Vocab", "load_dataset", "load_triples_file"]

@@ -1,0 +1,109 @@
+"""A bundle's rebuilt embeddings as tables other tools read: .npy arrays, TSV or Parquet, names in row order."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from earl_service.atomic import replacing, write_json
+from earl_service.errors import ConfigError
+
+if TYPE_CHECKING:
+    from earl_service.device.reader import EdgeModel
+
+FORMATS = ("npy", "tsv", "parquet")
+_TSV_ROWS = 4096  # rows formatted per write: bounds the text held in memory on big graphs
+
+
+def export_tables(model: EdgeModel, out_dir: str | os.PathLike, *, fmt: str) -> list[Path]:
+    """Write entity embeddings (N, 2d) [re | im] and relation phases (R, d) in radians with their ids, plus
+    meta.json (layout, gamma, the score formula), into out_dir; returns the files written.
+
+    npy: entity_embeddings.npy, relation_phases.npy, entity_ids.txt, relation_ids.txt (one id a line);
+    tsv: entities.tsv, relations.tsv (a header row, then id and values); parquet: entities.parquet,
+    relations.parquet (columns `id` and a fixed-size float32 list `embedding` / `phase`; needs pyarrow).
+    """
+    if fmt not in FORMATS:
+        raise ConfigError(f"--format must be one of {', '.join(FORMATS)}, not {fmt!r}")
+    out = Path(out_dir)
+    entities, relations = model.entities.names, model.relations.names
+    phases = (model.relation_embeddings * np.float32(model.phase_scale)).astype(np.float32)  # (R, d)
+    dim = model.dim
+    if fmt == "parquet":
+        files = _parquet(out, entities, model.entity_embeddings, relations, phases)
+    else:
+        _refuse_separators(entities, "entity")
+        _refuse_separators(relations, "relation")
+        if fmt == "npy":
+            files = [_npy(out / "entity_embeddings.npy", model.entity_embeddings), _npy(out / "relation_phases.npy",
+                     phases), _lines(out / "entity_ids.txt", entities), _lines(out / "relation_ids.txt", relations)]
+        else:
+            columns = [f"re_{i}" for i in range(dim)] + [f"im_{i}" for i in range(dim)]
+            files = [_tsv(out / "entities.tsv", entities, model.entity_embeddings, columns),
+                     _tsv(out / "relations.tsv", relations, phases, [f"phase_{i}" for i in range(dim)])]
+    files.append(write_json(out / "meta.json", _meta(model, fmt)))
+    return files
+
+
+def _meta(model: EdgeModel, fmt: str) -> dict:
+    return {"format": fmt, "model": model.config.get("model"), "dim": model.dim, "gamma": model.gamma,
+            "entities": len(model.entities), "relations": len(model.relations),
+            "entity_layout": "2d float32 per entity: real parts re_0..re_{d-1}, then imaginary parts im_0..im_{d-1}",
+            "relation_layout": "d float32 phases per relation, in radians: r_i = exp(i * phase_i)",
+            "score": "gamma - sum_i |h_i * r_i - t_i| (complex h, r, t): higher is more plausible"}
+
+
+def _refuse_separators(names: list[str], kind: str) -> None:
+    """One id a line (and a tab between fields) needs ids without either; Parquet takes any id."""
+    bad = next((n for n in names if "\n" in n or "\t" in n or "\r" in n), None)
+    if bad is not None:
+        raise ConfigError(f"{kind} id {bad!r} holds a tab or line break; use --format parquet")
+
+
+def _npy(path: Path, array: np.ndarray) -> Path:
+    with replacing(path) as tmp, open(tmp, "wb") as f:
+        np.save(f, array)
+    return path
+
+
+def _lines(path: Path, names: list[str]) -> Path:
+    with replacing(path) as tmp, open(tmp, "w", encoding="utf-8", newline="\n") as f:
+        f.writelines(f"{n}\n" for n in names)
+    return path
+
+
+def _tsv(path: Path, names: list[str], values: np.ndarray, columns: list[str]) -> Path:
+    """Header `id<TAB>columns...`, then one row per name; floats as %.9g (float32 round-trips exactly)."""
+    with replacing(path) as tmp, open(tmp, "w", encoding="utf-8", newline="\n") as f:
+        f.write("\t".join(["id", *columns]) + "\n")
+        for start in range(0, len(names), _TSV_ROWS):
+            block = values[start : start + _TSV_ROWS]
+            f.writelines(name + "\t" + "\t".join(f"{v:.9g}" for v in row) + "\n"
+                         for name, row in zip(names[start : start + _TSV_ROWS], block.tolist(), strict=True))
+    return path
+
+
+def _parquet(out: Path, entities: list[str], entity_embeddings: np.ndarray, relations: list[str],
+             phases: np.ndarray) -> list[Path]:
+    try:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+    except ImportError:
+        raise ConfigError("--format parquet needs pyarrow: pip install 'earl-service[parquet]' (or pyarrow); "
+                          "--format npy or tsv need nothing more") from None
+
+    def table(names: list[str], values: np.ndarray, column: str):
+        flat = pa.array(np.ascontiguousarray(values, dtype=np.float32).reshape(-1))
+        return pa.table({"id": pa.array(names, pa.string()),
+                         column: pa.FixedSizeListArray.from_arrays(flat, values.shape[1])})
+
+    files = []
+    for name, names, values, column in (("entities.parquet", entities, entity_embeddings, "embedding"),
+                                        ("relations.parquet", relations, phases, "phase")):
+        with replacing(out / name) as tmp:
+            pq.write_table(table(names, values, column), tmp)
+        files.append(out / name)
+    return files

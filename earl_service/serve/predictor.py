@@ -1,0 +1,258 @@
+"""Top-k link prediction by entity and relation name over rebuilt embeddings, known answers left out.
+
+The search itself (a FAISS proxy shortlist, then an exact RotatE re-rank) lives in earl_service/serve/index.py.
+"""
+
+from __future__ import annotations
+
+from functools import cached_property
+from typing import TYPE_CHECKING, Any, Literal
+
+import numpy as np
+
+from earl_service.core import rotate
+from earl_service.core.known import KnownAnswers, Side
+from earl_service.data.dataset import Vocab
+from earl_service.errors import ConfigError
+from earl_service.serve.index import CALIBRATION_QUERIES, HNSW_THRESHOLD, ProxyIndex, SampleQuery
+from earl_service.serve.names import NameSearch, Page
+
+if TYPE_CHECKING:
+    from earl_service.bundle.model_io import Bundle
+
+IndexKind = Literal["auto", "flat", "hnsw", "exact"]
+Prediction = tuple[str, float]
+
+
+def configure_threads(threads: int) -> None:
+    """Set torch's and FAISS's intra-op threads: 1 in the API (many small concurrent queries), 2 in workers."""
+    import torch
+
+    torch.set_num_threads(threads)
+    try:
+        import faiss
+
+        faiss.omp_set_num_threads(threads)
+    except ImportError:
+        pass
+
+
+class LinkPredictor:
+    """Answer (h, r, ?) and (?, r, t) queries with entity names, best first.
+
+    entity_embeddings (N, 2d) float32 [re | im]; relation_embeddings (R, d) raw relation values, mapped to
+    phases by value * pi / ((gamma + epsilon) / d) as in training; known_triples (E, 3) int64 ids whose
+    answers `exclude_known` drops. `index` is "auto" (flat / HNSW by size, GPU when available), "flat",
+    "hnsw" or "exact" (no index: score every entity). `faiss_threads` and `flat_rotations` go to the
+    ProxyIndex (earl_service/serve/index.py): FAISS's OpenMP threads per querying thread, and a forced flat proxy.
+    Entities and relations are named by id, or by a label that names exactly one (`entity_labels`,
+    `relation_labels`: {id: label}); `labelled` adds the labels to predictions.
+    """
+
+    def __init__(
+        self,
+        entity_embeddings: np.ndarray,
+        relation_embeddings: np.ndarray,
+        entities: Vocab,
+        relations: Vocab,
+        known_triples: np.ndarray,
+        *,
+        gamma: float,
+        epsilon: float,
+        index: IndexKind = "auto",
+        hnsw_threshold: int = HNSW_THRESHOLD,
+        relation_labels: dict[str, Any] | None = None,
+        entity_labels: dict[str, str] | None = None,
+        faiss_threads: int | None = 1,
+        flat_rotations: int | None = None,
+    ) -> None:
+        self.entity_embeddings = np.ascontiguousarray(entity_embeddings, dtype=np.float32)  # (N, 2d)
+        self.relation_embeddings = np.ascontiguousarray(relation_embeddings, dtype=np.float32)  # (R, d)
+        _check_shapes(self.entity_embeddings, self.relation_embeddings, entities, relations)
+        self.entities, self.relations = entities, relations
+        self.dim, self.gamma = self.relation_embeddings.shape[1], float(gamma)
+        self.phase_scale = rotate.phase_scale(gamma=gamma, epsilon=epsilon, dim=self.dim)
+        self.relation_labels = _plain_labels(relation_labels or {})
+        self.entity_labels = dict(entity_labels or {})
+        triples = np.asarray(known_triples, dtype=np.int64).reshape(-1, 3)
+        self.known = KnownAnswers(triples, len(relations))
+        self.index: ProxyIndex | None = None
+        if index != "exact":
+            self.index = ProxyIndex.build(self.entity_embeddings, kind=index, hnsw_threshold=hnsw_threshold,
+                                          faiss_threads=faiss_threads, flat_rotations=flat_rotations,
+                                          sample=lambda: self._calibration_sample(triples))
+
+    @classmethod
+    def from_bundle(cls, bundle: Bundle, **kwargs: Any) -> LinkPredictor:
+        """A predictor over a bundle's rebuilt embeddings and its graph's triples as the known answers."""
+        return cls(bundle.entity_embeddings().numpy(), bundle.relation_embeddings().numpy(), bundle.entities,
+                   bundle.relations, bundle.triples, gamma=bundle.config.gamma, epsilon=bundle.config.epsilon,
+                   relation_labels=bundle.relation_labels, entity_labels=bundle.entity_labels, **kwargs)
+
+    @property
+    def num_entities(self) -> int:
+        return self.entity_embeddings.shape[0]
+
+    @property
+    def index_kind(self) -> str:
+        """"exact" (no index), "flat", "hnsw" or "gpu-flat"."""
+        return self.index.kind if self.index else "exact"
+
+    @property
+    def rotations(self) -> int:
+        """P of the index's proxy (1 without an index)."""
+        return self.index.rotations if self.index else 1
+
+    @property
+    def calibration_ms(self) -> dict[int, float]:
+        """Mean query ms per proxy P that the flat index timed when it was built (empty when it timed none)."""
+        return self.index.calibration_ms if self.index else {}
+
+    def _calibration_sample(self, triples: np.ndarray) -> list[SampleQuery]:
+        """Both directions of CALIBRATION_QUERIES of the graph's own triples (random ids for an empty graph)."""
+        rng = np.random.default_rng(0)
+        n, size = self.num_entities, CALIBRATION_QUERIES
+        picks = (triples[rng.integers(len(triples), size=size)] if len(triples) else
+                 np.stack([rng.integers(n, size=size), rng.integers(len(self.relations), size=size),
+                           rng.integers(n, size=size)], 1))
+        sample = []
+        for h, r, t in picks:
+            directions: tuple[tuple[Side, int], ...] = (("tail", int(h)), ("head", int(t)))
+            for side, anchor in directions:
+                sample.append((self.query_vector(side, anchor, int(r)), self.known.answers(side, anchor, int(r))))
+        return sample
+
+    # ------------------------------------------------------------------ names and labels
+
+    @cached_property
+    def entity_search(self) -> NameSearch:
+        return NameSearch(self.entities, self.entity_labels)
+
+    @cached_property
+    def relation_search(self) -> NameSearch:
+        return NameSearch(self.relations, self.relation_labels)
+
+    def entity_id(self, name: str) -> int:
+        """The id of an entity named by id or by a label that names exactly one (NameSearch.resolve)."""
+        return self.entities.id(name) if name in self.entities else self.entity_search.resolve(name)
+
+    def relation_id(self, name: str) -> int:
+        return self.relations.id(name) if name in self.relations else self.relation_search.resolve(name)
+
+    def search_entities(self, query: str, *, limit: int = 10, offset: int = 0) -> Page:
+        """Entities whose id or label matches `query`: exact, then prefix, then fuzzy; ranked and paginated."""
+        return self.entity_search.search(query, limit=limit, offset=offset)
+
+    def labelled(self, predictions: list[Prediction]) -> list[dict[str, Any]]:
+        """Predictions as {"entity", "label", "score"} (label None where the entity has none)."""
+        return [{"entity": e, "label": self.entity_labels.get(e), "score": s} for e, s in predictions]
+
+    # ------------------------------------------------------------------ queries
+
+    def predict_tails(self, head: str, relation: str, k: int = 10, *, exclude_known: bool = True) -> list[Prediction]:
+        """Top-k (tail, score) for (head, relation, ?), best first; score = gamma - distance."""
+        return self._predict("tail", head, relation, k, exclude_known, exact=False)
+
+    def predict_heads(self, tail: str, relation: str, k: int = 10, *, exclude_known: bool = True) -> list[Prediction]:
+        """Top-k (head, score) for (?, relation, tail), best first."""
+        return self._predict("head", tail, relation, k, exclude_known, exact=False)
+
+    def brute_force_tails(self, head: str, relation: str, k: int = 10, *, exclude_known: bool = True,
+                          ) -> list[Prediction]:
+        """Like predict_tails, scoring every entity exactly (the reference for the index path)."""
+        return self._predict("tail", head, relation, k, exclude_known, exact=True)
+
+    def brute_force_heads(self, tail: str, relation: str, k: int = 10, *, exclude_known: bool = True,
+                          ) -> list[Prediction]:
+        return self._predict("head", tail, relation, k, exclude_known, exact=True)
+
+    def answer(self, relation: str, *, head: str | None = None, tail: str | None = None, k: int = 10,
+               exclude_known: bool = True) -> dict[str, Any]:
+        """One query as plain JSON (GET and POST /predict, `earl predict`): exactly one of `head` (top-k tails) or
+        `tail` (top-k heads), each name an id or a label that names one. The query as ids with their labels
+        (`head_label`, `relation_label`, `tail_label`; None without one) and `predictions` [{"entity", "label",
+        "score"}, ...]."""
+        side: Side = "tail" if head is not None else "head"
+        anchor = head if tail is None else tail
+        if anchor is None or (head is not None and tail is not None):
+            raise ConfigError("give exactly one of head (to predict tails) or tail (to predict heads)")
+        anchor = self.entities.names[self.entity_id(anchor)]  # an id, also when given by label
+        relation = self.relations.names[self.relation_id(relation)]
+        found = self._predict(side, anchor, relation, k, exclude_known, exact=False)
+        head, tail = (anchor, None) if side == "tail" else (None, anchor)
+        return {"direction": side, **self._named(head, relation, tail), "k": k, "exclude_known": exclude_known,
+                "predictions": self.labelled(found)}
+
+    def score(self, head: str, relation: str, tail: str) -> dict[str, Any]:
+        """RotatE distance and score (gamma - distance) of one triple, whether the graph holds it, and its
+        filtered realistic ranks: `tail_rank` of tail among the tails of (head, relation, ?), `head_rank` of head
+        among the heads of (?, relation, tail), other known answers left out (one exact pass over N each). Names
+        by id or by a label that names one; the answer gives ids and their labels."""
+        h, r, t = self.entity_id(head), self.relation_id(relation), self.entity_id(tail)
+        tails = self.distances(self.query_vector("tail", h, r))  # (N,) |h o r - e|
+        heads = self.distances(self.query_vector("head", t, r))  # (N,) |conj(r) o t - e|
+        known_tails = self.known.answers("tail", h, r)
+        distance = float(tails[t])
+        names = self._named(self.entities.names[h], self.relations.names[r], self.entities.names[t])
+        return {**names, "distance": distance, "score": self.gamma - distance,
+                "known": bool(np.isin(t, known_tails)),
+                "tail_rank": rotate.realistic_rank(tails, t, excluded=known_tails),
+                "head_rank": rotate.realistic_rank(heads, h, excluded=self.known.answers("head", t, r)),
+                "entities": self.num_entities}
+
+    def _named(self, head: str | None, relation: str, tail: str | None) -> dict[str, Any]:
+        """A query's ids, each followed by its label (None where there is none)."""
+        return {"head": head, "head_label": self.entity_labels.get(head or ""),
+                "relation": relation, "relation_label": self.relation_labels.get(relation),
+                "tail": tail, "tail_label": self.entity_labels.get(tail or "")}
+
+    def known_answers(self, side: Side, anchor: str, relation: str) -> list[str]:
+        """Names of the known tails of (anchor, relation, ?) or heads of (?, relation, anchor)."""
+        ids = self.known.answers(side, self.entity_id(anchor), self.relation_id(relation))
+        return [self.entities.names[i] for i in ids]
+
+    def query_vector(self, side: Side, anchor: int, relation: int) -> np.ndarray:
+        """(2d,) h o r for tail queries, conj(r) o t for head queries (|h o r - t| = |h - conj(r) o t|)."""
+        return rotate.query(self.entity_embeddings[anchor], self.relation_embeddings[relation],
+                            scale=self.phase_scale, inverse=side == "head")
+
+    def distances(self, query: np.ndarray, ids: np.ndarray | None = None) -> np.ndarray:
+        """Exact RotatE distance sum_i |q_i - e_i| from query (2d,) to entities `ids` (all when None)."""
+        return rotate.distances(query, self.entity_embeddings, ids)
+
+    def _predict(self, side: Side, anchor_name: str, relation_name: str, k: int,
+                 exclude_known: bool, *, exact: bool) -> list[Prediction]:
+        if k < 1:
+            raise ConfigError(f"k must be >= 1, not {k}")
+        anchor, relation = self.entity_id(anchor_name), self.relation_id(relation_name)
+        query = self.query_vector(side, anchor, relation)
+        excluded = self.known.answers(side, anchor, relation) if exclude_known else np.zeros(0, dtype=np.int64)
+        if exact or self.index is None:
+            ids, dist = np.arange(self.num_entities), self.distances(query)
+        else:
+            ids, dist = self.index.certified_shortlist(query, k, excluded)
+        ids, dist = rotate.top_k(ids, dist, k, excluded=excluded)
+        names = self.entities.names
+        return [(names[int(i)], float(self.gamma - d)) for i, d in zip(ids, dist, strict=True)]
+
+
+def _plain_labels(labels: dict[str, Any]) -> dict[str, str]:
+    """{id: label} of string labels; CoDEx's {"label": ...} objects (in bundles from before labels.relations)
+    give their label."""
+    plain = {name: value.get("label") if isinstance(value, dict) else value for name, value in labels.items()}
+    return {name: label for name, label in plain.items() if isinstance(label, str) and label}
+
+
+def _check_shapes(entity_embeddings: np.ndarray, relation_embeddings: np.ndarray, entities: Vocab,
+                  relations: Vocab) -> None:
+    """Refuse embeddings that do not fit each other or the vocabularies, naming what to fix."""
+    n, width = entity_embeddings.shape
+    num_rel, dim = relation_embeddings.shape
+    if width != 2 * dim:
+        raise ConfigError(f"entity embeddings have {width} columns; relations of dim {dim} need {2 * dim}")
+    if n != len(entities) or num_rel != len(relations):
+        raise ConfigError(f"{n} entity rows for {len(entities)} names, {num_rel} relation rows for "
+                          f"{len(relations)} names")
+
+
+__all__ = ["HNSW_THRESHOLD", "LinkPredictor", "configure_threads"]

@@ -1,0 +1,110 @@
+"""The service home: the one folder the API and the workers share, and where each thing lies in it."""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from earl_service.service.records import new_id
+from earl_service.service.store import JobStore, open_store
+
+SUBFOLDERS = ("uploads", "runs", "models")
+VERSION_FILE = re.compile(r"v(\d+)\.safetensors")  # version_path's file name; version_of reads it back
+REPORT_FILES = {"json": "report.json", "md": "report.md", "png": "frontier.png"}  # a compress model's evidence
+
+
+@dataclass(frozen=True)
+class ServiceHome:
+    """EARL_HOME (`earl serve --home`), laid out as
+
+        uploads/<job id>/train.txt (+ valid, test, relations.en.json)   a job's files, written by the API
+        uploads/.<name>.<random><suffix>                                 an upload while it is checked
+        runs/<job id>/                                                   a training run: checkpoints, metrics.json
+        models/<model id>/v<N>.safetensors                               a model's versions (each extend adds one):
+                                                                         complete, verified, never rewritten
+        models/<model id>/report.json, report.md, frontier.png           a compress job's report on its pick
+        models/.<model id>.lock                                          held while a model is written (locks.py)
+        models/<model id>.safetensors                                    version 1 of a model from before versions
+        earl.sqlite3                                                     the job store, unless EARL_STORE names another
+
+    Hidden names ending in .tmp anywhere, and hidden entries at the top of uploads/, are staging files: a crash
+    can leave them, and housekeeping.py removes them once they are old enough that no live writer can own them.
+    """
+
+    root: Path
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "root", Path(self.root))
+
+    def create(self) -> ServiceHome:
+        for sub in SUBFOLDERS:
+            (self.root / sub).mkdir(parents=True, exist_ok=True)
+        return self
+
+    @property
+    def uploads(self) -> Path:
+        return self.root / "uploads"
+
+    def upload_dir(self, job_id: str) -> Path:
+        return self.uploads / job_id
+
+    @property
+    def runs(self) -> Path:
+        return self.root / "runs"
+
+    def run_dir(self, job_id: str) -> Path:
+        return self.runs / job_id
+
+    @property
+    def models(self) -> Path:
+        return self.root / "models"
+
+    def model_dir(self, model_id: str) -> Path:
+        return self.models / model_id
+
+    def version_path(self, model_id: str, version: int) -> Path:
+        return self.model_dir(model_id) / f"v{version}.safetensors"
+
+    @staticmethod
+    def version_of(model_id: str, path: str | os.PathLike[str]) -> int | None:
+        """The inverse of version_path: N for <model id>/v<N>.safetensors (relative to the home or not), else None
+        (a bundle from before versions, models/<model id>.safetensors)."""
+        path = Path(path)
+        match = VERSION_FILE.fullmatch(path.name)
+        return int(match[1]) if match and path.parent.name == model_id else None
+
+    def report_path(self, model_id: str, kind: str) -> Path:
+        """A compress model's report beside its versions (REPORT_FILES: json, md or png); a delete removes it."""
+        return self.model_dir(model_id) / REPORT_FILES[kind]
+
+    def legacy_model_path(self, model_id: str) -> Path:
+        """Where a bundle lay before models had versions; read as version 1 where no v1.safetensors exists."""
+        return self.models / f"{model_id}.safetensors"
+
+    def lock_path(self, model_id: str) -> Path:
+        return self.models / f".{model_id}.lock"
+
+    def trash_path(self, name: str) -> Path:
+        """A hidden folder in models/ for what a delete sets aside (swept as staging if a crash leaves it)."""
+        return self.models / f".{name}.{new_id()[:8]}.deleted.tmp"
+
+    def staging_path(self, name: str, suffix: str = ".tmp") -> Path:
+        """Where an upload waits while it is checked: uploads/, never models/, which holds only complete bundles
+        (a file reaches models/ by one os.replace, so a crash mid-write never leaves a partial bundle there)."""
+        return self.uploads / f".{name}.{new_id()[:8]}{suffix}"
+
+    def relative(self, path: str | os.PathLike[str]) -> str:
+        """`path` as stored in records and shown in messages: relative to the home, never the server's layout."""
+        return os.path.relpath(path, self.root)
+
+    def store_target(self, store: str) -> str:
+        """The EARL_STORE setting as open_store's argument: 'sqlite' (or '') means earl.sqlite3 in the home."""
+        return str(self.root / "earl.sqlite3") if store in ("", "sqlite") else store
+
+    def open_store(self, store: str) -> JobStore:
+        return open_store(self.store_target(store))
+
+
+__all__ = ["REPORT_FILES", "SUBFOLDERS", "ServiceHome"]

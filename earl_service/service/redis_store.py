@@ -1,0 +1,136 @@
+"""The job store on Redis, for several machines sharing one queue (docker-compose).
+
+Jobs are JSON documents in one hash; queued ids wait in a list; running ids sit in a sorted set scored by
+heartbeat. Every step two workers could race on is one Lua script (lua/*.lua), which Redis runs atomically.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import Counter
+from importlib import resources
+from typing import Any
+
+from earl_service.errors import StoreError
+from earl_service.service.records import STATES, TERMINAL, UNFINISHED, Job, ModelRecord, new_id
+
+
+def _script(name: str) -> str:
+    return resources.files(__package__).joinpath("lua", f"{name}.lua").read_text(encoding="utf-8")
+
+
+class RedisStore:
+    """The JobStore contract on Redis; `prefix` namespaces the keys, so several services can share a server."""
+
+    def __init__(self, url: str, *, prefix: str = "earl") -> None:
+        try:
+            import redis
+        except ImportError as exc:  # the `serve` extra brings it
+            raise StoreError("the redis package is needed for redis:// stores: "
+                             "pip install 'earl-service[serve]'") from exc
+        self.url = url
+        self._redis = redis.Redis.from_url(url, decode_responses=True, socket_timeout=10, socket_connect_timeout=5)
+        self._errors: tuple[type[Exception], ...] = (redis.RedisError,)
+        self._keys = [f"{prefix}:jobs", f"{prefix}:queue", f"{prefix}:running"]
+        self._models = f"{prefix}:models"
+        self._claim = self._redis.register_script(_script("claim"))
+        self._update = self._redis.register_script(_script("update_owned"))
+        self._cancel = self._redis.register_script(_script("cancel"))
+        self._delete_model = self._redis.register_script(_script("delete_model"))
+
+    def _call(self, fn, *args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except self._errors as exc:
+            raise StoreError(f"job store {self._safe_url()} unreachable: {exc}") from exc
+
+    def _safe_url(self) -> str:
+        scheme, _, rest = self.url.partition("://")
+        return f"{scheme}://{rest.rpartition('@')[2]}"  # without credentials
+
+    @staticmethod
+    def _decode(text: str) -> Job:
+        values = json.loads(text)
+        for key in ("params", "files", "progress"):  # the Lua scripts' cjson writes an empty object as []
+            if not isinstance(values.get(key), dict):
+                values[key] = {}
+        return Job.from_dict(values)
+
+    @classmethod
+    def _job(cls, text: str | None) -> Job | None:
+        return None if text is None else cls._decode(text)
+
+    def create_job(self, params: dict[str, Any], files: dict[str, str], *, job_id: str | None = None) -> Job:
+        job = Job(id=job_id or new_id(), params=dict(params), files=dict(files), created=time.time())
+        pipe = self._redis.pipeline(transaction=True)
+        pipe.hset(self._keys[0], job.id, json.dumps(job.to_dict()))
+        pipe.rpush(self._keys[1], job.id)
+        self._call(pipe.execute)
+        return job
+
+    def get_job(self, job_id: str) -> Job | None:
+        return self._job(self._call(self._redis.hget, self._keys[0], job_id))
+
+    def _all_jobs(self) -> list[Job]:
+        return [self._decode(v) for v in self._call(self._redis.hvals, self._keys[0])]
+
+    def list_jobs(self, *, state: str | None = None, limit: int = 100) -> list[Job]:
+        jobs = [j for j in self._all_jobs() if state is None or j.state == state]
+        return sorted(jobs, key=lambda j: j.created, reverse=True)[:limit]
+
+    def count_jobs(self) -> dict[str, int]:
+        return {state: 0 for state in STATES} | Counter(job.state for job in self._all_jobs())
+
+    def count_unfinished(self, client: str) -> int:
+        return sum(job.state in UNFINISHED and job.params.get("client") == client for job in self._all_jobs())
+
+    def claim_job(self, worker: str, *, stale_after: float = 60.0, max_attempts: int = 3) -> Job | None:
+        now = time.time()
+        text = self._call(self._claim, keys=self._keys, args=[worker, repr(now), repr(now - stale_after), max_attempts])
+        return self._job(text)
+
+    def _owned(self, job_id: str, worker: str, mode: str, patch: dict[str, Any]) -> Job | None:
+        text = self._call(self._update, keys=self._keys, args=[job_id, worker, repr(time.time()), mode,
+                                                                json.dumps(patch)])
+        return self._job(text)
+
+    def heartbeat(self, job_id: str, worker: str, progress: dict[str, Any] | None = None) -> Job | None:
+        return self._owned(job_id, worker, "beat", {} if progress is None else {"progress": progress})
+
+    def finish_job(self, job_id: str, worker: str, state: str, *, error: str | None = None,
+                   model_id: str | None = None) -> Job | None:
+        if state not in TERMINAL:
+            raise ValueError(f"a finished job is one of {TERMINAL}, not {state!r}")
+        return self._owned(job_id, worker, "finish", {"state": state, "error": error, "model_id": model_id})
+
+    def release_job(self, job_id: str, worker: str) -> Job | None:
+        return self._owned(job_id, worker, "release", {})
+
+    def request_cancel(self, job_id: str) -> Job | None:
+        return self._job(self._call(self._cancel, keys=self._keys[:2], args=[job_id, repr(time.time())]))
+
+    def add_model(self, record: ModelRecord) -> None:
+        self._call(self._redis.hset, self._models, record.id, json.dumps(record.to_dict(), default=str))
+
+    def get_model(self, model_id: str) -> ModelRecord | None:
+        text = self._call(self._redis.hget, self._models, model_id)
+        return None if text is None else ModelRecord.from_dict(json.loads(text))
+
+    def list_models(self) -> list[ModelRecord]:
+        """Every record, newest first, without its config and metrics (as SqliteStore.list_models)."""
+        records = [ModelRecord.from_dict(json.loads(v) | {"config": {}, "metrics": {}})
+                   for v in self._call(self._redis.hvals, self._models)]
+        return sorted(records, key=lambda r: r.created, reverse=True)
+
+    def delete_model(self, model_id: str) -> bool:
+        return bool(self._call(self._delete_model, keys=[self._keys[0], self._models], args=[model_id]))
+
+    def ping(self) -> None:
+        self._call(self._redis.ping)
+
+    def close(self) -> None:
+        self._redis.close()
+
+
+__all__ = ["RedisStore"]

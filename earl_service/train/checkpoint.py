@@ -1,0 +1,74 @@
+"""A run directory's checkpoints: checkpoint.pt (the last state, to resume from) and best.pt (the best weights)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+
+from earl_service.atomic import replacing
+
+CHECKPOINT = "checkpoint.pt"  # last state, for --resume
+BEST = "best.pt"  # best weights by valid MRR
+
+
+class Stateful(Protocol):
+    def state_dict(self) -> dict[str, Any]: ...
+    def load_state_dict(self, values: dict[str, Any]) -> None: ...
+
+
+def save(obj: Any, path: Path) -> None:
+    """torch.save, atomically: a run killed mid-write keeps its previous file."""
+    with replacing(path) as tmp:
+        torch.save(obj, tmp)
+
+
+def load_best(out: Path, model: torch.nn.Module) -> None:
+    """Load OUT/best.pt into `model`, onto the device of its parameters."""
+    device = next(model.parameters()).device
+    model.load_state_dict(torch.load(out / BEST, map_location=device, weights_only=True))
+
+
+class Checkpointer:
+    """Saves and restores one run's model, optimizer and loop state; only the writing rank (rank 0) writes.
+
+    checkpoint.pt holds {"model", "optimizer", the loop state's own keys, "model_config", "train_config"}.
+    """
+
+    def __init__(
+        self, out: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer, state: Stateful, *,
+        configs: dict[str, Any], writes: bool = True,
+    ) -> None:
+        self.out, self.model, self.optimizer, self.state = out, model, optimizer, state
+        self.configs = configs  # {"model_config": ..., "train_config": ...}, for load_run
+        self.writes = writes
+
+    def can_resume(self) -> bool:
+        return (self.out / CHECKPOINT).exists()
+
+    def restore(self) -> None:
+        # On the CPU first: the RNG states must be CPU tensors; the weights and the optimizer's moments follow
+        # their parameters' device as they load.
+        ckpt = torch.load(self.out / CHECKPOINT, map_location="cpu", weights_only=True)
+        self.model.load_state_dict(ckpt["model"])
+        self.optimizer.load_state_dict(ckpt["optimizer"])
+        self.state.load_state_dict(ckpt)
+
+    def save(self) -> None:
+        if self.writes:
+            save({"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+                  **self.state.state_dict(), **self.configs}, self.out / CHECKPOINT)
+
+    def has_best(self) -> bool:
+        return (self.out / BEST).exists()
+
+    def save_best(self) -> None:
+        if self.writes:
+            save(self.model.state_dict(), self.out / BEST)
+
+    def load_best(self) -> None:
+        load_best(self.out, self.model)
+
+
+__all__ = ["BEST", "CHECKPOINT", "Checkpointer", "load_best", "save"]

@@ -1,0 +1,116 @@
+"""Product quantization of a model's tables: faiss codebooks at export, then fine-tuning of the centroids alone."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+from torch import nn
+from torch.nn.utils import parametrize
+
+from earl_service.bundle.codebooks import CENTROIDS, FALLBACK, decode_table, parse_pq, plan
+from earl_service.bundle.format import dequantize, quantize
+from earl_service.config import ModelConfig, TrainConfig
+from earl_service.train.distributed import Ranks
+from earl_service.train.loop import Learner, Run, train_step
+from earl_service.train.state import TrainState
+
+PQTables = dict[str, tuple[np.ndarray, np.ndarray]]  # name -> (codes (N, M) uint8, codebooks (M, 256, w/M) fp16)
+
+
+def encode_table(table: np.ndarray, codes: int, *, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """faiss ProductQuantizer over the rows of `table` (N, w), N >= 256: (codes (N, M) uint8, codebooks fp16).
+    Codes are assigned against the fp16-rounded centroids, the ones the bundle stores."""
+    import faiss
+
+    x = np.ascontiguousarray(table, dtype=np.float32)
+    pq = faiss.ProductQuantizer(x.shape[1], codes, 8)
+    pq.cp.seed = seed
+    pq.cp.min_points_per_centroid = 1  # a few thousand rows are all a table has: no warning for each subspace
+    pq.verbose = False
+    pq.train(x)
+    books = faiss.vector_to_array(pq.centroids).reshape(codes, CENTROIDS, x.shape[1] // codes).astype(np.float16)
+    faiss.copy_array_to_vector(books.astype(np.float32).ravel(), pq.centroids)
+    return pq.compute_codes(x).reshape(len(x), codes), books
+
+
+def encode_tables(config: ModelConfig, params: dict[str, np.ndarray], precision: str, *, seed: int = 0) -> PQTables:
+    """Post-hoc codebooks for every table a `pq:M` bundle of these weights codes (pq_format.plan)."""
+    m = parse_pq(precision)
+    assert m, precision
+    shapes = {name: tuple(value.shape) for name, value in params.items()}
+    layouts = plan(config.model, config.dim, m, shapes)
+    return {name: encode_table(params[name], lay.codes, seed=seed) for name, lay in layouts.items()}
+
+
+def stored_values(params: dict[str, np.ndarray], tables: PQTables) -> dict[str, np.ndarray]:
+    """The float32 weights a pq bundle of `params` decodes to: coded tables gathered, the rest through FALLBACK."""
+    out = {}
+    for name, value in params.items():
+        if name in tables:
+            out[name] = decode_table(*tables[name])
+        else:
+            out[name] = dequantize(quantize(name, value, FALLBACK), name)
+    return out
+
+
+class Gather(nn.Module):
+    """A table as a gather from trainable codebooks through fixed codes (a parametrization: the original is unused)."""
+
+    codes: torch.Tensor
+
+    def __init__(self, codes: np.ndarray, codebooks: np.ndarray) -> None:
+        super().__init__()
+        self.register_buffer("codes", torch.from_numpy(codes.astype(np.int64)))  # (N, M)
+        self.codebooks = nn.Parameter(torch.from_numpy(codebooks.astype(np.float32)))  # (M, 256, s)
+
+    def forward(self, original: torch.Tensor | None = None) -> torch.Tensor:
+        m = self.codebooks.shape[0]
+        rows = self.codebooks[torch.arange(m)[None, :], self.codes]  # (N, M, s)
+        return rows.reshape(len(self.codes), -1)  # (N, M * s)
+
+
+@dataclass
+class FineTune:
+    """How long codebook fine-tuning may run, and what it did."""
+
+    steps: int = 300
+    seconds: float = 60.0
+    losses: list[float] = field(default_factory=list)
+
+
+def fine_tune(run: Run, params: dict[str, np.ndarray], tables: PQTables, cfg: TrainConfig,
+              budget: FineTune | None = None) -> tuple[PQTables, FineTune]:
+    """Train the codebooks of `tables` (codes fixed) with the ordinary training step, for at most budget.steps
+    steps and budget.seconds; every other weight is frozen at its stored (FALLBACK) value. run.model is left
+    holding the weights the returned tables decode to."""
+    budget = budget or FineTune()
+    model = run.model
+    model.load_state_dict({k: torch.from_numpy(v) for k, v in stored_values(params, tables).items()}, strict=False)
+    frozen = {name: p.requires_grad for name, p in model.named_parameters()}
+    for p in model.parameters():
+        p.requires_grad_(False)
+    gathers = {}
+    for name, (codes, books) in tables.items():
+        gathers[name] = Gather(codes, books)
+        parametrize.register_parametrization(model, name, gathers[name], unsafe=True)
+    optimizer = torch.optim.Adam([g.codebooks for g in gathers.values()], lr=cfg.lr)
+    learner = Learner.build(run, optimizer, cfg, ranks=Ranks(), device=run.device)
+    state, start = TrainState.start(cfg.seed), time.perf_counter()
+    model.train()
+    while len(budget.losses) < budget.steps and time.perf_counter() - start < budget.seconds:
+        budget.losses.append(train_step(learner, state))
+    model.eval()
+    out = {name: (codes, gathers[name].codebooks.detach().numpy().astype(np.float16))
+           for name, (codes, _) in tables.items()}
+    for name in tables:
+        parametrize.remove_parametrizations(model, name, leave_parametrized=False)
+    model.load_state_dict({k: torch.from_numpy(v) for k, v in stored_values(params, out).items()}, strict=False)
+    for name, p in model.named_parameters():
+        p.requires_grad_(frozen.get(name, True))
+    return out, budget
+
+
+__all__ = ["FineTune", "Gather", "PQTables", "encode_table", "encode_tables", "fine_tune", "stored_values"]

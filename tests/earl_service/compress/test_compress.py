@@ -1,0 +1,493 @@
+"""Compress to a byte budget: exact sizes, the search, its report, resuming, and every bad input."""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import replace
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+from conftest import codex_s_path, tiny_dataset
+
+from earl_service.bundle.format import PRECISIONS
+from earl_service.bundle.model_io import bundle_from_model, load_bundle
+from earl_service.bundle.sizes import METRICS_ROOM, MIN_DIM, BundleSizes, padded_metrics, save_exact
+from earl_service.cli.main import bundle_info, main
+from earl_service.compress import config as compress_config
+from earl_service.compress import search as compress_module
+from earl_service.compress.config import CompressConfig, budget_floor, graph_bytes, parse_size
+from earl_service.compress.search import PICK, STATE, compress
+from earl_service.config import MODELS, TrainConfig
+from earl_service.data.dataset import Dataset, Vocab, load_dataset
+from earl_service.data.labels import Labels
+from earl_service.errors import BundleError, ConfigError, DatasetError
+from earl_service.model.graph import choose_reserved
+from earl_service.model.modules import build_model
+
+TINY = dict.fromkeys(MODELS, TrainConfig(batch_size=64, negatives=8, eval_every=0, progress=False, threads=1))
+
+
+# ---------------------------------------------------------------- sizes
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    ("2MB", 2_000_000), ("1.5 MiB", 1_572_864), ("500000", 500_000), ("2e6", 2_000_000), ("0.5mb", 500_000),
+    ("3 kB", 3000), ("1GiB", 2**30), (123456, 123456), (2.5e6, 2_500_000),
+])
+def test_parse_size_reads_si_and_binary_units(text, expected):
+    assert parse_size(text) == expected
+
+
+@pytest.mark.parametrize("text", ["-2MB", "-1", "0", "garbage", "2XB", "", "MB", "nan", "inf", "1e-9", "2 MB MB",
+                                  True, -5, float("nan")])
+def test_parse_size_refuses_bad_sizes(text):
+    with pytest.raises(ConfigError, match="size"):
+        parse_size(text)
+
+
+def test_budget_floor_is_exact_when_cheap_and_none_when_unsure(monkeypatch):
+    triples = np.unique(np.random.default_rng(0).integers(0, 30, (200, 3)) % [30, 3, 30], axis=0)
+    entities, relations = [f"entity{i}" for i in range(30)], ["r0", "r1", "r2"]
+    floor = graph_bytes(triples, entities, relations)
+    assert budget_floor(floor, triples, entities, relations) == floor
+    assert budget_floor(1, triples, entities, relations) == floor
+    assert budget_floor(floor + 1, triples, entities, relations) is None
+    monkeypatch.setattr(compress_config, "graph_bytes", None)  # from here on nothing may pack the graph
+    assert budget_floor(10**6, triples, entities, relations) is None  # above the raw bytes' xz bound
+    monkeypatch.setattr(compress_config, "EXACT_FLOOR_RAW_BYTES", 100)
+    assert budget_floor(floor, triples, entities, relations) is None  # too big to pack here: the worker decides
+
+
+
+def _random_bundle(dataset: Dataset, sizes: BundleSizes, model: str, dim: int):
+    """A bundle of a freshly initialised model: real (non-zero, random) weights, as after training."""
+    config = sizes.config(model, dim)
+    n = dataset.num_train_entities
+    reserved = (choose_reserved(n, config.reserved_ratio, config.seed) if model == "earl"
+                else torch.zeros(0, dtype=torch.long))
+    net = build_model(config, n, dataset.num_relations, reserved)
+    return bundle_from_model(net, config, Vocab(dataset.entities.names[:n]), dataset.relations, dataset.train,
+                             labels=dataset.labels)
+
+
+@pytest.mark.parametrize("model", ["earl", "rotate"])
+@pytest.mark.parametrize("precision", PRECISIONS)
+@pytest.mark.parametrize("data", ["tiny", "codex-s"])
+def test_predicted_bytes_equal_the_written_file(tmp_path, model, precision, data):
+    dataset = tiny_dataset() if data == "tiny" else load_dataset(codex_s_path())
+    # Labels as the bundle stores them (only those of its own names: the last entity is a test-only one in tiny).
+    labels = Labels(entities={dataset.entities.name(0): 'a "quoted" label é', dataset.entities.names[-1]: "x"},
+                    relations={**dataset.labels.relations, dataset.relations.name(0): "r\\0 é"})
+    dataset = replace(dataset, labels=labels)
+    sizes = BundleSizes(dataset)
+    metrics = {"valid": {"mrr": 0.123456789, "note": 'quotes " and \\ and é'}, "steps": 12345}
+    for dim in (MIN_DIM, 37):
+        bundle = _random_bundle(dataset, sizes, model, dim)
+        bundle.metrics = padded_metrics(metrics)
+        path = bundle.save(tmp_path / f"{dim}.safetensors", precision=precision, coding="plain")
+        assert path.stat().st_size == sizes.bytes(model, dim, precision)
+        assert load_bundle(path).metrics["valid"] == metrics["valid"]
+
+
+def test_max_dim_is_the_largest_that_fits():
+    sizes = BundleSizes(tiny_dataset())
+    budget = sizes.bytes("rotate", 50, "fp16") + 3
+    for precision in PRECISIONS:
+        dim = sizes.max_dim("rotate", precision, budget)
+        assert sizes.bytes("rotate", dim, precision) <= budget < sizes.bytes("rotate", dim + 1, precision)
+    assert sizes.max_dim("rotate", "fp16", budget) == 50
+    assert sizes.max_dim("earl", "fp32", 100) is None
+
+
+def test_save_exact_refuses_a_size_it_did_not_predict(tmp_path):
+    dataset = tiny_dataset()
+    sizes = BundleSizes(dataset)
+    bundle = _random_bundle(dataset, sizes, "rotate", 16)
+    with pytest.raises(BundleError, match="predicted"):
+        save_exact(bundle, tmp_path / "b.safetensors", precision="fp32", metrics={},
+                   expected=sizes.bytes("rotate", 16, "fp32") + 1)
+    with pytest.raises(BundleError, match="reserved"):
+        padded_metrics({"x": "y" * METRICS_ROOM})
+
+
+# ---------------------------------------------------------------- the search
+
+
+@pytest.fixture(scope="module")
+def tiny_job(tmp_path_factory):
+    """One tiny compress run (both models, two precisions, ~3 s of search) shared by the report tests."""
+    dataset = tiny_dataset()
+    budget = BundleSizes(dataset).bytes("rotate", 32, "fp32")
+    out = tmp_path_factory.mktemp("compress")
+    config = CompressConfig(max_bytes=budget, time_limit_minutes=0.05, precisions=("fp32", "int8"))
+    progress = []
+    report = compress(dataset, out, config, train_configs=TINY, on_progress=progress.append)
+    return out, report, progress
+
+
+def test_compress_delivers_the_best_valid_export_within_budget(tiny_job):
+    out, report, _ = tiny_job
+    budget, key, pick = report["max_bytes"], report["metric_key"], report["pick"]
+    size = (out / PICK).stat().st_size
+    assert size == pick["bytes"] <= budget
+    assert all(row["bytes"] <= budget for row in report["exports"])
+    assert all(row[key] <= pick[key] for row in report["exports"])  # no candidate under the budget beats it
+    assert {u["model"] for u in report["candidates"]} == {"earl", "rotate"}
+    bundle = load_bundle(out / PICK)
+    assert (bundle.config.model, bundle.config.dim, bundle.precision) == (pick["model"], pick["dim"], pick["precision"])
+    assert report["test"] is not None and 0 < report["test"]["mrr"] <= 1
+
+
+def test_compress_writes_its_evidence(tiny_job):
+    out, report, progress = tiny_job
+    for name in ("report.json", "report.md", "frontier.png", STATE):
+        assert (out / name).stat().st_size > 0
+    assert json.loads((out / "report.json").read_text())["pick"] == report["pick"]
+    assert report["pick"]["candidate"] in (out / "report.md").read_text()
+    summary = bundle_info(str(out / PICK))["metrics"]
+    assert summary["compress"]["candidate"] == report["pick"]["candidate"]
+    assert summary["valid"]["mrr"] == report["pick"]["mrr"] and summary["test"] == report["test"]
+    assert {"candidate", "rung", "rungs", "time_left"} <= set(progress[0])
+    assert progress[-1]["stage"] == "done"
+
+
+def test_quantized_exports_share_one_training(tiny_job):
+    out, report, _ = tiny_job
+    by_candidate: dict[str, set] = {}
+    for row in report["exports"]:
+        by_candidate.setdefault(row["candidate"], set()).add((row["steps"], row["train_seconds"]))
+    assert all(len(runs) == 1 for runs in by_candidate.values())
+    assert all(not (out / "candidates" / name / "export-fp16.safetensors").exists() for name in by_candidate)
+
+
+def test_successive_halving_keeps_the_best_half_and_each_models_best(tiny_job):
+    _, report, _ = tiny_job
+    rungs, models = report["rungs"], {u["name"]: u["model"] for u in report["candidates"]}
+    sizes = compress_module.rung_sizes(len(report["candidates"]), 2)
+    assert len(rungs) == len(sizes)
+    for before, after, keep in zip(rungs, rungs[1:], sizes[1:], strict=False):
+        ranked = sorted(before["scores"], key=lambda n: -before["scores"][n])
+        assert after["survivors"] == compress_module.survivors(ranked, keep, models.__getitem__)
+        assert len(after["survivors"]) == max(keep, len({models[n] for n in ranked}))
+
+
+def test_survivors_keep_each_models_leader_however_it_ranks():
+    ranked = ["earl-a", "earl-b", "earl-c", "rotate-a", "rotate-b"]  # every EARL ahead of every RotatE
+    model = lambda name: name.split("-")[0]  # noqa: E731
+    assert compress_module.survivors(ranked, 3, model) == ["earl-a", "earl-b", "rotate-a"]
+    assert compress_module.survivors(ranked, 1, model) == ["earl-a", "rotate-a"]
+    assert compress_module.survivors(ranked[:3], 2, model) == ["earl-a", "earl-b"]
+
+
+def test_a_candidate_that_overruns_its_slice_takes_no_time_from_the_next(tmp_path, monkeypatch):
+    """Each survivor of a rung trains for the same slice, whatever the ones before it spent: at rung 0 a
+    candidate's overhead is only an estimate (its validations as timed before the search)."""
+    units = [{"name": f"rotate-d{d}", "model": "rotate", "dim": d, "bytes": {"fp32": 1, "int8": 1}}
+             for d in (30, 20, 10)]
+    state = {"candidates": units, "rungs": [{"index": 0, "survivors": [u["name"] for u in units], "results": {}}],
+             "rung_count": 2, "validation_seconds": {"rotate": 2.0}, "spent_seconds": 0.0}
+    job = compress_module.Job(tiny_dataset(), tmp_path, CompressConfig(max_bytes=10**6, time_limit_minutes=10),
+                              TINY, state)
+    trained = {}
+
+    def train_slice(job, name, seconds):
+        trained[name] = seconds
+        job.unit(name).update(train_seconds=seconds, steps=1)
+        return {}
+
+    def evaluate_exports(job, name, **kwargs):
+        job.spent_before += 200.0  # the first candidate's exports take far longer than estimated
+        return {p: {"mrr": 0.1, "hits_at_10": 0.2} for p in job.unit(name)["bytes"]}
+
+    monkeypatch.setattr(compress_module, "train_slice", train_slice)
+    monkeypatch.setattr(compress_module, "evaluate_exports", evaluate_exports)
+    assert compress_module.run_rung(job)
+    reserve = 2.0 * len(job.dataset.test) / len(job.dataset.valid)  # the pick's test pass, kept back
+    slice_seconds = (600 - reserve) / 2 / 3  # half of 10 minutes for rung 0 of 2, among 3 candidates
+    assert trained == pytest.approx(dict.fromkeys(trained, slice_seconds - 2 * 2.0))
+    assert all(job.unit(n)["other_seconds"] >= 0 for n in trained)
+
+
+def test_the_last_rung_and_the_pick_test_end_within_the_time_limit(tmp_path, monkeypatch):
+    """A slice is charged the validations of its own rung (a subset before the last rung, the whole split in it)
+    and its codebook fine-tuning, and the pick's test pass is kept back: when the work takes what the estimates
+    say, search and test end at the limit. Carrying the overhead measured on rung 0's subset into the last rung
+    overran it (FB15k-237 at 8 MB: 61.2 of 60 minutes)."""
+    monkeypatch.setattr(compress_module, "EARLY_VALID_TRIPLES", 2)  # of the tiny graph's 20 valid triples
+    clock = {"now": 0.0}
+    monkeypatch.setattr(compress_module, "time", SimpleNamespace(monotonic=lambda: clock["now"]))
+    units = [{"name": "rotate-d20", "model": "rotate", "dim": 20, "bytes": {"fp32": 1, "int8": 1},
+              "validation_seconds": 30.0},
+             {"name": "rotate-d10", "model": "rotate", "dim": 10, "bytes": {"fp32": 1, "pq:4": 1},
+              "validation_seconds": 20.0}]
+    config = CompressConfig(max_bytes=10**6, time_limit_minutes=10)
+    state = {"candidates": units, "rungs": [], "rung_count": len(compress_module.rung_sizes(2, config.eta)),
+             "validation_seconds": {"rotate": 30.0}, "spent_seconds": 0.0, "done": False}
+    dataset = tiny_dataset()
+    job = compress_module.Job(dataset, tmp_path, config, TINY, state, started=0.0)
+
+    def train_slice(job, name, seconds):
+        clock["now"] += seconds
+        job.unit(name).update(train_seconds=job.unit(name).get("train_seconds", 0.0) + seconds, steps=1)
+        return {}
+
+    def evaluate_exports(job, name, *, tune_seconds, limit):
+        unit = job.unit(name)
+        validations = unit["validation_seconds"] * 2 * compress_module.valid_fraction(job.dataset, limit)
+        clock["now"] += 5.0 + tune_seconds + validations  # load and export, fine-tune the pq export, validate
+        return {p: {"mrr": 0.2 if p.startswith("pq") else 0.1, "hits_at_10": 0.2,
+                    **({"fine_tune_seconds": tune_seconds} if p.startswith("pq") else {})} for p in unit["bytes"]}
+
+    monkeypatch.setattr(compress_module, "train_slice", train_slice)
+    monkeypatch.setattr(compress_module, "evaluate_exports", evaluate_exports)
+    assert state["rung_count"] == 2 and compress_module.search(job)
+    assert job.state["rungs"][-1]["survivors"] == ["rotate-d10"]  # its pq export scored best
+    test_seconds = 20.0 * len(dataset.test) / len(dataset.valid) + 5.0  # test pass and loading the pick's run
+    assert job.spent + test_seconds == pytest.approx(600.0)
+
+
+def test_each_candidate_is_charged_the_validations_of_its_own_dim(tmp_path):
+    """Rung 0 charges a candidate its validations as estimated before the search: at its own dim, interpolated
+    between its model's largest and smallest (both measured), not at its model's largest."""
+    units = [{"name": f"rotate-d{d}", "model": "rotate", "dim": d, "bytes": {"fp32": 1, "int8": 1}}
+             for d in (1000, 500, 100)]
+    measured = {"rotate": {1000: 20.0, 100: 2.0}}
+    units = compress_module.with_validation_estimates(units, measured)
+    assert [u["validation_seconds"] for u in units] == pytest.approx([20.0, 10.0, 2.0])
+    assert compress_module.largest_validation_seconds(measured) == {"rotate": 20.0}
+    state = {"candidates": units, "rungs": [], "rung_count": 2, "validation_seconds": {"rotate": 20.0},
+             "spent_seconds": 0.0}
+    job = compress_module.Job(tiny_dataset(), tmp_path, CompressConfig(max_bytes=10**6, time_limit_minutes=10),
+                              TINY, state)
+    train = {u["name"]: compress_module.slice_training(job, u["name"], 60.0, 0) for u in units}
+    assert train == pytest.approx({"rotate-d1000": 60 - 2 * 20.0, "rotate-d500": 60 - 2 * 10.0,
+                                   "rotate-d100": 60 - 2 * 2.0})
+    del job.unit("rotate-d100")["validation_seconds"]  # a job saved before the estimates: its model's largest
+    assert compress_module.slice_training(job, "rotate-d100", 60.0, 0) == pytest.approx(60 - 2 * 20.0)
+
+
+def test_early_rungs_rank_on_a_valid_subset_and_the_pick_on_the_whole_split(tmp_path, monkeypatch):
+    monkeypatch.setattr(compress_module, "EARLY_VALID_TRIPLES", 8)  # of the tiny graph's 20 valid triples
+    dataset = tiny_dataset()
+    config = CompressConfig(max_bytes=BundleSizes(dataset).bytes("rotate", 32, "fp32"), time_limit_minutes=0.05,
+                            precisions=("fp32", "int8"))
+    report = compress(dataset, tmp_path, config, train_configs=TINY)
+    last = len(report["rungs"]) - 1
+    assert last >= 1
+    assert {row["valid_subset"] for row in report["exports"] if row["rung"] < last} == {8}
+    whole = [row for row in report["exports"] if row["rung"] == last]
+    assert whole and all(row["valid_subset"] == 0 for row in whole)
+    key, pick = report["metric_key"], report["pick"]
+    assert pick["valid_subset"] == 0 and all(row[key] <= pick[key] for row in whole)
+    assert "(subset)" in (tmp_path / "report.md").read_text()
+
+
+def test_validations_on_a_subset_leave_more_candidates_in_the_search():
+    units = [{"model": "earl", "dim": d, "bytes": {"fp32": 1, "int8": 1}} for d in (150, 120, 90, 60, 30)]
+    config = CompressConfig(max_bytes=10**7, time_limit_minutes=1)
+    seconds = {"earl": 10.0}
+    sizes = compress_module.rung_sizes(5, 2)  # [5, 3, 2, 1]: 10 validations of 2 exports before the last rung
+    assert compress_module.validation_cost(units, seconds, 2, 0.25) == 20.0 * (0.25 * sum(sizes[:-1]) + 1)
+    whole, subset = (len(compress_module.fit_to_time(config, units, seconds, f)) for f in (1.0, 0.05))
+    assert whole < subset
+
+
+class Killed(Exception):
+    pass
+
+
+def _killed_in_rung_1(dataset, out, config):
+    """Run a compress job that is killed as rung 1 starts training; returns its saved state."""
+    def kill_in_rung_1(progress):
+        if progress["rung"] == 1 and progress["stage"] == "train":
+            raise Killed
+
+    with pytest.raises(Killed):
+        compress(dataset, out, config, train_configs=TINY, on_progress=kill_in_rung_1)
+    return json.loads((out / STATE).read_text())
+
+
+def test_a_killed_job_continues_after_its_last_completed_rung(tmp_path, monkeypatch):
+    dataset = tiny_dataset()
+    config = CompressConfig(max_bytes=BundleSizes(dataset).bytes("rotate", 24, "fp32"), time_limit_minutes=0.05,
+                            models=("rotate",), precisions=("fp32", "int8"))
+
+    before = _killed_in_rung_1(dataset, tmp_path, config)
+    assert set(before["rungs"][0]["results"]) == set(before["rungs"][0]["survivors"]) and not before["done"]
+    trained = []
+    real_train = compress_module.train
+
+    def spy(dataset, model_config, train_config, out_dir, **kwargs):
+        trained.append(Path(out_dir).name)
+        assert kwargs["resume"]
+        return real_train(dataset, model_config, train_config, out_dir, **kwargs)
+
+    monkeypatch.setattr(compress_module, "train", spy)
+    report = compress(dataset, tmp_path, config, train_configs=TINY)
+    later = [name for rung in report["rungs"][1:] for name in rung["survivors"]]
+    assert trained == later  # rung 0 was not trained again
+    assert report["rungs"][0]["scores"] == {n: r["score"] for n, r in before["rungs"][0]["results"].items()}
+    with pytest.raises(ConfigError, match="other settings"):
+        compress(dataset, tmp_path, CompressConfig(max_bytes=config.max_bytes - 1, time_limit_minutes=0.05,
+                                                   models=("rotate",), precisions=("fp32", "int8")))
+
+
+def test_a_stopped_job_returns_none_and_trains_nothing(tmp_path, monkeypatch):
+    monkeypatch.setattr(compress_module, "train", _never)
+    config = CompressConfig(max_bytes=50_000, time_limit_minutes=1, models=("rotate",))
+    assert compress(tiny_dataset(), tmp_path, config, train_configs=TINY, should_stop=lambda: True) is None
+    assert json.loads((tmp_path / STATE).read_text())["rungs"][0]["results"] == {}
+
+
+# ---------------------------------------------------------------- bad input
+
+
+def _never(*args, **kwargs):
+    raise AssertionError("nothing may be trained")
+
+
+def test_a_budget_below_the_smallest_bundle_fails_before_training(tmp_path, monkeypatch):
+    monkeypatch.setattr(compress_module, "train", _never)
+    dataset = tiny_dataset()
+    sizes = BundleSizes(dataset)
+    smallest = min(sizes.bytes(m, MIN_DIM, p) for m in ("earl", "rotate") for p in PRECISIONS)
+    with pytest.raises(ConfigError, match=f"{smallest} bytes") as error:
+        compress(dataset, tmp_path / "job", CompressConfig(max_bytes=smallest - 1, time_limit_minutes=1))
+    assert f"alone take {sizes.fixed_bytes()} bytes" in str(error.value)
+    assert not (tmp_path / "job").exists()
+
+
+def test_timing_the_validations_counts_against_the_time_limit(tmp_path, monkeypatch):
+    """The validation passes timed before the search are the search's time too (3 of 60 minutes on FB15k-237)."""
+    timed, seen = compress_module.validation_seconds, {}
+
+    def slow_timing(*args):
+        time.sleep(0.5)
+        return timed(*args)
+
+    def search(job):
+        seen["spent"] = job.spent_before
+        return False  # stopped: the test needs only what the search started with
+
+    monkeypatch.setattr(compress_module, "validation_seconds", slow_timing)
+    monkeypatch.setattr(compress_module, "search", search)
+    assert compress(tiny_dataset(), tmp_path, CompressConfig(max_bytes=10**6, time_limit_minutes=1),
+                    train_configs=TINY) is None
+    assert seen["spent"] >= 0.5
+    assert json.loads((tmp_path / STATE).read_text())["spent_seconds"] >= 0.5
+
+
+def test_a_time_limit_shorter_than_one_validation_fails(tmp_path, monkeypatch):
+    monkeypatch.setattr(compress_module, "train", _never)
+    with pytest.raises(ConfigError, match="too short"):
+        compress(tiny_dataset(), tmp_path, CompressConfig(max_bytes=50_000, time_limit_minutes=1e-6), train_configs=TINY)
+
+
+def test_candidates_are_dropped_until_validation_leaves_time_to_train():
+    units = [{"name": f"{m}-d{d}", "model": m, "dim": d, "bytes": {"fp32": 1, "int8": 1}}
+             for m in ("earl", "rotate") for d in (80, 40, 20)]
+    seconds = {"earl": 1.0, "rotate": 0.5}
+    config = CompressConfig(max_bytes=10**6, time_limit_minutes=0.5)
+    kept = compress_module.fit_to_time(config, units, seconds)
+    assert compress_module.validation_cost(kept, seconds, 2) <= 15 < compress_module.validation_cost(units, seconds, 2)
+    assert {u["model"] for u in kept} == {"earl", "rotate"}
+    assert min(u["dim"] for u in kept) > 20  # the smallest go first
+    assert compress_module.fit_to_time(replace(config, time_limit_minutes=60), units, seconds) == units
+
+
+@pytest.mark.parametrize(("settings", "message"), [
+    ({"models": ("earl", "transe")}, "unknown model 'transe'"),
+    ({"models": ()}, "unknown model"),
+    ({"precisions": ("fp8",)}, "unknown precision 'fp8'"),
+    ({"metric": "hits@3"}, "unknown metric"),
+    ({"time_limit_minutes": 0}, "time limit must be positive"),
+    ({"time_limit_minutes": -1}, "time limit must be positive"),
+    ({"max_bytes": 0}, "max_bytes"),
+])
+def test_bad_settings_are_refused(settings, message):
+    with pytest.raises(ConfigError, match=message):
+        CompressConfig(**{"max_bytes": 10**6, "time_limit_minutes": 1, **settings})
+
+
+def test_a_dataset_without_valid_split_is_refused(tmp_path):
+    dataset = tiny_dataset()
+    dataset.valid = None
+    with pytest.raises(DatasetError, match="valid"):
+        compress(dataset, tmp_path, CompressConfig(max_bytes=10**6, time_limit_minutes=1))
+
+
+@pytest.mark.parametrize(("option", "value", "message"), [
+    ("--max-bytes", "2 parsecs", "cannot read '2 parsecs' as a size"),
+    ("--max-bytes", "-3MB", "must be positive"),
+    ("--models", "earl,transe", "unknown model 'transe'"),
+    ("--precisions", "fp32,bf16", "unknown precision 'bf16'"),
+])
+def test_the_command_line_reports_bad_input(tmp_path, capsys, option, value, message):
+    args = {"--max-bytes": "2MB", "--time-limit": "1", "--models": "earl,rotate", "--precisions": "fp32", option: value}
+    argv = ["compress", str(tmp_path), "--out", str(tmp_path / "job")] + [f"{k}={v}" for k, v in args.items()]
+    assert main(argv) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_candidates_only_hold_precisions_that_fit():
+    dataset = tiny_dataset()
+    sizes = BundleSizes(dataset)
+    config = CompressConfig(max_bytes=sizes.bytes("rotate", 40, "fp16"), time_limit_minutes=1)
+    units = compress_module.plan_candidates(sizes, config)
+    for unit in units:
+        assert unit["bytes"] and all(b <= config.max_bytes for b in unit["bytes"].values())
+        too_big = set(PRECISIONS) - set(unit["bytes"])
+        assert all(sizes.bytes(unit["model"], unit["dim"], p) > config.max_bytes for p in too_big)
+    rotate_dims = sorted(u["dim"] for u in units if u["model"] == "rotate")
+    assert rotate_dims[-1] == sizes.max_dim("rotate", "int8", config.max_bytes)
+    assert np.all(np.diff(rotate_dims) > 0)
+
+
+# ---------------------------------------------------------------- pq candidates (codebooks)
+
+
+def test_pq_candidates_buy_dims_that_int8_cannot_afford():
+    sizes = BundleSizes(load_dataset(codex_s_path()))
+    config = CompressConfig(max_bytes=100_000, time_limit_minutes=1, models=("rotate",), precisions=("int8", "pq"))
+    units = compress_module.plan_candidates(sizes, config)
+    int8_dim = sizes.max_dim("rotate", "int8", config.max_bytes)
+    pq_dims = [u["dim"] for u in units if any(p.startswith("pq:") for p in u["bytes"])]
+    assert pq_dims and max(pq_dims) > 2 * int8_dim
+    for unit in units:
+        for precision, size in unit["bytes"].items():
+            assert size == sizes.bytes("rotate", unit["dim"], precision) <= config.max_bytes
+            if precision.startswith("pq:"):
+                assert sizes.pq_codes("rotate", unit["dim"], precision) == 1
+    fixed = CompressConfig(max_bytes=100_000, time_limit_minutes=1, models=("rotate",), precisions=("pq:16",))
+    assert all(set(u["bytes"]) == {"pq:16"} for u in compress_module.plan_candidates(sizes, fixed))
+    with pytest.raises(ConfigError, match="pq:M"):
+        CompressConfig(max_bytes=100_000, time_limit_minutes=1, precisions=("pq:0",))
+
+
+def test_a_killed_job_with_pq_candidates_continues(tmp_path, monkeypatch):
+    dataset = load_dataset(codex_s_path())
+    config = CompressConfig(max_bytes=100_000, time_limit_minutes=0.3, models=("rotate",), precisions=("int8", "pq"))
+
+    before = _killed_in_rung_1(dataset, tmp_path, config)
+    first = before["rungs"][0]["results"]
+    assert any(p.startswith("pq:") for r in first.values() for p in r["exports"])
+    assert all("fine_tune_steps" in v for r in first.values() for p, v in r["exports"].items() if p.startswith("pq:"))
+    trained = []
+    real_train = compress_module.train
+
+    def spy(dataset, model_config, train_config, out_dir, **kwargs):
+        trained.append(Path(out_dir).name)
+        return real_train(dataset, model_config, train_config, out_dir, **kwargs)
+
+    monkeypatch.setattr(compress_module, "train", spy)
+    report = compress(dataset, tmp_path, config, train_configs=TINY)
+    assert trained == [name for rung in report["rungs"][1:] for name in rung["survivors"]]
+    assert report["rungs"][0]["scores"] == {n: r["score"] for n, r in first.items()}
+    pick = report["pick"]
+    assert (tmp_path / PICK).stat().st_size == pick["bytes"] <= config.max_bytes
+    assert load_bundle(tmp_path / PICK).precision == pick["precision"]
+    assert any(r["precision"].startswith("pq:") for r in report["exports"])  # the report lists them

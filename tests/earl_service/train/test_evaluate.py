@@ -1,0 +1,43 @@
+"""Filtered ranking with realistic ranks for ties, on hand-made examples."""
+
+import numpy as np
+import pytest
+import torch
+
+from earl_service.train.evaluate import KnownAnswers, RankingEvaluator, realistic_ranks
+
+
+def test_realistic_rank_with_ties():
+    dist = torch.tensor([[1.0, 2.0, 2.0, 2.0, 5.0, 0.5]])
+    filtered = torch.zeros(1, 6, dtype=torch.bool)
+    # Target at column 1 (distance 2): one strictly better (0.5 and 1.0 -> two), two ties -> 1 + 2 + 2/2 = 4.
+    assert realistic_ranks(dist, torch.tensor([1]), filtered).item() == 4.0
+    # Filtering a better candidate and a tie: 1 + 1 + 1/2.
+    filtered[0, 5] = filtered[0, 2] = True
+    assert realistic_ranks(dist, torch.tensor([1]), filtered).item() == 2.5
+
+
+def test_constant_scorer_gets_middle_rank():
+    dist = torch.zeros(3, 11)
+    ranks = realistic_ranks(dist, torch.tensor([0, 5, 10]), torch.zeros(3, 11, dtype=torch.bool))
+    assert torch.equal(ranks, torch.full((3,), 6.0, dtype=torch.float64))  # (1 + 11) / 2
+
+
+def test_known_answers_mask():
+    triples = np.array([[0, 0, 1], [0, 0, 2], [3, 0, 1], [0, 1, 3]])
+    known = KnownAnswers(triples, num_relations=2)
+    tails = known.mask(np.array([0, 0]), np.array([0, 1]), side="tail", num_candidates=4)
+    assert tails.tolist() == [[False, True, True, False], [False, False, False, True]]
+    heads = known.mask(np.array([1]), np.array([0]), side="head", num_candidates=3)  # answer 3 is out of range
+    assert heads.tolist() == [[True, False, False]]
+
+
+def test_metrics():
+    ev = RankingEvaluator()
+    ev.update_(np.array([1.0, 2.0]))
+    ev.update_(torch.tensor([4.0, 20.0]))
+    m = ev.finalize()
+    assert m.count == 4
+    assert m.mrr == pytest.approx((1 + 0.5 + 0.25 + 0.05) / 4)
+    assert m.mr == pytest.approx(27 / 4)
+    assert (m.hits_at_1, m.hits_at_3, m.hits_at_10) == (0.25, 0.5, 0.75)

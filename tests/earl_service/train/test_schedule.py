@@ -1,0 +1,103 @@
+"""The learning-rate schedule: its shape over a budget, the split rates, and an exact resume."""
+
+import math
+
+import pytest
+import torch
+from conftest import tiny_dataset
+
+from earl_service.config import ModelConfig, TrainConfig
+from earl_service.errors import ConfigError
+from earl_service.model.modules import build_model
+from earl_service.train.loop import CHECKPOINT, train
+from earl_service.train.schedule import budget_used, build_optimizer, lr_factor, param_groups
+
+FAST = dict(batch_size=32, negatives=8, eval_every=0, eval_batch_size=16, progress=False, checkpoint_every=5)
+
+
+def test_cosine_warms_up_then_decays_to_the_floor():
+    cfg = TrainConfig(lr_schedule="cosine", warmup=0.1, lr_floor=0.05)
+    assert lr_factor(cfg, 0.0) == pytest.approx(1e-3)
+    assert lr_factor(cfg, 0.05) == pytest.approx(0.5)
+    assert lr_factor(cfg, 0.1) == pytest.approx(1.0)
+    assert lr_factor(cfg, 0.55) == pytest.approx(0.05 + 0.95 * 0.5)  # half-way through the decay
+    assert lr_factor(cfg, 1.0) == pytest.approx(0.05)
+
+
+def test_linear_decays_in_a_straight_line_and_constant_stays():
+    cfg = TrainConfig(lr_schedule="linear")
+    assert [lr_factor(cfg, u) for u in (0.0, 0.25, 1.0)] == pytest.approx([1.0, 0.75, 0.0])
+    assert lr_factor(TrainConfig(), 0.9) == 1.0
+
+
+def test_the_budget_is_whichever_of_steps_and_time_ends_first():
+    cfg = TrainConfig(steps=1000, time_limit_minutes=10)
+    assert budget_used(cfg, 100, 300.0) == pytest.approx(0.5)  # half the time, a tenth of the steps
+    assert budget_used(cfg, 900, 60.0) == pytest.approx(0.9)
+    assert budget_used(cfg, 2000, 0.0) == 1.0
+
+
+def test_a_schedule_budget_of_its_own_outlasts_the_time_limit_of_one_slice():
+    cfg = TrainConfig(steps=0, time_limit_minutes=1, schedule_minutes=10)  # a first slice of a 10-minute plan
+    assert budget_used(cfg, 50, 60.0) == pytest.approx(0.1)
+    assert budget_used(TrainConfig(steps=0, time_limit_minutes=1), 50, 60.0) == 1.0
+
+
+def test_compress_candidates_decay_over_what_a_survivor_of_every_rung_trains():
+    from types import SimpleNamespace
+
+    from earl_service.compress.search import rung_sizes, survivor_seconds
+
+    job = SimpleNamespace(state={"candidates": [{}] * 8}, config=SimpleNamespace(eta=2, time_limit_minutes=40))
+    assert rung_sizes(8, 2) == [8, 4, 2, 1]
+    assert survivor_seconds(job) == pytest.approx(600 * (1 / 8 + 1 / 4 + 1 / 2 + 1))  # 2400 s in 4 equal rungs
+
+
+def test_bad_schedule_values_are_refused():
+    with pytest.raises(ConfigError, match="lr_schedule"):
+        TrainConfig(lr_schedule="step")
+    with pytest.raises(ConfigError, match="warmup"):
+        TrainConfig(warmup=1.5)
+
+
+def test_encoder_lr_splits_tables_from_the_shared_encoder():
+    model = build_model(ModelConfig(dim=4, k=3, reserved_ratio=0.2), 40, 3, torch.arange(8))
+    groups = param_groups(model, TrainConfig(lr=1e-3, encoder_lr=3e-4))
+    tables = {id(p) for p in groups[0]["params"]}
+    named = dict(model.named_parameters())
+    assert tables == {id(named[n]) for n in ("reserved_embeddings", "relation_ends", "relations")}
+    assert [g["base_lr"] for g in groups] == [1e-3, 3e-4]
+    assert sum(len(g["params"]) for g in groups) == len(named)
+    rotate = build_model(ModelConfig(model="rotate", dim=4), 40, 3, torch.arange(8))
+    assert len(param_groups(rotate, TrainConfig(encoder_lr=3e-4))) == 1  # no encoder: one group
+    assert len(param_groups(model, TrainConfig())) == 1  # no split asked: as before
+
+
+def test_a_step_budget_decays_the_rate_to_its_floor_over_the_run(tmp_path):
+    ds, cfg = tiny_dataset(), ModelConfig(dim=4, k=3, reserved_ratio=0.2)
+    tcfg = TrainConfig(steps=10, lr_schedule="cosine", warmup=0.2, **FAST)
+    train(ds, cfg, tcfg, tmp_path, final_eval=False, write_bundle=False)
+    factors = torch.load(tmp_path / CHECKPOINT, weights_only=True)["history"]["lr_factors"]
+    assert factors == pytest.approx([lr_factor(tcfg, s / 10) for s in range(10)])
+    assert factors[2] == pytest.approx(1.0) and factors[-1] == pytest.approx((1 + math.cos(math.pi * 7 / 8)) / 2)
+
+
+def test_a_resumed_run_continues_on_the_same_schedule(tmp_path):
+    ds, cfg = tiny_dataset(), ModelConfig(dim=4, k=3, reserved_ratio=0.2)
+    tcfg = TrainConfig(steps=12, lr_schedule="linear", warmup=0.25, encoder_lr=5e-4, **FAST)
+    train(ds, cfg, tcfg, tmp_path / "straight", final_eval=False, write_bundle=False)
+    calls = []
+    train(ds, cfg, tcfg, tmp_path / "split", final_eval=False, write_bundle=False,
+          should_stop=lambda: calls.append(1) or len(calls) > 7)
+    train(ds, cfg, tcfg, tmp_path / "split", resume=True, final_eval=False, write_bundle=False)
+    a, b = (torch.load(tmp_path / run / CHECKPOINT, weights_only=True) for run in ("straight", "split"))
+    assert a["history"]["lr_factors"] == b["history"]["lr_factors"]
+    assert [g["lr"] for g in a["optimizer"]["param_groups"]] == [g["lr"] for g in b["optimizer"]["param_groups"]]
+    for key in a["model"]:
+        assert torch.equal(a["model"][key], b["model"][key]), key
+
+
+def test_the_optimizer_starts_at_the_schedules_first_rate():
+    model = build_model(ModelConfig(model="rotate", dim=4), 40, 3, torch.arange(8))
+    optimizer = build_optimizer(model, TrainConfig(lr=1e-2, lr_schedule="cosine", warmup=0.5))
+    assert optimizer.param_groups[0]["lr"] == pytest.approx(1e-5)
