@@ -28,7 +28,7 @@ import torch
 from common import REPO, default_datasets, md_table, pyplot, save_png, write_results
 
 from earl_service.atomic import write_json
-from earl_service.bundle.codebooks import codes_for
+from earl_service.bundle.codebooks import codes_for, encode_tables
 from earl_service.bundle.model_io import load_bundle
 from earl_service.bundle.sizes import BundleSizes, save_exact
 from earl_service.compress.search import evaluate_bundle
@@ -36,7 +36,7 @@ from earl_service.config import ModelConfig, TrainConfig
 from earl_service.config.options import train_configs_from_options
 from earl_service.config.recipes import DEFAULT, RECIPES
 from earl_service.data.dataset import load_dataset
-from earl_service.train.finetune import FineTune, encode_tables, fine_tune
+from earl_service.train.finetune import FineTune, fine_tune
 from earl_service.train.loop import BUNDLE, load_run, train
 
 SETTINGS = {"codex-s": {"minutes": 3.0, "earl_dim": 100, "goal": (400_000, 0.38)},

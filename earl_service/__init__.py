@@ -1,6 +1,8 @@
 """EARL: entity-agnostic knowledge-graph embeddings (AAAI 2023) with RotatE scoring, as a library."""
 
-__version__ = "0.1.0"
+from earl_service.version import __version__
+
+__all__ = ["Bundle", "__version__", "load_bundle"]
 
 
 def __getattr__(name: str):

@@ -11,7 +11,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from earl_service import __version__
+from earl_service.version import __version__
 
 # Bounds that keep metrics.json's copy in a bundle far inside bundle_format.METADATA_LIMITS["metrics"] (64 KiB).
 MAX_COMMAND_CHARS = 2000

@@ -7,8 +7,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from earl_service.bundle.format import parse_json
+from earl_service.bundle.format import dequantize, quantize
+from earl_service.config import ModelConfig
 from earl_service.errors import BundleError
+from earl_service.safe_json import parse_json
 
 PQ = "pq"
 CENTROIDS = 256  # per subspace: one code byte
@@ -205,6 +207,45 @@ def coded_bytes(layouts: dict[str, Layout]) -> int:
     return int(sum(lay.nbytes for lay in layouts.values()))
 
 
-__all__ = ["CENTROIDS", "FALLBACK", "check_plan", "NUMBERS_PER_CODE", "PQ", "Layout", "codes_for", "decode_table", "decode_tables",
+PQTables = dict[str, tuple[np.ndarray, np.ndarray]]  # name -> (codes (N, M) uint8, codebooks (M, 256, w/M) fp16)
+
+
+def encode_table(table: np.ndarray, codes: int, *, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """faiss ProductQuantizer over the rows of `table` (N, w), N >= 256: (codes (N, M) uint8, codebooks fp16).
+    Codes are assigned against the fp16-rounded centroids, the ones the bundle stores."""
+    import faiss
+
+    x = np.ascontiguousarray(table, dtype=np.float32)
+    pq = faiss.ProductQuantizer(x.shape[1], codes, 8)
+    pq.cp.seed = seed
+    pq.cp.min_points_per_centroid = 1  # a few thousand rows are all a table has: no warning for each subspace
+    pq.verbose = False
+    pq.train(x)
+    books = faiss.vector_to_array(pq.centroids).reshape(codes, CENTROIDS, x.shape[1] // codes).astype(np.float16)
+    faiss.copy_array_to_vector(books.astype(np.float32).ravel(), pq.centroids)
+    return pq.compute_codes(x).reshape(len(x), codes), books
+
+
+def encode_tables(config: ModelConfig, params: dict[str, np.ndarray], precision: str, *, seed: int = 0) -> PQTables:
+    """Post-hoc codebooks for every table a `pq:M` bundle of these weights codes (pq_format.plan)."""
+    m = parse_pq(precision)
+    assert m, precision
+    shapes = {name: tuple(value.shape) for name, value in params.items()}
+    layouts = plan(config.model, config.dim, m, shapes)
+    return {name: encode_table(params[name], lay.codes, seed=seed) for name, lay in layouts.items()}
+
+
+def stored_values(params: dict[str, np.ndarray], tables: PQTables) -> dict[str, np.ndarray]:
+    """The float32 weights a pq bundle of `params` decodes to: coded tables gathered, the rest through FALLBACK."""
+    out = {}
+    for name, value in params.items():
+        if name in tables:
+            out[name] = decode_table(*tables[name])
+        else:
+            out[name] = dequantize(quantize(name, value, FALLBACK), name)
+    return out
+
+
+__all__ = ["PQTables", "encode_table", "encode_tables", "stored_values", "CENTROIDS", "FALLBACK", "check_plan", "NUMBERS_PER_CODE", "PQ", "Layout", "codes_for", "decode_table", "decode_tables",
            "declared_shapes", "default_codes", "is_pq", "parse_pq", "plan", "read_layouts", "resolve",
            "with_tables", "zero_tables"]

@@ -8,16 +8,18 @@ import lzma
 import math
 import os
 import struct
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from earl_service import __version__
 from earl_service.atomic import write_bytes
+from earl_service.data.labels import MAX_LABEL_BYTES, MAX_LABEL_CHARS
 from earl_service.errors import BundleError
+from earl_service.safe_json import parse_json
+from earl_service.version import __version__
 
 FORMAT = "earl-bundle"
 # 1: weights as plain safetensors tensors. 2: weights may be entropy-coded into one "weights.packed" blob
@@ -30,45 +32,8 @@ _CODED_DTYPES = {"float32": np.float32, "float16": np.float16, "int8": np.int8}
 # A trained bundle's header is a few KB: its metrics about 2.5 KB, its config 250 bytes.
 HEADER_LIMIT = 4 * 2**20  # the whole safetensors header: metadata, weight manifest and tensor table
 METADATA_LIMITS = {"config": 16 * 2**10, "metrics": 64 * 2**10, "relation_labels": 2 * 2**20}  # bytes per entry
-# How deep any JSON in a bundle may nest (a trained bundle's metrics: 3): what a JSON answer can still carry.
-JSON_DEPTH = 32
-_JSON_NAMES: dict[type, str] = {dict: "object", list: "array", str: "string"}
 RATIO_LIMIT = 64  # xz output per input byte: honest graphs and names shrink 2-4x, weights 1-2x, a bomb 1000x
 RATIO_FLOOR = 16 << 20  # bytes any xz part may decode to, whatever its packed size
-# Labels are for people: a name of a thing, not its description (which the label readers leave out of bundles).
-MAX_LABEL_CHARS = 1000
-MAX_LABEL_BYTES = 4 * MAX_LABEL_CHARS  # UTF-8
-
-
-def parse_json(text: str | bytes, what: str, kind: type = dict, *, nonfinite_as_null: bool = False) -> Any:
-    """`text` as JSON of type `kind`, nested at most JSON_DEPTH deep; ValueError naming `what` if not. NaN and
-    Infinity are refused (no JSON answer can carry them) or, with `nonfinite_as_null`, read as None."""
-    def constant(name: str) -> None:
-        if not nonfinite_as_null:
-            raise ValueError(f"{what} holds {name}, which JSON does not allow")
-
-    too_deep = ValueError(f"{what} is nested more than {JSON_DEPTH} deep")
-    try:
-        value = json.loads(text, parse_constant=constant)
-    except RecursionError:  # deeper than the interpreter's own limit
-        raise too_deep from None
-    if _depth(value) > JSON_DEPTH:
-        raise too_deep
-    if not isinstance(value, kind):
-        raise ValueError(f"{what} must be a JSON {_JSON_NAMES.get(kind, kind.__name__)}, "
-                         f"not {_JSON_NAMES.get(type(value), type(value).__name__)}")
-    return value
-
-
-def _depth(value: Any) -> int:
-    """How deeply lists and objects nest in a parsed JSON value (a scalar: 0), without recursion."""
-    deepest, todo = 0, [(value, 1)]
-    while todo:
-        item, level = todo.pop()
-        if isinstance(item, dict | list):
-            deepest = max(deepest, level)
-            todo.extend((child, level + 1) for child in (item.values() if isinstance(item, dict) else item))
-    return deepest
 
 
 def joined_strings(names: list[str]) -> bytes:
@@ -411,3 +376,20 @@ def write_safetensors(path: str | os.PathLike, tensors: dict[str, np.ndarray], m
     (hl,) = struct.unpack("<Q", probe[:8])
     metadata = {**metadata, "payload_sha256": payload_digest(probe[8 + hl :])}
     return write_bytes(path, st_save(tensors, metadata=metadata), fsync=True)
+
+
+# The metrics entry that pads a bundle's metrics field to a fixed size (bundle.sizes), never shown.
+PAD_KEY = "pad"
+
+
+def shown_metrics(metrics: dict[str, Any]) -> dict[str, Any]:
+    """A bundle's metrics as `earl info` and the API show them: without the padding."""
+    return {k: v for k, v in metrics.items() if k != PAD_KEY}
+
+
+def graph_bytes(triples: np.ndarray, entities: Sequence[str], relations: Sequence[str]) -> int:
+    """Bytes of the packed graph and vocabularies in a bundle of these training triples and names: what every
+    candidate carries whatever its weights, so no budget below it can be met."""
+    parts = (pack_graph(triples, len(entities), len(relations)), pack_strings(list(entities)),
+             pack_strings(list(relations)))
+    return int(sum(part.nbytes for part in parts))

@@ -12,8 +12,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from earl_service import __version__
-from earl_service.bundle.codebooks import FALLBACK, is_pq, resolve, with_tables
+from earl_service.bundle.codebooks import FALLBACK, PQTables, is_pq, resolve, with_tables
 from earl_service.bundle.decode import decode
 from earl_service.bundle.format import (
     FORMAT,
@@ -34,8 +33,8 @@ from earl_service.config import ModelConfig
 from earl_service.data.dataset import Vocab, load_triples_file
 from earl_service.data.labels import Labels
 from earl_service.errors import BundleError
+from earl_service.version import __version__
 
-PQTables = dict[str, tuple[np.ndarray, np.ndarray]]  # name -> (codes (N, M) uint8, codebooks (M, 256, w/M) fp16)
 # ---------------------------------------------------------------- the torch-side bundle
 
 
@@ -138,7 +137,7 @@ class Bundle:
         }
         if pq:
             if pq_tables is None:
-                from earl_service.train.finetune import encode_tables
+                from earl_service.bundle.codebooks import encode_tables
 
                 pq_tables = encode_tables(self.config, self.params, precision)
             tensors, metadata = with_tables(tensors, metadata, pq_tables)

@@ -14,10 +14,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from earl_service.bundle.codebooks import FALLBACK, codes_for, is_pq, parse_pq, plan, with_tables, zero_tables
-from earl_service.bundle.format import pack_labels, quantize
-from earl_service.bundle.model_io import Bundle, PQTables
-from earl_service.compress.config import PAD_KEY, graph_bytes
+from earl_service.bundle.codebooks import FALLBACK, PQTables, codes_for, is_pq, parse_pq, plan, with_tables, zero_tables
+from earl_service.bundle.format import PAD_KEY, graph_bytes, pack_labels, quantize
+from earl_service.bundle.model_io import Bundle
 from earl_service.config import ModelConfig, ModelKind
 from earl_service.data.dataset import Dataset, Vocab
 from earl_service.errors import BundleError

@@ -199,8 +199,8 @@ def cmd_export(a: argparse.Namespace) -> int:
 
 
 def bundle_info(path: str) -> dict:
+    from earl_service.bundle.format import shown_metrics
     from earl_service.bundle.model_io import load_bundle
-    from earl_service.compress.config import shown_metrics
 
     b = load_bundle(path)
     return {"path": str(path), "bytes": b.num_bytes, "precision": b.precision, "sha256": b.sha256,

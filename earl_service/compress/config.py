@@ -12,7 +12,7 @@ from typing import Any, cast
 import numpy as np
 
 from earl_service.bundle.codebooks import PQ, parse_pq
-from earl_service.bundle.format import PRECISIONS, graph_csr, joined_strings, pack_graph, pack_strings
+from earl_service.bundle.format import PRECISIONS, graph_bytes, graph_csr, joined_strings
 from earl_service.config import MODELS, ModelKind
 from earl_service.errors import ConfigError
 
@@ -21,8 +21,6 @@ SEARCHED = (*PRECISIONS, PQ)
 METRICS = {"mrr": "mrr", "hits@10": "hits_at_10"}  # --metric -> the key in evaluation results
 # The metrics key whose run of spaces pads a compress bundle's metrics to a fixed size (budget.padded_metrics):
 # part of the file, never something to show.
-PAD_KEY = "pad"
-
 # Raw graph and name bytes up to which the API packs them (xz -9e) to know a budget's floor exactly: past it the
 # request would wait on a compression the worker repeats anyway, and the worker's exact check decides.
 EXACT_FLOOR_RAW_BYTES = 2**20
@@ -51,19 +49,6 @@ def parse_size(value: str | int | float) -> int:
     if not math.isfinite(number) or number * unit < 1:
         raise ConfigError(f"a size must be at least 1 byte, not {value!r}")
     return int(number * unit)
-
-
-def shown_metrics(metrics: dict[str, Any]) -> dict[str, Any]:
-    """A bundle's metrics as `earl info` and the API show them: without the padding."""
-    return {k: v for k, v in metrics.items() if k != PAD_KEY}
-
-
-def graph_bytes(triples: np.ndarray, entities: Sequence[str], relations: Sequence[str]) -> int:
-    """Bytes of the packed graph and vocabularies in a bundle of these training triples and names: what every
-    candidate carries whatever its weights, so no budget below it can be met."""
-    parts = (pack_graph(triples, len(entities), len(relations)), pack_strings(list(entities)),
-             pack_strings(list(relations)))
-    return int(sum(part.nbytes for part in parts))
 
 
 def split_names(text: str) -> tuple[str, ...]:
@@ -147,5 +132,5 @@ class CompressConfig:
                 "metric": self.metric, "seed": self.seed, "eta": self.eta}
 
 
-__all__ = ["EXACT_FLOOR_RAW_BYTES", "METRICS", "PAD_KEY", "SEARCHED", "CompressConfig", "budget_floor", "graph_bytes",
-           "parse_size", "shown_metrics", "split_models", "split_names"]
+__all__ = ["EXACT_FLOOR_RAW_BYTES", "METRICS", "SEARCHED", "CompressConfig", "budget_floor",
+           "parse_size", "split_models", "split_names"]

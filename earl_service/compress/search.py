@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from earl_service.atomic import write_json
-from earl_service.bundle.codebooks import NUMBERS_PER_CODE, codes_for, is_pq, parse_pq
+from earl_service.bundle.codebooks import NUMBERS_PER_CODE, codes_for, encode_tables, is_pq, parse_pq
 from earl_service.bundle.model_io import load_bundle
 from earl_service.bundle.sizes import MIN_DIM, BundleSizes, save_exact
 from earl_service.compress.config import METRICS, CompressConfig
@@ -27,7 +27,7 @@ from earl_service.config.recipes import DEFAULT
 from earl_service.data.dataset import Dataset
 from earl_service.errors import ConfigError, DatasetError
 from earl_service.train.evaluate import SUMMARY_KEYS
-from earl_service.train.finetune import FineTune, encode_tables, fine_tune
+from earl_service.train.finetune import FineTune, fine_tune
 from earl_service.train.loop import BUNDLE, Run, load_run, resolve_device, train
 
 log = logging.getLogger(__name__)

@@ -4,6 +4,16 @@ table (`options`) from which `earl train`, the API's job form and the worker's j
 Torch-free; imports only `errors` and `core`. The dataclasses are re-exported here.
 """
 
-from earl_service.config.fields import MODELS, DataConfig, ModelConfig, ModelKind, Text, TrainConfig
+from earl_service.config.fields import (
+    ABLATIONS,
+    COLUMN_ORDERS,
+    COMPUTE,
+    MODELS,
+    DataConfig,
+    ModelConfig,
+    ModelKind,
+    Text,
+    TrainConfig,
+)
 
-__all__ = ["MODELS", "DataConfig", "ModelConfig", "ModelKind", "Text", "TrainConfig"]
+__all__ = ["ABLATIONS", "COLUMN_ORDERS", "COMPUTE", "MODELS", "DataConfig", "ModelConfig", "ModelKind", "Text", "TrainConfig"]

@@ -13,10 +13,14 @@ from typing import Literal
 
 import numpy as np
 
-from earl_service.bundle.format import MAX_LABEL_CHARS, parse_json
 from earl_service.errors import LabelFileError
+from earl_service.safe_json import parse_json
 
 log = logging.getLogger(__name__)
+
+# Labels are for people: a name of a thing, not its description (which the label readers leave out of bundles).
+MAX_LABEL_CHARS = 1000
+MAX_LABEL_BYTES = 4 * MAX_LABEL_CHARS  # UTF-8
 
 PathLike = str | os.PathLike[str]
 Kind = Literal["entities", "relations"]

@@ -13,8 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO
 
-from earl_service.bundle.format import BundleLimits
-from earl_service.compress.config import shown_metrics
+from earl_service.bundle.format import BundleLimits, shown_metrics
 from earl_service.errors import BundleError, TripleFileError, UnknownModelError
 from earl_service.service.home import ServiceHome
 from earl_service.service.housekeeping import remove

@@ -1,4 +1,4 @@
-"""Product quantization of a model's tables: faiss codebooks at export, then fine-tuning of the centroids alone."""
+"""Fine-tuning of a pq bundle's codebooks: the centroids train, the codes stay (bundle.codebooks encodes them)."""
 
 from __future__ import annotations
 
@@ -10,50 +10,11 @@ import torch
 from torch import nn
 from torch.nn.utils import parametrize
 
-from earl_service.bundle.codebooks import CENTROIDS, FALLBACK, decode_table, parse_pq, plan
-from earl_service.bundle.format import dequantize, quantize
-from earl_service.config import ModelConfig, TrainConfig
+from earl_service.bundle.codebooks import PQTables, stored_values
+from earl_service.config import TrainConfig
 from earl_service.train.distributed import Ranks
 from earl_service.train.loop import Learner, Run, train_step
 from earl_service.train.state import TrainState
-
-PQTables = dict[str, tuple[np.ndarray, np.ndarray]]  # name -> (codes (N, M) uint8, codebooks (M, 256, w/M) fp16)
-
-
-def encode_table(table: np.ndarray, codes: int, *, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
-    """faiss ProductQuantizer over the rows of `table` (N, w), N >= 256: (codes (N, M) uint8, codebooks fp16).
-    Codes are assigned against the fp16-rounded centroids, the ones the bundle stores."""
-    import faiss
-
-    x = np.ascontiguousarray(table, dtype=np.float32)
-    pq = faiss.ProductQuantizer(x.shape[1], codes, 8)
-    pq.cp.seed = seed
-    pq.cp.min_points_per_centroid = 1  # a few thousand rows are all a table has: no warning for each subspace
-    pq.verbose = False
-    pq.train(x)
-    books = faiss.vector_to_array(pq.centroids).reshape(codes, CENTROIDS, x.shape[1] // codes).astype(np.float16)
-    faiss.copy_array_to_vector(books.astype(np.float32).ravel(), pq.centroids)
-    return pq.compute_codes(x).reshape(len(x), codes), books
-
-
-def encode_tables(config: ModelConfig, params: dict[str, np.ndarray], precision: str, *, seed: int = 0) -> PQTables:
-    """Post-hoc codebooks for every table a `pq:M` bundle of these weights codes (pq_format.plan)."""
-    m = parse_pq(precision)
-    assert m, precision
-    shapes = {name: tuple(value.shape) for name, value in params.items()}
-    layouts = plan(config.model, config.dim, m, shapes)
-    return {name: encode_table(params[name], lay.codes, seed=seed) for name, lay in layouts.items()}
-
-
-def stored_values(params: dict[str, np.ndarray], tables: PQTables) -> dict[str, np.ndarray]:
-    """The float32 weights a pq bundle of `params` decodes to: coded tables gathered, the rest through FALLBACK."""
-    out = {}
-    for name, value in params.items():
-        if name in tables:
-            out[name] = decode_table(*tables[name])
-        else:
-            out[name] = dequantize(quantize(name, value, FALLBACK), name)
-    return out
 
 
 class Gather(nn.Module):
@@ -113,4 +74,4 @@ def fine_tune(run: Run, params: dict[str, np.ndarray], tables: PQTables, cfg: Tr
     return out, budget
 
 
-__all__ = ["FineTune", "Gather", "PQTables", "encode_table", "encode_tables", "fine_tune", "stored_values"]
+__all__ = ["FineTune", "Gather", "fine_tune"]

@@ -16,7 +16,6 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from earl_service import __version__
 from earl_service.bundle.model_io import Bundle, bundle_from_model
 from earl_service.config import ModelConfig, TrainConfig
 from earl_service.core.known import KnownAnswers
@@ -34,6 +33,7 @@ from earl_service.train.outputs import BUNDLE, write_run_outputs
 from earl_service.train.sampling import NeighborIndex, embed_all
 from earl_service.train.schedule import build_optimizer, set_lr
 from earl_service.train.state import TrainState
+from earl_service.version import __version__
 
 log = logging.getLogger(__name__)
 

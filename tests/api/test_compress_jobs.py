@@ -12,8 +12,8 @@ from test_api_e2e import TOKEN, service  # noqa: F401  # the live API + worker f
 
 from api.main import create_app
 from api.settings import Settings
+from earl_service.bundle.format import PAD_KEY
 from earl_service.bundle.sizes import BundleSizes
-from earl_service.compress.config import PAD_KEY
 from earl_service.config.options import recipe_options
 from earl_service.config.recipes import DEFAULT, RECIPES
 from earl_service.data.dataset import load_dataset

@@ -13,7 +13,7 @@ import pytest
 import torch
 from conftest import codex_s_path
 
-from earl_service.bundle.codebooks import decode_table, parse_pq, plan
+from earl_service.bundle.codebooks import decode_table, encode_tables, parse_pq, plan, stored_values
 from earl_service.bundle.format import write_safetensors
 from earl_service.bundle.model_io import bundle_from_model, load_bundle
 from earl_service.bundle.sizes import BundleSizes, padded_metrics, save_exact
@@ -23,7 +23,7 @@ from earl_service.device import reader as edge
 from earl_service.errors import BundleError
 from earl_service.model.graph import choose_reserved
 from earl_service.model.modules import build_model
-from earl_service.train.finetune import FineTune, Gather, encode_tables, fine_tune, stored_values
+from earl_service.train.finetune import FineTune, Gather, fine_tune
 from earl_service.train.loop import BUNDLE, load_run, loss_fn, train
 
 TRAIN = TrainConfig(steps=60, batch_size=512, negatives=32, lr=3e-3, eval_every=0, progress=False, threads=1)

@@ -13,13 +13,13 @@ import pytest
 import torch
 from conftest import codex_s_path, tiny_dataset
 
-from earl_service.bundle.format import PRECISIONS
+from earl_service.bundle.format import PRECISIONS, graph_bytes
 from earl_service.bundle.model_io import bundle_from_model, load_bundle
 from earl_service.bundle.sizes import METRICS_ROOM, MIN_DIM, BundleSizes, padded_metrics, save_exact
 from earl_service.cli.main import bundle_info, main
 from earl_service.compress import config as compress_config
 from earl_service.compress import search as compress_module
-from earl_service.compress.config import CompressConfig, budget_floor, graph_bytes, parse_size
+from earl_service.compress.config import CompressConfig, budget_floor, parse_size
 from earl_service.compress.search import PICK, STATE, compress
 from earl_service.config import MODELS, TrainConfig
 from earl_service.data.dataset import Dataset, Vocab, load_dataset

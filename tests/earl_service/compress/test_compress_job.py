@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 from conftest import random_triples, tiny_dataset
 
-from earl_service.bundle.format import PRECISIONS
+from earl_service.bundle.format import PAD_KEY, PRECISIONS
 from earl_service.bundle.sizes import MIN_DIM, BundleSizes, padded_metrics
 from earl_service.compress import search as compress_module
-from earl_service.compress.config import PAD_KEY, CompressConfig
+from earl_service.compress.config import CompressConfig
 from earl_service.compress.job import compress_settings
 from earl_service.compress.search import PICK, STATE
 from earl_service.data.dataset import load_dataset
@@ -152,7 +152,7 @@ def test_settings_default_to_every_model_and_precision():
 
 
 def test_the_api_floor_is_the_graph_bytes_of_every_bundle():
-    from earl_service.compress.config import graph_bytes
+    from earl_service.bundle.format import graph_bytes
 
     dataset = tiny_dataset()
     names = dataset.entities.names[: dataset.num_train_entities]
