@@ -225,7 +225,7 @@ def test_redis_scripts_ship_as_package_data():
     package = Path(earl_service.__file__).parent
     root = package.parent
     patterns = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]
-    scripts = [p.relative_to(package).as_posix() for p in (package / "worker" / "lua").glob("*.lua")]
-    assert sorted(scripts) == ["worker/lua/cancel.lua", "worker/lua/claim.lua", "worker/lua/delete_model.lua",
-                              "worker/lua/update_owned.lua"]
+    scripts = [p.relative_to(package).as_posix() for p in (package / "service" / "lua").glob("*.lua")]
+    assert sorted(scripts) == ["service/lua/cancel.lua", "service/lua/claim.lua", "service/lua/delete_model.lua",
+                              "service/lua/update_owned.lua"]
     assert all(any(fnmatch.fnmatch(s, pat) for pat in patterns["earl_service"]) for s in scripts)
