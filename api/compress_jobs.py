@@ -14,7 +14,7 @@ from typing import Any
 from earl_service.compress.config import CompressConfig, budget_floor
 from earl_service.compress.job import compress_settings
 from earl_service.config.options import recipe_options
-from earl_service.data.dataset import TripleTable
+from earl_service.data.triples import TripleTable
 from earl_service.errors import ConfigError, DatasetError
 from earl_service.service.home import ServiceHome
 

@@ -10,8 +10,9 @@ from pathlib import Path
 from fastapi import UploadFile
 
 from earl_service.config import DataConfig
-from earl_service.data.dataset import DEFAULT_MAX_BYTES, SPLIT_SUFFIXES, TripleTable, count_triples, read_table
+from earl_service.data.dataset import SPLIT_SUFFIXES
 from earl_service.data.labels import FILE_NAMES, Kind, check_label_file, is_json
+from earl_service.data.triples import DEFAULT_MAX_BYTES, TripleTable, count_triples, read_table
 from earl_service.errors import TripleFileError, TripleLimitError
 from earl_service.service.home import ServiceHome
 

@@ -38,7 +38,8 @@ from earl_service.compress.config import CompressConfig, parse_size
 from earl_service.compress.search import choose, compress, evaluate_bundle
 from earl_service.config import ModelConfig, TrainConfig
 from earl_service.data.dataset import load_dataset
-from earl_service.train.loop import BUNDLE, load_run, train
+from earl_service.train.loop import BUNDLE, train
+from earl_service.train.run import load_run
 
 TABLES = {"codex-s": (("0.5MB", "1MB", "2MB"), 10.0), "fb15k-237": (("2MB", "4MB", "8MB"), 60.0),
           "wn18rr": (("4MB",), 60.0)}

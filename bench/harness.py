@@ -197,7 +197,7 @@ def run_earl(ds: Dataset, cfg: ModelConfig, budget: Budget, out_dir: Path, *, op
 
 def test_earl(ds: Dataset, out_dir: Path, protocols: tuple[str, ...], *, seen: dict | None = None) -> dict:
     """Test metrics of a finished run's best checkpoint under each protocol (`seen`: pass the trainer's own)."""
-    from earl_service.train.loop import load_run
+    from earl_service.train.run import load_run
 
     run = None
     if seen is None:

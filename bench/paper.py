@@ -68,7 +68,8 @@ from harness import (
 from earl_service.atomic import write_json
 from earl_service.config import ModelConfig
 from earl_service.data.dataset import Dataset, load_dataset
-from earl_service.train.loop import CHECKPOINT, WARMUP_STEPS, cpu_has_native_bf16
+from earl_service.train.loop import CHECKPOINT, WARMUP_STEPS
+from earl_service.train.run import cpu_has_native_bf16
 
 
 def _amend(rec: dict, done: Path, why: str, figures: dict, before: str | None = None) -> dict:

@@ -37,7 +37,8 @@ from earl_service.config.options import train_configs_from_options
 from earl_service.config.recipes import DEFAULT, RECIPES
 from earl_service.data.dataset import load_dataset
 from earl_service.train.finetune import FineTune, fine_tune
-from earl_service.train.loop import BUNDLE, load_run, train
+from earl_service.train.loop import BUNDLE, train
+from earl_service.train.run import load_run
 
 SETTINGS = {"codex-s": {"minutes": 3.0, "earl_dim": 100, "goal": (400_000, 0.38)},
             "fb15k-237": {"minutes": 20.0, "earl_dim": 150, "goal": (2_000_000, 0.300)}}

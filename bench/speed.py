@@ -81,7 +81,7 @@ import json, time, torch
 torch.set_num_threads(2)
 from earl_service.config import ModelConfig
 from earl_service.data.dataset import load_dataset
-from earl_service.train.loop import Run
+from earl_service.train.run import Run
 ds = load_dataset({str(data)!r})
 run = Run.build(ds, ModelConfig(dim={dim}), torch.device("cpu"))
 t0 = time.perf_counter()
@@ -110,7 +110,7 @@ def main() -> None:
     steps, naive_steps = (10, 4) if args.quick else (args.steps, args.naive_steps)
 
     from earl_service.data.dataset import load_dataset
-    from earl_service.train.loop import cpu_has_native_bf16
+    from earl_service.train.run import cpu_has_native_bf16
 
     rows, results = [], {}
     for name in names:

@@ -30,7 +30,7 @@ import json, statistics, sys, time, torch
 torch.set_num_threads(2)
 from earl_service.config import ModelConfig
 from earl_service.data.dataset import load_dataset
-from earl_service.train.loop import Run
+from earl_service.train.run import Run
 ds = load_dataset(sys.argv[1])
 run = Run.build(ds, ModelConfig(dim=int(sys.argv[2])), torch.device("cpu"))
 times = []

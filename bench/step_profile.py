@@ -33,7 +33,9 @@ from speed import DATASETS
 from earl_service.config import ModelConfig, TrainConfig
 from earl_service.data.dataset import load_dataset
 from earl_service.train.distributed import Ranks
-from earl_service.train.loop import Learner, Run, loss_fn
+from earl_service.train.loop import Learner
+from earl_service.train.loss import loss_fn
+from earl_service.train.run import Run
 from earl_service.train.schedule import build_optimizer
 from earl_service.train.state import TrainState
 

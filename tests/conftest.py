@@ -60,7 +60,8 @@ def star_triples(leaves: int = 60) -> np.ndarray:
 
 def tiny_dataset():
     """40 entities, 3 relations: 250 train, 20 valid and the rest test triples of a random multigraph."""
-    from earl_service.data.dataset import Dataset, Vocab
+    from earl_service.data.dataset import Dataset
+    from earl_service.data.vocab import Vocab
 
     triples = random_triples(40, 3, 300, seed=3)
     triples = np.unique(triples, axis=0)

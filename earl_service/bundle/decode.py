@@ -24,7 +24,7 @@ from earl_service.bundle.format import (
     weights_manifest,
 )
 from earl_service.config import ModelConfig
-from earl_service.data.dataset import Vocab
+from earl_service.data.vocab import Vocab
 from earl_service.errors import BundleError
 
 F32_MAX = float(np.finfo(np.float32).max)

@@ -30,8 +30,9 @@ from earl_service.bundle.format import (
     write_safetensors,
 )
 from earl_service.config import ModelConfig
-from earl_service.data.dataset import Vocab, load_triples_file
+from earl_service.data.dataset import load_triples_file
 from earl_service.data.labels import Labels
+from earl_service.data.vocab import Vocab
 from earl_service.errors import BundleError
 from earl_service.version import __version__
 

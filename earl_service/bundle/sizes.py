@@ -18,7 +18,8 @@ from earl_service.bundle.codebooks import FALLBACK, PQTables, codes_for, is_pq, 
 from earl_service.bundle.format import PAD_KEY, graph_bytes, pack_labels, quantize
 from earl_service.bundle.model_io import Bundle
 from earl_service.config import ModelConfig, ModelKind
-from earl_service.data.dataset import Dataset, Vocab
+from earl_service.data.dataset import Dataset
+from earl_service.data.vocab import Vocab
 from earl_service.errors import BundleError
 from earl_service.model.graph import choose_reserved
 from earl_service.model.modules import build_model

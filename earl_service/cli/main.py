@@ -124,7 +124,7 @@ def _join_process_group(train_cfg: TrainConfig) -> TrainConfig:
     import torch
 
     from earl_service.train.distributed import init_process_group
-    from earl_service.train.loop import resolve_device
+    from earl_service.train.run import resolve_device
 
     device = resolve_device(train_cfg.device)
     if device.type == "cuda":  # one GPU per process
@@ -180,7 +180,7 @@ def _summary(metrics: dict) -> dict:
 
 def cmd_evaluate(a: argparse.Namespace) -> int:
     from earl_service.data.dataset import load_dataset
-    from earl_service.train.loop import load_run
+    from earl_service.train.run import load_run
 
     run = load_run(a.run_dir, load_dataset(a.data, data=data_config_from_options(vars(a))), device=a.device)
     print(json.dumps(run.evaluate(a.split, a.protocol, batch_size=a.batch_size, per_relation=a.per_relation),

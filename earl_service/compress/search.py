@@ -28,7 +28,8 @@ from earl_service.data.dataset import Dataset
 from earl_service.errors import ConfigError, DatasetError
 from earl_service.train.evaluate import SUMMARY_KEYS
 from earl_service.train.finetune import FineTune, fine_tune
-from earl_service.train.loop import BUNDLE, Run, load_run, resolve_device, train
+from earl_service.train.loop import BUNDLE, train
+from earl_service.train.run import Run, load_run, resolve_device
 
 log = logging.getLogger(__name__)
 

@@ -2,6 +2,7 @@
 synthetic graphs. Numpy only; imports `errors`, `atomic`, `provenance`, `config`; nothing above.
 """
 
-from earl_service.data.dataset import Dataset, Vocab, load_dataset, load_triples_file
+from earl_service.data.dataset import Dataset, load_dataset, load_triples_file
+from earl_service.data.vocab import Vocab
 
 __all__ = ["Dataset", "Vocab", "load_dataset", "load_triples_file"]

@@ -57,7 +57,8 @@ class SyntheticKG:
 
     def to_dataset(self):
         """The graph as an `earl_service.data.dataset.Dataset` with names e<i> / r<i> (no text files involved)."""
-        from earl_service.data.dataset import Dataset, Vocab
+        from earl_service.data.dataset import Dataset
+        from earl_service.data.vocab import Vocab
 
         return Dataset(entities=Vocab([f"e{i}" for i in range(self.num_entities)]),
                        relations=Vocab([f"r{i}" for i in range(self.num_relations)], kind="relation"),

@@ -20,7 +20,7 @@ import numpy as np
 from earl_service.bundle.decode import DecodedBundle, decode
 from earl_service.bundle.format import read_safetensors
 from earl_service.core import knn as core_knn
-from earl_service.data.dataset import Vocab
+from earl_service.data.vocab import Vocab
 from earl_service.errors import BundleError
 from earl_service.serve.predictor import LinkPredictor
 

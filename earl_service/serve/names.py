@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from earl_service.data.dataset import Vocab
+from earl_service.data.vocab import Vocab
 from earl_service.errors import AmbiguousNameError, UnknownEntityError, UnknownRelationError
 
 # Scores: an exact match 1; a prefix match in (0.5, 1), higher the more of the string the query covers; a fuzzy

@@ -12,7 +12,7 @@ import numpy as np
 
 from earl_service.core import rotate
 from earl_service.core.known import KnownAnswers, Side
-from earl_service.data.dataset import Vocab
+from earl_service.data.vocab import Vocab
 from earl_service.errors import ConfigError
 from earl_service.serve.index import CALIBRATION_QUERIES, HNSW_THRESHOLD, ProxyIndex, SampleQuery
 from earl_service.serve.names import NameSearch, Page

@@ -13,7 +13,8 @@ from torch.nn.utils import parametrize
 from earl_service.bundle.codebooks import PQTables, stored_values
 from earl_service.config import TrainConfig
 from earl_service.train.distributed import Ranks
-from earl_service.train.loop import Learner, Run, train_step
+from earl_service.train.loop import Learner, train_step
+from earl_service.train.run import Run
 from earl_service.train.state import TrainState
 
 

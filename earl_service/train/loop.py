@@ -1,4 +1,4 @@
-"""The training loop: negative sampling, self-adversarial loss, the steps, validation, early stopping, outputs."""
+"""The training loop: set up, the steps, validation on a cadence, early stopping, checkpoints and outputs."""
 
 from __future__ import annotations
 
@@ -14,23 +14,21 @@ from typing import Any
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from earl_service.bundle.model_io import Bundle, bundle_from_model
 from earl_service.config import ModelConfig, TrainConfig
-from earl_service.core.known import KnownAnswers
-from earl_service.data.dataset import Dataset, Vocab
-from earl_service.errors import ConfigError, DatasetError, RunError
-from earl_service.model.graph import Graph, build_graph, choose_reserved
-from earl_service.model.kernels import extension_available, rotate_distance
-from earl_service.model.modules import EARL, RotatE, build_model, trainable_parameters
+from earl_service.data.dataset import Dataset
+from earl_service.data.vocab import Vocab
+from earl_service.errors import ConfigError
+from earl_service.model.kernels import extension_available
+from earl_service.model.modules import trainable_parameters
 from earl_service.provenance import provenance
-from earl_service.train.checkpoint import CHECKPOINT, Checkpointer, load_best
+from earl_service.train.checkpoint import CHECKPOINT, Checkpointer
 from earl_service.train.distributed import Ranks, wrap
-from earl_service.train.evaluate import rank_triples, summarize, summarize_per_relation
+from earl_service.train.loss import NegativeSampler, loss_fn, sampled_loss
 from earl_service.train.memory import MemoryUse, peak_rss_mb, reset_peak_rss
 from earl_service.train.outputs import BUNDLE, write_run_outputs
-from earl_service.train.sampling import NeighborIndex, embed_all
+from earl_service.train.run import Run, bf16_autocast, resolve_device
 from earl_service.train.schedule import build_optimizer, set_lr
 from earl_service.train.state import TrainState
 from earl_service.version import __version__
@@ -40,202 +38,6 @@ log = logging.getLogger(__name__)
 WARMUP_STEPS = 3  # first steps left out of median_step_seconds (allocator, caches and kernels warming up)
 
 ProgressCallback = Callable[[dict[str, Any]], None]
-
-
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name.startswith("cuda") and not torch.cuda.is_available():
-        raise ConfigError("--device cuda was asked for, but torch sees no CUDA device")
-    return torch.device(name)
-
-
-class NegativeSampler:
-    """Uniform corruptions with replacement, resampled where they hit a known true answer from train."""
-
-    def __init__(self, train: np.ndarray, num_entities: int, num_relations: int, device: torch.device):
-        self.n, self.r = num_entities, num_relations
-        h, r, t = (torch.as_tensor(train[:, i], dtype=torch.long) for i in range(3))
-        self.tail_keys = torch.unique((h * num_relations + r) * num_entities + t).to(device)  # sorted
-        self.head_keys = torch.unique((t * num_relations + r) * num_entities + h).to(device)
-        self.device = device
-
-    def _known(self, keys: torch.Tensor, query: torch.Tensor, candidates: torch.Tensor) -> torch.Tensor:
-        """Whether (query, candidate) is a true pair; query and candidates broadcast together."""
-        probe = query * self.n + candidates
-        pos = torch.searchsorted(keys, probe).clamp(max=keys.numel() - 1)
-        return keys[pos] == probe
-
-    def known_masks(
-        self, h: torch.Tensor, r: torch.Tensor, t: torch.Tensor, neg_heads: torch.Tensor, neg_tails: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """(B,) positives and (B, K) candidates -> (B, K) bool each: the candidate makes a known true triple."""
-        return (self._known(self.head_keys, (t * self.r + r)[:, None], neg_heads),
-                self._known(self.tail_keys, (h * self.r + r)[:, None], neg_tails))
-
-    def sample(
-        self, h: torch.Tensor, r: torch.Tensor, t: torch.Tensor, k: int, gen: torch.Generator, max_rounds: int = 20
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """(B,) positives -> (neg_heads (B, K), neg_tails (B, K)) entity ids."""
-        out = []
-        for keys, query in ((self.head_keys, t * self.r + r), (self.tail_keys, h * self.r + r)):
-            cand = torch.randint(0, self.n, (h.numel(), k), generator=gen).to(self.device)
-            flat = cand.view(-1)
-            bad = self._known(keys, query[:, None], cand).view(-1).nonzero().squeeze(1)  # (M,) flat positions
-            # Redraw only the hits, a few rounds (queries with thousands of true answers need more than one).
-            for _ in range(max_rounds):
-                if bad.numel() == 0:
-                    break
-                flat[bad] = torch.randint(0, self.n, (bad.numel(),), generator=gen).to(self.device)
-                bad = bad[self._known(keys, query[bad // k], flat[bad])]
-            out.append(cand)
-        return out[0], out[1]
-
-
-def loss_fn(
-    scorer: RotatE, entities: torch.Tensor, relations: torch.Tensor, batch: torch.Tensor,
-    neg_heads: torch.Tensor, neg_tails: torch.Tensor, adversarial_temperature: float,
-    *, ignore: tuple[torch.Tensor, torch.Tensor] | None = None,
-) -> torch.Tensor:
-    """Self-adversarial negative-sampling loss over both corruption sides.
-
-    loss = -(mean_b log s(g - d_pos) + mean_{b,side} sum_j w_j log s(d_neg_j - g)) / 2, w = softmax(a (g - d_neg))
-    detached, taken within each side's K negatives. `ignore` (head mask, tail mask), each (B, K) bool, drops
-    negatives that are true triples (sampled training shares negatives, so they cannot be redrawn per row).
-    """
-    h, r, t = batch[:, 0], batch[:, 1], batch[:, 2]
-    rel = relations[r]  # (B, d)
-    # One gather for heads and tails: its backward is one scatter into an (N, 2d) zero buffer, not one per use.
-    head, tail = entities[torch.cat([h, t])].chunk(2)  # (B, 2d) each
-    head_rot = scorer.rotate(head, rel)  # h o r, (B, 2d)
-    tail_rot = scorer.rotate(tail, rel, inverse=True)  # conj(r) o t, (B, 2d)
-    pos = scorer.gamma - scorer.distance(head_rot, tail)  # (B,)
-    # Tail corruptions compare h o r with t'; head corruptions compare h' with conj(r) o t (|r_i| = 1).
-    query = torch.cat([head_rot, tail_rot])  # (2B, 2d)
-    neg = scorer.gamma - rotate_distance(query, entities, torch.cat([neg_tails, neg_heads]))  # (2B, K)
-    if ignore is None:
-        weights = torch.softmax(adversarial_temperature * neg, dim=1).detach()
-    else:
-        skip = torch.cat([ignore[1], ignore[0]])  # (2B, K), ordered like `query`
-        logits = (adversarial_temperature * neg).masked_fill(skip, float("-inf"))
-        weights = torch.softmax(logits, dim=1).nan_to_num(0.0).detach()  # a row with nothing left adds 0
-    neg_term = (weights * F.logsigmoid(-neg)).sum(1).mean()
-    return -(F.logsigmoid(pos).mean() + neg_term) / 2
-
-
-def cpu_has_native_bf16() -> bool:
-    """Whether this CPU multiplies bfloat16 natively (AVX512-BF16 or AMX); False where unknown.
-
-    Not torch.ops.mkldnn._is_mkldnn_bf16_supported(): that holds on any AVX-512 CPU (Skylake-X, Cascade Lake,
-    Ice Lake), where oneDNN emulates bfloat16 several times slower than float32.
-    """
-    checks = [getattr(torch.cpu, name, None) for name in ("_is_avx512_bf16_supported", "_is_amx_tile_supported")]
-    try:
-        return any(bool(check()) for check in checks if check is not None)
-    except RuntimeError:
-        return False
-
-
-@dataclass
-class Run:
-    """Everything built once for a dataset and model config.
-
-    Full-graph training holds the training `graph`; sampled training holds a `NeighborIndex` instead (and
-    evaluates with exact layer-wise inference over it, never materialising the full-graph encoder).
-    """
-
-    dataset: Dataset
-    model_config: ModelConfig
-    graph: Graph | None  # training graph over the training entities (None for sampled training)
-    model: torch.nn.Module
-    scorer: RotatE
-    known: KnownAnswers | None = None  # every true triple, for filtered ranking; built on first evaluation
-    index: NeighborIndex | None = None  # sampled training: neighbourhoods and encoder inputs of every entity
-
-    @classmethod
-    def build(cls, dataset: Dataset, model_config: ModelConfig, device: torch.device, *, sampled: bool = False) -> Run:
-        n, num_rel = dataset.num_train_entities, dataset.num_relations
-        reserved = (
-            choose_reserved(n, model_config.reserved_ratio, model_config.seed)
-            if model_config.model == "earl" and model_config.uses_reserved
-            else torch.zeros(0, dtype=torch.long)
-        )
-        model = build_model(model_config, n, num_rel, reserved).to(device)
-        cfg = model_config
-        if sampled:
-            index = NeighborIndex(dataset.train, n, num_rel, reserved, k=cfg.k, temperature=cfg.knn_temperature)
-            return cls(dataset, model_config, None, model, RotatE(model_config), index=index)
-        graph = build_graph(dataset.train, n, num_rel, reserved, **cfg.graph_options)
-        return cls(dataset, model_config, graph.to(device), model, RotatE(model_config))
-
-    @property
-    def device(self) -> torch.device:
-        return next(self.model.parameters()).device
-
-    def _reserved(self) -> torch.Tensor:
-        graph_or_index = self.graph if self.graph is not None else self.index
-        assert graph_or_index is not None
-        return graph_or_index.reserved.cpu()
-
-    def graph_for(self, protocol: str) -> Graph:
-        """`seen`: the training graph. `all`: the same graph plus valid/test-only entities as isolated nodes."""
-        if self.graph is not None and (protocol == "seen" or self.dataset.num_entities == self.dataset.num_train_entities):
-            return self.graph
-        n = self.dataset.num_train_entities if protocol == "seen" else self.dataset.num_entities
-        g = build_graph(self.dataset.train, n, self.dataset.num_relations, self._reserved(),
-                        **self.model_config.graph_options)
-        return g.to(self.device)
-
-    def index_for(self, protocol: str) -> NeighborIndex:
-        assert self.index is not None
-        if protocol == "seen" or self.dataset.num_entities == self.dataset.num_train_entities:
-            return self.index
-        cfg = self.model_config
-        return NeighborIndex(self.dataset.train, self.dataset.num_entities, self.dataset.num_relations,
-                             self._reserved(), k=cfg.k, temperature=cfg.knn_temperature)
-
-    @torch.no_grad()
-    def embed(self, protocol: str = "seen") -> tuple[torch.Tensor, torch.Tensor]:
-        """Every entity's embedding (N, 2d) and the relations' (R, d) under `protocol`."""
-        if self.index is not None and isinstance(self.model, EARL):
-            return embed_all(self.model, self.index_for(protocol))
-        return self.model(self.graph_for(protocol))
-
-    @torch.no_grad()
-    def ranked_triples(self, split: str, protocol: str = "seen", *, limit: int = 0) -> np.ndarray:
-        """The triples `evaluate` ranks: `split`'s (under "seen", those whose entities training saw), or a fixed
-        random subset of `limit` of them (0: all)."""
-        triples = self.dataset.split(split)
-        if protocol == "seen":
-            triples = triples[self.dataset.seen_mask(triples)]
-        elif protocol != "all":
-            raise ConfigError(f"protocol must be 'seen' or 'all', not {protocol!r}")
-        if limit and len(triples) > limit:
-            triples = triples[np.random.default_rng(0).choice(len(triples), limit, replace=False)]
-        return triples
-
-    def evaluate(self, split: str, protocol: str = "seen", *, batch_size: int = 256, limit: int = 0,
-                 per_relation: bool = False) -> dict:
-        """Filtered metrics of `split` (both directions pooled, then "tail" and "head"); with `per_relation` also
-        "per_relation": {relation name: metrics of its triples}."""
-        triples = self.ranked_triples(split, protocol, limit=limit)
-        if self.known is None:
-            self.known = KnownAnswers(_all_triples(self.dataset), self.dataset.num_relations)
-        self.model.eval()
-        entities, relations = self.embed(protocol)
-        ranks = rank_triples(entities.float(), relations.float(), self.scorer, triples, self.known,
-                             batch_size=batch_size)
-        self.model.train()
-        result = summarize(ranks)
-        out = {**result["both"], "protocol": protocol, "split": split, "tail": result["tail"], "head": result["head"]}
-        if per_relation:
-            out["per_relation"] = summarize_per_relation(ranks, triples[:, 1], self.dataset.relations.names)
-        return out
-
-
-def _all_triples(dataset: Dataset) -> np.ndarray:
-    parts = [dataset.train] + [x for x in (dataset.valid, dataset.test) if x is not None]
-    return np.concatenate(parts)
 
 
 @dataclass(frozen=True)
@@ -300,27 +102,7 @@ class Learner:
         ds = run.dataset
         sampler = NegativeSampler(ds.train, ds.num_train_entities, ds.num_relations, device)
         return cls(run, wrap(run.model, ranks, device), optimizer, sampler, torch.as_tensor(ds.train, dtype=torch.long),
-                   cfg, ranks, device, _bf16_autocast(cfg, device), cfg.fanout_for(run.model_config.gnn_layers))
-
-
-def native_bf16(device: torch.device) -> bool:
-    """Whether `device` multiplies bfloat16 natively: AVX512-BF16 or AMX on a CPU, a bf16-capable CUDA GPU."""
-    if device.type == "cuda":
-        with torch.cuda.device(device):  # the chosen GPU, not the current one
-            return torch.cuda.is_bf16_supported(including_emulation=False)
-    return device.type == "cpu" and cpu_has_native_bf16()
-
-
-def _bf16_autocast(cfg: TrainConfig, device: torch.device) -> bool:
-    """Whether the steps autocast to bfloat16 (`--compute`); says why in the log when it is not plain fp32."""
-    native = native_bf16(device)
-    if cfg.compute == "auto":
-        log.info("--compute auto: %s on this %s", "bf16 (native)" if native else "fp32 (no native bf16)", device.type)
-        return native
-    if cfg.compute == "bf16" and not native:
-        log.warning("--compute bf16: this %s has no native bfloat16 matmul (CPU: no AVX512-BF16 / AMX); autocast "
-                    "emulates it and is several times slower than float32 here (bench/results/speed.md)", device.type)
-    return cfg.compute == "bf16"
+                   cfg, ranks, device, bf16_autocast(cfg, device), cfg.fanout_for(run.model_config.gnn_layers))
 
 
 def train_step(learner: Learner, state: TrainState) -> float:
@@ -332,7 +114,7 @@ def train_step(learner: Learner, state: TrainState) -> float:
     with torch.autocast(learner.device.type, dtype=torch.bfloat16, enabled=learner.autocast):
         if cfg.sampled:
             rng = np.random.default_rng([cfg.seed, state.step, ranks.rank])
-            loss, encoded = _sampled_loss(learner.net, run, learner.sampler, batch, rows, cfg, learner.fanout,
+            loss, encoded = sampled_loss(learner.net, run, learner.sampler, batch, rows, cfg, learner.fanout,
                                           state.rng, rng)
             state.history.encoded.append(encoded)
         else:
@@ -544,41 +326,6 @@ def _check_sampled(cfg: TrainConfig, model_config: ModelConfig) -> None:
                           "input row per entity of the whole graph")
 
 
-def _sampled_loss(
-    net: torch.nn.Module, run: Run, sampler: NegativeSampler, batch: torch.Tensor, rows: slice, cfg: TrainConfig,
-    fanout: list[int | None], gen: torch.Generator, rng: np.random.Generator,
-) -> tuple[torch.Tensor, int]:
-    """This rank's rows of the global batch, encoded through sampled neighbourhoods: the mean loss over them
-    and the number of entities encoded.
-
-    Each chunk of `negative_chunk` consecutive positives shares K head and K tail corruptions (drawn for the
-    whole global batch from `gen`, so every rank and a single process see the same ones). The entities to
-    encode are then the rows' heads and tails plus 2K per chunk, whatever the size of the graph.
-    """
-    assert run.index is not None
-    device = batch.device
-    size, k = len(batch), cfg.negatives
-    chunk = cfg.negative_chunk or size
-    chunks = -(-size // chunk)
-    negatives = torch.randint(0, run.index.num_entities, (2, chunks, k), generator=gen)  # heads, tails
-    mine = batch[rows].cpu()  # (b, 3)
-    b = len(mine)
-    row_chunk = torch.arange(rows.start, rows.start + b) // chunk  # (b,) global chunk of each row
-    first = int(row_chunk[0])
-    used = negatives[:, first : int(row_chunk[-1]) + 1]  # (2, c, K) the chunks these rows touch
-    seeds, local = torch.unique(torch.cat([mine[:, 0], mine[:, 2], used.reshape(-1)]), return_inverse=True)
-    sub = run.index.sample(seeds.numpy(), fanout, rng).to(device)
-    local_batch = torch.stack([local[:b], mine[:, 1], local[b : 2 * b]], 1).to(device)  # (b, 3) local entity ids
-    local_neg = local[2 * b :].reshape(used.shape)[:, row_chunk - first].to(device)  # (2, b, K)
-    global_neg = used[:, row_chunk - first].to(device)  # (2, b, K)
-    h, r, t = (mine[:, i].to(device) for i in range(3))
-    ignore = sampler.known_masks(h, r, t, global_neg[0], global_neg[1])  # shared negatives that are true triples
-    entities, relations = net(sub.inputs, sub.layers)  # (n_seeds, 2d), (R, d)
-    loss = loss_fn(run.scorer, entities.float(), relations.float(), local_batch, local_neg[0], local_neg[1],
-                   cfg.adversarial_temperature, ignore=ignore)
-    return loss, sub.nodes.numel()
-
-
 def _progress_bar(cfg: TrainConfig, initial: int):
     if not cfg.progress:
         return None
@@ -587,42 +334,4 @@ def _progress_bar(cfg: TrainConfig, initial: int):
     return tqdm(total=cfg.steps, initial=initial, desc="train", unit="step", dynamic_ncols=True, mininterval=1.0)
 
 
-def load_run(run_dir: str | os.PathLike, dataset: Dataset, *, device: str = "auto") -> Run:
-    """Rebuild a trained run (config from its checkpoint, weights from best.pt) over `dataset`."""
-    run_dir = Path(run_dir)
-    if not (run_dir / CHECKPOINT).exists():
-        raise RunError(f"{run_dir} holds no {CHECKPOINT}: is it a run directory written by `earl train`?")
-    dev = resolve_device(device)
-    ckpt = torch.load(run_dir / CHECKPOINT, map_location="cpu", weights_only=True)
-    _check_vocab(run_dir, ckpt.get("vocab"), dataset)
-    sampled = bool(ckpt.get("train_config", {}).get("sampled", False))  # evaluate a big graph layer by layer too
-    run = Run.build(dataset, ModelConfig.from_dict(ckpt["model_config"]), dev, sampled=sampled)
-    try:
-        load_best(run_dir, run.model)
-    except RuntimeError as exc:  # a run from before checkpoints kept the vocabulary: shapes are all it can tell
-        if "size mismatch" not in str(exc):
-            raise
-        raise DatasetError(f"this data does not match the run in {run_dir}: its model was trained on other "
-                           f"entities or relations (this data: {dataset.num_train_entities:,} training entities, "
-                           f"{dataset.num_relations:,} relations); evaluate against the data it was trained on"
-                           ) from None
-    return run
-
-
-def _check_vocab(run_dir: Path, trained: dict[str, Any] | None, dataset: Dataset) -> None:
-    """DatasetError unless ``dataset``'s training entities and relations are the run's, in the same order."""
-    given = dataset.vocab_signature()
-    if trained is None or trained == given:
-        return
-    counts = (f"the run was trained on {trained['entities']:,} entities and {trained['relations']:,} relations, "
-              f"this data has {given['entities']:,} training entities and {given['relations']:,} relations")
-    if (trained["entities"], trained["relations"]) == (given["entities"], given["relations"]):
-        counts = "the counts agree but the names (or their order) differ"
-    raise DatasetError(f"this data does not match the run in {run_dir}: {counts}; evaluate against the data it "
-                       "was trained on (the same train file)")
-
-
-__all__ = [
-    "BUNDLE", "CHECKPOINT", "WARMUP_STEPS", "NegativeSampler", "Run", "StopRules", "cpu_has_native_bf16", "load_run",
-    "loss_fn", "native_bf16", "resolve_device", "train", "train_step",
-]
+__all__ = ["BUNDLE", "CHECKPOINT", "WARMUP_STEPS", "Learner", "StopRules", "train", "train_step"]

@@ -14,7 +14,9 @@ from earl_service.bundle.model_io import load_bundle
 from earl_service.config import ModelConfig, TrainConfig
 from earl_service.data.dataset import load_dataset
 from earl_service.model.kernels import rotate_distance, rotate_distance_all
-from earl_service.train.loop import BUNDLE, NegativeSampler, Run, load_run, loss_fn, train
+from earl_service.train.loop import BUNDLE, train
+from earl_service.train.loss import NegativeSampler, loss_fn
+from earl_service.train.run import Run, load_run
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
 CUDA = torch.device("cuda")

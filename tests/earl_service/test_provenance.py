@@ -15,7 +15,8 @@ from earl_service.bundle.model_io import load_bundle
 from earl_service.cli.main import main
 from earl_service.errors import DatasetError
 from earl_service.provenance import git_commit, provenance
-from earl_service.train.loop import CHECKPOINT, load_run
+from earl_service.train.loop import CHECKPOINT
+from earl_service.train.run import load_run
 
 TINY = ["--steps", "2", "--dim", "4", "--k", "2", "--batch-size", "16", "--negatives", "4", "--eval-every", "0",
         "--no-progress", "--no-final-eval", "--threads", "1"]

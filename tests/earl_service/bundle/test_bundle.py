@@ -18,7 +18,8 @@ from earl_service.config import ModelConfig, TrainConfig
 from earl_service.data.dataset import load_dataset
 from earl_service.device import reader as edge
 from earl_service.errors import BundleError
-from earl_service.train.loop import BUNDLE, load_run, train
+from earl_service.train.loop import BUNDLE, train
+from earl_service.train.run import load_run
 
 sys.path.insert(0, str(REPO / "bench"))
 import abuse  # noqa: E402 - the hostile bundles of issue 34, shared with bench/abuse.py

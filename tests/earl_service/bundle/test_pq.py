@@ -18,13 +18,16 @@ from earl_service.bundle.format import write_safetensors
 from earl_service.bundle.model_io import bundle_from_model, load_bundle
 from earl_service.bundle.sizes import BundleSizes, padded_metrics, save_exact
 from earl_service.config import ModelConfig, TrainConfig
-from earl_service.data.dataset import Vocab, load_dataset
+from earl_service.data.dataset import load_dataset
+from earl_service.data.vocab import Vocab
 from earl_service.device import reader as edge
 from earl_service.errors import BundleError
 from earl_service.model.graph import choose_reserved
 from earl_service.model.modules import build_model
 from earl_service.train.finetune import FineTune, Gather, fine_tune
-from earl_service.train.loop import BUNDLE, load_run, loss_fn, train
+from earl_service.train.loop import BUNDLE, train
+from earl_service.train.loss import loss_fn
+from earl_service.train.run import load_run
 
 TRAIN = TrainConfig(steps=60, batch_size=512, negatives=32, lr=3e-3, eval_every=0, progress=False, threads=1)
 

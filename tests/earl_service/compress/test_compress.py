@@ -22,8 +22,9 @@ from earl_service.compress import search as compress_module
 from earl_service.compress.config import CompressConfig, budget_floor, parse_size
 from earl_service.compress.search import PICK, STATE, compress
 from earl_service.config import MODELS, TrainConfig
-from earl_service.data.dataset import Dataset, Vocab, load_dataset
+from earl_service.data.dataset import Dataset, load_dataset
 from earl_service.data.labels import Labels
+from earl_service.data.vocab import Vocab
 from earl_service.errors import BundleError, ConfigError, DatasetError
 from earl_service.model.graph import choose_reserved
 from earl_service.model.modules import build_model

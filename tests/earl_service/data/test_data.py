@@ -10,9 +10,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from earl_service.data import dataset as data
-from earl_service.data.dataset import Vocab, count_triples, load_dataset, load_triples_file, read_table, read_triples
+from earl_service.data import triples
+from earl_service.data.dataset import load_dataset, load_triples_file
 from earl_service.data.readers import text
+from earl_service.data.triples import count_triples, read_table, read_triples
+from earl_service.data.vocab import Vocab
 from earl_service.errors import (
     DatasetError,
     EarlError,
@@ -215,13 +217,13 @@ def test_keys_widen_as_the_vocabulary_grows(tmp_path, monkeypatch):
     """Packed keys start narrow here, so every new power of two of entities re-keys what is kept."""
     path = write(tmp_path / "train.txt", "".join(f"e{i % 37}\tr{i % 5}\te{i * 7 % 41}\n" for i in range(400)))
     expected = read_table(path)
-    monkeypatch.setattr(data, "_ENTITY_BITS", 1)
+    monkeypatch.setattr(triples, "_ENTITY_BITS", 1)
     monkeypatch.setattr(text, "_CHUNK", 64)
     table = read_table(path)
     assert (table.entities, table.ids.tolist(), table.duplicates) == (expected.entities, expected.ids.tolist(),
                                                                       expected.duplicates)
     with pytest.raises(TripleFileError, match="too many distinct names to index"):
-        data._key_bits(path, 2**27 + 1, 1024)  # 27 + 27 + 10 bits: more than one int64 holds
+        triples._key_bits(path, 2**27 + 1, 1024)  # 27 + 27 + 10 bits: more than one int64 holds
 
 
 # --- count_triples: the upload check's reader ---------------------------------------------------------------

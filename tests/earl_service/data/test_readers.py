@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from earl_service.config import DataConfig
-from earl_service.data.dataset import Dataset, load_dataset, read_table, read_triples
+from earl_service.data.dataset import Dataset, load_dataset
+from earl_service.data.triples import read_table, read_triples
 from earl_service.errors import ConfigError, DatasetError, TripleFileError
 
 TRIPLES = [("a", "r1", "b"), ("b", "r2", "c"), ("c", "r1", "a")]

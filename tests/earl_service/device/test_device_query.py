@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from earl_service.data.dataset import Vocab
+from earl_service.data.vocab import Vocab
 from earl_service.device.reader import EdgeModel
 from earl_service.errors import ConfigError
 from earl_service.serve.predictor import LinkPredictor

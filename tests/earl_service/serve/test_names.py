@@ -2,7 +2,7 @@
 
 import pytest
 
-from earl_service.data.dataset import Vocab
+from earl_service.data.vocab import Vocab
 from earl_service.errors import AmbiguousNameError, UnknownEntityError, UnknownRelationError
 from earl_service.serve.names import CANDIDATES_SHOWN, NameSearch
 

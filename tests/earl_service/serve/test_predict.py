@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from earl_service.bundle.model_io import load_bundle
-from earl_service.data.dataset import Vocab
+from earl_service.data.vocab import Vocab
 from earl_service.errors import ConfigError, UnknownEntityError, UnknownRelationError
 from earl_service.serve.predictor import LinkPredictor
 

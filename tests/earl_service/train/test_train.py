@@ -10,8 +10,10 @@ from conftest import codex_s_path, tiny_dataset
 
 from earl_service.cli.main import main
 from earl_service.config import ModelConfig, TrainConfig
-from earl_service.data.dataset import Dataset, Vocab, load_dataset
-from earl_service.train.loop import CHECKPOINT, NegativeSampler, StopRules, train
+from earl_service.data.dataset import Dataset, load_dataset
+from earl_service.data.vocab import Vocab
+from earl_service.train.loop import CHECKPOINT, StopRules, train
+from earl_service.train.loss import NegativeSampler
 from earl_service.train.state import TrainState
 
 FAST = dict(batch_size=32, negatives=8, eval_every=5, eval_batch_size=16, progress=False, checkpoint_every=5)
@@ -93,11 +95,11 @@ def test_steps_zero_writes_metrics(tmp_path):
 
 @pytest.mark.parametrize("native", [True, False])
 def test_bf16_trains_and_warns_where_the_cpu_only_emulates_it(tmp_path, monkeypatch, caplog, native):
-    from earl_service.train import loop as train_module
+    from earl_service.train import run as run_module
 
-    monkeypatch.setattr(train_module, "cpu_has_native_bf16", lambda: native)
+    monkeypatch.setattr(run_module, "cpu_has_native_bf16", lambda: native)
     cfg = TrainConfig(steps=2, batch_size=32, negatives=4, eval_every=0, compute="bf16", progress=False)
-    with caplog.at_level("WARNING", logger="earl_service.train.loop"):
+    with caplog.at_level("WARNING", logger="earl_service.train.run"):
         metrics = train(tiny_dataset(), ModelConfig(dim=4, k=3), cfg, tmp_path, final_eval=False, write_bundle=False)
     assert metrics["steps"] == 2 and metrics["compute_used"] == "bf16"
     assert ("no native bfloat16" in caplog.text) is (not native)
@@ -105,19 +107,19 @@ def test_bf16_trains_and_warns_where_the_cpu_only_emulates_it(tmp_path, monkeypa
 
 @pytest.mark.parametrize("native", [True, False])
 def test_compute_auto_takes_bf16_only_where_it_is_native_and_says_so(monkeypatch, caplog, native):
-    from earl_service.train import loop as train_module
+    from earl_service.train import run as train_module
 
     monkeypatch.setattr(train_module, "cpu_has_native_bf16", lambda: native)
-    with caplog.at_level("INFO", logger="earl_service.train.loop"):
-        autocast = train_module._bf16_autocast(TrainConfig(compute="auto"), torch.device("cpu"))
+    with caplog.at_level("INFO", logger="earl_service.train.run"):
+        autocast = train_module.bf16_autocast(TrainConfig(compute="auto"), torch.device("cpu"))
     assert autocast is native
     assert ("bf16 (native)" if native else "fp32 (no native bf16)") in caplog.text
-    assert train_module._bf16_autocast(TrainConfig(), torch.device("cpu")) is False  # fp32 unless asked
+    assert train_module.bf16_autocast(TrainConfig(), torch.device("cpu")) is False  # fp32 unless asked
 
 
 def test_native_bf16_means_avx512_bf16_or_amx_not_any_avx512(monkeypatch):
     """torch.ops.mkldnn._is_mkldnn_bf16_supported() holds on every AVX-512 CPU, emulating CPUs included."""
-    from earl_service.train import loop as train_module
+    from earl_service.train import run as train_module
 
     for avx512_bf16, amx, native in ((False, False, False), (True, False, True), (False, True, True)):
         monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda v=avx512_bf16: v)
@@ -132,7 +134,7 @@ def test_a_config_written_with_the_old_bf16_switch_still_reads():
 
 
 def _loss_and_grads(run, batch, negatives, *, bf16: bool):
-    from earl_service.train.loop import loss_fn
+    from earl_service.train.loss import loss_fn
 
     run.model.zero_grad()
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
@@ -145,7 +147,7 @@ def _loss_and_grads(run, batch, negatives, *, bf16: bool):
 def test_bf16_loss_and_gradients_match_fp32_within_bf16_rounding():
     """bf16 keeps 8 bits of mantissa (relative rounding 2^-8 = 0.4%): the loss within 1%, each gradient within
     5% of its norm and pointing the same way (cosine > 0.998), on a small graph with fp32 master weights."""
-    from earl_service.train.loop import Run
+    from earl_service.train.run import Run
 
     ds = tiny_dataset()
     run = Run.build(ds, ModelConfig(dim=16, k=3), torch.device("cpu"))
@@ -166,7 +168,7 @@ def test_bf16_encoding_ranks_codex_s_as_fp32_does(tmp_path):
     answer's rank unchanged for most queries."""
     from earl_service.core.known import KnownAnswers
     from earl_service.train.evaluate import rank_triples
-    from earl_service.train.loop import Run, load_run
+    from earl_service.train.run import Run, load_run
 
     ds = load_dataset(codex_s_path())
     train(ds, ModelConfig(dim=32), TrainConfig(steps=150, batch_size=512, negatives=64, lr=3e-3, eval_every=0,
@@ -217,7 +219,7 @@ def test_protocols_seen_and_all(tmp_path):
     ds = Dataset(entities=Vocab(names), relations=base.relations, num_train_entities=40, train=base.train,
                  valid=base.valid, test=np.concatenate([base.test, unseen]))
     train(ds, ModelConfig(dim=4, k=3, reserved_ratio=0.2), TrainConfig(steps=3, **FAST), tmp_path, final_eval=False)
-    from earl_service.train.loop import load_run
+    from earl_service.train.run import load_run
 
     run = load_run(tmp_path, ds, device="cpu")
     seen, everything = run.evaluate("test", "seen"), run.evaluate("test", "all")
@@ -311,7 +313,7 @@ def test_loss_equals_its_formula_in_values_and_gradients():
     """loss = -(mean log s(g - d_pos) + mean_{b,side} sum_j w_j log s(d_neg_j - g)) / 2, w = softmax(a (g - d_neg))."""
     from earl_service.config import ModelConfig as MC
     from earl_service.model.modules import RotatE as Scorer
-    from earl_service.train.loop import loss_fn
+    from earl_service.train.loss import loss_fn
 
     gen = torch.Generator().manual_seed(0)
     scorer = Scorer(MC(dim=3))
