@@ -1,11 +1,13 @@
 """The package's layers, checked: every import in earl_service/ runs down the layer list, and no modules
 import each other in a circle (imports inside functions count: a lazy import that dodges a circle is one).
 
-    python scripts/layers.py            # prints each layer with what it imports; exit 1 on a violation
+    python scripts/layers.py                          # prints each layer with what it imports; exit 1 on a violation
+    python scripts/layers.py --draw docs/layers.png   # the same check, and the layers drawn (matplotlib)
 """
 
 from __future__ import annotations
 
+import argparse
 import ast
 import sys
 from collections import defaultdict
@@ -124,7 +126,51 @@ def unit_edges(edges: dict[str, set[str]]) -> dict[str, set[str]]:
     return out
 
 
-def main() -> int:
+def draw(path: Path, by_unit: dict[str, set[str]], summary: str) -> None:
+    """The units as boxes stacked bottom to top in LAYERS order; an arc per unit-level import, on the right when it
+    runs down (coloured by the importing unit), on the left and dashed when it runs up."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import FancyArrowPatch, FancyBboxPatch
+
+    units = [u for u in LAYERS if _is_module(f"{PACKAGE}.{u}")]
+    y = {u: 1.0 * i for i, u in enumerate(units)}
+    fig, ax = plt.subplots(figsize=(6.4, 0.45 * len(units) + 1.2))
+    colours = plt.get_cmap("tab20")
+    for i, unit in enumerate(units):
+        folder = (ROOT / PACKAGE / unit).is_dir()
+        ax.add_patch(FancyBboxPatch((-0.9, y[unit] - 0.32), 1.8, 0.64, boxstyle="round,pad=0.02",
+                                    fc="#e8eef7" if folder else "#f4f4f4", ec=colours(i % 20), lw=1.6))
+        ax.text(0, y[unit], unit + ("/" if folder else ".py"), ha="center", va="center", fontsize=10,
+                family="monospace", weight="bold" if folder else "normal")
+    arcs = [(s, t) for s in units for t in sorted(by_unit.get(s, ())) if t in y and t != s]
+    outs = {u: sorted((t for s, t in arcs if s == u), key=y.get) for u in units}
+    ins = {u: sorted((s for s, t in arcs if t == u), key=y.get) for u in units}
+    for source, target in arcs:  # each arc leaves and enters its box at its own height, so arrows do not pile up
+        up = y[target] > y[source]
+        side = -0.9 if up else 0.9
+        start = (side, y[source] - 0.28 + 0.56 * (outs[source].index(target) + 1) / (len(outs[source]) + 1))
+        end = (side, y[target] - 0.28 + 0.56 * (ins[target].index(source) + 1) / (len(ins[target]) + 1))
+        colour = "black" if up else colours(units.index(source) % 20)
+        ax.add_patch(FancyArrowPatch(start, end, connectionstyle=f"arc3,rad={0.3 if up else -0.3}", arrowstyle="-|>",
+                                     mutation_scale=7, lw=2.0 if up else 0.9, color=colour, alpha=0.8,
+                                     linestyle="--" if up else "-"))
+    ax.set_xlim(-1.1 - 0.16 * len(units) * any(y[t] > y[s] for s, t in arcs), 1.1 + 0.16 * len(units))
+    ax.set_ylim(-0.7, len(units) - 0.3)
+    ax.axis("off")
+    ax.set_title("earl_service's layers, bottom to top: a unit imports only units below it\n(an arrow per unit that "
+                 f"imports another, coloured by the importer; black dashed: one that runs up)\n{summary}", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--draw", type=Path, metavar="PATH", help="also draw the layers and their imports as a PNG")
+    args = parser.parse_args(argv)
     edges = graph()
     by_unit = unit_edges(edges)
     for unit in reversed(LAYERS):
@@ -132,7 +178,11 @@ def main() -> int:
     problems = upward_imports(edges) + [" <-> ".join(c) + " import each other" for c in circles(edges)]
     for line in problems:
         print("VIOLATION", line)
-    print(f"{len(edges)} modules, {sum(map(len, edges.values()))} imports, {len(problems)} violations")
+    summary = f"{len(edges)} modules, {sum(map(len, edges.values()))} imports, {len(problems)} violations"
+    print(summary)
+    if args.draw:
+        draw(args.draw, by_unit, summary)
+        print(f"drew {args.draw}")
     return 1 if problems else 0
 
 
