@@ -2,7 +2,8 @@
 worker on 127.0.0.1: upload errors, a CoDEx-S job followed live to `succeeded`, the model's download checked, a
 query, extend, cancel, delete, phone width. The tests run in file order and share one service and one browser.
 
-Screenshots of each view go to runs/console/ (git-ignored); docs/console.png is one of them, committed.
+Screenshots of each view go to runs/console/ (git-ignored); docs/console.png is made by `make console-shot`
+(scripts/console_shot.py, a trained model with labels).
 """
 
 import hashlib
