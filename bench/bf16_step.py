@@ -22,7 +22,7 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import default_datasets, md_table, write_results
+from harness import default_datasets, md_table, write_results
 from speed import DATASETS, run_train
 
 # The switches that keep each library to AVX2 (torch's own kernels, oneDNN, MKL's BLAS).

@@ -23,7 +23,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import REPO, default_datasets, md_table, pyplot, save_png, write_results
+from harness import REPO, default_datasets, md_table, pyplot, save_png, write_results
 from speed import run_train
 
 COMPUTES = ("fp32", "bf16")

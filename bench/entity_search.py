@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import default_datasets, md_table, write_results
+from harness import default_datasets, md_table, write_results
 
 from earl_service.data.dataset import Vocab
 from earl_service.data.labels import read_label_file

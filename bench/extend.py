@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import default_datasets, md_table, write_results
+from harness import default_datasets, md_table, write_results
 
 from earl_service.bundle.model_io import bundle_from_model, load_bundle
 from earl_service.config import ModelConfig, TrainConfig

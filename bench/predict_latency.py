@@ -26,7 +26,7 @@ import httpx
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import free_port, write_results
+from harness import free_port, write_results
 
 from earl_service.bundle.model_io import load_bundle
 from earl_service.serve.predictor import LinkPredictor, configure_threads

@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import md_table, write_results
+from harness import md_table, write_results
 
 FORMATS = ("tsv", "csv.gz", "nt", "parquet", "ttl")
 EX = "http://example.org/"

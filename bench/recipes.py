@@ -22,7 +22,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import REPO, default_datasets, md_table, pyplot, run_settings, save_png, train_process, write_results
+from harness import REPO, default_datasets, md_table, pyplot, run_settings, save_png, train_process, write_results
 
 DIMS = {"fb15k-237": 150, "wn18rr": 200, "codex-s": 100}
 RECIPES = [("paper recipe", ["--recipe", "paper"]), ("default recipe", ["--recipe", "default"])]

@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import default_datasets, md_table, write_results
+from harness import default_datasets, md_table, write_results
 
 DATASETS = {"fb15k-237": 150, "wn18rr": 200}
 

@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import default_datasets, md_table, pyplot, save_png, write_results
+from harness import default_datasets, md_table, pyplot, save_png, write_results
 from speed import DATASETS, run_json, run_train
 
 DIMS = {**DATASETS, "codex-s": 100}  # speed.py's paper dims, and the demo's for CoDEx-S

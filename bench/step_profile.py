@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import default_datasets, md_table, write_results
+from harness import default_datasets, md_table, write_results
 from speed import DATASETS
 
 from earl_service.config import ModelConfig, TrainConfig

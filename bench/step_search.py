@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import default_datasets, md_table, pyplot, run_settings, save_png, train_process, write_results
+from harness import default_datasets, md_table, pyplot, run_settings, save_png, train_process, write_results
 
 DIMS = {"fb15k-237": 150, "wn18rr": 200, "codex-s": 100}
 # One factor at a time around the paper's settings (lr 1e-3, margin 10, temperature 1); none changes a step's cost.
