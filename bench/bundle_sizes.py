@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from harness import default_datasets, md_table, write_results
+from harness import add_datasets_argument, md_table, write_results
 
 from earl_service.bundle.model_io import bundle_from_model, load_bundle
 from earl_service.config import ModelConfig, TrainConfig
@@ -93,7 +93,7 @@ def measure(ds, run_dir: Path) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--datasets", type=Path, default=default_datasets())
+    add_datasets_argument(parser)
     parser.add_argument("--fb-minutes", type=float, default=20.0)
     parser.add_argument("--codex-steps", type=int, default=1500)
     parser.add_argument("--fb-run", type=Path, help="reuse this trained FB15k-237 run directory")

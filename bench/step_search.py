@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from harness import default_datasets, md_table, pyplot, run_settings, save_png, train_process, write_results
+from harness import add_datasets_argument, md_table, pyplot, run_settings, save_png, train_process, write_results
 
 DIMS = {"fb15k-237": 150, "wn18rr": 200, "codex-s": 100}
 # One factor at a time around the paper's settings (lr 1e-3, margin 10, temperature 1); none changes a step's cost.
@@ -76,7 +76,7 @@ def record(label: str, extra: list[str], out: Path, returncode: int, seconds: fl
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data", choices=sorted(DIMS), default="fb15k-237")
-    parser.add_argument("--datasets", type=Path, default=default_datasets())
+    add_datasets_argument(parser)
     parser.add_argument("--steps", type=int, default=5000, help="steps per setting (the CPU budget's step count)")
     parser.add_argument("--eval-every", type=int, default=250)
     parser.add_argument("--eval-max-triples", type=int, default=3000)
