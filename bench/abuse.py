@@ -31,7 +31,7 @@ import httpx
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import REPO, api_server, md_table, write_results
+from harness import REPO, api_server, md_table, write_results
 
 MB = 2**20
 NESTED = "[" * 100_000 + "]" * 100_000  # deeper than any JSON parser's recursion limit

@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import REPO, md_table, write_results
+from harness import REPO, md_table, write_results
 
 MB = 2**20
 

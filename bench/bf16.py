@@ -12,7 +12,7 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import default_datasets, md_table, write_results
+from harness import add_datasets_argument, md_table, write_results
 
 from earl_service.config import ModelConfig, TrainConfig
 from earl_service.data.dataset import load_dataset
@@ -21,7 +21,7 @@ from earl_service.train.loop import train
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--datasets", type=Path, default=default_datasets())
+    add_datasets_argument(parser)
     parser.add_argument("--dataset", default="codex-s")
     parser.add_argument("--dim", type=int, default=100)
     parser.add_argument("--steps", type=int, default=2000)

@@ -22,7 +22,7 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import default_datasets, md_table, write_results
+from harness import add_datasets_argument, md_table, write_results
 from speed import DATASETS, run_train
 
 # The switches that keep each library to AVX2 (torch's own kernels, oneDNN, MKL's BLAS).
@@ -50,7 +50,7 @@ def onednn_matmuls(data: Path, dim: int) -> dict[str, int]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--datasets", type=Path, default=default_datasets())
+    add_datasets_argument(parser)
     parser.add_argument("--data", choices=sorted(DATASETS), default="fb15k-237")
     parser.add_argument("--steps", type=int, default=10, help="steps timed per setting")
     parser.add_argument("--avx2", action="store_true", help="also time fp32 held to AVX2 kernels")

@@ -27,12 +27,13 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import default_datasets, md_table, write_results
+from harness import add_datasets_argument, md_table, write_results
 
 from earl_service.bundle.model_io import bundle_from_model, load_bundle
 from earl_service.config import ModelConfig, TrainConfig
 from earl_service.core import knn as core_knn
-from earl_service.data.dataset import Vocab, load_dataset
+from earl_service.data.dataset import load_dataset
+from earl_service.data.vocab import Vocab
 from earl_service.model.modules import RotatEModel
 from earl_service.train.evaluate import KnownAnswers, rank_triples, summarize
 from earl_service.train.loop import BUNDLE, train
@@ -93,7 +94,7 @@ def measure(ds, run_dir: Path) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--datasets", type=Path, default=default_datasets())
+    add_datasets_argument(parser)
     parser.add_argument("--fb-minutes", type=float, default=20.0)
     parser.add_argument("--codex-steps", type=int, default=1500)
     parser.add_argument("--fb-run", type=Path, help="reuse this trained FB15k-237 run directory")

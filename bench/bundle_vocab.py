@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import REPO, md_table, write_results
+from harness import REPO, md_table, write_results
 
 # VmHWM after clear_refs: the child's own peak, from after the vocabulary was packed.
 CHILD = """

@@ -29,7 +29,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import torch
-from common import REPO, default_datasets, environment, md_table, pyplot, save_png, write_results
+from harness import REPO, default_datasets, environment, md_table, pyplot, save_png, write_results
 
 from earl_service.bundle.format import PRECISIONS
 from earl_service.bundle.model_io import load_bundle

@@ -23,7 +23,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import REPO, default_datasets, md_table, pyplot, save_png, write_results
+from harness import REPO, add_datasets_argument, md_table, pyplot, save_png, write_results
 from speed import run_train
 
 COMPUTES = ("fp32", "bf16")
@@ -38,7 +38,7 @@ def train_command(data: Path, out: Path, dim: int, compute: str, args: argparse.
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--datasets", type=Path, default=default_datasets())
+    add_datasets_argument(parser)
     parser.add_argument("--dataset", default="fb15k-237")
     parser.add_argument("--dim", type=int, default=150)
     parser.add_argument("--minutes", type=float, default=5.0, help="wall clock of each training run")

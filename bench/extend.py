@@ -22,11 +22,12 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import default_datasets, md_table, write_results
+from harness import add_datasets_argument, md_table, write_results
 
 from earl_service.bundle.model_io import bundle_from_model, load_bundle
 from earl_service.config import ModelConfig, TrainConfig
-from earl_service.data.dataset import Dataset, Vocab, load_dataset
+from earl_service.data.dataset import Dataset, load_dataset
+from earl_service.data.vocab import Vocab
 from earl_service.model.modules import EARL
 from earl_service.train.evaluate import KnownAnswers, rank_triples, summarize
 from earl_service.train.loop import BUNDLE, train
@@ -49,7 +50,7 @@ def mrr(bundle, test_ids: np.ndarray, all_ids: np.ndarray) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--datasets", type=Path, default=default_datasets())
+    add_datasets_argument(parser)
     parser.add_argument("--steps", type=int, default=1500)
     parser.add_argument("--dim", type=int, default=100)
     parser.add_argument("--holdout", type=float, default=0.05)

@@ -23,7 +23,7 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import api_server, md_table, write_results
+from harness import api_server, md_table, write_results
 
 TOKEN = "fuzz-token"
 GOOD = b"a\tr\tb\nb\tr\tc\n"

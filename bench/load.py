@@ -23,7 +23,7 @@ import httpx
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import api_server, md_table, rss_mib, write_results
+from harness import api_server, md_table, rss_mib, write_results
 from predict_latency import concurrent_load
 
 from earl_service.bundle.model_io import load_bundle

@@ -25,7 +25,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import numpy as np
 import torch
-from common import REPO, default_datasets, md_table, pyplot, save_png, write_results
+from harness import REPO, default_datasets, md_table, pyplot, save_png, write_results
 
 from earl_service.atomic import write_json
 from earl_service.bundle.codebooks import codes_for, encode_tables

@@ -16,18 +16,18 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
-import statistics
+import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
-from earl_service.data.dataset import Vocab
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from harness import RESULTS, percentiles, write_results
+
+from earl_service.data.vocab import Vocab
 from earl_service.serve.index import PROXY_ROTATIONS, lift
 from earl_service.serve.predictor import LinkPredictor, configure_threads
-
-OUT = Path(__file__).resolve().parent / "results"
 
 
 def synthetic(n: int, num_rel: int, dim: int, *, clustered: bool = True, seed: int = 0):
@@ -78,9 +78,7 @@ def measure(n: int, dim: int, queries: int, kinds: list[str], clustered: bool) -
             got = pred.predict_tails(h, r)
             times.append((time.perf_counter() - t0) * 1e3)
             exact += [name for name, _ in got] == [name for name, _ in want]
-        times.sort()
-        row[kind] = {"build_s": round(build, 3), "p50_ms": round(statistics.median(times), 3),
-                     "p95_ms": round(times[int(0.95 * (len(times) - 1))], 3), "exact_share": exact / queries}
+        row[kind] = {"build_s": round(build, 3), **percentiles(times), "exact_share": exact / queries}
     return row
 
 
@@ -90,7 +88,7 @@ def main() -> None:
     parser.add_argument("--uniform", action="store_true", help="unclustered entities (the hard case for HNSW)")
     parser.add_argument("--dim", type=int, default=150)
     parser.add_argument("--queries", type=int, default=200)
-    parser.add_argument("--out", type=Path, default=OUT)
+    parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
     configure_threads(1)
     ent, rel, entities, relations = synthetic(3000, 10, args.dim, clustered=False)
@@ -102,13 +100,9 @@ def main() -> None:
     for n in args.sizes:
         rows.append(measure(n, args.dim, args.queries, ["flat", "hnsw"], not args.uniform))
         print(json.dumps(rows[-1]), flush=True)
-    result = {"machine": platform.processor() or platform.machine(), "threads": 1, "proxy_depth_3000": proxy,
-              "rows": rows}
-    args.out.mkdir(parents=True, exist_ok=True)
+    result = {"threads": 1, "proxy_depth_3000": proxy, "rows": rows}  # machine, command, date: the writer's
     data = "uniform" if args.uniform else "clustered"
-    command = f"python bench/predict_index.py{' --uniform' if args.uniform else ''}"
     lines = [f"# LinkPredictor: flat vs HNSW (METRIC_L1), 1 thread, synthetic {data} dim-{args.dim} embeddings", "",
-             f"Command: `{command}` on {result['machine']} ({time.strftime('%Y-%m-%d')})", "",
              ("Depth (0-based rank) of the exact top-10 in proxy order, 3000 uniform entities, 300 queries: "
               f"L2 {proxy['l2']}, L1 {proxy['l1']}, L1 over {PROXY_ROTATIONS['hnsw']} rotated copies {proxy['lifted_l1']}."),
              "",
@@ -121,8 +115,7 @@ def main() -> None:
                      f"| {h['build_s']} | {h['p50_ms']} | {h['p95_ms']} | {h['exact_share']:.3f} |")
     lines += ["", "`exact`: share of queries whose top-10 equals the brute-force top-10 (names and order).", ""]
     stem = "predict_index_uniform" if args.uniform else "predict_index"
-    (args.out / f"{stem}.json").write_text(json.dumps(result, indent=2) + "\n")
-    (args.out / f"{stem}.md").write_text("\n".join(lines))
+    write_results(stem, result, "\n".join(lines), folder=args.out)
 
 
 if __name__ == "__main__":

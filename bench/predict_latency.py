@@ -13,10 +13,7 @@ exact brute force (recall@10).
 from __future__ import annotations
 
 import argparse
-import os
 import platform
-import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -26,18 +23,66 @@ import httpx
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import free_port, write_results
+from harness import api_server, percentiles, write_results
 
 from earl_service.bundle.model_io import load_bundle
 from earl_service.serve.predictor import LinkPredictor, configure_threads
 
-ROOT = Path(__file__).resolve().parents[1]
+
+def library_latency(predictor: LinkPredictor, queries: list) -> tuple[list[float], float]:
+    """Milliseconds of each predict_tails / predict_heads call, and recall@10 against exact brute force."""
+    library, hits, total = [], 0, 0
+    for head, rel, tail in queries:
+        for call, exact, anchor in ((predictor.predict_tails, predictor.brute_force_tails, head),
+                                    (predictor.predict_heads, predictor.brute_force_heads, tail)):
+            t0 = time.perf_counter()
+            got = call(anchor, rel, 10)
+            library.append((time.perf_counter() - t0) * 1e3)
+            truth = {name for name, _ in exact(anchor, rel, 10)}
+            hits += len(truth & {name for name, _ in got})
+            total += len(truth)
+    return library, hits / max(total, 1)
 
 
-def percentiles(ms: list[float]) -> dict[str, float]:
-    ms = sorted(ms)
-    return {"p50_ms": round(statistics.median(ms), 3), "p95_ms": round(ms[int(0.95 * (len(ms) - 1))], 3),
-            "p99_ms": round(ms[int(0.99 * (len(ms) - 1))], 3)}
+def http_latency(base: str, bundle: Path, queries: list) -> tuple[str, float, list[float], float]:
+    """Register `bundle`, then one client's GET /predict calls: (model id, first query s, ms per call, the
+    server's own mean ms per call from its /metrics)."""
+    http_ms = []
+    with httpx.Client(base_url=base, timeout=30) as http:
+        model = http.post("/models", files={"bundle": (bundle.name, bundle.read_bytes())}).json()["id"]
+        t0 = time.perf_counter()
+        http.get("/predict", params={"model": model, "head": queries[0][0], "relation": queries[0][1]})
+        first_s = time.perf_counter() - t0  # includes loading the bundle and building the index
+        server_before = server_seconds(http)
+        for head, rel, tail in queries:
+            for side, anchor in (("head", head), ("tail", tail)):
+                t0 = time.perf_counter()
+                r = http.get("/predict", params={"model": model, side: anchor, "relation": rel, "k": 10})
+                http_ms.append((time.perf_counter() - t0) * 1e3)
+                r.raise_for_status()
+        server_after = server_seconds(http)
+    server_ms = (server_after[0] - server_before[0]) / (server_after[1] - server_before[1]) * 1e3
+    return model, first_s, http_ms, server_ms
+
+
+def markdown(result: dict) -> str:
+    lib, web, con = result["library"], result["http"], result["concurrent"]
+    md = (f"# Top-10 prediction latency ({result['entities']} entities, dim {result['dim']}, {result['index']} "
+          f"index)\n\n{result['queries']} sequential queries (tails and heads) from one client, then {con['requests']} "
+          f"requests from {con['concurrency']} concurrent clients; API with 1 thread.\n\n"
+          "| path | p50 ms | p95 ms | p99 ms | requests/s |\n|---|---:|---:|---:|---:|\n"
+          f"| library (LinkPredictor) | {lib['p50_ms']} | {lib['p95_ms']} | {lib['p99_ms']} | |\n"
+          f"| HTTP GET /predict, 1 client | {web['p50_ms']} | {web['p95_ms']} | {web['p99_ms']} | |\n"
+          f"| HTTP GET /predict, {con['concurrency']} clients | {con['p50_ms']} | {con['p95_ms']} | {con['p99_ms']} | "
+          f"{con['requests_per_s']:.1f} |\n\n"
+          f"One client: the server's own mean time per request (ASGI middleware to last byte, from its "
+          f"/metrics histogram) was {result['server_mean_ms']} ms; the rest of the HTTP figure is the client "
+          "(httpx) and the loopback socket.\n\n"
+          f"Errors under load: {con['errors']}. Recall@10 of the library's top-10 against exact brute force: "
+          f"{result['recall_at_10']:.4f}. Building the predictor (rebuild embeddings + index): "
+          f"{result['predictor_build_s']} s; first HTTP query (cache miss, includes that): "
+          f"{result['first_http_query_s']} s.\n")
+    return md
 
 
 def main() -> None:
@@ -56,71 +101,16 @@ def main() -> None:
     names, rels = bundle.entities.names, bundle.relations.names
     picked = bundle.triples[rng.choice(len(bundle.triples), args.queries, replace=len(bundle.triples) < args.queries)]
     queries = [(names[h], rels[r], names[t]) for h, r, t in picked]
-
-    library, hits, total = [], 0, 0
-    for head, rel, tail in queries:
-        for call, exact, anchor in ((predictor.predict_tails, predictor.brute_force_tails, head),
-                                    (predictor.predict_heads, predictor.brute_force_heads, tail)):
-            t0 = time.perf_counter()
-            got = call(anchor, rel, 10)
-            library.append((time.perf_counter() - t0) * 1e3)
-            truth = {name for name, _ in exact(anchor, rel, 10)}
-            hits += len(truth & {name for name, _ in got})
-            total += len(truth)
-
-    home, port = Path(tempfile.mkdtemp()), free_port()
-    env = {**os.environ, "EARL_HOME": str(home), "EARL_API_TOKEN": ""}
-    server = subprocess.Popen([sys.executable, "-m", "uvicorn", "api.main:app", "--port", str(port),
-                               "--log-level", "warning"], cwd=ROOT, env=env)
-    http_ms = []
-    try:
-        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30) as http:
-            for _ in range(300):
-                try:
-                    if http.get("/readyz").status_code == 200:
-                        break
-                except httpx.TransportError:
-                    time.sleep(0.1)
-            files = {"bundle": (args.bundle.name, args.bundle.read_bytes())}
-            model = http.post("/models", files=files).json()["id"]
-            t0 = time.perf_counter()
-            http.get("/predict", params={"model": model, "head": queries[0][0], "relation": queries[0][1]})
-            first_s = time.perf_counter() - t0  # includes loading the bundle and building the index
-            server_before = server_seconds(http)
-            for head, rel, tail in queries:
-                for side, anchor in (("head", head), ("tail", tail)):
-                    t0 = time.perf_counter()
-                    r = http.get("/predict", params={"model": model, side: anchor, "relation": rel, "k": 10})
-                    http_ms.append((time.perf_counter() - t0) * 1e3)
-                    r.raise_for_status()
-            server_after = server_seconds(http)
-            server_ms = (server_after[0] - server_before[0]) / (server_after[1] - server_before[1]) * 1e3
-        load = concurrent_load(f"http://127.0.0.1:{port}", model, queries, args.concurrency, args.requests)
-    finally:
-        server.terminate()
-        server.wait(timeout=30)
-
+    library, recall = library_latency(predictor, queries)
+    with api_server(Path(tempfile.mkdtemp())) as (base, _):  # the API's default SQLite store, 1 thread
+        model, first_s, http_ms, server_ms = http_latency(base, args.bundle, queries)
+        load = concurrent_load(base, model, queries, args.concurrency, args.requests)
     result = {"bundle": args.bundle.name, "entities": len(names), "dim": bundle.config.dim,
               "index": predictor.index_kind, "queries": len(library), "arch": platform.machine(),
               "library": percentiles(library), "http": percentiles(http_ms),
-              "server_mean_ms": round(server_ms, 3), "recall_at_10": hits / max(total, 1),
+              "server_mean_ms": round(server_ms, 3), "recall_at_10": recall,
               "predictor_build_s": round(load_s, 3), "first_http_query_s": round(first_s, 3), "concurrent": load}
-    lib, web, con = result["library"], result["http"], result["concurrent"]
-    md = (f"# Top-10 prediction latency ({result['entities']} entities, dim {result['dim']}, {result['index']} "
-          f"index)\n\n{len(library)} sequential queries (tails and heads) from one client, then {con['requests']} "
-          f"requests from {con['concurrency']} concurrent clients; API with 1 thread.\n\n"
-          "| path | p50 ms | p95 ms | p99 ms | requests/s |\n|---|---:|---:|---:|---:|\n"
-          f"| library (LinkPredictor) | {lib['p50_ms']} | {lib['p95_ms']} | {lib['p99_ms']} | |\n"
-          f"| HTTP GET /predict, 1 client | {web['p50_ms']} | {web['p95_ms']} | {web['p99_ms']} | |\n"
-          f"| HTTP GET /predict, {con['concurrency']} clients | {con['p50_ms']} | {con['p95_ms']} | {con['p99_ms']} | "
-          f"{con['requests_per_s']:.1f} |\n\n"
-          f"One client: the server's own mean time per request (ASGI middleware to last byte, from its "
-          f"/metrics histogram) was {result['server_mean_ms']} ms; the rest of the HTTP figure is the client "
-          "(httpx) and the loopback socket.\n\n"
-          f"Errors under load: {con['errors']}. Recall@10 of the library's top-10 against exact brute force: "
-          f"{result['recall_at_10']:.4f}. Building the predictor (rebuild embeddings + index): "
-          f"{result['predictor_build_s']} s; first HTTP query (cache miss, includes that): "
-          f"{result['first_http_query_s']} s.\n")
+    md = markdown(result)
     write_results("predict_latency", result, md)
     print(md)
 

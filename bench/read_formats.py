@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import md_table, write_results
+from harness import md_table, write_results
 
 FORMATS = ("tsv", "csv.gz", "nt", "parquet", "ttl")
 EX = "http://example.org/"
@@ -87,7 +87,7 @@ def peak_rss_mib() -> float:
 
 def child(path: str) -> None:
     """Read one file and print what it cost (this process's own peak)."""
-    from earl_service.data.dataset import read_table
+    from earl_service.data.triples import read_table
 
     baseline = peak_rss_mib()
     start, cpu = time.perf_counter(), time.process_time()

@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import md_table, write_results
+from harness import md_table, write_results
 
 from earl_service.bundle.model_io import load_bundle
 from earl_service.device import reader as edge

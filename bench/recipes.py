@@ -22,7 +22,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import REPO, default_datasets, md_table, pyplot, run_settings, save_png, train_process, write_results
+from harness import REPO, add_datasets_argument, md_table, pyplot, run_settings, save_png, train_process, write_results
 
 DIMS = {"fb15k-237": 150, "wn18rr": 200, "codex-s": 100}
 RECIPES = [("paper recipe", ["--recipe", "paper"]), ("default recipe", ["--recipe", "default"])]
@@ -84,7 +84,7 @@ def run_grid(grid: list[tuple[str, list[str]]], args: argparse.Namespace, work: 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("dataset", choices=sorted(DIMS))
-    parser.add_argument("--datasets", type=Path, default=default_datasets())
+    add_datasets_argument(parser)
     parser.add_argument("--minutes", type=float, default=5.0, help="wall clock of each setting")
     parser.add_argument("--grid", choices=sorted(GRIDS), default="recipes")
     parser.add_argument("--only", nargs="+", help="labels of the grid to run (default: all)")

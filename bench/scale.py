@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import md_table, pyplot, write_results
+from harness import md_table, pyplot, write_results
 
 CHILD = "--child"
 

@@ -16,8 +16,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
-from common import md_table, write_results
 from demo import DATA, PARAMS, free_port
+from harness import md_table, write_results
 
 from earl_client import Client
 

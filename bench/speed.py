@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import default_datasets, md_table, write_results
+from harness import add_datasets_argument, md_table, write_results
 
 DATASETS = {"fb15k-237": 150, "wn18rr": 200}
 
@@ -99,7 +99,7 @@ def run_json(code: str, *argv: str) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--datasets", type=Path, default=default_datasets())
+    add_datasets_argument(parser)
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--naive-steps", type=int, default=6)
     parser.add_argument("--quick", action="store_true")

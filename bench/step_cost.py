@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import default_datasets, md_table, pyplot, save_png, write_results
+from harness import add_datasets_argument, md_table, pyplot, save_png, write_results
 from speed import DATASETS, run_json, run_train
 
 DIMS = {**DATASETS, "codex-s": 100}  # speed.py's paper dims, and the demo's for CoDEx-S
@@ -50,7 +50,7 @@ def time_encoder(data: Path, dim: int, reps: int) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--datasets", type=Path, default=default_datasets())
+    add_datasets_argument(parser)
     parser.add_argument("--data", choices=sorted(DIMS), default="fb15k-237")
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[256, 1024, 2048, 4096])
     parser.add_argument("--negatives", type=int, nargs="+", default=[64, 256], help="per side")

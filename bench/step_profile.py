@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import default_datasets, md_table, write_results
+from harness import add_datasets_argument, md_table, write_results
 from speed import DATASETS
 
 from earl_service.config import ModelConfig, TrainConfig
@@ -118,7 +118,7 @@ def markdown(results: list[dict], data: str, dim: int, threads: int) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--datasets", type=Path, default=default_datasets())
+    add_datasets_argument(parser)
     parser.add_argument("--data", choices=sorted(DIMS), default="fb15k-237")
     parser.add_argument("--steps", type=int, default=5, help="steps timed and profiled per setting")
     parser.add_argument("--threads", type=int, default=2)

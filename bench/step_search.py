@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import default_datasets, md_table, pyplot, run_settings, save_png, train_process, write_results
+from harness import add_datasets_argument, md_table, pyplot, run_settings, save_png, train_process, write_results
 
 DIMS = {"fb15k-237": 150, "wn18rr": 200, "codex-s": 100}
 # One factor at a time around the paper's settings (lr 1e-3, margin 10, temperature 1); none changes a step's cost.
@@ -73,10 +73,10 @@ def record(label: str, extra: list[str], out: Path, returncode: int, seconds: fl
             "curve": {"eval_steps": h["eval_steps"], "eval_mrr": h["eval_mrr"]}}
 
 
-def main() -> None:
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data", choices=sorted(DIMS), default="fb15k-237")
-    parser.add_argument("--datasets", type=Path, default=default_datasets())
+    add_datasets_argument(parser)
     parser.add_argument("--steps", type=int, default=5000, help="steps per setting (the CPU budget's step count)")
     parser.add_argument("--eval-every", type=int, default=250)
     parser.add_argument("--eval-max-triples", type=int, default=3000)
@@ -95,9 +95,11 @@ def main() -> None:
     parser.add_argument("--include", type=Path, nargs="+", default=[],
                         help="results JSON of earlier runs of this script (same data, steps and validation) whose "
                              "settings join this table instead of training again (a GPU lease is shorter than a grid)")
-    args = parser.parse_args()
-    if args.quick:
-        args.data, args.steps, args.eval_every, args.eval_max_triples = "codex-s", 600, 100, 500
+    return parser
+
+
+def _included(args: argparse.Namespace, parser: argparse.ArgumentParser) -> list[dict]:
+    """The finished settings of the `--include` files, refused unless they ran this data, steps and validation."""
     earlier = []
     for path in args.include:
         prev = json.loads(path.read_text())
@@ -107,24 +109,10 @@ def main() -> None:
         if same != want:
             parser.error(f"{path}: ran {same}, this run is {want}")
         earlier += [{**r, "from": path.name, "commit": prev.get("commit")} for r in prev["runs"] if "error" not in r]
-    have = {r["setting"] for r in earlier}
-    grid = [g for g in GRIDS[args.grid] if (not args.only or g[0] in args.only) and g[0] not in have]
-    name = f"step_search_{args.data}" + ("_schedules" if args.grid == "schedules" else "") + (
-        f"_{args.tag}" if args.tag else "")
-    work = args.work / name
+    return earlier
 
-    t0 = time.perf_counter()
 
-    def start(label: str, extra: list[str]):
-        out = work / label.replace(" ", "_")
-        return out, launch(label, extra, args, out)
-
-    done = run_settings(grid, start, record, parallel=args.parallel, done=earlier, partial=work / "partial.json")
-    order = {label: i for i, (label, _) in enumerate(GRIDS[args.grid])}
-    done.sort(key=lambda r: order[r["setting"]])
-    ok = [r for r in done if "error" not in r]
-    best = max(ok, key=lambda r: max(r["curve"]["eval_mrr"] or [-1])) if ok else None
-
+def _plot(name: str, args: argparse.Namespace, ok: list[dict]) -> str:
     fig, ax = pyplot().subplots(figsize=(7, 4.5))
     for r in ok:
         ax.plot(r["curve"]["eval_steps"], r["curve"]["eval_mrr"], marker=".", ms=3, label=r["setting"])
@@ -134,6 +122,11 @@ def main() -> None:
     ax.legend(fontsize=8)
     png = save_png(name, fig)
 
+    return png
+
+
+def _markdown(args: argparse.Namespace, png: str, done: list[dict], earlier: list[dict], best: dict | None) -> str:
+    ok = [r for r in done if "error" not in r]
     rows = []
     for r in done:
         if "error" in r:
@@ -163,11 +156,38 @@ def main() -> None:
           "None of these settings changes what a step computes, so on the CPU each costs the same per step: the "
           "ordering at this step count is the ordering within the CPU time those steps take. Step times above "
           "are the device's, with the settings sharing it, not CPU figures."]
+    return "\n".join(md)
+
+
+def main() -> None:
+    parser = _parser()
+    args = parser.parse_args()
+    if args.quick:
+        args.data, args.steps, args.eval_every, args.eval_max_triples = "codex-s", 600, 100, 500
+    earlier = _included(args, parser)
+    have = {r["setting"] for r in earlier}
+    grid = [g for g in GRIDS[args.grid] if (not args.only or g[0] in args.only) and g[0] not in have]
+    name = f"step_search_{args.data}" + ("_schedules" if args.grid == "schedules" else "") + (
+        f"_{args.tag}" if args.tag else "")
+    work = args.work / name
+
+    t0 = time.perf_counter()
+
+    def start(label: str, extra: list[str]):
+        out = work / label.replace(" ", "_")
+        return out, launch(label, extra, args, out)
+
+    done = run_settings(grid, start, record, parallel=args.parallel, done=earlier, partial=work / "partial.json")
+    order = {label: i for i, (label, _) in enumerate(GRIDS[args.grid])}
+    done.sort(key=lambda r: order[r["setting"]])
+    ok = [r for r in done if "error" not in r]
+    best = max(ok, key=lambda r: max(r["curve"]["eval_mrr"] or [-1])) if ok else None
+    md = _markdown(args, _plot(name, args, ok), done, earlier, best)
     data = {"dataset": args.data, "steps": args.steps, "eval_every": args.eval_every,
             "eval_max_triples": args.eval_max_triples, "device": args.device, "parallel": args.parallel,
             "cpu_step_seconds": args.cpu_step_seconds, "seed": args.seed, "wall_seconds": time.perf_counter() - t0,
             "best_setting": best["setting"] if best else None, "runs": done}
-    _, md_path = write_results(name, data, "\n".join(md))
+    _, md_path = write_results(name, data, md)
     print(md_path.read_text())
 
 

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import RESULTS, md_table
+from harness import RESULTS, md_table
 
 README = Path(__file__).resolve().parent / "README.md"
 BEGIN, END = "<!-- results index: begin (python bench/summary.py --write) -->", "<!-- results index: end -->"

@@ -15,7 +15,7 @@ from conftest import REPO
 
 sys.path.insert(0, str(REPO / "bench"))
 import abuse  # noqa: E402 - the hostile bundles, shared with bench/abuse.py
-from common import api_server  # noqa: E402
+from harness import api_server  # noqa: E402
 
 BOUND_MIB = 256  # the bound on what one request may add to the server's peak memory
 

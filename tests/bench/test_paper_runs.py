@@ -1,4 +1,4 @@
-"""bench/paper.py run cache: finished runs are reused across tables and sittings, interrupted ones resume."""
+"""bench/paper.py run cache (bench/paper_tables): finished runs are reused across tables and sittings, interrupted ones resume."""
 
 import argparse
 import json
@@ -11,9 +11,9 @@ from conftest import REPO, tiny_dataset
 
 sys.path.insert(0, str(REPO / "bench"))
 import numpy as np
-import paper
 import pytest
-from harness import (
+from paper_tables import ablation, budget_curve, cache, convergence, ksweep, main_table, report, settings
+from trainers import (
     PYKEEN_CHECKPOINT,
     Budget,
     NodePieceSpec,
@@ -56,33 +56,33 @@ def test_run_key_fills_in_defaults_and_ignores_the_dataset_object():
     budget = Budget(minutes=1)
     a = partial(run_earl, ds, ModelConfig(dim=8), budget, seed=0)
     b = partial(run_earl, other, ModelConfig(dim=8), budget, optim=Optim(), seed=0)  # the default, spelled out
-    assert paper.run_key("d", a) == paper.run_key("d", b)
-    assert paper.run_key("d", a) != paper.run_key("e", a)  # the dataset's name is part of it
+    assert cache.run_key("d", a) == cache.run_key("d", b)
+    assert cache.run_key("d", a) != cache.run_key("e", a)  # the dataset's name is part of it
     for changed in (partial(run_earl, ds, ModelConfig(dim=9), budget, seed=0),
                     partial(run_earl, ds, ModelConfig(dim=8), Budget(minutes=2), seed=0),
                     partial(run_earl, ds, ModelConfig(dim=8), budget, optim=Optim(lr=3e-3), seed=0),
                     partial(run_earl, ds, ModelConfig(dim=8), budget, seed=1)):
-        assert paper.run_key("d", changed) != paper.run_key("d", a)
+        assert cache.run_key("d", changed) != cache.run_key("d", a)
 
 
 def test_finished_runs_are_reused_errors_and_fresh_are_not(tmp_path):
     ds, calls = tiny_dataset(), Calls()
     fn = partial(fake_run, ds, ModelConfig(dim=8), Budget(minutes=1), calls=calls)
-    first = paper.Bench("t", _args(tmp_path)).run("EARL", "d", fn, row="x")
+    first = cache.Bench("t", _args(tmp_path)).run("EARL", "d", fn, row="x")
     assert len(calls) == 1 and not first.get("reused")
     # The record (committed with the results) sits apart from the run's scratch directory (not committed).
     assert [p.name for p in (tmp_path / "records").iterdir()] == [f"d-{first['run_key']}.json"]
     assert calls[0][0] == tmp_path / "runs" / f"d-{first['run_key']}" / "train"
     # Another table, another label: the same run, loaded rather than trained; its own tags win.
-    again = paper.Bench("u", _args(tmp_path)).run("other label", "d", fn, row="y")
+    again = cache.Bench("u", _args(tmp_path)).run("other label", "d", fn, row="y")
     assert len(calls) == 1 and again["reused"] and again["row"] == "y" and again["label"] == "other label"
     assert again["test"] == first["test"] and again["run_key"] == first["run_key"]
-    paper.Bench("t", _args(tmp_path, fresh=True)).run("EARL", "d", fn)
+    cache.Bench("t", _args(tmp_path, fresh=True)).run("EARL", "d", fn)
     assert len(calls) == 2
     # A failed run leaves no record behind: the next sitting tries it again.
     broken = partial(fake_run, ds, ModelConfig(dim=9), Budget(minutes=1), calls=calls, fail=True)
-    assert "RuntimeError: boom" in paper.Bench("t", _args(tmp_path)).run("bad", "d", broken)["error"]
-    paper.Bench("t", _args(tmp_path)).run("bad", "d", broken)
+    assert "RuntimeError: boom" in cache.Bench("t", _args(tmp_path)).run("bad", "d", broken)["error"]
+    cache.Bench("t", _args(tmp_path)).run("bad", "d", broken)
     assert len(calls) == 4
 
 
@@ -94,13 +94,13 @@ def test_report_trains_nothing_and_marks_the_table_incomplete(tmp_path, monkeypa
         (tmp_path / "t.md").write_text(markdown)
         return tmp_path / "t.json", tmp_path / "t.md"
 
-    monkeypatch.setattr(paper, "write_results", write_results)
+    monkeypatch.setattr(cache, "write_results", write_results)
     ds, calls = tiny_dataset(), Calls()
-    paper.Bench("t", _args(tmp_path)).run("done", "d", partial(fake_run, ds, ModelConfig(dim=8), Budget(1), calls=calls))
-    b = paper.Bench("t", _args(tmp_path, report=True))
+    cache.Bench("t", _args(tmp_path)).run("done", "d", partial(fake_run, ds, ModelConfig(dim=8), Budget(1), calls=calls))
+    b = cache.Bench("t", _args(tmp_path, report=True))
     b.run("done", "d", partial(fake_run, ds, ModelConfig(dim=8), Budget(1), calls=calls))
     pending = b.run("todo", "d", partial(fake_run, ds, ModelConfig(dim=16), Budget(1), calls=calls))
-    assert len(calls) == 1 and pending["pending"] and paper._status(pending) == "not run yet"
+    assert len(calls) == 1 and pending["pending"] and report.status(pending) == "not run yet"
     b.write({}, "# Title\nbody")
     assert written["md"].startswith("# Title\n\n**Incomplete**: 1 of 2 runs finished")
     assert [r.get("pending", False) for r in written["data"]["runs"]] == [False, True]
@@ -108,25 +108,25 @@ def test_report_trains_nothing_and_marks_the_table_incomplete(tmp_path, monkeypa
 
 def test_only_trains_the_runs_it_names_and_reports_the_rest(tmp_path):
     ds, calls = tiny_dataset(), Calls()
-    b = paper.Bench("t", _args(tmp_path, only=["nodepiece"]))
+    b = cache.Bench("t", _args(tmp_path, only=["nodepiece"]))
     skipped = b.run("RotatE dim 100", "d", partial(fake_run, ds, ModelConfig(dim=8), Budget(1), calls=calls))
     trained = b.run("PyKEEN NodePiece+RotatE", "d", partial(fake_run, ds, ModelConfig(dim=9), Budget(1), calls=calls))
     assert len(calls) == 1 and skipped["pending"] and trained["test"]["seen"]["mrr"] == 0.5
     # A run finished earlier is still loaded and shown, whatever --only says.
-    again = paper.Bench("t", _args(tmp_path, only=["RotatE dim 100"]))
+    again = cache.Bench("t", _args(tmp_path, only=["RotatE dim 100"]))
     assert again.run("NodePiece", "d", partial(fake_run, ds, ModelConfig(dim=9), Budget(1), calls=calls))["reused"]
     assert len(calls) == 1
 
 
 def test_calibrate_times_finished_runs_here_without_training_or_testing_them(tmp_path, monkeypatch):
     written = {}
-    monkeypatch.setattr(paper, "write_results", lambda name, data, md: written.update(name=name, data=data, md=md)
+    monkeypatch.setattr(cache, "write_results", lambda name, data, md: written.update(name=name, data=data, md=md)
                         or (tmp_path, tmp_path / "t.md"))
     (tmp_path / "t.md").write_text("")
     ds, calls = tiny_dataset(), Calls()
     finished = partial(fake_run, ds, ModelConfig(dim=8), Budget(1), calls=calls)
     pending = partial(fake_run, ds, ModelConfig(dim=16), Budget(1), calls=calls)
-    b = paper.Bench("budget", _args(tmp_path))
+    b = cache.Bench("budget", _args(tmp_path))
     rec = b.run("EARL dim 8", "d", finished)
     assert b.calibrate("EARL dim 16", "d", pending, steps=2) is None and len(calls) == 1  # not finished: not timed
     row = b.calibrate("EARL dim 8", "d", finished, steps=2)
@@ -136,7 +136,7 @@ def test_calibrate_times_finished_runs_here_without_training_or_testing_them(tmp
     assert not out_dir.exists()
     assert row["steps_timed"] == 2 and row["median_step_seconds_recorded"] == rec["median_step_seconds"]
     assert row["recorded_machine"] == rec["machine"]
-    paper._write_calibration(b, "d", [("EARL dim 8", finished), ("EARL dim 16", pending)], steps=2)
+    budget_curve.write_calibration(b, "d", [("EARL dim 8", finished), ("EARL dim 16", pending)], steps=2)
     assert written["name"] == "paper_budget_quick_calibration" and len(written["data"]["runs"]) == 1
     assert "| EARL dim 8 |" in written["md"] and "EARL dim 16" not in written["md"]
 
@@ -145,7 +145,7 @@ def test_calibrate_times_a_real_earl_run_and_leaves_its_checkpoint_alone(tmp_pat
     ds = tiny_dataset()
     fn = partial(run_earl, ds, ModelConfig(dim=4, k=3, reserved_ratio=0.2), Budget(minutes=10, max_steps=4,
                  eval_every=2), optim=Optim(batch_size=32, negatives=8), protocols=("seen",), seed=0)
-    b = paper.Bench("budget", _args(tmp_path))
+    b = cache.Bench("budget", _args(tmp_path))
     rec = b.run("EARL dim 4", "d", fn)
     train_dir = tmp_path / "runs" / f"d-{rec['run_key']}" / "train"
     before = {f.name: f.stat().st_mtime_ns for f in train_dir.iterdir()}
@@ -168,7 +168,7 @@ def test_an_interrupted_earl_run_resumes_from_its_checkpoint(tmp_path):
     assert rec["cpu_steal_share"] is None or 0 <= rec["cpu_steal_share"] <= 1
     assert rec["history"]["eval_steps"] == [2, 4, 6, 8]  # the first sitting's validations are kept
     assert 0 < rec["step_seconds_total"] < rec["train_seconds"]  # both sittings' steps; validation is outside
-    assert 0 < paper._validation_share(rec) < 1
+    assert 0 < convergence.validation_share(rec) < 1
     assert json.loads((out / "metrics.json").read_text())["steps"] == 8
     # Without a checkpoint, leftovers of an earlier attempt are cleared and training starts from step 0.
     (out / CHECKPOINT).unlink()
@@ -192,7 +192,7 @@ def test_an_interrupted_pykeen_run_resumes_from_its_checkpoint(tmp_path, kind):
     assert rec["resumed_from_step"] == 4 and rec["steps"] == 8 and rec["stopped"] == "steps"
     assert rec["history"]["eval_steps"] == [2, 4, 6, 8]  # the first sitting's validations are kept
     assert 0 < rec["step_seconds_total"] < rec["train_seconds"]  # both sittings' steps; validation is outside
-    assert 0 < paper._validation_share(rec) < 1
+    assert 0 < convergence.validation_share(rec) < 1
     assert rec["train_seconds"] >= first["train_seconds"]  # the budget counts both sittings
     assert 0 <= rec["test"]["seen"]["mrr"] <= 1
     # Stopped after its last checkpoint but before its record: no step more, the same best weights tested.
@@ -263,13 +263,13 @@ def test_retest_evaluates_a_finished_run_again_and_keeps_the_old_figures(tmp_pat
     ds, cfg = tiny_dataset(), ModelConfig(dim=4, k=3, reserved_ratio=0.2)
     fn = partial(run_earl, ds, cfg, Budget(minutes=10, max_steps=4, eval_every=2),
                  optim=Optim(batch_size=32, negatives=8), protocols=("seen", "all"))
-    first = paper.Bench("t", _args(tmp_path)).run("EARL", "d", fn)
+    first = cache.Bench("t", _args(tmp_path)).run("EARL", "d", fn)
     record = tmp_path / "records" / f"d-{first['run_key']}.json"
     stale = json.loads(record.read_text())
     stale["test"]["seen"]["mrr"] = -1.0  # as if the figure had come from older evaluation code
     record.write_text(json.dumps(stale))
-    assert paper.Bench("t", _args(tmp_path, retest=["nothing"])).run("EARL", "d", fn)["test"]["seen"]["mrr"] == -1
-    again = paper.Bench("t", _args(tmp_path, retest=["earl"])).run("EARL", "d", fn)
+    assert cache.Bench("t", _args(tmp_path, retest=["nothing"])).run("EARL", "d", fn)["test"]["seen"]["mrr"] == -1
+    again = cache.Bench("t", _args(tmp_path, retest=["earl"])).run("EARL", "d", fn)
     assert again["test"] == first["test"] and again["retested"]["before"]["seen"]["mrr"] == -1
     assert json.loads(record.read_text())["test"] == first["test"]  # kept for the next table
 
@@ -287,11 +287,11 @@ def test_revalidate_validates_the_last_step_of_a_run_that_ended_between_validati
     checks = []
     monkeypatch.setattr(trainer, "train", lambda ds, cfg, tcfg, out, **kw: real_train(
         ds, cfg, replace(tcfg, steps=100), out, **kw, should_stop=lambda: checks.append(1) or len(checks) > 5))
-    old = paper.Bench("t", _args(tmp_path)).run("EARL", "d", fn)
+    old = cache.Bench("t", _args(tmp_path)).run("EARL", "d", fn)
     monkeypatch.setattr(trainer, "train", real_train)
     assert old["steps"] == 5 and old["history"]["eval_steps"] == [2, 4]
-    assert paper.Bench("t", _args(tmp_path, revalidate=["nothing"])).run("EARL", "d", fn)["history"] == old["history"]
-    new = paper.Bench("t", _args(tmp_path, revalidate=["earl"])).run("EARL", "d", fn)
+    assert cache.Bench("t", _args(tmp_path, revalidate=["nothing"])).run("EARL", "d", fn)["history"] == old["history"]
+    new = cache.Bench("t", _args(tmp_path, revalidate=["earl"])).run("EARL", "d", fn)
     history = new["history"]
     assert new["steps"] == 5 and history["eval_steps"] == [2, 4, 5] and history["eval_mrr"][:2] == old["history"]["eval_mrr"]
     assert new["best_step"] == history["eval_steps"][int(np.argmax(history["eval_mrr"]))]
@@ -299,7 +299,7 @@ def test_revalidate_validates_the_last_step_of_a_run_that_ended_between_validati
     assert 0 <= new["test"]["seen"]["mrr"] <= 1
     record = json.loads((tmp_path / "records" / f"d-{old['run_key']}.json").read_text())
     assert record["history"] == history  # kept for the next table; a second --revalidate has nothing to do
-    again = paper.Bench("t", _args(tmp_path, revalidate=["earl"])).run("EARL", "d", fn)
+    again = cache.Bench("t", _args(tmp_path, revalidate=["earl"])).run("EARL", "d", fn)
     assert again["revalidated"] == new["revalidated"]
 
 
@@ -307,12 +307,12 @@ def test_a_record_left_where_older_versions_kept_it_is_adopted(tmp_path):
     """Records used to live in the run's scratch directory: a finished run there is moved, not trained again."""
     ds, calls = tiny_dataset(), Calls()
     fn = partial(fake_run, ds, ModelConfig(dim=8), Budget(minutes=1), calls=calls)
-    key = paper.run_key("d", fn)
+    key = cache.run_key("d", fn)
     legacy = tmp_path / "runs" / f"d-{key}" / "record.json"
     legacy.parent.mkdir(parents=True)
     legacy.write_text(json.dumps({"parameters": 1, "steps": 3, "stopped": "steps", "train_seconds": 1.0,
                                   "test": {"seen": {"mrr": 0.25}}, "run_key": key}))
-    rec = paper.Bench("t", _args(tmp_path)).run("EARL", "d", fn)
+    rec = cache.Bench("t", _args(tmp_path)).run("EARL", "d", fn)
     assert calls == [] and rec["reused"] and rec["test"]["seen"]["mrr"] == 0.25
     assert (tmp_path / "records" / f"d-{key}.json").exists()
 
@@ -326,10 +326,10 @@ def _finished(dataset: str, row: str, eval_every: int) -> dict:
 
 def test_the_budget_line_names_each_dataset_when_their_budgets_differ():
     probe = {**_finished("a", "probe", 0), "budget": Budget(minutes=60, max_steps=6, eval_every=0).to_dict()}
-    same = paper._budget_line([_finished("a", "earl", 100), _finished("b", "earl", 100), {"error": "not run yet"},
+    same = report.budget_line([_finished("a", "earl", 100), _finished("b", "earl", 100), {"error": "not run yet"},
                                probe])  # a step-cost probe is no budgeted run of the table
     assert same.startswith("Budget per run: 120 min") and "a:" not in same and "0.5-1.5 on 2 cores" in same
-    mixed = paper._budget_line([_finished("a", "earl", 250), _finished("b", "rotate", 100)])
+    mixed = report.budget_line([_finished("a", "earl", 250), _finished("b", "rotate", 100)])
     assert "a: 120 min wall-clock (validation included), validation every 250 steps" in mixed
     assert "b: 120 min wall-clock (validation included), validation every 100 steps" in mixed
     assert "Trained on" not in same  # records written before they kept the machine: nothing to name
@@ -337,14 +337,14 @@ def test_the_budget_line_names_each_dataset_when_their_budgets_differ():
 
 def test_a_new_record_keeps_its_machine_and_the_budget_line_names_each_runs_machine(tmp_path):
     ds, calls = tiny_dataset(), Calls()
-    rec = paper.Bench("t", _args(tmp_path)).run("EARL", "d", partial(fake_run, ds, ModelConfig(dim=8), Budget(1),
+    rec = cache.Bench("t", _args(tmp_path)).run("EARL", "d", partial(fake_run, ds, ModelConfig(dim=8), Budget(1),
                                                                        calls=calls))
-    here = paper.environment()["machine"]
+    here = cache.environment()["machine"]
     assert rec["machine"] == here
     assert json.loads((tmp_path / "records" / f"d-{rec['run_key']}.json").read_text())["machine"] == here
     amd = {**here, "cpu": "AMD EPYC", "bogomips": 5192.0, "cpu_features": ["avx2"]}
     intel = {**here, "cpu": "Intel Xeon", "bogomips": 5200.0, "cpu_features": ["avx2", "amx_bf16"]}
-    line = paper._budget_line([{**_finished("d", "earl", 100), "label": "EARL dim 1", "machine": amd},
+    line = report.budget_line([{**_finished("d", "earl", 100), "label": "EARL dim 1", "machine": amd},
                                {**_finished("d", "earl", 100), "label": "EARL dim 2", "machine": intel},
                                {**_finished("d", "earl", 100), "label": "EARL dim 3", "machine": amd},
                                {**_finished("d", "earl", 100), "label": "old run"}])
@@ -361,12 +361,12 @@ def test_the_main_figure_plots_finished_runs_and_skips_pending_ones(tmp_path, mo
         fig.savefig(tmp_path / f"{name}.png")
         return f"{name}.png"
 
-    monkeypatch.setattr(paper, "save_png", save_png)
-    b = paper.Bench("t", _args(tmp_path))
+    monkeypatch.setattr(cache, "save_png", save_png)
+    b = cache.Bench("t", _args(tmp_path))
     b.records = [_finished("fb15k-237", "earl", 100), {"label": "todo", "dataset": "fb15k-237", "row": "rotate",
                                                        "error": "not run yet", "pending": True},
                  _finished("fb15k-237", "probe", 100)]
-    assert paper._main_png(b, ["fb15k-237"]) == "paper_t_quick.png"
+    assert main_table.main_png(b, ["fb15k-237"]) == "paper_t_quick.png"
     assert (tmp_path / "paper_t_quick.png").stat().st_size > 0
     # One point of this table (the probe is no row of it), three of the paper's small-dim rows, two legend keys.
     assert sorted(saved["points"]) == [0, 0, 1, 1, 1, 1]
@@ -374,21 +374,21 @@ def test_the_main_figure_plots_finished_runs_and_skips_pending_ones(tmp_path, mo
 
 def test_every_search_entry_is_its_own_run_and_passes_its_overrides():
     ds, cfg, budget = tiny_dataset(), ModelConfig(dim=4), Budget(minutes=1, eval_every=10)
-    runs = {label: paper._searched_run(ds, cfg, budget, opt, bud, 0) for label, opt, bud in paper.SEARCH}
-    assert len({paper.run_key("d", fn) for fn in runs.values()}) == len(paper.SEARCH)
+    runs = {label: convergence.searched_run(ds, cfg, budget, opt, bud, 0) for label, opt, bud in convergence.SEARCH}
+    assert len({cache.run_key("d", fn) for fn in runs.values()}) == len(convergence.SEARCH)
     assert runs["bf16 autocast"].keywords["bf16"] and not runs["paper settings"].keywords["bf16"]
     assert runs["batch 4096, lr 2e-3"].keywords["optim"] == Optim(batch_size=4096, lr=2e-3)
     # The paper-settings entry is the very run the curves and the main table train with default arguments.
-    plain = partial(run_earl, ds, cfg, budget, protocols=paper.PROTOCOLS, seed=0)
-    assert paper.run_key("d", runs["paper settings"]) == paper.run_key("d", plain)
-    assert paper._validation_share({"train_seconds": 100.0, "step_seconds_total": 96.0}) == pytest.approx(0.04)
-    assert paper._validation_share({"train_seconds": 100.0}) is None  # records older than the field
+    plain = partial(run_earl, ds, cfg, budget, protocols=settings.PROTOCOLS, seed=0)
+    assert cache.run_key("d", runs["paper settings"]) == cache.run_key("d", plain)
+    assert convergence.validation_share({"train_seconds": 100.0, "step_seconds_total": 96.0}) == pytest.approx(0.04)
+    assert convergence.validation_share({"train_seconds": 100.0}) is None  # records older than the field
 
 
 def test_the_full_k_sweep_trains_every_k_the_same_fixed_steps(tmp_path, monkeypatch):
     budgets, written = {}, {}
-    monkeypatch.setattr(paper, "load_dataset", lambda path: tiny_dataset())
-    real_run = paper.Bench.run
+    monkeypatch.setattr(cache, "load_dataset", lambda path: tiny_dataset())
+    real_run = cache.Bench.run
 
     def run(self, label, dataset, fn, **extra):
         budgets[label] = fn.args[2]  # run_earl(ds, cfg, budget, ...)
@@ -399,48 +399,48 @@ def test_the_full_k_sweep_trains_every_k_the_same_fixed_steps(tmp_path, monkeypa
         (tmp_path / "k.md").write_text(markdown)
         return tmp_path / "k.json", tmp_path / "k.md"
 
-    monkeypatch.setattr(paper.Bench, "run", run)
-    monkeypatch.setattr(paper, "write_results", write_results)
-    monkeypatch.setattr(paper, "save_png", lambda name, fig: "k.png")
+    monkeypatch.setattr(cache.Bench, "run", run)
+    monkeypatch.setattr(cache, "write_results", write_results)
+    monkeypatch.setattr(cache, "save_png", lambda name, fig: "k.png")
     args = _args(tmp_path, quick=False, report=True, data=None, ks=[1, 10], steps=None, minutes=None,
                  converge_minutes=180.0, datasets=tmp_path)
-    paper.cmd_ksweep(args)
-    every = paper.SETTINGS["codex-s"].eval_every
+    ksweep.cmd_ksweep(args)
+    every = settings.SETTINGS["codex-s"].eval_every
     assert set(budgets) == {"EARL k=1", "EARL k=10"} and len(set(budgets.values())) == 1
     budget = budgets["EARL k=1"]
     # Patience outlasts the run: early stopping can never end one k sooner than another.
-    assert budget.max_steps == paper.KSWEEP_STEPS and budget.patience * every > budget.max_steps
-    assert written["data"]["steps_per_run"] == paper.KSWEEP_STEPS
-    done = {"stopped": "steps", "steps": paper.KSWEEP_STEPS, "converged": False, "budget": budget.to_dict()}
-    assert paper._status(done) == f"n/a (fixed {paper.KSWEEP_STEPS:,} steps)"
-    line = paper._budget_line([{**_finished("codex-s", "earl", every), **done}])
-    assert f"a fixed {paper.KSWEEP_STEPS:,} steps, no early stopping" in line and "patience" not in line
+    assert budget.max_steps == settings.KSWEEP_STEPS and budget.patience * every > budget.max_steps
+    assert written["data"]["steps_per_run"] == settings.KSWEEP_STEPS
+    done = {"stopped": "steps", "steps": settings.KSWEEP_STEPS, "converged": False, "budget": budget.to_dict()}
+    assert report.status(done) == f"n/a (fixed {settings.KSWEEP_STEPS:,} steps)"
+    line = report.budget_line([{**_finished("codex-s", "earl", every), **done}])
+    assert f"a fixed {settings.KSWEEP_STEPS:,} steps, no early stopping" in line and "patience" not in line
     # Quick mode keeps its minutes-only budget, with the usual early stopping.
     budgets.clear()
-    paper.cmd_ksweep(argparse.Namespace(**{**vars(args), "quick": True}))
+    ksweep.cmd_ksweep(argparse.Namespace(**{**vars(args), "quick": True}))
     assert budgets["EARL k=1"].max_steps == Budget(minutes=1).max_steps and budgets["EARL k=1"].patience == 20
-    assert "patience 20" in paper._budget_line([_finished("codex-s", "earl", every)])
+    assert "patience 20" in report.budget_line([_finished("codex-s", "earl", every)])
 
 
 def test_the_ablation_trains_codex_s_to_convergence_whether_or_not_data_names_it(tmp_path, monkeypatch):
     keys: dict[tuple, dict[str, str]] = {}
-    monkeypatch.setattr(paper, "load_dataset", lambda path: tiny_dataset())
-    monkeypatch.setattr(paper, "write_results", lambda name, data, md: (tmp_path / "a.json", tmp_path / "a.md"))
+    monkeypatch.setattr(cache, "load_dataset", lambda path: tiny_dataset())
+    monkeypatch.setattr(cache, "write_results", lambda name, data, md: (tmp_path / "a.json", tmp_path / "a.md"))
     (tmp_path / "a.md").write_text("")
-    real_run = paper.Bench.run
+    real_run = cache.Bench.run
 
     def run(self, label, dataset, fn, **extra):
-        keys.setdefault(tuple(self.args.data or ()), {})[f"{dataset}/{label}"] = paper.run_key(dataset, fn)
-        assert fn.args[2].minutes == (180.0 if dataset == "codex-s" else paper.FULL_MINUTES)
+        keys.setdefault(tuple(self.args.data or ()), {})[f"{dataset}/{label}"] = cache.run_key(dataset, fn)
+        assert fn.args[2].minutes == (180.0 if dataset == "codex-s" else settings.FULL_MINUTES)
         return real_run(self, label, dataset, fn, **extra)
 
-    monkeypatch.setattr(paper.Bench, "run", run)
+    monkeypatch.setattr(cache.Bench, "run", run)
     args = _args(tmp_path, quick=False, report=True, data=None, minutes=None, converge_minutes=180.0,
                  datasets=tmp_path)
-    paper.cmd_ablation(args)
-    paper.cmd_ablation(argparse.Namespace(**{**vars(args), "data": ["codex-s"]}))
+    ablation.cmd_ablation(args)
+    ablation.cmd_ablation(argparse.Namespace(**{**vars(args), "data": ["codex-s"]}))
     whole, half = keys[()], keys[("codex-s",)]
-    assert len(whole) == 2 * len(paper.ABLATIONS) and len(half) == len(paper.ABLATIONS)
+    assert len(whole) == 2 * len(settings.ABLATIONS) and len(half) == len(settings.ABLATIONS)
     assert half == {k: v for k, v in whole.items() if k.startswith("codex-s/")}  # the very same runs
 
 
@@ -450,12 +450,12 @@ def test_the_ablation_compares_variants_at_the_last_validation_step_they_all_rea
 
     recs = [rec([250, 500, 750, 777], [0.1, 0.2, 0.3, 0.31]), rec([250, 500, 750, 1000], [0.15, 0.25, 0.35, 0.4]),
             rec([250, 500, 600], [0.12, 0.22, 0.23]), {"error": "not run yet", "pending": True}]
-    step = paper._common_eval_step(recs)
+    step = report.common_eval_step(recs)
     assert step == 500
-    assert [paper._valid_mrr_at(r, step) for r in recs] == [0.2, 0.25, 0.22, None]
-    assert paper._common_eval_step([rec([250], [0.1]), rec([300], [0.2])]) is None
-    assert paper._common_eval_step([{"error": "x"}]) is None
-    assert paper._valid_mrr_at(recs[0], None) is None
+    assert [report.valid_mrr_at(r, step) for r in recs] == [0.2, 0.25, 0.22, None]
+    assert report.common_eval_step([rec([250], [0.1]), rec([300], [0.2])]) is None
+    assert report.common_eval_step([{"error": "x"}]) is None
+    assert report.valid_mrr_at(recs[0], None) is None
 
 
 def test_pykeen_entities_with_one_vector_tie_as_in_pykeens_own_evaluator():

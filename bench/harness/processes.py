@@ -1,0 +1,105 @@
+"""Subprocesses a bench starts: `earl train` runs (several at once), and the API server on a free port."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from harness.machine import REPO
+
+
+def train_process(args: list[str], out: Path) -> subprocess.Popen:
+    """`earl train ARGS --out OUT` in its own process from the repository, its output in OUT/train.log."""
+    out.mkdir(parents=True, exist_ok=True)
+    log = (out / "train.log").open("w")
+    return subprocess.Popen([sys.executable, "-m", "earl_service.cli.main", "train", *args, "--out", str(out)], cwd=REPO,
+                            stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+
+
+def run_settings(grid: list[tuple[str, list[str]]], start, finish, *, parallel: int, done: list[dict] | None = None,
+                 partial: Path | None = None) -> list[dict]:
+    """Run each (label, flags) of `grid`, `parallel` at once: start(label, flags) -> (out dir, Popen); when one
+    ends, finish(label, flags, out, returncode, wall seconds) -> its record. Returns `done` + the records in the
+    order they finished; `partial` (JSON) holds them after each one (what a cut-off run still leaves)."""
+    pending, running, done = list(grid), [], list(done or [])
+    while pending or running:
+        while pending and len(running) < parallel:
+            label, flags = pending.pop(0)
+            running.append((label, flags, *start(label, flags), time.perf_counter()))
+            print(f"[{time.strftime('%H:%M:%S')}] started {label}", flush=True)
+        for item in list(running):
+            label, flags, out, proc, started = item
+            if proc.poll() is None:
+                continue
+            running.remove(item)
+            done.append(finish(label, flags, out, proc.returncode, time.perf_counter() - started))
+            if partial is not None:
+                partial.parent.mkdir(parents=True, exist_ok=True)
+                partial.write_text(json.dumps(done, indent=1))
+            rec = done[-1]
+            print(f"[{time.strftime('%H:%M:%S')}] finished {label}: rc {proc.returncode}, valid MRR "
+                  f"{(rec.get('valid') or {}).get('mrr')}, test MRR {(rec.get('test') or {}).get('mrr')}", flush=True)
+        time.sleep(1)
+    return done
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait_ready(base: str, proc: subprocess.Popen, timeout: float) -> None:
+    """Poll `base`/readyz until it answers 200; raise if the server exits first or `timeout` seconds pass."""
+    import httpx
+
+    deadline = time.monotonic() + timeout
+    while True:
+        if proc.poll() is not None:
+            raise RuntimeError(f"uvicorn exited with {proc.returncode} before it was ready")
+        try:
+            if httpx.get(f"{base}/readyz", timeout=2).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"uvicorn not ready after {timeout} s")
+        time.sleep(0.1)
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+@contextmanager
+def api_server(home: Path, *, token: str = "", log: Path | None = None, env: dict[str, str] | None = None,
+               timeout: float = 120.0, tree: Path = REPO) -> Iterator[tuple[str, subprocess.Popen]]:
+    """`uvicorn api.main:app` of the code in `tree` on a free 127.0.0.1 port over `home` (SQLite store); yields
+    (base URL, process) once /readyz answers 200, and stops it (SIGTERM) afterwards. Its output goes to `log`."""
+    port = free_port()
+    env = {**os.environ, "EARL_HOME": str(home), "EARL_STORE": "sqlite", "EARL_API_TOKEN": token, **(env or {})}
+    out = log.open("w") if log else subprocess.DEVNULL
+    proc = subprocess.Popen([sys.executable, "-m", "uvicorn", "api.main:app", "--host", "127.0.0.1", "--port",
+                             str(port), "--log-level", "warning"], cwd=tree, env=env, stdout=out,
+                            stderr=subprocess.STDOUT)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        _wait_ready(base, proc, timeout)
+        yield base, proc
+    finally:
+        _stop(proc)
+        if log:
+            out.close()
