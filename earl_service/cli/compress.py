@@ -49,7 +49,8 @@ def _show(progress: dict[str, Any]) -> None:
 
 def cmd_compress(a: argparse.Namespace) -> int:
     from earl_service.compress.config import CompressConfig
-    from earl_service.compress.search import PICK, compress, pick_metrics
+    from earl_service.compress.search import compress, pick_metrics
+    from earl_service.compress.state import PICK
     from earl_service.config.options import train_configs_from_options
     from earl_service.data.dataset import load_dataset
 

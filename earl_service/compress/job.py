@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from earl_service.compress.config import CompressConfig
+from earl_service.compress.state import PICK, STATE
 from earl_service.config import ModelKind, TrainConfig
 from earl_service.errors import ConfigError
 from earl_service.service.home import ServiceHome
@@ -50,7 +51,7 @@ def run_compress(home: ServiceHome, job: Job, *, search: CompressConfig,
     """compress() as `search` (compress_settings of the job's params) asks, on the job's uploads in runs/<job>/;
     the pick's path, or None when stopped. A rerun (the job requeued after a worker stopped or died) continues
     from the last rung the folder's saved state holds."""
-    from earl_service.compress.search import PICK, STATE, compress
+    from earl_service.compress.search import compress
     from earl_service.config.options import data_config_from_options
     from earl_service.data.dataset import load_dataset
 
