@@ -1,4 +1,5 @@
-"""Request and response models. The training form is derived from the option table, as `earl train` is."""
+"""Request and response models. The job form is derived from the option tables, as `earl train` and `earl compress`
+are."""
 
 from __future__ import annotations
 
@@ -20,10 +21,10 @@ class CompressForm(compress_form_model()):  # type: ignore[misc]  # a derived ba
     earl_service.compress.job.compress_settings."""
 
 
-class TrainForm(form_model(), CompressForm):  # type: ignore[misc]  # a derived base is dynamic to mypy
-    """Form fields of POST /jobs: the option table's service options (earl_service/config/options.py, with its limits
-    that keep one request from asking for an absurd job), plus how the service runs and exports the job, and
-    the compress job's fields (CompressForm).
+class JobForm(form_model(), CompressForm):  # type: ignore[misc]  # a derived base is dynamic to mypy
+    """Form fields of POST /jobs, a training job's or (with max_bytes) a compress job's: the option table's service
+    options (earl_service/config/options.py, with its limits that keep one request from asking for an absurd
+    job), plus how the service runs and exports the job, and the compress job's fields (CompressForm).
 
     Unknown fields are refused by the route (`reject_unknown_fields`), not here: the form also carries the files.
     """

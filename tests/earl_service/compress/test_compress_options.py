@@ -15,7 +15,7 @@ from earl_service.config.options import FORM_OPTIONS
 
 pytest.importorskip("fastapi")
 from api.compress_jobs import job_params  # noqa: E402
-from api.schemas import CompressForm, TrainForm  # noqa: E402
+from api.schemas import CompressForm, JobForm  # noqa: E402
 
 # `earl compress` arguments that are no search setting: where and how its candidates train and read the data.
 NOT_SEARCH = {"help", "data", "out", "device", "threads", "labels", "recipe", "header", "columns", "func"}
@@ -37,7 +37,7 @@ def cli_config(values):
 
 def worker_config(form):
     """The search the worker runs for a job of this form (the params as POST /jobs stores them)."""
-    validated = TrainForm.model_validate(form)
+    validated = JobForm.model_validate(form)
     return compress_settings(job_params(validated.model_dump(), given=validated.model_fields_set)[0])
 
 
@@ -49,7 +49,7 @@ def test_every_compress_option_is_an_earl_compress_flag_and_back():
 def test_every_compress_option_is_a_job_form_field():
     assert set(CompressForm.model_fields) == {o.name for o in FORM_COMPRESS_OPTIONS}
     assert {o.name for o in SHARED_OPTIONS} == {"time_limit", "seed"} <= {o.name for o in FORM_OPTIONS}
-    assert {o.name for o in COMPRESS_OPTIONS} <= set(TrainForm.model_fields)
+    assert {o.name for o in COMPRESS_OPTIONS} <= set(JobForm.model_fields)
 
 
 def test_the_same_values_give_the_same_search_on_the_cli_and_the_worker():
