@@ -1,4 +1,5 @@
-"""Request and response models. The training form is derived from the option table, as `earl train` is."""
+"""Request and response models. The job form is derived from the option tables, as `earl train` and `earl compress`
+are."""
 
 from __future__ import annotations
 
@@ -7,32 +8,23 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field, model_validator
 
 from earl_service.bundle.format import PRECISIONS
-from earl_service.compress.config import METRICS
+from earl_service.compress.options import compress_form_model
 from earl_service.config.options import form_model
 
 from .deps import ID_PATTERN
 
 
-class CompressForm(BaseModel):
+class CompressForm(compress_form_model()):  # type: ignore[misc]  # a derived base is dynamic to mypy
     """The form fields of a compress job: POST /jobs with max_bytes searches models, dims and precisions for the
     most accurate bundle under that size within `time_limit` minutes (required then) instead of training one
-    model. Service options, not TrainConfig fields; read by earl_service.compress.job.compress_settings."""
-
-    max_bytes: str | None = Field(None, max_length=40, description=(
-        "compress job: most bytes the bundle file may take: 2MB (10**6 bytes: kB/MB/GB are powers of 10), "
-        "1.5MiB (2**20: KiB/MiB/GiB), 500000 or 2e6; the job needs time_limit and a valid file"))
-    models: str | None = Field(None, max_length=200, description="compress job: comma-separated models to "
-                                                                  "search, e.g. earl,rotate (default: all)")
-    precisions: str | None = Field(None, max_length=200, description="compress job: comma-separated precisions "
-                                                                      "to export, e.g. fp32,fp16,int8,pq or pq:50 (default: all)")
-    metric: Literal[tuple(METRICS)] | None = Field(  # type: ignore[valid-type]
-        None, description="compress job: the validation metric that picks (default: mrr)")
+    model. Derived from CompressConfig's fields (earl_service/compress/options.py), as `earl compress` is; read by
+    earl_service.compress.job.compress_settings."""
 
 
-class TrainForm(form_model(), CompressForm):  # type: ignore[misc]  # a derived base is dynamic to mypy
-    """Form fields of POST /jobs: the option table's service options (earl_service/config/options.py, with its limits
-    that keep one request from asking for an absurd job), plus how the service runs and exports the job, and
-    the compress job's fields (CompressForm).
+class JobForm(form_model(), CompressForm):  # type: ignore[misc]  # a derived base is dynamic to mypy
+    """Form fields of POST /jobs, a training job's or (with max_bytes) a compress job's: the option table's service
+    options (earl_service/config/options.py, with its limits that keep one request from asking for an absurd
+    job), plus how the service runs and exports the job, and the compress job's fields (CompressForm).
 
     Unknown fields are refused by the route (`reject_unknown_fields`), not here: the form also carries the files.
     """

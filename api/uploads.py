@@ -56,9 +56,9 @@ def _check_names(shown: str, longest_name: int) -> None:
                                            f"are limited to {MAX_NAME_CHARS:,} (is a separator missing?)")
 
 
-def check_triples(path: Path, shown_name: str | None, *, max_bytes: int = DEFAULT_MAX_BYTES,
+def check_triples(path: Path, shown_name: str | None, *, max_unpacked_bytes: int = DEFAULT_MAX_BYTES,
                   max_triples: int = DEFAULT_MAX_UPLOAD_TRIPLES, data: DataConfig | None = None) -> dict[str, int]:
-    """count_triples on the saved file (a .gz at most `max_bytes` unpacked); returns its counts.
+    """count_triples on the saved file (a .gz at most `max_unpacked_bytes` unpacked); returns its counts.
 
     The reader streams and keeps one 64-bit fingerprint per distinct triple, no names, so memory follows the
     distinct triples (at most `max_triples`, EARL_MAX_UPLOAD_TRIPLES), not the upload's (or its unpacked) size.
@@ -66,18 +66,18 @@ def check_triples(path: Path, shown_name: str | None, *, max_bytes: int = DEFAUL
     """
     shown = shown_name or path.name
     with _named_as(shown):
-        counts = count_triples(path, max_bytes=max_bytes, max_triples=max_triples, data=data)
+        counts = count_triples(path, max_bytes=max_unpacked_bytes, max_triples=max_triples, data=data)
     _check_names(shown, counts.longest_name)
     return {"triples": counts.triples, "duplicates_dropped": counts.duplicates}
 
 
-def check_table(path: Path, shown_name: str | None, *, max_bytes: int = DEFAULT_MAX_BYTES,
+def check_table(path: Path, shown_name: str | None, *, max_unpacked_bytes: int = DEFAULT_MAX_BYTES,
                 max_triples: int = DEFAULT_MAX_UPLOAD_TRIPLES, data: DataConfig | None = None) -> TripleTable:
     """check_triples' checks while reading the file whole (read_table, which keeps every name): for a split the
     request needs as a graph (a compress job's train file, whose packed bytes bound the budget)."""
     shown = shown_name or path.name
     with _named_as(shown):
-        table = read_table(path, max_bytes=max_bytes, max_triples=max_triples, data=data)
+        table = read_table(path, max_bytes=max_unpacked_bytes, max_triples=max_triples, data=data)
     _check_names(shown, table.longest_name())
     return table
 
@@ -97,9 +97,9 @@ def save_labels(upload: UploadFile, folder: Path, kind: Kind) -> tuple[Path, int
 
 
 def save_job_files(home: ServiceHome, job_id: str, uploads: dict[str, UploadFile | None],
-                   labels: dict[str, UploadFile | None] | None = None, *, max_bytes: int = DEFAULT_MAX_BYTES,
-                   max_triples: int = DEFAULT_MAX_UPLOAD_TRIPLES, whole: Collection[str] = (),
-                   data: DataConfig | None = None,
+                   labels: dict[str, UploadFile | None] | None = None, *,
+                   max_unpacked_bytes: int = DEFAULT_MAX_BYTES, max_triples: int = DEFAULT_MAX_UPLOAD_TRIPLES,
+                   whole: Collection[str] = (), data: DataConfig | None = None,
                    ) -> tuple[dict[str, str], dict[str, dict[str, int]], dict[str, TripleTable]]:
     """Save train/valid/test as HOME/uploads/<job>/<split><suffix>, checked; paths returned relative to HOME,
     with each split's counts (triples kept, duplicates dropped) and, for the splits named in `whole`, the table
@@ -124,12 +124,12 @@ def save_job_files(home: ServiceHome, job_id: str, uploads: dict[str, UploadFile
                 continue
             path = save_upload(upload, folder / f"{split}{split_suffix(upload.filename)}")
             if split in whole:
-                tables[split] = check_table(path, upload.filename, max_bytes=max_bytes, max_triples=max_triples,
-                                            data=data)
+                tables[split] = check_table(path, upload.filename, max_unpacked_bytes=max_unpacked_bytes,
+                                            max_triples=max_triples, data=data)
                 counts[split] = {"triples": len(tables[split]), "duplicates_dropped": tables[split].duplicates}
             else:
-                counts[split] = check_triples(path, upload.filename, max_bytes=max_bytes, max_triples=max_triples,
-                                              data=data)
+                counts[split] = check_triples(path, upload.filename, max_unpacked_bytes=max_unpacked_bytes,
+                                              max_triples=max_triples, data=data)
             files[split] = home.relative(path)
     except BaseException:
         shutil.rmtree(folder, ignore_errors=True)
@@ -139,13 +139,13 @@ def save_job_files(home: ServiceHome, job_id: str, uploads: dict[str, UploadFile
 
 @contextmanager
 def staged_triples(upload: UploadFile, home: ServiceHome, name: str, *,
-                   max_bytes: int = DEFAULT_MAX_BYTES, max_triples: int = DEFAULT_MAX_UPLOAD_TRIPLES,
+                   max_unpacked_bytes: int = DEFAULT_MAX_BYTES, max_triples: int = DEFAULT_MAX_UPLOAD_TRIPLES,
                    ) -> Iterator[Path]:
     """The uploaded triple file in the home's staging area, checked (check_triples); removed afterwards."""
     path = home.staging_path(name, split_suffix(upload.filename))  # the suffix is the reader's cue (.gz, .csv)
     try:
         save_upload(upload, path)
-        check_triples(path, upload.filename, max_bytes=max_bytes, max_triples=max_triples)
+        check_triples(path, upload.filename, max_unpacked_bytes=max_unpacked_bytes, max_triples=max_triples)
         yield path
     finally:
         path.unlink(missing_ok=True)

@@ -50,7 +50,8 @@ gc.collect()
 before = status_kib("VmRSS")
 t0 = time.perf_counter()
 try:
-    result = check_triples(path, None, max_bytes=max_bytes, **limit)
+    size = {"max_bytes" if old else "max_unpacked_bytes": max_bytes}  # the old module's spelling
+    result = check_triples(path, None, **size, **limit)
 except TripleFileError as exc:
     result = exc.reason
 seconds = time.perf_counter() - t0

@@ -35,7 +35,8 @@ from earl_service.bundle.format import PRECISIONS
 from earl_service.bundle.model_io import load_bundle
 from earl_service.bundle.sizes import BundleSizes, save_exact
 from earl_service.compress.config import CompressConfig, parse_size
-from earl_service.compress.search import choose, compress, evaluate_bundle
+from earl_service.compress.rungs import evaluate_bundle
+from earl_service.compress.search import choose, compress
 from earl_service.config import ModelConfig, TrainConfig
 from earl_service.data.dataset import load_dataset
 from earl_service.train.loop import BUNDLE, train

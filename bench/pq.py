@@ -31,7 +31,7 @@ from earl_service.atomic import write_json
 from earl_service.bundle.codebooks import codes_for, encode_tables
 from earl_service.bundle.model_io import load_bundle
 from earl_service.bundle.sizes import BundleSizes, save_exact
-from earl_service.compress.search import evaluate_bundle
+from earl_service.compress.rungs import evaluate_bundle
 from earl_service.config import ModelConfig, TrainConfig
 from earl_service.config.options import train_configs_from_options
 from earl_service.config.recipes import DEFAULT, RECIPES

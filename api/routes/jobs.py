@@ -14,7 +14,7 @@ from ..compress_jobs import check_uploads, job_params, trained_params
 from ..deps import HomeDep, JobId, SettingsDep, StoreDep, presented_token
 from ..errors import NOT_FOUND
 from ..limits import bounded_job_params, client_key, unfinished_jobs
-from ..schemas import JobCreated, JobOut, TrainForm
+from ..schemas import JobCreated, JobForm, JobOut
 from ..uploads import LABEL_FIELDS, save_job_files
 
 router = APIRouter(prefix="/jobs", tags=["jobs"])
@@ -23,10 +23,10 @@ FILES = ("train", "valid", "test", "entity_labels", "relation_labels")
 
 async def reject_unknown_fields(request: Request) -> None:
     """422 for a form field that is neither a training option nor a file: a typo must not pass silently."""
-    unknown = sorted(set((await request.form()).keys()) - set(TrainForm.model_fields) - set(FILES))
+    unknown = sorted(set((await request.form()).keys()) - set(JobForm.model_fields) - set(FILES))
     if unknown:
         raise HTTPException(422, f"unknown form field(s): {', '.join(unknown)}; expected the files "
-                                 f"{', '.join(FILES)} and options {', '.join(TrainForm.model_fields)}")
+                                 f"{', '.join(FILES)} and options {', '.join(JobForm.model_fields)}")
 
 
 def found(job: Job | None, job_id: str) -> Job:
@@ -39,7 +39,7 @@ def found(job: Job | None, job_id: str) -> Job:
 @router.post("", status_code=202, response_model=JobCreated,
              dependencies=[Depends(reject_unknown_fields)])
 def create_job(request: Request, settings: SettingsDep, home: HomeDep, store: StoreDep,
-               form: Annotated[TrainForm, Form()], train: UploadFile, valid: UploadFile | None = None,
+               form: Annotated[JobForm, Form()], train: UploadFile, valid: UploadFile | None = None,
                test: UploadFile | None = None, entity_labels: UploadFile | None = None,
                relation_labels: UploadFile | None = None) -> JobCreated:
     """Queue a training job, or with `max_bytes` a compress job; the files are checked (format, encoding,
@@ -62,7 +62,7 @@ def create_job(request: Request, settings: SettingsDep, home: HomeDep, store: St
     job_id = new_id()
     files, counts, tables = save_job_files(home, job_id, {"train": train, "valid": valid, "test": test},
                                            labels={"entity_labels": entity_labels, "relation_labels": relation_labels},
-                                           max_bytes=settings.max_unpacked_bytes,
+                                           max_unpacked_bytes=settings.max_unpacked_bytes,
                                            max_triples=settings.max_upload_triples,
                                            whole=("train",) if compress is not None else (),
                                            data=data_config_from_options(stored))

@@ -76,7 +76,7 @@ def extend_model(model_id: ModelId, triples: UploadFile, settings: SettingsDep, 
     model's next version (the previous one stays downloadable)."""
     registry.get(model_id)  # an unknown model is a 404 before its upload is read
     with staged_triples(triples, registry.home, f"{model_id}.triples",
-                        max_bytes=settings.max_unpacked_bytes, max_triples=settings.max_upload_triples) as path:
+                        max_unpacked_bytes=settings.max_unpacked_bytes, max_triples=settings.max_upload_triples) as path:
         record = registry.extend(model_id, path, shown_name=triples.filename or "upload")
     cache.invalidate(model_id)
     return detail(record)

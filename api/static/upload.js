@@ -27,7 +27,7 @@ async function jobSchema() {
   schemaCache ??= getJSON("/openapi.json").then((api) => {
     const bodyRef = api.paths["/jobs"].post.requestBody.content["multipart/form-data"].schema.$ref;
     const body = api.components.schemas[bodyRef.split("/").pop()];
-    const options = api.components.schemas.TrainForm.properties;
+    const options = api.components.schemas.JobForm.properties;
     return { files: Object.keys(body.properties).filter((k) => !(k in options)), required: body.required || [],
       options };
   });

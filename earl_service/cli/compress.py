@@ -8,8 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from earl_service.compress.config import SEARCHED
-from earl_service.config import MODELS
+from earl_service.compress.options import add_compress_options, compress_config_from_options
 from earl_service.config.options import add_data_options, add_recipe_option, data_config_from_options
 
 
@@ -19,17 +18,7 @@ def add_compress_command(sub) -> None:
     p.add_argument("--out", required=True,
                    help="job folder: the pick (bundle.safetensors), report.json/.md, frontier.png, candidates/; "
                         "run again with the same folder to continue a stopped job")
-    p.add_argument("--max-bytes", required=True, metavar="SIZE",
-                   help="most bytes the bundle file may take: 2MB (= 2,000,000: kB/MB/GB are powers of 10), "
-                        "1.5MiB (= 1.5 * 2**20: KiB/MiB/GiB are powers of 2), 500000 or 2e6")
-    p.add_argument("--time-limit", type=float, required=True, metavar="MINUTES",
-                   help="minutes for the search (training, validation, exports; the final test evaluation comes after)")
-    p.add_argument("--models", default=",".join(MODELS), help=f"comma-separated, from {', '.join(MODELS)}")
-    p.add_argument("--precisions", default=",".join(SEARCHED),
-                   help=f"comma-separated, from {', '.join(SEARCHED)} (pq: each code size that fits) or pq:M "
-                        "(M one-byte codes per row)")
-    p.add_argument("--metric", default="mrr", help="validation metric that picks: mrr or hits@10")
-    p.add_argument("--seed", type=int, default=0)
+    add_compress_options(p)
     p.add_argument("--device", default="auto", help="auto | cpu | cuda")
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch default)")
     p.add_argument("--no-labels", dest="labels", action="store_false",
@@ -48,15 +37,14 @@ def _show(progress: dict[str, Any]) -> None:
 
 
 def cmd_compress(a: argparse.Namespace) -> int:
-    from earl_service.compress.config import CompressConfig
-    from earl_service.compress.search import PICK, compress, pick_metrics
+    from earl_service.compress.search import compress, pick_metrics
+    from earl_service.compress.state import PICK
     from earl_service.config.options import train_configs_from_options
     from earl_service.data.dataset import load_dataset
 
-    config = CompressConfig.from_text(a.max_bytes, a.time_limit, models=a.models, precisions=a.precisions,
-                                      metric=a.metric, seed=a.seed)
+    config = compress_config_from_options(vars(a))
     train_configs = train_configs_from_options({"progress": False, "device": a.device, "threads": a.threads,
-                                                "seed": a.seed}, recipe=a.recipe)
+                                                "seed": config.seed}, recipe=a.recipe)
     dataset = load_dataset(a.data, data=data_config_from_options(vars(a)), labels=a.labels)
     report = compress(dataset, a.out, config, train_configs=train_configs, on_progress=_show)
     assert report is not None  # nothing stops the command line's job but a signal, which ends the process

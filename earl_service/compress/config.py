@@ -1,19 +1,21 @@
 """What a compress job asks for, checked without torch (the API refuses a bad job before queueing it):
-byte sizes ('2MB'), the job's settings, and the bytes of the graph and vocabularies every bundle carries."""
+byte sizes ('2MB'), the job's settings (each field with its option, as config/fields.py declares train's), and
+the bytes of the graph and vocabularies every bundle carries."""
 
 from __future__ import annotations
 
 import math
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import MISSING, dataclass
 from typing import Any, cast
 
 import numpy as np
 
 from earl_service.bundle.codebooks import PQ, parse_pq
 from earl_service.bundle.format import PRECISIONS, graph_bytes, graph_csr, joined_strings
-from earl_service.config import MODELS, ModelKind
+from earl_service.config import MODELS, ModelKind, Text
+from earl_service.config.fields import setting
 from earl_service.errors import ConfigError
 
 # What compress searches by default: the uniform precisions, and pq at each code size that fits (pq_format).
@@ -61,6 +63,13 @@ def split_models(text: str) -> tuple[ModelKind, ...]:
     return cast("tuple[ModelKind, ...]", split_names(text))
 
 
+# How the size and the name lists are written in `earl compress` and the job form; each read into the config by
+# compress_config_from_options (a bad one is the config's ConfigError, with the choices, not a form pattern's).
+SIZE_TEXT = Text(parse_size, str)
+MODELS_TEXT = Text(split_models, ",".join)
+NAMES_TEXT = Text(split_names, ",".join)
+
+
 def _xz_bound(raw: int) -> int:
     """Most bytes xz writes for `raw` input bytes: LZMA2 stores a chunk it cannot shrink as is (3 header bytes per
     64 KiB), plus the container's headers, index and check (far below the 2 KiB allowed here)."""
@@ -89,15 +98,24 @@ def _pq_codes(name: str) -> int | None:
 
 @dataclass(frozen=True)
 class CompressConfig:
-    """What to search: the byte and time budgets, the models and precisions, the metric that picks."""
+    """What to search: the byte and time budgets, the models and precisions, the metric that picks. Each field
+    is an `earl compress` option and a job form field (earl_service/compress/options.py); `limits` bound the
+    form's text."""
 
-    max_bytes: int
-    time_limit_minutes: float
-    models: tuple[ModelKind, ...] = MODELS
-    precisions: tuple[str, ...] = SEARCHED  # and pq:M for one code size
-    metric: str = "mrr"
-    seed: int = 0
-    eta: int = 2  # successive halving keeps the best 1/eta of the candidates at each rung
+    max_bytes: int = setting(MISSING, "most bytes the bundle file may take: 2MB (= 2,000,000: kB/MB/GB are powers "
+                                      "of 10), 1.5MiB (= 1.5 * 2**20: KiB/MiB/GiB are powers of 2), 500000 or 2e6",
+                             metavar="SIZE", limits={"max_length": 40}, text=SIZE_TEXT)
+    time_limit_minutes: float = setting(MISSING, "minutes for the search (training, validation, exports; the final "
+                                                 "test evaluation comes after)", option="time_limit",
+                                        metavar="MINUTES")
+    models: tuple[ModelKind, ...] = setting(MODELS, f"comma-separated models to search, from {', '.join(MODELS)}",
+                                            limits={"max_length": 200}, text=MODELS_TEXT)
+    precisions: tuple[str, ...] = setting(
+        SEARCHED, f"comma-separated precisions to export, from {', '.join(SEARCHED)} (pq: each code size that "
+                  "fits) or pq:M (M one-byte codes per row)", limits={"max_length": 200}, text=NAMES_TEXT)
+    metric: str = setting("mrr", "the validation metric that picks", choices=tuple(METRICS))
+    seed: int = setting(0, "seed of every candidate's training and of the pq codebooks")
+    eta: int = setting(2, "successive halving keeps the best 1/eta of the candidates at each rung", option=None)
 
     def __post_init__(self) -> None:
         if self.max_bytes < 1:
@@ -115,16 +133,6 @@ class CompressConfig:
             raise ConfigError(f"unknown metric {self.metric!r}; choose from {', '.join(METRICS)}")
         if self.eta < 2:
             raise ConfigError("eta must be at least 2")
-
-    @classmethod
-    def from_text(cls, max_bytes: str | int | float, time_limit_minutes: float, *, models: str | None = None,
-                  precisions: str | None = None, metric: str | None = None, seed: int = 0) -> CompressConfig:
-        """The search as the command line and the job form write it: a size ('2MB'), comma-separated models and
-        precisions (None: all); ConfigError for a bad size or an unknown name."""
-        return cls(max_bytes=parse_size(max_bytes), time_limit_minutes=time_limit_minutes,
-                   models=MODELS if models is None else split_models(models),
-                   precisions=SEARCHED if precisions is None else split_names(precisions),
-                   metric=metric or cls.metric, seed=seed)
 
     def settings(self) -> dict[str, Any]:
         """What a resumed job must share with the one it continues (the time limit may change)."""

@@ -1,5 +1,6 @@
 """Compress jobs: a job with max_bytes runs compress() in its run folder instead of train(), and its model keeps
-the report. The settings are read here for the API too (before queueing) and for the worker (when it runs)."""
+the report. The settings are read here (by the option table of compress/options.py) for the API too (before
+queueing) and for the worker (when it runs)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from earl_service.compress.config import CompressConfig
+from earl_service.compress.options import FORM_COMPRESS_OPTIONS, compress_config_from_options
+from earl_service.compress.state import PICK, STATE
 from earl_service.config import ModelKind, TrainConfig
 from earl_service.errors import ConfigError
 from earl_service.service.home import ServiceHome
@@ -18,14 +21,12 @@ from earl_service.service.registry import ModelRegistry
 
 log = logging.getLogger(__name__)
 
-COMPRESS_ONLY = ("models", "precisions", "metric")  # form fields that mean nothing to a training job
-
-
 def compress_settings(params: Mapping[str, Any]) -> CompressConfig | None:
-    """The search a job's params ask for (form names: max_bytes, time_limit, models, precisions, metric, seed);
-    None for a training job. ConfigError for a bad size, a missing time limit or an unknown name."""
+    """The search a job's params ask for (compress_config_from_options: max_bytes, time_limit, models,
+    precisions, metric, seed); None for a training job (no max_bytes). ConfigError for a bad size, a missing time
+    limit, an unknown name, or a compress-only field in a training job."""
     if params.get("max_bytes") is None:
-        given = [name for name in COMPRESS_ONLY if params.get(name) is not None]
+        given = [o.name for o in FORM_COMPRESS_OPTIONS if params.get(o.name) is not None]
         if given:
             raise ConfigError(f"{', '.join(given)}: only a compress job takes them; give max_bytes too")
         return None
@@ -33,9 +34,7 @@ def compress_settings(params: Mapping[str, Any]) -> CompressConfig | None:
         raise ConfigError("a compress job (max_bytes) needs time_limit: the minutes the search may take")
     if params.get("nproc_per_node"):
         raise ConfigError("a compress job trains in the worker's own process: leave nproc_per_node at 0")
-    return CompressConfig.from_text(params["max_bytes"], float(params["time_limit"]), models=params.get("models"),
-                                    precisions=params.get("precisions"), metric=params.get("metric"),
-                                    seed=int(params.get("seed") or 0))
+    return compress_config_from_options(params)
 
 
 def job_progress(event: dict[str, Any], *, resumed: bool) -> dict[str, Any]:
@@ -50,7 +49,7 @@ def run_compress(home: ServiceHome, job: Job, *, search: CompressConfig,
     """compress() as `search` (compress_settings of the job's params) asks, on the job's uploads in runs/<job>/;
     the pick's path, or None when stopped. A rerun (the job requeued after a worker stopped or died) continues
     from the last rung the folder's saved state holds."""
-    from earl_service.compress.search import PICK, STATE, compress
+    from earl_service.compress.search import compress
     from earl_service.config.options import data_config_from_options
     from earl_service.data.dataset import load_dataset
 

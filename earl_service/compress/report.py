@@ -4,14 +4,12 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from earl_service.atomic import replacing, write_bytes, write_json
 from earl_service.bundle.sizes import CODING, METRICS_ROOM
 from earl_service.compress.config import METRICS
-
-if TYPE_CHECKING:
-    from earl_service.compress.search import Job
+from earl_service.compress.state import CompressRun
 
 REPORT_JSON, REPORT_MD, FRONTIER_PNG = "report.json", "report.md", "frontier.png"
 
@@ -26,25 +24,26 @@ def frontier(rows: list[dict[str, Any]], key: str) -> list[dict[str, Any]]:
     return out
 
 
-def build_report(job: Job, rows: list[dict[str, Any]], pick: dict[str, Any], test: dict | None) -> dict[str, Any]:
-    ds, key = job.dataset, METRICS[job.config.metric]
+def build_report(run: CompressRun, rows: list[dict[str, Any]], pick: dict[str, Any], test: dict | None,
+                 ) -> dict[str, Any]:
+    ds, key, config, state = run.dataset, METRICS[run.config.metric], run.config, run.state
     return {
-        "max_bytes": job.config.max_bytes, "time_limit_minutes": job.config.time_limit_minutes,
-        "metric": job.config.metric, "metric_key": key, "seed": job.config.seed, "eta": job.config.eta,
+        "max_bytes": config.max_bytes, "time_limit_minutes": config.time_limit_minutes,
+        "metric": config.metric, "metric_key": key, "seed": config.seed, "eta": config.eta,
         "dataset": {"entities": ds.num_entities, "train_entities": ds.num_train_entities,
                     "relations": ds.num_relations, "train": len(ds.train), "valid": len(ds.split("valid")),
                     "test": 0 if ds.test is None else len(ds.test)},
-        "graph_bytes": job.state["graph_bytes"], "validation_seconds": job.state["validation_seconds"],
+        "graph_bytes": state.graph_bytes, "validation_seconds": state.validation_seconds,
         "sizes": f"exact: weights as {CODING} tensors (pq:M: the entity tables as M one-byte codes per row and fp16 "
                  f"codebooks, fine-tuned; other weights int8), metrics padded to {METRICS_ROOM} header bytes; every "
                  "written file was checked against its prediction",
-        "candidates": job.state["candidates"],
-        "train": {model: job.train_configs[model].to_dict() for model in job.config.models},
-        "rungs": [{"index": r["index"], "survivors": r["survivors"], "budget_seconds": r.get("budget_seconds"),
-                   "scores": {n: v["score"] for n, v in r["results"].items()}} for r in job.state["rungs"]],
+        "candidates": [c.to_json() for c in state.candidates],
+        "train": {model: run.train_configs[model].to_dict() for model in config.models},
+        "rungs": [{"index": r.index, "survivors": r.survivors, "budget_seconds": r.budget_seconds,
+                   "scores": {n: v.score for n, v in r.results.items()}} for r in state.rungs],
         "exports": rows,
         "frontier": [(r["candidate"], r["precision"]) for r in frontier(rows, key)],
-        "pick": pick, "test": test, "spent_seconds": job.spent,
+        "pick": pick, "test": test, "spent_seconds": run.spent,
     }
 
 

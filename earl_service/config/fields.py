@@ -21,7 +21,7 @@ class Text(NamedTuple):
 
     parse: Callable[[str], Any]
     format: Callable[[Any], str]
-    pattern: str  # what the job form accepts
+    pattern: str | None = None  # what the job form accepts (None: any text; the config's own check decides)
 
 
 def setting(default: Any, help: str, *, option: str | None = "", group: str = "", aliases: tuple[str, ...] = (),
@@ -29,7 +29,8 @@ def setting(default: Any, help: str, *, option: str | None = "", group: str = ""
             choices: tuple[str, ...] = (), cli_only: bool = False, metavar: str | None = None,
             text: Text | None = None) -> Any:
     """A config field with what earl_service/config/options.py needs to offer it as `earl train --NAME` and as a job
-    form field: `option` is its public name ("" for the field's own name, None for no option at all);
+    form field: `option` is its public name ("" for the field's own name, None for no option at all); a
+    `default` of dataclasses.MISSING makes a required field (and option);
     `bounds` (ge/gt/le) are hard validity, checked here for every caller; `limits` are the service's stricter
     bounds on a job (the API form only); `cli_only` keeps an option out of the job form."""
     metadata = {"help": help, "option": option, "group": group, "aliases": aliases, "bounds": bounds or {},

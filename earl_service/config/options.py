@@ -71,15 +71,18 @@ def _option(cls: type, f: dataclasses.Field, hints: dict[str, Any]) -> Option:
                   text=meta["text"])
 
 
+def field_options(cls: type) -> list[Option]:
+    """The options of config dataclass `cls` (its fields declared with `setting`), in field order; a field with
+    no public option (knn_temperature) has none. Also CompressConfig's (earl_service/compress/options.py)."""
+    hints = typing.get_type_hints(cls)
+    return [_option(cls, f, hints) for f in dataclasses.fields(cls) if f.metadata.get("option", "") is not None]
+
+
 def _table() -> tuple[Option, ...]:
     """Every option in field order; a name declared by both configs (seed) becomes one option setting both."""
     table: dict[str, Option] = {}
     for cls in CONFIGS:
-        hints = typing.get_type_hints(cls)
-        for f in dataclasses.fields(cls):
-            if f.metadata.get("option", "") is None:  # a field with no public option (knn_temperature)
-                continue
-            option = _option(cls, f, hints)
+        for option in field_options(cls):
             if option.name in table:  # the same option: it must be declared alike in both configs
                 first = table[option.name]
                 assert dataclasses.replace(option, fields=first.fields, group=first.group) == first, option.name
@@ -213,7 +216,8 @@ def _form_field(option: Option) -> tuple[Any, Any]:
         kind = Literal[option.choices]
     elif option.text:
         kind, default = str, option.text.format(option.default)
-        constraints["pattern"] = option.text.pattern
+        if option.text.pattern:
+            constraints["pattern"] = option.text.pattern
     help_text = f"{option.help} (not given: the recipe's value, else this default)" if _recipe_sets(option) \
         else option.help
     return kind, Field(default, description=help_text, **constraints)
@@ -237,6 +241,6 @@ def form_model(name: str = "TrainOptions") -> type[BaseModel]:
     return create_model(name, __config__=ConfigDict(extra="ignore"), **fields)
 
 
-__all__ = ["FORM_OPTIONS", "OPTIONS", "Option", "add_data_options", "add_recipe_option", "add_train_options",
+__all__ = ["FORM_OPTIONS", "OPTIONS", "Option", "add_data_options", "field_options", "add_recipe_option", "add_train_options",
            "configs_from_options", "data_cli_args", "data_config_from_options", "form_model", "recipe_options",
            "train_configs_from_options"]

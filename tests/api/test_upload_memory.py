@@ -39,7 +39,7 @@ before = status_kib("VmRSS")
 path, max_bytes, max_triples = Path(sys.argv[1]), int(sys.argv[2]), int(sys.argv[4])
 try:
     if sys.argv[3] == "upload":  # what POST /jobs and extend run
-        result = check_triples(path, None, max_bytes=max_bytes, max_triples=max_triples)
+        result = check_triples(path, None, max_unpacked_bytes=max_bytes, max_triples=max_triples)
     else:  # what the worker runs on the saved upload
         result = load_dataset(path.parent, max_bytes=max_bytes).stats["train"]["triples"]
 except TripleFileError as exc:

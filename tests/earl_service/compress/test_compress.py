@@ -6,7 +6,6 @@ import json
 import time
 from dataclasses import replace
 from pathlib import Path
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -17,11 +16,14 @@ from earl_service.bundle.format import PRECISIONS, graph_bytes
 from earl_service.bundle.model_io import bundle_from_model, load_bundle
 from earl_service.bundle.sizes import METRICS_ROOM, MIN_DIM, BundleSizes, padded_metrics, save_exact
 from earl_service.cli.main import bundle_info, main
+from earl_service.compress import candidates as candidates_module
 from earl_service.compress import config as compress_config
+from earl_service.compress import rungs as rungs_module
 from earl_service.compress import search as compress_module
 from earl_service.compress.config import CompressConfig, budget_floor, parse_size
-from earl_service.compress.search import PICK, STATE, compress
-from earl_service.config import MODELS, TrainConfig
+from earl_service.compress.search import compress
+from earl_service.compress.state import PICK, STATE, Candidate, CompressRun, Rung, SearchState, rung_sizes
+from earl_service.config import MODELS, ModelConfig, TrainConfig
 from earl_service.data.dataset import Dataset, load_dataset
 from earl_service.data.labels import Labels
 from earl_service.data.vocab import Vocab
@@ -30,6 +32,16 @@ from earl_service.model.graph import choose_reserved
 from earl_service.model.modules import build_model
 
 TINY = dict.fromkeys(MODELS, TrainConfig(batch_size=64, negatives=8, eval_every=0, progress=False, threads=1))
+
+
+def candidate(model: str, dim: int, bytes: dict[str, int], **values) -> Candidate:
+    return Candidate(name=f"{model}-d{dim}", model=model, dim=dim, bytes=bytes,
+                     config=ModelConfig(model=model, dim=dim), **values)
+
+
+def search_state(candidates: list[Candidate], **values) -> SearchState:
+    """A state as planning leaves it, for a search run by hand (no settings to match: nothing resumes it)."""
+    return SearchState(settings={}, graph_bytes=0, candidates=candidates, **values)
 
 
 # ---------------------------------------------------------------- sizes
@@ -168,7 +180,7 @@ def test_quantized_exports_share_one_training(tiny_job):
 def test_successive_halving_keeps_the_best_half_and_each_models_best(tiny_job):
     _, report, _ = tiny_job
     rungs, models = report["rungs"], {u["name"]: u["model"] for u in report["candidates"]}
-    sizes = compress_module.rung_sizes(len(report["candidates"]), 2)
+    sizes = rung_sizes(len(report["candidates"]), 2)
     assert len(rungs) == len(sizes)
     for before, after, keep in zip(rungs, rungs[1:], sizes[1:], strict=False):
         ranked = sorted(before["scores"], key=lambda n: -before["scores"][n])
@@ -187,30 +199,28 @@ def test_survivors_keep_each_models_leader_however_it_ranks():
 def test_a_candidate_that_overruns_its_slice_takes_no_time_from_the_next(tmp_path, monkeypatch):
     """Each survivor of a rung trains for the same slice, whatever the ones before it spent: at rung 0 a
     candidate's overhead is only an estimate (its validations as timed before the search)."""
-    units = [{"name": f"rotate-d{d}", "model": "rotate", "dim": d, "bytes": {"fp32": 1, "int8": 1}}
-             for d in (30, 20, 10)]
-    state = {"candidates": units, "rungs": [{"index": 0, "survivors": [u["name"] for u in units], "results": {}}],
-             "rung_count": 2, "validation_seconds": {"rotate": 2.0}, "spent_seconds": 0.0}
-    job = compress_module.Job(tiny_dataset(), tmp_path, CompressConfig(max_bytes=10**6, time_limit_minutes=10),
-                              TINY, state)
+    units = [candidate("rotate", d, {"fp32": 1, "int8": 1}) for d in (30, 20, 10)]
+    state = search_state(units, rungs=[Rung(index=0, survivors=[u.name for u in units])], rung_count=2,
+                         validation_seconds={"rotate": 2.0})
+    job = CompressRun(tiny_dataset(), tmp_path, CompressConfig(max_bytes=10**6, time_limit_minutes=10), TINY, state)
     trained = {}
 
     def train_slice(job, name, seconds):
         trained[name] = seconds
-        job.unit(name).update(train_seconds=seconds, steps=1)
+        job.candidate(name).train_seconds, job.candidate(name).steps = seconds, 1
         return {}
 
     def evaluate_exports(job, name, **kwargs):
         job.spent_before += 200.0  # the first candidate's exports take far longer than estimated
-        return {p: {"mrr": 0.1, "hits_at_10": 0.2} for p in job.unit(name)["bytes"]}
+        return {p: {"mrr": 0.1, "hits_at_10": 0.2} for p in job.candidate(name).bytes}
 
-    monkeypatch.setattr(compress_module, "train_slice", train_slice)
-    monkeypatch.setattr(compress_module, "evaluate_exports", evaluate_exports)
-    assert compress_module.run_rung(job)
+    monkeypatch.setattr(rungs_module, "train_slice", train_slice)
+    monkeypatch.setattr(rungs_module, "evaluate_exports", evaluate_exports)
+    assert rungs_module.run_rung(job)
     reserve = 2.0 * len(job.dataset.test) / len(job.dataset.valid)  # the pick's test pass, kept back
     slice_seconds = (600 - reserve) / 2 / 3  # half of 10 minutes for rung 0 of 2, among 3 candidates
     assert trained == pytest.approx(dict.fromkeys(trained, slice_seconds - 2 * 2.0))
-    assert all(job.unit(n)["other_seconds"] >= 0 for n in trained)
+    assert all(job.candidate(n).other_seconds >= 0 for n in trained)
 
 
 def test_the_last_rung_and_the_pick_test_end_within_the_time_limit(tmp_path, monkeypatch):
@@ -218,35 +228,32 @@ def test_the_last_rung_and_the_pick_test_end_within_the_time_limit(tmp_path, mon
     and its codebook fine-tuning, and the pick's test pass is kept back: when the work takes what the estimates
     say, search and test end at the limit. Carrying the overhead measured on rung 0's subset into the last rung
     overran it (FB15k-237 at 8 MB: 61.2 of 60 minutes)."""
-    monkeypatch.setattr(compress_module, "EARLY_VALID_TRIPLES", 2)  # of the tiny graph's 20 valid triples
+    monkeypatch.setattr(rungs_module, "EARLY_VALID_TRIPLES", 2)  # of the tiny graph's 20 valid triples
     clock = {"now": 0.0}
-    monkeypatch.setattr(compress_module, "time", SimpleNamespace(monotonic=lambda: clock["now"]))
-    units = [{"name": "rotate-d20", "model": "rotate", "dim": 20, "bytes": {"fp32": 1, "int8": 1},
-              "validation_seconds": 30.0},
-             {"name": "rotate-d10", "model": "rotate", "dim": 10, "bytes": {"fp32": 1, "pq:4": 1},
-              "validation_seconds": 20.0}]
+    units = [candidate("rotate", 20, {"fp32": 1, "int8": 1}, validation_seconds=30.0),
+             candidate("rotate", 10, {"fp32": 1, "pq:4": 1}, validation_seconds=20.0)]
     config = CompressConfig(max_bytes=10**6, time_limit_minutes=10)
-    state = {"candidates": units, "rungs": [], "rung_count": len(compress_module.rung_sizes(2, config.eta)),
-             "validation_seconds": {"rotate": 30.0}, "spent_seconds": 0.0, "done": False}
+    state = search_state(units, rung_count=len(rung_sizes(2, config.eta)), validation_seconds={"rotate": 30.0})
     dataset = tiny_dataset()
-    job = compress_module.Job(dataset, tmp_path, config, TINY, state, started=0.0)
+    job = CompressRun(dataset, tmp_path, config, TINY, state, clock=lambda: clock["now"])
 
     def train_slice(job, name, seconds):
         clock["now"] += seconds
-        job.unit(name).update(train_seconds=job.unit(name).get("train_seconds", 0.0) + seconds, steps=1)
+        unit = job.candidate(name)
+        unit.train_seconds, unit.steps = unit.train_seconds + seconds, 1
         return {}
 
     def evaluate_exports(job, name, *, tune_seconds, limit):
-        unit = job.unit(name)
-        validations = unit["validation_seconds"] * 2 * compress_module.valid_fraction(job.dataset, limit)
+        unit = job.candidate(name)
+        validations = unit.validation_seconds * 2 * candidates_module.valid_fraction(job.dataset, limit)
         clock["now"] += 5.0 + tune_seconds + validations  # load and export, fine-tune the pq export, validate
         return {p: {"mrr": 0.2 if p.startswith("pq") else 0.1, "hits_at_10": 0.2,
-                    **({"fine_tune_seconds": tune_seconds} if p.startswith("pq") else {})} for p in unit["bytes"]}
+                    **({"fine_tune_seconds": tune_seconds} if p.startswith("pq") else {})} for p in unit.bytes}
 
-    monkeypatch.setattr(compress_module, "train_slice", train_slice)
-    monkeypatch.setattr(compress_module, "evaluate_exports", evaluate_exports)
-    assert state["rung_count"] == 2 and compress_module.search(job)
-    assert job.state["rungs"][-1]["survivors"] == ["rotate-d10"]  # its pq export scored best
+    monkeypatch.setattr(rungs_module, "train_slice", train_slice)
+    monkeypatch.setattr(rungs_module, "evaluate_exports", evaluate_exports)
+    assert state.rung_count == 2 and compress_module.search(job)
+    assert job.state.rungs[-1].survivors == ["rotate-d10"]  # its pq export scored best
     test_seconds = 20.0 * len(dataset.test) / len(dataset.valid) + 5.0  # test pass and loading the pick's run
     assert job.spent + test_seconds == pytest.approx(600.0)
 
@@ -254,25 +261,22 @@ def test_the_last_rung_and_the_pick_test_end_within_the_time_limit(tmp_path, mon
 def test_each_candidate_is_charged_the_validations_of_its_own_dim(tmp_path):
     """Rung 0 charges a candidate its validations as estimated before the search: at its own dim, interpolated
     between its model's largest and smallest (both measured), not at its model's largest."""
-    units = [{"name": f"rotate-d{d}", "model": "rotate", "dim": d, "bytes": {"fp32": 1, "int8": 1}}
-             for d in (1000, 500, 100)]
+    units = [candidate("rotate", d, {"fp32": 1, "int8": 1}) for d in (1000, 500, 100)]
     measured = {"rotate": {1000: 20.0, 100: 2.0}}
-    units = compress_module.with_validation_estimates(units, measured)
-    assert [u["validation_seconds"] for u in units] == pytest.approx([20.0, 10.0, 2.0])
-    assert compress_module.largest_validation_seconds(measured) == {"rotate": 20.0}
-    state = {"candidates": units, "rungs": [], "rung_count": 2, "validation_seconds": {"rotate": 20.0},
-             "spent_seconds": 0.0}
-    job = compress_module.Job(tiny_dataset(), tmp_path, CompressConfig(max_bytes=10**6, time_limit_minutes=10),
-                              TINY, state)
-    train = {u["name"]: compress_module.slice_training(job, u["name"], 60.0, 0) for u in units}
+    units = candidates_module.with_validation_estimates(units, measured)
+    assert [u.validation_seconds for u in units] == pytest.approx([20.0, 10.0, 2.0])
+    assert candidates_module.largest_validation_seconds(measured) == {"rotate": 20.0}
+    state = search_state(units, rung_count=2, validation_seconds={"rotate": 20.0})
+    job = CompressRun(tiny_dataset(), tmp_path, CompressConfig(max_bytes=10**6, time_limit_minutes=10), TINY, state)
+    train = {u.name: rungs_module.slice_training(job, u.name, 60.0, 0) for u in units}
     assert train == pytest.approx({"rotate-d1000": 60 - 2 * 20.0, "rotate-d500": 60 - 2 * 10.0,
                                    "rotate-d100": 60 - 2 * 2.0})
-    del job.unit("rotate-d100")["validation_seconds"]  # a job saved before the estimates: its model's largest
-    assert compress_module.slice_training(job, "rotate-d100", 60.0, 0) == pytest.approx(60 - 2 * 20.0)
+    job.candidate("rotate-d100").validation_seconds = None  # a job saved before the estimates: its model's largest
+    assert rungs_module.slice_training(job, "rotate-d100", 60.0, 0) == pytest.approx(60 - 2 * 20.0)
 
 
 def test_early_rungs_rank_on_a_valid_subset_and_the_pick_on_the_whole_split(tmp_path, monkeypatch):
-    monkeypatch.setattr(compress_module, "EARLY_VALID_TRIPLES", 8)  # of the tiny graph's 20 valid triples
+    monkeypatch.setattr(rungs_module, "EARLY_VALID_TRIPLES", 8)  # of the tiny graph's 20 valid triples
     dataset = tiny_dataset()
     config = CompressConfig(max_bytes=BundleSizes(dataset).bytes("rotate", 32, "fp32"), time_limit_minutes=0.05,
                             precisions=("fp32", "int8"))
@@ -288,12 +292,12 @@ def test_early_rungs_rank_on_a_valid_subset_and_the_pick_on_the_whole_split(tmp_
 
 
 def test_validations_on_a_subset_leave_more_candidates_in_the_search():
-    units = [{"model": "earl", "dim": d, "bytes": {"fp32": 1, "int8": 1}} for d in (150, 120, 90, 60, 30)]
+    units = [candidate("earl", d, {"fp32": 1, "int8": 1}) for d in (150, 120, 90, 60, 30)]
     config = CompressConfig(max_bytes=10**7, time_limit_minutes=1)
     seconds = {"earl": 10.0}
-    sizes = compress_module.rung_sizes(5, 2)  # [5, 3, 2, 1]: 10 validations of 2 exports before the last rung
-    assert compress_module.validation_cost(units, seconds, 2, 0.25) == 20.0 * (0.25 * sum(sizes[:-1]) + 1)
-    whole, subset = (len(compress_module.fit_to_time(config, units, seconds, f)) for f in (1.0, 0.05))
+    sizes = rung_sizes(5, 2)  # [5, 3, 2, 1]: 10 validations of 2 exports before the last rung
+    assert candidates_module.validation_cost(units, seconds, 2, 0.25) == 20.0 * (0.25 * sum(sizes[:-1]) + 1)
+    whole, subset = (len(candidates_module.fit_to_time(config, units, seconds, f)) for f in (1.0, 0.05))
     assert whole < subset
 
 
@@ -320,14 +324,14 @@ def test_a_killed_job_continues_after_its_last_completed_rung(tmp_path, monkeypa
     before = _killed_in_rung_1(dataset, tmp_path, config)
     assert set(before["rungs"][0]["results"]) == set(before["rungs"][0]["survivors"]) and not before["done"]
     trained = []
-    real_train = compress_module.train
+    real_train = rungs_module.train
 
     def spy(dataset, model_config, train_config, out_dir, **kwargs):
         trained.append(Path(out_dir).name)
         assert kwargs["resume"]
         return real_train(dataset, model_config, train_config, out_dir, **kwargs)
 
-    monkeypatch.setattr(compress_module, "train", spy)
+    monkeypatch.setattr(rungs_module, "train", spy)
     report = compress(dataset, tmp_path, config, train_configs=TINY)
     later = [name for rung in report["rungs"][1:] for name in rung["survivors"]]
     assert trained == later  # rung 0 was not trained again
@@ -338,7 +342,7 @@ def test_a_killed_job_continues_after_its_last_completed_rung(tmp_path, monkeypa
 
 
 def test_a_stopped_job_returns_none_and_trains_nothing(tmp_path, monkeypatch):
-    monkeypatch.setattr(compress_module, "train", _never)
+    monkeypatch.setattr(rungs_module, "train", _never)
     config = CompressConfig(max_bytes=50_000, time_limit_minutes=1, models=("rotate",))
     assert compress(tiny_dataset(), tmp_path, config, train_configs=TINY, should_stop=lambda: True) is None
     assert json.loads((tmp_path / STATE).read_text())["rungs"][0]["results"] == {}
@@ -352,7 +356,7 @@ def _never(*args, **kwargs):
 
 
 def test_a_budget_below_the_smallest_bundle_fails_before_training(tmp_path, monkeypatch):
-    monkeypatch.setattr(compress_module, "train", _never)
+    monkeypatch.setattr(rungs_module, "train", _never)
     dataset = tiny_dataset()
     sizes = BundleSizes(dataset)
     smallest = min(sizes.bytes(m, MIN_DIM, p) for m in ("earl", "rotate") for p in PRECISIONS)
@@ -364,7 +368,7 @@ def test_a_budget_below_the_smallest_bundle_fails_before_training(tmp_path, monk
 
 def test_timing_the_validations_counts_against_the_time_limit(tmp_path, monkeypatch):
     """The validation passes timed before the search are the search's time too (3 of 60 minutes on FB15k-237)."""
-    timed, seen = compress_module.validation_seconds, {}
+    timed, seen = candidates_module.validation_seconds, {}
 
     def slow_timing(*args):
         time.sleep(0.5)
@@ -374,7 +378,7 @@ def test_timing_the_validations_counts_against_the_time_limit(tmp_path, monkeypa
         seen["spent"] = job.spent_before
         return False  # stopped: the test needs only what the search started with
 
-    monkeypatch.setattr(compress_module, "validation_seconds", slow_timing)
+    monkeypatch.setattr(candidates_module, "validation_seconds", slow_timing)
     monkeypatch.setattr(compress_module, "search", search)
     assert compress(tiny_dataset(), tmp_path, CompressConfig(max_bytes=10**6, time_limit_minutes=1),
                     train_configs=TINY) is None
@@ -383,21 +387,20 @@ def test_timing_the_validations_counts_against_the_time_limit(tmp_path, monkeypa
 
 
 def test_a_time_limit_shorter_than_one_validation_fails(tmp_path, monkeypatch):
-    monkeypatch.setattr(compress_module, "train", _never)
+    monkeypatch.setattr(rungs_module, "train", _never)
     with pytest.raises(ConfigError, match="too short"):
         compress(tiny_dataset(), tmp_path, CompressConfig(max_bytes=50_000, time_limit_minutes=1e-6), train_configs=TINY)
 
 
 def test_candidates_are_dropped_until_validation_leaves_time_to_train():
-    units = [{"name": f"{m}-d{d}", "model": m, "dim": d, "bytes": {"fp32": 1, "int8": 1}}
-             for m in ("earl", "rotate") for d in (80, 40, 20)]
+    units = [candidate(m, d, {"fp32": 1, "int8": 1}) for m in ("earl", "rotate") for d in (80, 40, 20)]
     seconds = {"earl": 1.0, "rotate": 0.5}
     config = CompressConfig(max_bytes=10**6, time_limit_minutes=0.5)
-    kept = compress_module.fit_to_time(config, units, seconds)
-    assert compress_module.validation_cost(kept, seconds, 2) <= 15 < compress_module.validation_cost(units, seconds, 2)
-    assert {u["model"] for u in kept} == {"earl", "rotate"}
-    assert min(u["dim"] for u in kept) > 20  # the smallest go first
-    assert compress_module.fit_to_time(replace(config, time_limit_minutes=60), units, seconds) == units
+    kept = candidates_module.fit_to_time(config, units, seconds)
+    assert candidates_module.validation_cost(kept, seconds, 2) <= 15 < candidates_module.validation_cost(units, seconds, 2)
+    assert {u.model for u in kept} == {"earl", "rotate"}
+    assert min(u.dim for u in kept) > 20  # the smallest go first
+    assert candidates_module.fit_to_time(replace(config, time_limit_minutes=60), units, seconds) == units
 
 
 @pytest.mark.parametrize(("settings", "message"), [
@@ -438,12 +441,12 @@ def test_candidates_only_hold_precisions_that_fit():
     dataset = tiny_dataset()
     sizes = BundleSizes(dataset)
     config = CompressConfig(max_bytes=sizes.bytes("rotate", 40, "fp16"), time_limit_minutes=1)
-    units = compress_module.plan_candidates(sizes, config)
+    units = candidates_module.plan_candidates(sizes, config)
     for unit in units:
-        assert unit["bytes"] and all(b <= config.max_bytes for b in unit["bytes"].values())
-        too_big = set(PRECISIONS) - set(unit["bytes"])
-        assert all(sizes.bytes(unit["model"], unit["dim"], p) > config.max_bytes for p in too_big)
-    rotate_dims = sorted(u["dim"] for u in units if u["model"] == "rotate")
+        assert unit.bytes and all(b <= config.max_bytes for b in unit.bytes.values())
+        too_big = set(PRECISIONS) - set(unit.bytes)
+        assert all(sizes.bytes(unit.model, unit.dim, p) > config.max_bytes for p in too_big)
+    rotate_dims = sorted(u.dim for u in units if u.model == "rotate")
     assert rotate_dims[-1] == sizes.max_dim("rotate", "int8", config.max_bytes)
     assert np.all(np.diff(rotate_dims) > 0)
 
@@ -454,17 +457,17 @@ def test_candidates_only_hold_precisions_that_fit():
 def test_pq_candidates_buy_dims_that_int8_cannot_afford():
     sizes = BundleSizes(load_dataset(codex_s_path()))
     config = CompressConfig(max_bytes=100_000, time_limit_minutes=1, models=("rotate",), precisions=("int8", "pq"))
-    units = compress_module.plan_candidates(sizes, config)
+    units = candidates_module.plan_candidates(sizes, config)
     int8_dim = sizes.max_dim("rotate", "int8", config.max_bytes)
-    pq_dims = [u["dim"] for u in units if any(p.startswith("pq:") for p in u["bytes"])]
+    pq_dims = [u.dim for u in units if any(p.startswith("pq:") for p in u.bytes)]
     assert pq_dims and max(pq_dims) > 2 * int8_dim
     for unit in units:
-        for precision, size in unit["bytes"].items():
-            assert size == sizes.bytes("rotate", unit["dim"], precision) <= config.max_bytes
+        for precision, size in unit.bytes.items():
+            assert size == sizes.bytes("rotate", unit.dim, precision) <= config.max_bytes
             if precision.startswith("pq:"):
-                assert sizes.pq_codes("rotate", unit["dim"], precision) == 1
+                assert sizes.pq_codes("rotate", unit.dim, precision) == 1
     fixed = CompressConfig(max_bytes=100_000, time_limit_minutes=1, models=("rotate",), precisions=("pq:16",))
-    assert all(set(u["bytes"]) == {"pq:16"} for u in compress_module.plan_candidates(sizes, fixed))
+    assert all(set(u.bytes) == {"pq:16"} for u in candidates_module.plan_candidates(sizes, fixed))
     with pytest.raises(ConfigError, match="pq:M"):
         CompressConfig(max_bytes=100_000, time_limit_minutes=1, precisions=("pq:0",))
 
@@ -478,13 +481,13 @@ def test_a_killed_job_with_pq_candidates_continues(tmp_path, monkeypatch):
     assert any(p.startswith("pq:") for r in first.values() for p in r["exports"])
     assert all("fine_tune_steps" in v for r in first.values() for p, v in r["exports"].items() if p.startswith("pq:"))
     trained = []
-    real_train = compress_module.train
+    real_train = rungs_module.train
 
     def spy(dataset, model_config, train_config, out_dir, **kwargs):
         trained.append(Path(out_dir).name)
         return real_train(dataset, model_config, train_config, out_dir, **kwargs)
 
-    monkeypatch.setattr(compress_module, "train", spy)
+    monkeypatch.setattr(rungs_module, "train", spy)
     report = compress(dataset, tmp_path, config, train_configs=TINY)
     assert trained == [name for rung in report["rungs"][1:] for name in rung["survivors"]]
     assert report["rungs"][0]["scores"] == {n: r["score"] for n, r in first.items()}

@@ -13,7 +13,7 @@ from earl_service.bundle.sizes import MIN_DIM, BundleSizes, padded_metrics
 from earl_service.compress import search as compress_module
 from earl_service.compress.config import CompressConfig
 from earl_service.compress.job import compress_settings
-from earl_service.compress.search import PICK, STATE
+from earl_service.compress.state import PICK, STATE
 from earl_service.data.dataset import load_dataset
 from earl_service.errors import ConfigError
 from earl_service.service.records import new_id

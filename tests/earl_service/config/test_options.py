@@ -14,7 +14,7 @@ from earl_service.worker.loop import WorkerConfig, configs_from_params
 
 pytest.importorskip("fastapi")
 from api.compress_jobs import job_params  # noqa: E402
-from api.schemas import CompressForm, TrainForm  # noqa: E402
+from api.schemas import CompressForm, JobForm  # noqa: E402
 
 CLI_ONLY = {"temperature", "eval_batch_size", "eval_max_triples", "checkpoint_every", "compute", "schedule_minutes",
             "device", "threads", "progress"}  # the worker decides these (device, threads, progress) or keeps the defaults
@@ -36,7 +36,7 @@ def cli_configs(*args):
 
 def worker_configs(form):
     """The configs the worker trains a job of this form with (the params as POST /jobs stores them)."""
-    validated = TrainForm.model_validate(form)
+    validated = JobForm.model_validate(form)
     return configs_from_params(job_params(validated.model_dump(), given=validated.model_fields_set)[0], WORKER)
 
 
@@ -53,7 +53,7 @@ def cli_option_names():
 def test_compress_form_fields_are_earl_compress_options():
     compress = next(a for a in build_parser()._actions if a.dest == "command").choices["compress"]
     assert set(CompressForm.model_fields) <= {a.dest for a in compress._actions}
-    assert {"time_limit", "seed"} <= {a.dest for a in compress._actions} & set(TrainForm.model_fields)
+    assert {"time_limit", "seed"} <= {a.dest for a in compress._actions} & set(JobForm.model_fields)
 
 
 def cli_args(form):
@@ -63,8 +63,8 @@ def cli_args(form):
 
 
 def test_every_form_field_is_a_cli_option_and_back():
-    assert set(TrainForm.model_fields) - SERVICE_ONLY == cli_option_names() - CLI_ONLY
-    assert set(CHANGED) == set(TrainForm.model_fields) - SERVICE_ONLY  # a new option needs a value above
+    assert set(JobForm.model_fields) - SERVICE_ONLY == cli_option_names() - CLI_ONLY
+    assert set(CHANGED) == set(JobForm.model_fields) - SERVICE_ONLY  # a new option needs a value above
 
 
 def test_paper_recipe_defaults_are_the_dataclass_defaults_everywhere():
@@ -89,8 +89,8 @@ def test_data_options_agree_on_the_cli_the_form_and_the_worker():
     def cli(*args):
         return data_config_from_options(vars(build_parser().parse_args(["train", "data", "--out", "run", *args])))
 
-    assert cli() == data_config_from_options(TrainForm.model_validate({}).model_dump()) == DataConfig()
-    assert cli(*cli_args(CHANGED)) == data_config_from_options(TrainForm.model_validate(CHANGED).model_dump())
+    assert cli() == data_config_from_options(JobForm.model_validate({}).model_dump()) == DataConfig()
+    assert cli(*cli_args(CHANGED)) == data_config_from_options(JobForm.model_validate(CHANGED).model_dump())
     assert cli(*cli_args(CHANGED)) == DataConfig(header=True, columns="h,t,r")
     assert cli("--no-header").header is False
     for data in (DataConfig(), DataConfig(header=False, columns="t,r,h")):  # the worker's torchrun re-run
@@ -136,7 +136,7 @@ def test_a_value_past_a_hard_bound_is_refused_by_cli_form_and_worker(option, key
         with pytest.raises(ConfigError, match=field):
             configs_from_params({option.name: option.type(value)}, WORKER)
         with pytest.raises(ValidationError, match=option.name):
-            TrainForm.model_validate({option.name: value})
+            JobForm.model_validate({option.name: value})
 
 
 LIMITS = [(o, key, bound) for o in OPTIONS for key, bound in o.limits.items()]
@@ -146,7 +146,7 @@ LIMITS = [(o, key, bound) for o in OPTIONS for key, bound in o.limits.items()]
 def test_service_limits_refuse_a_job_the_cli_still_runs(option, key, bound):
     value = _past(key, bound, option.type)
     with pytest.raises(ValidationError, match=option.name):
-        TrainForm.model_validate({option.name: str(value)})
+        JobForm.model_validate({option.name: str(value)})
     model, train = cli_configs(f"{option.flags[0]}={value}")
     assert value in (getattr(model, option.fields[0][1], None), getattr(train, option.fields[0][1], None))
 
@@ -171,7 +171,7 @@ def test_cli_refuses_what_argparse_can_read_with_a_usage_error(argv, message, tm
 
 def test_form_refuses_a_bad_fanout_and_the_worker_reads_its_text():
     with pytest.raises(ValidationError, match="fanout"):
-        TrainForm.model_validate({"fanout": "10,,10"})
+        JobForm.model_validate({"fanout": "10,,10"})
     assert configs_from_params({"fanout": "all,3"}, WORKER)[1].fanout == (0, 3)
     assert configs_from_params({"fanout": [4, 4]}, WORKER)[1].fanout == (4, 4)  # a job stored by hand
 

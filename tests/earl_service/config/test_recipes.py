@@ -10,6 +10,7 @@ from conftest import tiny_dataset
 
 from earl_service.bundle.model_io import load_bundle
 from earl_service.cli.main import _configs, build_parser, bundle_info, main
+from earl_service.compress import candidates as candidates_module
 from earl_service.compress import search as compress_module
 from earl_service.compress.config import CompressConfig
 from earl_service.config import MODELS, TrainConfig
@@ -149,7 +150,7 @@ def test_compress_trains_its_candidates_with_the_default_recipe(tmp_path, monkey
         seen.update(train_configs)
         raise _Planned
 
-    monkeypatch.setattr(compress_module, "validation_seconds", planned)
+    monkeypatch.setattr(candidates_module, "validation_seconds", planned)
     with pytest.raises(_Planned):
         compress_module.compress(tiny_dataset(), tmp_path, CompressConfig(max_bytes=10**6, time_limit_minutes=1))
     assert seen == {m: dataclasses.replace(with_recipe(DEFAULT, m), progress=False) for m in MODELS}

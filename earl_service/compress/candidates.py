@@ -1,0 +1,189 @@
+"""The candidates of a compress search: each (model, dim) whose exports fit the byte budget, and as many of them
+as the time limit can validate."""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import replace
+from functools import partial
+
+from earl_service.bundle.codebooks import NUMBERS_PER_CODE, codes_for, is_pq, parse_pq
+from earl_service.bundle.sizes import MIN_DIM, BundleSizes
+from earl_service.compress.config import CompressConfig
+from earl_service.compress.state import Candidate, SearchState, rung_sizes, search_settings
+from earl_service.config import ModelKind, TrainConfig
+from earl_service.data.dataset import Dataset
+from earl_service.errors import ConfigError
+from earl_service.train.run import Run, resolve_device
+
+log = logging.getLogger(__name__)
+
+EVAL_SHARE = 0.5  # most of the time limit the search's validations may take (candidates are dropped to fit)
+PQDim = Callable[[BundleSizes, ModelKind, int], int | None]
+
+
+def plan(dataset: Dataset, config: CompressConfig, train_configs: Mapping[ModelKind, TrainConfig], *,
+         early_fraction: float) -> SearchState:
+    """A new search: the candidates that fit the budget, their validations timed here, as many kept as the time
+    limit can validate (`early_fraction`: the share of a whole validation a rung before the last costs).
+    Timing the validations is part of the search: on one core it took 3 of FB15k-237's 60 minutes at 8 MB."""
+    started = time.monotonic()
+    sizes = BundleSizes(dataset, seed=config.seed)
+    candidates = plan_candidates(sizes, config)
+    measured = validation_seconds(dataset, sizes, candidates, train_configs)
+    candidates, seconds = with_validation_estimates(candidates, measured), largest_validation_seconds(measured)
+    candidates = fit_to_time(config, candidates, seconds, early_fraction)
+    return SearchState(settings=search_settings(config, dataset), graph_bytes=sizes.fixed_bytes(),
+                       validation_seconds=seconds, candidates=candidates,
+                       rung_count=len(rung_sizes(len(candidates), config.eta)),
+                       spent_seconds=time.monotonic() - started)
+
+
+# ---------------------------------------------------------------- what fits the byte budget
+
+
+def plan_candidates(sizes: BundleSizes, config: CompressConfig) -> list[Candidate]:
+    """Per model: the largest dim that fits at each precision (and pq code size), and half the smallest of those;
+    each trained once in fp32 and exported at every precision that fits at its dim. Raises when nothing fits."""
+    candidates = []
+    uniform = [p for p in config.precisions if not is_pq(p)]
+    for model in config.models:
+        tops = [d for p in uniform if (d := sizes.max_dim(model, p, config.max_bytes))]
+        tops += [d for dim_of in pq_searches(config) if (d := dim_of(sizes, model, config.max_bytes))]
+        if not tops:
+            continue
+        dims = set(tops) | ({min(tops) // 2} if min(tops) // 2 >= MIN_DIM else set())
+        for dim in sorted(dims, reverse=True):
+            wanted = uniform + pq_precisions(sizes, config, model, dim)
+            fitting = {p: b for p in wanted if (b := sizes.bytes(model, dim, p)) <= config.max_bytes}
+            if not fitting:  # half a pq:M dim that M does not divide, or where M codes nothing
+                continue
+            candidates.append(Candidate(name=f"{model}-d{dim}", model=model, dim=dim, bytes=fitting,
+                                        config=sizes.config(model, dim)))
+    if not candidates:
+        smallest = min((sizes.bytes(m, MIN_DIM, p), m, p) for m in config.models for p in uniform or ["int8"])
+        raise ConfigError(
+            f"max_bytes {config.max_bytes} is below the smallest bundle for this graph: {smallest[0]} bytes "
+            f"({smallest[1]} dim {MIN_DIM} {smallest[2]}); the graph and vocabularies alone take "
+            f"{sizes.fixed_bytes()} bytes")
+    return candidates
+
+
+def pq_searches(config: CompressConfig) -> list[PQDim]:
+    """For each pq spelling asked for, how to find the largest dim that fits: `pq` at each NUMBERS_PER_CODE,
+    `pq:M` with M fixed (dims where M divides 2 * dim)."""
+    searches: list[PQDim] = []
+    for precision in config.precisions:
+        m = parse_pq(precision)
+        if m == 0:
+            searches += [partial(_pq_dim_per_code, per_code=n) for n in NUMBERS_PER_CODE]
+        elif m:
+            searches.append(partial(_pq_dim_fixed, codes=m))
+    return searches
+
+
+def _pq_dim_per_code(sizes: BundleSizes, model: ModelKind, max_bytes: int, *, per_code: int) -> int | None:
+    dim = sizes.max_pq_dim(model, per_code, max_bytes)
+    return dim if dim and sizes.pq_codes(model, dim, f"pq:{codes_for(dim, per_code)}") else None
+
+
+def _pq_dim_fixed(sizes: BundleSizes, model: ModelKind, max_bytes: int, *, codes: int) -> int | None:
+    dim = sizes.max_pq_codes_dim(model, codes, max_bytes)
+    return dim if dim and sizes.pq_codes(model, dim, f"pq:{codes}") else None
+
+
+def pq_precisions(sizes: BundleSizes, config: CompressConfig, model: ModelKind, dim: int) -> list[str]:
+    """The pq:M exports of a (model, dim) candidate: each asked-for code size that divides its rows and codes at
+    least one table (one that codes none would be int8 by another name)."""
+    out = []
+    for precision in config.precisions:
+        m = parse_pq(precision)
+        codes = [codes_for(dim, n) for n in NUMBERS_PER_CODE] if m == 0 else [m] if m else []
+        out += [f"pq:{c}" for c in codes if c and (2 * dim) % c == 0 and sizes.pq_codes(model, dim, f"pq:{c}")]
+    return list(dict.fromkeys(out))
+
+
+# ---------------------------------------------------------------- what fits the time limit
+
+
+def validation_seconds(dataset: Dataset, sizes: BundleSizes, candidates: list[Candidate],
+                       train_configs: Mapping[ModelKind, TrainConfig]) -> dict[str, dict[int, float]]:
+    """Seconds of one validation pass of each model's largest and smallest candidates (untrained), measured here:
+    {model: {dim: seconds}}."""
+    measured: dict[str, dict[int, float]] = {}
+    for model in dict.fromkeys(c.model for c in candidates):
+        dims = [c.dim for c in candidates if c.model == model]
+        train_config = train_configs[model]
+        measured[model] = {}
+        for dim in sorted({max(dims), min(dims)}, reverse=True):
+            run = Run.build(dataset, sizes.config(model, dim), resolve_device(train_config.device))
+            times = []
+            for _ in range(2):  # the first pass also builds the known-answer filter and warms caches
+                start = time.perf_counter()
+                run.evaluate("valid", batch_size=train_config.eval_batch_size)
+                times.append(time.perf_counter() - start)
+            measured[model][dim] = min(times)
+    return measured
+
+
+def with_validation_estimates(candidates: list[Candidate], measured: Mapping[str, Mapping[int, float]],
+                              ) -> list[Candidate]:
+    """Each candidate with the seconds of one validation pass at its dim, interpolated linearly in dim between its
+    model's measured dims. Scoring every entity costs about the dim, so charging every candidate its model's
+    largest's time starved the small ones: on FB15k-237 at 8 MB (one core) RotatE d1540 took 69 s a pass, and
+    RotatE d32, charged that for each of its exports, trained 3 s of its 51-s slice."""
+    estimated = []
+    for c in candidates:
+        points = sorted(measured[c.model].items())
+        (d0, s0), (d1, s1) = points[0], points[-1]
+        seconds = s1 if d1 == d0 else s0 + (s1 - s0) * (c.dim - d0) / (d1 - d0)
+        estimated.append(replace(c, validation_seconds=max(seconds, 0.0)))
+    return estimated
+
+
+def largest_validation_seconds(measured: Mapping[str, Mapping[int, float]]) -> dict[str, float]:
+    """Each model's validation pass at its largest candidate's dim (what the report and errors quote)."""
+    return {model: by_dim[max(by_dim)] for model, by_dim in measured.items()}
+
+
+def valid_fraction(dataset: Dataset, limit: int) -> float:
+    """The share of a whole validation that one on at most `limit` triples costs (0: the whole split)."""
+    return min(1.0, limit / max(len(dataset.split("valid")), 1)) if limit else 1.0
+
+
+def validation_cost(candidates: list[Candidate], seconds: Mapping[str, float], eta: int,
+                    early_fraction: float = 1.0) -> float:
+    """Seconds the whole halving schedule spends validating: every export of each rung's survivors, on the
+    subset (`early_fraction` of a whole validation) before the last rung."""
+    per_candidate = sum(c.validation_pass(seconds) * len(c.bytes) for c in candidates) / len(candidates)
+    sizes = rung_sizes(len(candidates), eta)
+    return per_candidate * (early_fraction * sum(sizes[:-1]) + sizes[-1])
+
+
+def fit_to_time(config: CompressConfig, candidates: list[Candidate], seconds: Mapping[str, float],
+                early_fraction: float = 1.0) -> list[Candidate]:
+    """Drop the smallest candidates until the schedule's validations take at most EVAL_SHARE of the time
+    limit; refuse a limit shorter than validating the remaining candidates once."""
+    limit, kept = config.time_limit_minutes * 60, list(candidates)
+    while len(kept) > 1 and validation_cost(kept, seconds, config.eta, early_fraction) > EVAL_SHARE * limit:
+        counts = {m: sum(c.model == m for c in kept) for m in seconds}
+        crowded = max(counts, key=lambda m: counts[m])  # keep every model while another has more candidates
+        kept.remove(min((c for c in kept if c.model == crowded), key=lambda c: c.dim))
+    first = early_fraction if len(rung_sizes(len(kept), config.eta)) > 1 else 1.0  # rung 0's share of a validation
+    need = sum(c.validation_pass(seconds) * len(c.bytes) for c in kept) * first
+    if limit < need:
+        raise ConfigError(
+            f"a time limit of {config.time_limit_minutes:g} min is too short: validating {len(kept)} "
+            f"candidate(s) once takes about {need:.1f} s here (one validation pass of each model's largest: "
+            + ", ".join(f"{m} {s:.2f} s" for m, s in seconds.items())
+            + f"); give at least {math.ceil(need / 60 / EVAL_SHARE)} min so that training gets time too")
+    if len(kept) < len(candidates):
+        log.info("kept %d of %d candidates so that validation takes at most %.0f%% of the time", len(kept),
+                 len(candidates), 100 * EVAL_SHARE)
+    return kept
+
+
+__all__ = ["EVAL_SHARE", "fit_to_time", "plan", "plan_candidates", "valid_fraction", "validation_cost"]

@@ -1,0 +1,198 @@
+"""One rung of the search: each survivor's slice of training, its exports at every precision and their validation."""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from earl_service.bundle.codebooks import encode_tables, is_pq
+from earl_service.bundle.model_io import load_bundle
+from earl_service.bundle.sizes import save_exact
+from earl_service.compress.candidates import valid_fraction
+from earl_service.compress.config import METRICS
+from earl_service.compress.state import CompressRun, Export, Rung, RungResult, rung_sizes
+from earl_service.data.dataset import Dataset
+from earl_service.train.evaluate import SUMMARY_KEYS
+from earl_service.train.finetune import FineTune, fine_tune
+from earl_service.train.loop import BUNDLE, train
+from earl_service.train.run import Run, load_run
+
+log = logging.getLogger(__name__)
+
+# Codebook fine-tuning of a candidate's pq exports: this share of its training slice on top (charged in every
+# slice as slice_training plans it), and at most this many steps per export.
+FINE_TUNE_SHARE, FINE_TUNE_STEPS = 0.25, 300
+# Rungs before the last rank their candidates on one fixed random subset of at most this many valid triples (the
+# same for every candidate); the last rung, whose scores choose the pick, on the whole split. A full validation of
+# FB15k-237 (17,535 triples) takes 8-30 s on one core, so validating every export of a dozen candidates on it took
+# more than rung 0's minutes and left nothing for training.
+EARLY_VALID_TRIPLES = 2000
+
+
+def early_fraction(dataset: Dataset) -> float:
+    """The share of a whole validation that a rung before the last spends on each export."""
+    return valid_fraction(dataset, EARLY_VALID_TRIPLES)
+
+
+def run_rung(run: CompressRun) -> bool:
+    """Train and evaluate every survivor of the current rung that has no result yet; False if stopped.
+
+    Every survivor gets the same slice of the rung, fixed when the rung starts. A candidate that overruns its
+    slice (at rung 0 its validations are estimates and the rest of its overhead unknown) takes the time from the
+    later rungs, planned from the time left, not from the candidates after it: sharing out what was left instead
+    starved the last four RotatE candidates of FB15k-237's 2 MB search to one step each at rung 0.
+    """
+    rung = run.state.rungs[-1]
+    rungs_left = run.state.rung_count - rung.index
+    if rung.budget_seconds is None:
+        rung.budget_seconds = max(run.time_left - test_reserve(run), 0.0) / rungs_left
+    if rung.slice_seconds is None:
+        rung.slice_seconds = rung.budget_seconds / len(rung.survivors)
+    limit = 0 if rungs_left == 1 else EARLY_VALID_TRIPLES  # the last rung chooses the pick: the whole split
+    for name in rung.survivors:
+        if name in rung.results:
+            continue  # done before a restart
+        if run.should_stop is not None and run.should_stop():
+            return False
+        result = run_slice(run, rung, name, limit)
+        if result is None:
+            return False
+        rung.results[name] = result
+        log.info("rung %d %s: %s %.4f after %d steps", rung.index, name, run.config.metric, result.score,
+                 result.steps)
+        run.save()
+    return True
+
+
+def run_slice(run: CompressRun, rung: Rung, name: str, limit: int) -> RungResult | None:
+    """Candidate `name`'s slice of `rung`: train, export, validate on at most `limit` triples (0: all), and
+    measure the rest of its overhead for its next slice; None if stopped."""
+    assert rung.slice_seconds is not None
+    seconds = slice_training(run, name, rung.slice_seconds, limit)
+    started = run.clock()
+    run.emit("train", name, seconds=seconds)
+    if train_slice(run, name, seconds) is None:
+        return None
+    exports = evaluate_exports(run, name, tune_seconds=FINE_TUNE_SHARE * seconds, limit=limit)
+    tuned = sum(e.get("fine_tune_seconds", 0.0) for e in exports.values())
+    candidate = run.candidate(name)
+    candidate.other_seconds = max(run.clock() - started - seconds - tuned - validations(run, name, limit), 0.0)
+    return RungResult(exports=exports, train_seconds=candidate.train_seconds, steps=candidate.steps,
+                      score=max(e[METRICS[run.config.metric]] for e in exports.values()))
+
+
+# ---------------------------------------------------------------- the time of a slice
+
+
+def survivor_seconds(run: CompressRun) -> float:
+    """Training seconds planned for a candidate that survives every rung: each rung's equal share of the time
+    limit, split among that rung's candidates (validation and exports make the real figure somewhat smaller)."""
+    sizes = rung_sizes(len(run.state.candidates), run.config.eta)
+    return sum(run.config.time_limit_minutes * 60 / len(sizes) / n for n in sizes)
+
+
+def validations(run: CompressRun, name: str, limit: int) -> float:
+    """Seconds of validating every export of candidate `name` on at most `limit` valid triples (0: all), from the
+    validation pass timed before the search at its dim."""
+    candidate = run.candidate(name)
+    return (candidate.validation_pass(run.state.validation_seconds) * len(candidate.bytes)
+            * valid_fraction(run.dataset, limit))
+
+
+def slice_training(run: CompressRun, name: str, share: float, limit: int) -> float:
+    """Training seconds of candidate `name` in a slice of `share` wall seconds: the slice less its validations (on
+    at most `limit` triples) and the rest of its overhead (build, loading, exports) as measured at its last rung,
+    with its pq exports' codebook fine-tuning on top of the training.
+
+    Each part is charged as this rung will spend it, not as the last rung did: a rung before the last validates on
+    a subset and the last on the whole split (8.8 times more on FB15k-237), and the fine-tuning grows with the
+    slice. Carrying the overhead measured at the previous rung over unchanged undercounted the last rung of
+    FB15k-237's 8 MB search by about 95 s of validations, and the job overran its 60 minutes by 69 s."""
+    candidate = run.candidate(name)
+    tuning = FINE_TUNE_SHARE if any(is_pq(p) for p in candidate.bytes) else 0.0
+    rest = share - validations(run, name, limit) - candidate.other_seconds
+    return max(rest, 0.0) / (1 + tuning)
+
+
+def test_reserve(run: CompressRun) -> float:
+    """Seconds to keep back for the pick's test evaluation after the last rung, at the slowest survivor's: a
+    whole pass over the test split at its validation speed, and loading its run (its other overhead, as measured
+    at its last rung)."""
+    test, valid = run.dataset.test, run.dataset.split("valid")
+    if test is None or not len(test):
+        return 0.0
+    survivors = [run.candidate(n) for n in run.state.rungs[-1].survivors]
+    return max(c.validation_pass(run.state.validation_seconds) * len(test) / max(len(valid), 1) + c.other_seconds
+               for c in survivors)
+
+
+# ---------------------------------------------------------------- training and evaluating a candidate
+
+
+def train_slice(run: CompressRun, name: str, seconds: float) -> dict[str, Any] | None:
+    """Train candidate `name` for about `seconds` more (continuing its checkpoint); None if stopped."""
+    candidate = run.candidate(name)
+    # train() counts time_limit_minutes from its checkpoint's elapsed time; 0 would mean no limit at all.
+    limit = max(candidate.train_seconds + seconds, 1e-3) / 60
+    # No validation inside train(): evaluate_exports validates every slice's weights, export by export, and a
+    # second pass would take time from training (best.pt is then the slice's last weights).
+    # A decaying schedule decays over what a candidate surviving every rung would train, not over each slice: a
+    # slice's time limit grows rung by rung, and decaying to each slice's end would restart the rate every rung.
+    config = replace(run.train_config(name), time_limit_minutes=limit, schedule_minutes=survivor_seconds(run) / 60,
+                     seed=run.config.seed, progress=False, eval_every=0)
+
+    def forward(progress: dict[str, Any]) -> None:
+        run.emit("train", name, step=progress["step"], loss=progress["loss"], valid_mrr=progress["valid_mrr"])
+
+    metrics = train(run.dataset, candidate.config, config, run.run_dir(name), resume=True, final_eval=False,
+                    on_progress=forward, should_stop=run.should_stop)
+    if metrics["stopped"] == "cancelled":
+        return None
+    candidate.train_seconds, candidate.steps = metrics["train_seconds"], metrics["steps"]
+    return metrics
+
+
+def evaluate_exports(run: CompressRun, name: str, split: str = "valid", *, tune_seconds: float = 0.0,
+                     limit: int = 0) -> dict[str, Export]:
+    """Each precision's export of the candidate's best weights: its file bytes and `split` metrics of the
+    dequantized weights (on the fixed subset of at most `limit` triples; 0: all, recorded as `valid_subset`).
+    Quantized variants come from the same fp32 training, never a retraining; pq variants get faiss codebooks,
+    then up to `tune_seconds` (shared among them) of codebook fine-tuning."""
+    candidate, run_dir, train_config = run.candidate(name), run.run_dir(name), run.train_config(name)
+    source = load_bundle(run_dir / BUNDLE)
+    model_run = load_run(run_dir, run.dataset, device=train_config.device)
+    coded = [p for p in candidate.bytes if is_pq(p)]
+    subset = limit if 0 < limit < len(model_run.ranked_triples(split)) else 0
+    results = {}
+    for precision, expected in candidate.bytes.items():
+        run.emit("evaluate", name, precision=precision)
+        tables, tuning = None, {}
+        if is_pq(precision):
+            tables = encode_tables(source.config, source.params, precision, seed=run.config.seed)
+            budget = FineTune(steps=FINE_TUNE_STEPS, seconds=tune_seconds / len(coded))
+            started = time.monotonic()
+            tables, budget = fine_tune(model_run, source.params, tables, train_config, budget)
+            tuning = {"fine_tune_steps": len(budget.losses), "fine_tune_seconds": time.monotonic() - started}
+        path = save_exact(source, run.export_path(name, precision), precision=precision,
+                          metrics={"compress": {"candidate": name}}, expected=expected, pq_tables=tables)
+        results[precision] = {"bytes": path.stat().st_size, **tuning, "valid_subset": subset,
+                              **evaluate_bundle(model_run, path, split, batch_size=train_config.eval_batch_size,
+                                                limit=limit)}
+    return results
+
+
+def evaluate_bundle(run: Run, path: Path, split: str, *, batch_size: int = 256, limit: int = 0) -> dict[str, Any]:
+    """`split` metrics of the weights stored in bundle `path` (dequantized), through `run`'s model and graph, on
+    Run.evaluate's fixed random subset of at most `limit` triples (0: all)."""
+    params = {k: torch.from_numpy(v) for k, v in load_bundle(path).params.items()}
+    run.model.load_state_dict(params, strict=False)  # every weight; the reserved ids are the run's own
+    result = run.evaluate(split, batch_size=batch_size, limit=limit)
+    return {k: result[k] for k in SUMMARY_KEYS}
+
+
+__all__ = ["EARLY_VALID_TRIPLES", "early_fraction", "evaluate_bundle", "run_rung"]

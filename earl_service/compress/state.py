@@ -1,0 +1,207 @@
+"""A compress search's state: its candidates, its rungs and their results, saved as one JSON file for resume."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from earl_service.atomic import write_json
+from earl_service.compress.config import CompressConfig
+from earl_service.config import ModelConfig, ModelKind, TrainConfig
+from earl_service.data.dataset import Dataset
+from earl_service.errors import ConfigError
+
+STATE, PICK = "compress_state.json", "bundle.safetensors"
+ProgressCallback = Callable[[dict[str, Any]], None]
+# One precision's export of a candidate, as the report lists it: its file bytes, its codebook fine-tuning (pq),
+# the valid subset it was ranked on (0: the whole split) and its valid metrics (SUMMARY_KEYS).
+Export = dict[str, Any]
+
+
+def rung_sizes(count: int, eta: int) -> list[int]:
+    """Candidates per rung: count, ceil(count / eta), ... down to 1."""
+    sizes = [count]
+    while sizes[-1] > 1:
+        sizes.append(math.ceil(sizes[-1] / eta))
+    return sizes
+
+
+def _known(cls: type, values: Mapping[str, Any]) -> dict[str, Any]:
+    """The keys of `values` that are fields of `cls` (a state file may carry keys this version does not read)."""
+    names = {f.name for f in dataclasses.fields(cls)}
+    return {k: v for k, v in values.items() if k in names}
+
+
+@dataclass
+class Candidate:
+    """One (model, dim), trained once in fp32 and exported at every precision in `bytes` (each fits the budget)."""
+
+    name: str  # "rotate-d100"
+    model: ModelKind
+    dim: int
+    bytes: dict[str, int]  # precision -> the exact bytes of its export
+    config: ModelConfig
+    # One validation pass at its dim, estimated before the search; None in a job saved before the estimates,
+    # which charges its model's largest candidate's (SearchState.validation_seconds).
+    validation_seconds: float | None = None
+    train_seconds: float = 0.0  # trained so far, over every rung
+    steps: int = 0
+    # Its last slice's wall time besides training, fine-tuning and validating (building, loading, exporting).
+    other_seconds: float = 0.0
+
+    def validation_pass(self, by_model: Mapping[str, float]) -> float:
+        """Seconds of one validation pass: its own estimate, else its model's largest candidate's."""
+        return by_model[self.model] if self.validation_seconds is None else self.validation_seconds
+
+    def to_json(self) -> dict[str, Any]:
+        return {**dataclasses.asdict(self), "config": self.config.to_dict()}
+
+    @classmethod
+    def from_json(cls, values: Mapping[str, Any]) -> Candidate:
+        return cls(**{**_known(cls, values), "config": ModelConfig.from_dict(values["config"])})
+
+
+@dataclass
+class RungResult:
+    """A candidate's evaluation at one rung: each export, the training behind them, the score that ranks it."""
+
+    exports: dict[str, Export]  # by precision
+    train_seconds: float
+    steps: int
+    score: float  # the best export's metric (CompressConfig.metric)
+
+
+@dataclass
+class Rung:
+    """One rung of successive halving: who is in it and how each did."""
+
+    index: int
+    survivors: list[str]
+    results: dict[str, RungResult] = field(default_factory=dict)  # by candidate, filled as each is evaluated
+    budget_seconds: float | None = None  # fixed when the rung starts: its share of the time left
+    slice_seconds: float | None = None  # each survivor's share of budget_seconds
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, values: Mapping[str, Any]) -> Rung:
+        results = {name: RungResult(**_known(RungResult, r)) for name, r in values["results"].items()}
+        return cls(**{**_known(cls, values), "results": results})
+
+
+@dataclass
+class SearchState:
+    """What survives a restart: the plan (candidates, rungs to run) and every rung so far. One serialised form,
+    to_json/from_json, which is also the layout the state files of earlier versions have (they load as they are)."""
+
+    settings: dict[str, Any]  # CompressConfig.settings() and the dataset's fingerprint: a resume must match them
+    graph_bytes: int  # the graph and vocabularies every candidate carries
+    validation_seconds: dict[str, float]  # per model: one validation pass at its largest candidate's dim
+    candidates: list[Candidate]
+    rung_count: int
+    rungs: list[Rung] = field(default_factory=list)
+    spent_seconds: float = 0.0
+    done: bool = False
+
+    def candidate(self, name: str) -> Candidate:
+        return next(c for c in self.candidates if c.name == name)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"settings": self.settings, "graph_bytes": self.graph_bytes,
+                "validation_seconds": self.validation_seconds,
+                "candidates": [c.to_json() for c in self.candidates], "rung_count": self.rung_count,
+                "rungs": [r.to_json() for r in self.rungs], "spent_seconds": self.spent_seconds, "done": self.done}
+
+    @classmethod
+    def from_json(cls, values: Mapping[str, Any]) -> SearchState:
+        return cls(**{**_known(cls, values), "candidates": [Candidate.from_json(c) for c in values["candidates"]],
+                      "rungs": [Rung.from_json(r) for r in values.get("rungs", [])]})
+
+
+def dataset_fingerprint(dataset: Dataset) -> str:
+    digest = hashlib.sha256()
+    for part in (dataset.train, dataset.valid):
+        digest.update(part.tobytes() if part is not None else b"")
+    return digest.hexdigest()[:16]
+
+
+def search_settings(config: CompressConfig, dataset: Dataset) -> dict[str, Any]:
+    """What a resumed job must share with the one it continues: the search's settings and the data."""
+    return {**config.settings(), "dataset": dataset_fingerprint(dataset)}
+
+
+def load_state(out: Path, config: CompressConfig, dataset: Dataset) -> SearchState | None:
+    """The saved state of a job in `out` with the same settings (None if there is none); refuses another job's."""
+    path = out / STATE
+    if not path.exists():
+        return None
+    values = json.loads(path.read_text())
+    if values.get("settings") != search_settings(config, dataset):
+        raise ConfigError(f"{out} holds a compress job with other settings or data ({values.get('settings')}); "
+                          "give another --out, or the same settings to continue it")
+    return SearchState.from_json(values)
+
+
+@dataclass
+class CompressRun:
+    """One compress search: its inputs, and the state that survives a restart (saved as STATE after every step)."""
+
+    dataset: Dataset
+    out: Path
+    config: CompressConfig
+    train_configs: Mapping[ModelKind, TrainConfig]  # how each model kind's candidates train
+    state: SearchState
+    on_progress: ProgressCallback | None = None
+    should_stop: Callable[[], bool] | None = None
+    clock: Callable[[], float] = time.monotonic  # wall seconds, for the time limit (a test's own clock)
+    started: float | None = None  # clock() when this attempt started (None: now)
+    spent_before: float = 0.0  # seconds earlier attempts spent
+
+    def __post_init__(self) -> None:
+        if self.started is None:
+            self.started = self.clock()
+
+    @property
+    def spent(self) -> float:
+        assert self.started is not None
+        return self.spent_before + self.clock() - self.started
+
+    @property
+    def time_left(self) -> float:
+        return max(0.0, self.config.time_limit_minutes * 60 - self.spent)
+
+    def save(self) -> None:
+        self.state.spent_seconds = self.spent
+        write_json(self.out / STATE, self.state.to_json())
+
+    def emit(self, stage: str, candidate: str | None = None, **extra: Any) -> None:
+        if self.on_progress is not None:
+            rungs = self.state.rungs
+            self.on_progress({"stage": stage, "candidate": candidate, "rung": len(rungs) - 1 if rungs else None,
+                              "rungs": self.state.rung_count, "time_left": self.time_left, **extra})
+
+    def candidate(self, name: str) -> Candidate:
+        return self.state.candidate(name)
+
+    def train_config(self, name: str) -> TrainConfig:
+        """How candidate `name` trains: its model kind's TrainConfig."""
+        return self.train_configs[self.candidate(name).model]
+
+    def run_dir(self, name: str) -> Path:
+        return self.out / "candidates" / name
+
+    def export_path(self, name: str, precision: str) -> Path:
+        """Where candidate `name`'s best weights are saved at `precision` (evaluated, and the pick's source)."""
+        return self.run_dir(name) / f"export-{precision}.safetensors"
+
+
+__all__ = ["PICK", "STATE", "Candidate", "CompressRun", "Export", "ProgressCallback", "Rung", "RungResult",
+           "SearchState", "load_state", "rung_sizes", "search_settings"]
