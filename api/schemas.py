@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field, model_validator
+from pydantic import BaseModel, Field, field_validator, model_validator
 
-from earl_service.bundle.format import PRECISIONS
+from earl_service.bundle.precision import DEFAULT, Precision, describe
 from earl_service.compress.config import METRICS
 from earl_service.config.options import form_model
 
@@ -23,8 +23,9 @@ class CompressForm(BaseModel):
         "1.5MiB (2**20: KiB/MiB/GiB), 500000 or 2e6; the job needs time_limit and a valid file"))
     models: str | None = Field(None, max_length=200, description="compress job: comma-separated models to "
                                                                   "search, e.g. earl,rotate (default: all)")
-    precisions: str | None = Field(None, max_length=200, description="compress job: comma-separated precisions "
-                                                                      "to export, e.g. fp32,fp16,int8,pq or pq:50 (default: all)")
+    precisions: str | None = Field(None, max_length=200, description=(
+        f"compress job: comma-separated precisions to export, from {describe()}; pq alone: each code size that "
+        "fits (default: all)"))
     metric: Literal[tuple(METRICS)] | None = Field(  # type: ignore[valid-type]
         None, description="compress job: the validation metric that picks (default: mrr)")
 
@@ -37,8 +38,15 @@ class TrainForm(form_model(), CompressForm):  # type: ignore[misc]  # a derived 
     Unknown fields are refused by the route (`reject_unknown_fields`), not here: the form also carries the files.
     """
 
-    precision: Literal[PRECISIONS] = Field("fp32", description="precision of the exported bundle")  # type: ignore[valid-type]
+    precision: str = Field(DEFAULT.name, max_length=40, description=(
+        f"precision of the exported bundle: {describe()}"))
     nproc_per_node: int = Field(0, ge=0, le=64, description="> 0: the worker trains with this many DDP processes")
+
+    @field_validator("precision")
+    @classmethod
+    def _registered(cls, value: str) -> str:
+        """A registered precision, stored as its name (ValueError, a 422, naming the known ones)."""
+        return Precision.parse(value).name
 
 
 class JobCreated(BaseModel):

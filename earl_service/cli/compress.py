@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from earl_service.bundle import precision as precisions
 from earl_service.compress.config import SEARCHED
 from earl_service.config import MODELS
 from earl_service.config.options import add_data_options, add_recipe_option, data_config_from_options
@@ -26,8 +27,8 @@ def add_compress_command(sub) -> None:
                    help="minutes for the search (training, validation, exports; the final test evaluation comes after)")
     p.add_argument("--models", default=",".join(MODELS), help=f"comma-separated, from {', '.join(MODELS)}")
     p.add_argument("--precisions", default=",".join(SEARCHED),
-                   help=f"comma-separated, from {', '.join(SEARCHED)} (pq: each code size that fits) or pq:M "
-                        "(M one-byte codes per row)")
+                   help=f"comma-separated, from {precisions.describe()}; pq alone: each code size that fits "
+                        "(default: %(default)s)")
     p.add_argument("--metric", default="mrr", help="validation metric that picks: mrr or hits@10")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default="auto", help="auto | cpu | cuda")

@@ -17,8 +17,9 @@ from typing import Any
 import torch
 
 from earl_service.atomic import write_json
-from earl_service.bundle.codebooks import NUMBERS_PER_CODE, codes_for, encode_tables, is_pq, parse_pq
+from earl_service.bundle.codebooks import NUMBERS_PER_CODE, codes_for
 from earl_service.bundle.model_io import load_bundle
+from earl_service.bundle.precision import Precision, ProductQuantized
 from earl_service.bundle.sizes import MIN_DIM, BundleSizes, save_exact
 from earl_service.compress.config import METRICS, CompressConfig
 from earl_service.config import ModelConfig, ModelKind, TrainConfig
@@ -99,7 +100,7 @@ def plan_candidates(sizes: BundleSizes, config: CompressConfig) -> list[dict[str
     """Per model: the largest dim that fits at each precision (and pq code size), and half the smallest of those;
     each trained once in fp32 and exported at every precision that fits at its dim. Raises when nothing fits."""
     units = []
-    uniform = [p for p in config.precisions if not is_pq(p)]
+    uniform = [p for p in config.precisions if not Precision.parse(p).codes_tables]
     for model in config.models:
         tops = [d for p in uniform if (d := sizes.max_dim(model, p, config.max_bytes))]
         tops += [d for dim_of in pq_searches(config) if (d := dim_of(sizes, model, config.max_bytes))]
@@ -114,7 +115,8 @@ def plan_candidates(sizes: BundleSizes, config: CompressConfig) -> list[dict[str
             units.append({"name": f"{model}-d{dim}", "model": model, "dim": dim, "bytes": fitting,
                           "config": sizes.config(model, dim).to_dict()})
     if not units:
-        smallest = min((sizes.bytes(m, MIN_DIM, p), m, p) for m in config.models for p in uniform or ["int8"])
+        floors = uniform or [ProductQuantized.FALLBACK.name]  # pq alone: no smaller than its fallback's weights
+        smallest = min((sizes.bytes(m, MIN_DIM, p), m, p) for m in config.models for p in floors)
         raise ConfigError(
             f"max_bytes {config.max_bytes} is below the smallest bundle for this graph: {smallest[0]} bytes "
             f"({smallest[1]} dim {MIN_DIM} {smallest[2]}); the graph and vocabularies alone take "
@@ -129,33 +131,33 @@ def pq_searches(config: CompressConfig) -> list[PQDim]:
     """For each pq spelling asked for, how to find the largest dim that fits: `pq` at each NUMBERS_PER_CODE,
     `pq:M` with M fixed (dims where M divides 2 * dim)."""
     searches: list[PQDim] = []
-    for precision in config.precisions:
-        m = parse_pq(precision)
-        if m == 0:
+    for precision in map(Precision.parse, config.precisions):
+        if isinstance(precision, ProductQuantized) and not precision.codes:
             searches += [partial(_pq_dim_per_code, per_code=n) for n in NUMBERS_PER_CODE]
-        elif m:
-            searches.append(partial(_pq_dim_fixed, codes=m))
+        elif isinstance(precision, ProductQuantized):
+            searches.append(partial(_pq_dim_fixed, codes=precision.codes))
     return searches
 
 
 def _pq_dim_per_code(sizes: BundleSizes, model: ModelKind, max_bytes: int, *, per_code: int) -> int | None:
     dim = sizes.max_pq_dim(model, per_code, max_bytes)
-    return dim if dim and sizes.pq_codes(model, dim, f"pq:{codes_for(dim, per_code)}") else None
+    return dim if dim and sizes.pq_codes(model, dim, ProductQuantized(codes_for(dim, per_code) or 0)) else None
 
 
 def _pq_dim_fixed(sizes: BundleSizes, model: ModelKind, max_bytes: int, *, codes: int) -> int | None:
     dim = sizes.max_pq_codes_dim(model, codes, max_bytes)
-    return dim if dim and sizes.pq_codes(model, dim, f"pq:{codes}") else None
+    return dim if dim and sizes.pq_codes(model, dim, ProductQuantized(codes)) else None
 
 
 def pq_precisions(sizes: BundleSizes, config: CompressConfig, model: ModelKind, dim: int) -> list[str]:
     """The pq:M exports of a (model, dim) candidate: each asked-for code size that divides its rows and codes at
     least one table (one that codes none would be int8 by another name)."""
     out = []
-    for precision in config.precisions:
-        m = parse_pq(precision)
+    for precision in map(Precision.parse, config.precisions):
+        m = precision.codes if isinstance(precision, ProductQuantized) else None
         codes = [codes_for(dim, n) for n in NUMBERS_PER_CODE] if m == 0 else [m] if m else []
-        out += [f"pq:{c}" for c in codes if c and (2 * dim) % c == 0 and sizes.pq_codes(model, dim, f"pq:{c}")]
+        out += [ProductQuantized(c).name for c in codes
+                if c and (2 * dim) % c == 0 and sizes.pq_codes(model, dim, ProductQuantized(c))]
     return list(dict.fromkeys(out))
 
 
@@ -318,14 +320,14 @@ def evaluate_exports(job: Job, name: str, split: str = "valid", *, tune_seconds:
     unit, run_dir, train_config = job.unit(name), job.run_dir(name), job.train_config(name)
     source = load_bundle(run_dir / BUNDLE)
     run = load_run(run_dir, job.dataset, device=train_config.device)
-    coded = [p for p in unit["bytes"] if is_pq(p)]
+    coded = [p for p in unit["bytes"] if Precision.parse(p).codes_tables]
     subset = limit if 0 < limit < len(run.ranked_triples(split)) else 0
     results = {}
     for precision, expected in unit["bytes"].items():
         job.emit("evaluate", name, precision=precision)
         tables, tuning = None, {}
-        if is_pq(precision):
-            tables = encode_tables(source.config, source.params, precision, seed=job.config.seed)
+        if isinstance(chosen := Precision.parse(precision), ProductQuantized):
+            tables = chosen.encode_tables(source.config, source.params, seed=job.config.seed)
             budget = FineTune(steps=FINE_TUNE_STEPS, seconds=tune_seconds / len(coded))
             started = time.monotonic()
             tables, budget = fine_tune(run, source.params, tables, train_config, budget)
@@ -369,7 +371,7 @@ def slice_training(job: Job, name: str, share: float, limit: int) -> float:
     slice. Carrying the overhead measured at the previous rung over unchanged undercounted the last rung of
     FB15k-237's 8 MB search by about 95 s of validations, and the job overran its 60 minutes by 69 s."""
     unit = job.unit(name)
-    tuning = FINE_TUNE_SHARE if any(is_pq(p) for p in unit["bytes"]) else 0.0
+    tuning = FINE_TUNE_SHARE if any(Precision.parse(p).codes_tables for p in unit["bytes"]) else 0.0
     rest = share - validations(job, name, limit) - unit.get("other_seconds", 0.0)
     return max(rest, 0.0) / (1 + tuning)
 
