@@ -25,7 +25,7 @@ class CompressForm(BaseModel):
                                                                   "search, e.g. earl,rotate (default: all)")
     precisions: str | None = Field(None, max_length=200, description=(
         f"compress job: comma-separated precisions to export, from {describe()}; pq alone: each code size that "
-        "fits (default: all)"))
+        "fits (default: all; GET /precisions lists them)"))
     metric: Literal[tuple(METRICS)] | None = Field(  # type: ignore[valid-type]
         None, description="compress job: the validation metric that picks (default: mrr)")
 
@@ -39,7 +39,7 @@ class TrainForm(form_model(), CompressForm):  # type: ignore[misc]  # a derived 
     """
 
     precision: str = Field(DEFAULT.name, max_length=40, description=(
-        f"precision of the exported bundle: {describe()}"))
+        f"precision of the exported bundle: {describe()} (GET /precisions lists them)"))
     nproc_per_node: int = Field(0, ge=0, le=64, description="> 0: the worker trains with this many DDP processes")
 
     @field_validator("precision")
@@ -47,6 +47,15 @@ class TrainForm(form_model(), CompressForm):  # type: ignore[misc]  # a derived 
     def _registered(cls, value: str) -> str:
         """A registered precision, stored as its name (ValueError, a 422, naming the known ones)."""
         return Precision.parse(value).name
+
+
+class PrecisionOut(BaseModel):
+    """One registered precision (GET /precisions): what `precision` and `precisions` accept."""
+
+    name: str  # as a bundle's metadata and a job's params hold it
+    syntax: str  # as written, with its parameter: pq[:M]
+    summary: str
+    codes_tables: bool  # some tables are stored as codes and codebooks
 
 
 class JobCreated(BaseModel):
