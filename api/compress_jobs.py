@@ -11,6 +11,7 @@ import shutil
 from collections.abc import Collection
 from typing import Any
 
+from earl_service.bundle.precision import Precision
 from earl_service.compress.config import CompressConfig, budget_floor
 from earl_service.compress.job import compress_settings
 from earl_service.config.options import recipe_options
@@ -31,8 +32,19 @@ def job_params(form: dict[str, Any], *, given: Collection[str]) -> tuple[dict[st
     config = compress_settings(form)
     left = {k: v for k, v in recipe_options(form["recipe"], form["model"]).items() if k not in given}
     if config is None:
-        return {k: v for k, v in {**form, **left}.items() if k not in CompressForm.model_fields}, None
+        params = {k: v for k, v in {**form, **left}.items() if k not in CompressForm.model_fields}
+        _check_precision(params)
+        return params, None
     return {**form, **dict.fromkeys(left, None), "max_bytes": config.max_bytes}, config
+
+
+def _check_precision(params: dict[str, Any]) -> None:
+    """A training job's precision must fit its dim (pq:M: M dividing 2 * dim), known before training, not after."""
+    try:
+        Precision.parse(params["precision"]).resolve(params["dim"])
+    except ValueError as exc:
+        raise ConfigError(f"precision {params['precision']} cannot export a model of dim {params['dim']}: "
+                          f"{exc}") from exc
 
 
 def trained_params(params: dict[str, Any], config: CompressConfig | None) -> list[dict[str, Any]]:

@@ -29,12 +29,12 @@ from .errors import add_error_handlers
 from .gate import RequestGate
 from .limits import PredictSlots
 from .metrics import Metrics, MetricsMiddleware
-from .routes import console, entities, events, health, jobs, models, predict, relations, reports
+from .routes import console, entities, events, health, jobs, models, precisions, predict, relations, reports
 from .settings import Settings
 
 log = logging.getLogger(__name__)
 SWEEP_EVERY_S = 3600.0  # housekeeping (earl_service/service/housekeeping.py) after the one at start-up
-ROUTERS = (jobs, events, models, relations, reports, predict, entities, health, console)
+ROUTERS = (jobs, events, models, relations, reports, predict, entities, precisions, health, console)
 
 
 class EarlAPI(FastAPI):

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field, model_validator
+from pydantic import BaseModel, Field, field_validator, model_validator
 
-from earl_service.bundle.format import PRECISIONS
+from earl_service.bundle.precision import DEFAULT, Precision, describe
 from earl_service.compress.options import compress_form_model
 from earl_service.config.options import form_model
 
@@ -29,8 +29,24 @@ class JobForm(form_model(), CompressForm):  # type: ignore[misc]  # a derived ba
     Unknown fields are refused by the route (`reject_unknown_fields`), not here: the form also carries the files.
     """
 
-    precision: Literal[PRECISIONS] = Field("fp32", description="precision of the exported bundle")  # type: ignore[valid-type]
+    precision: str = Field(DEFAULT.name, max_length=40, description=(
+        f"precision of the exported bundle: {describe()} (GET /precisions lists them)"))
     nproc_per_node: int = Field(0, ge=0, le=64, description="> 0: the worker trains with this many DDP processes")
+
+    @field_validator("precision")
+    @classmethod
+    def _registered(cls, value: str) -> str:
+        """A registered precision, stored as its name (ValueError, a 422, naming the known ones)."""
+        return Precision.parse(value).name
+
+
+class PrecisionOut(BaseModel):
+    """One registered precision (GET /precisions): what `precision` and `precisions` accept."""
+
+    name: str  # as a bundle's metadata and a job's params hold it
+    syntax: str  # as written, with its parameter: pq[:M]
+    summary: str
+    codes_tables: bool  # some tables are stored as codes and codebooks
 
 
 class JobCreated(BaseModel):

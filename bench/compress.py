@@ -31,8 +31,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import torch
 from harness import REPO, default_datasets, environment, md_table, pyplot, save_png, write_results
 
-from earl_service.bundle.format import PRECISIONS
 from earl_service.bundle.model_io import load_bundle
+from earl_service.bundle.precision import registered
 from earl_service.bundle.sizes import BundleSizes, save_exact
 from earl_service.compress.config import CompressConfig, parse_size
 from earl_service.compress.rungs import evaluate_bundle
@@ -45,11 +45,12 @@ from earl_service.train.run import load_run
 TABLES = {"codex-s": (("0.5MB", "1MB", "2MB"), 10.0), "fb15k-237": (("2MB", "4MB", "8MB"), 60.0),
           "wn18rr": (("4MB",), 60.0)}
 QUICK_MINUTES = 3.0
+UNIFORM = tuple(p.family for p in registered() if not p.codes_tables)  # fp32, fp16, int8: best first
 
 
 def baseline(ds, sizes: BundleSizes, config: ModelConfig, minutes: float, budget: int, out: Path) -> dict:
     """Train `config` for `minutes`, export at the highest precision that fits, test it from the file."""
-    precision = next((p for p in PRECISIONS if sizes.bytes(config.model, config.dim, p) <= budget), None)
+    precision = next((p for p in UNIFORM if sizes.bytes(config.model, config.dim, p) <= budget), None)
     row = {"model": config.model, "dim": config.dim, "precision": precision}
     if precision is None:
         return {**row, "bytes": sizes.bytes(config.model, config.dim, "int8"), "test_mrr": None, "fits": False}

@@ -28,8 +28,9 @@ import torch
 from harness import REPO, default_datasets, md_table, pyplot, save_png, write_results
 
 from earl_service.atomic import write_json
-from earl_service.bundle.codebooks import codes_for, encode_tables
+from earl_service.bundle.codebooks import codes_for
 from earl_service.bundle.model_io import load_bundle
+from earl_service.bundle.precision import ProductQuantized
 from earl_service.bundle.sizes import BundleSizes, save_exact
 from earl_service.compress.rungs import evaluate_bundle
 from earl_service.config import ModelConfig, TrainConfig
@@ -88,7 +89,7 @@ def measure_exports(ds, sizes: BundleSizes, config: ModelConfig, train_config: T
         if m is None or not sizes.pq_codes(config.model, config.dim, f"pq:{m}"):
             continue  # no table of this model pays for codebooks at this size: pq would be int8 by another name
         start = time.perf_counter()
-        tables = encode_tables(source.config, source.params, f"pq:{m}")
+        tables = ProductQuantized(m).encode_tables(source.config, source.params)
         export(f"pq:{m}", tables, numbers_per_code=per_code, encode_seconds=time.perf_counter() - start)
         tuned, info = fine_tune(run, source.params, tables, train_config, FineTune(ft.steps, ft.seconds))
         export(f"pq:{m}", tuned, tuned=True, numbers_per_code=per_code, fine_tune_steps=len(info.losses),

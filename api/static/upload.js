@@ -1,5 +1,6 @@
 // Upload: triple files (drag and drop or pick), optional label files, the job's options with the API's defaults.
-// Fields come from the API's own schema (/openapi.json), so a new option or file field shows up here unchanged.
+// Fields come from the API's own schema (/openapi.json), so a new option or file field shows up here unchanged;
+// the precisions offered come from GET /precisions, so a newly registered one does too.
 
 import { ApiError, getJSON } from "./api.js";
 import { h, note } from "./ui.js";
@@ -11,7 +12,9 @@ const HELP = {
   max_bytes: "compress job: the most bytes the bundle may take, e.g. 2MB or 1.5MiB; needs a time limit and a valid file",
   time_limit: "minutes; 0 for none",
   steps: "training steps",
-  precision: "of the exported bundle",
+};
+const PRECISION_FIELDS = {
+  precision: "of the exported bundle", precisions: "compress job: comma-separated, each from",
 };
 const FILE_HELP = {
   train: "required: one head, relation, tail per line (.txt/.tsv/.csv, optionally .gz)",
@@ -22,6 +25,7 @@ const FILE_HELP = {
 };
 
 let schemaCache = null;
+let precisionsCache = null;
 
 async function jobSchema() {
   schemaCache ??= getJSON("/openapi.json").then((api) => {
@@ -32,6 +36,17 @@ async function jobSchema() {
       options };
   });
   return schemaCache;
+}
+
+/** The registered precisions ([{name, syntax, summary, codes_tables}]); none when the list cannot be read. */
+async function precisionList() {
+  precisionsCache ??= getJSON("/precisions").catch(() => []);
+  return precisionsCache;
+}
+
+/** Help for a precision field from the registered precisions: "of the exported bundle: fp32, fp16, int8, pq[:M]". */
+function precisionHelp(name, known) {
+  return known.length ? `${PRECISION_FIELDS[name]}: ${known.map((p) => p.syntax).join(", ")}` : PRECISION_FIELDS[name];
 }
 
 /** Which file field a dropped file belongs to, by its name. */
@@ -47,7 +62,7 @@ function enumOf(spec) {
   return spec.enum || spec.anyOf?.find((s) => s.enum)?.enum;
 }
 
-function optionInput(name, spec) {
+function optionInput(name, spec, known) {
   const id = `opt-${name}`;
   const type = spec.type || spec.anyOf?.find((s) => s.type !== "null")?.type;
   const common = { id, name, "aria-describedby": `${id}-help ${id}-error` };
@@ -62,12 +77,14 @@ function optionInput(name, spec) {
     input = h("input", { ...common, type: "number", value: spec.default ?? "", step: type === "integer" ? 1 : "any",
       min: spec.minimum ?? null, max: spec.maximum ?? null });
   } else {
-    input = h("input", { ...common, type: "text", value: spec.default ?? "", placeholder: spec.default ?? "" });
+    input = h("input", { ...common, type: "text", value: spec.default ?? "", placeholder: spec.default ?? "",
+      list: name in PRECISION_FIELDS && known.length ? "precision-names" : null });
   }
   input.dataset.default = spec.default === undefined || spec.default === null ? "" : String(spec.default);
   return h("div", { class: `field ${type === "boolean" ? "check" : ""}` },
     h("label", { for: id }, name.replaceAll("_", " ")), input,
-    h("small", { id: `${id}-help` }, HELP[name] || spec.description || ""),
+    h("small", { id: `${id}-help` },
+      name in PRECISION_FIELDS ? precisionHelp(name, known) : HELP[name] || spec.description || ""),
     h("p", { class: "field-error", id: `${id}-error`, role: "alert" }));
 }
 
@@ -76,7 +93,7 @@ function valueOf(input) {
 }
 
 export async function renderUpload(main) {
-  const schema = await jobSchema();
+  const [schema, known] = await Promise.all([jobSchema(), precisionList()]);
   const chosen = {};
   const fileRows = schema.files.map((field) => {
     const id = `file-${field}`;
@@ -109,9 +126,10 @@ export async function renderUpload(main) {
   const form = h("form", { id: "upload-form", novalidate: true, onsubmit: (e) => submit(e) },
     h("fieldset", {}, h("legend", {}, "Files"), drop, uploadError, fileRows),
     h("fieldset", {}, h("legend", {}, "Options"), h("div", { class: "grid" },
-      options.filter(([n]) => MAIN_OPTIONS.includes(n)).map(([n, s]) => optionInput(n, s)))),
+      options.filter(([n]) => MAIN_OPTIONS.includes(n)).map(([n, s]) => optionInput(n, s, known)))),
     h("details", {}, h("summary", {}, "More options"), h("div", { class: "grid" },
-      options.filter(([n]) => !MAIN_OPTIONS.includes(n)).map(([n, s]) => optionInput(n, s)))),
+      options.filter(([n]) => !MAIN_OPTIONS.includes(n)).map(([n, s]) => optionInput(n, s, known)))),
+    h("datalist", { id: "precision-names" }, known.map((p) => h("option", { value: p.name }, p.summary))),
     formError, h("button", { type: "submit", class: "primary", id: "submit-job" }, "Start job"));
   main.append(h("h2", {}, "Upload a graph"), h("p", {}, "Train a model on your triples, or give a byte budget "
     + "(max bytes) and minutes to search for the most accurate bundle that fits."), form);

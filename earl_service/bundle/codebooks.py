@@ -1,4 +1,8 @@
-"""Product-quantized tables in a bundle (numpy only): which tables a `pq:M` bundle codes, their layout, the gather."""
+"""Product-quantized tables in a bundle (numpy only): which tables a `pq:M` bundle may code, their layout, the gather.
+
+What pq means as a precision (its spelling, its fallback for the weights it does not code, which tables are worth
+coding) is ProductQuantized's, in bundle/precision.py; this module is the codebook machinery under it.
+"""
 
 from __future__ import annotations
 
@@ -7,19 +11,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from earl_service.bundle.format import dequantize, quantize
-from earl_service.config import ModelConfig
 from earl_service.errors import BundleError
 from earl_service.safe_json import parse_json
 
-PQ = "pq"
 CENTROIDS = 256  # per subspace: one code byte
 # Numbers per code byte that `--precision pq` tries (compress: each that fits); 4 when no budget chooses.
 NUMBERS_PER_CODE = (2, 4, 8)
 DEFAULT_NUMBERS_PER_CODE = 4
-# The tensors a pq bundle does not code (MLP and GNN weights, small tables) are stored as int8 does: one byte a
-# number, per-row scales. fp16 would double their bytes for no measurable MRR (bench/results/bundle_sizes.md).
-FALLBACK = "int8"
 # The per-entity (RotatE) and embedding tables (EARL) worth coding; every other weight is a dense map.
 CODABLE = {"rotate": ("entities",), "earl": ("reserved_embeddings", "relation_ends", "relations")}
 MANIFEST_KEY = "pq_manifest"
@@ -43,27 +41,6 @@ class Layout:
         """Codes plus fp16 codebooks."""
         return self.rows * self.codes + self.codes * CENTROIDS * self.sub * 2
 
-    @property
-    def int8_nbytes(self) -> int:
-        return self.rows * self.width + 4 * self.rows
-
-
-def parse_pq(precision: str) -> int | None:
-    """Codes per row of a pq precision ('pq:50' -> 50, 'pq' -> 0: chosen later); None for any other precision."""
-    if precision != PQ and not precision.startswith(PQ + ":"):
-        return None
-    if precision == PQ:
-        return 0
-    text = precision[len(PQ) + 1 :]
-    if not text.isdigit() or int(text) < 1 or len(text) > 6:
-        raise ValueError(f"precision {precision[:40]!r}: write pq:M with M, the one-byte codes per row, a positive "
-                         "integer")
-    return int(text)
-
-
-def is_pq(precision: str) -> bool:
-    return precision == PQ or precision.startswith(PQ + ":")
-
 
 def codes_for(dim: int, numbers_per_code: int) -> int | None:
     """M for a dim at `numbers_per_code` floats per code byte (the row width 2 * dim must divide)."""
@@ -77,29 +54,16 @@ def default_codes(dim: int) -> int:
                key=lambda m: abs(m - width / DEFAULT_NUMBERS_PER_CODE))
 
 
-def resolve(precision: str, dim: int) -> str:
-    """'pq' -> 'pq:M' for this dim; ValueError unless M divides the row width 2 * dim."""
-    m = parse_pq(precision)
-    assert m is not None, precision
-    m = m or default_codes(dim)
-    if (2 * dim) % m:
-        raise ValueError(f"precision pq:{m} needs M dividing the row width 2 * dim = {2 * dim}")
-    return f"{PQ}:{m}"
-
-
-def plan(model: str, dim: int, codes: int, shapes: dict[str, tuple[int, ...]]) -> dict[str, Layout]:
-    """The tables a `pq:codes` bundle codes: those of CODABLE whose width holds whole subvectors of 2 * dim / codes
-    floats, and whose codes and codebooks take fewer bytes than int8 would (a table of 256 rows or fewer never
-    does). Known from shapes alone, so a bundle's bytes are too."""
+def codable(model: str, dim: int, codes: int, shapes: dict[str, tuple[int, ...]]) -> dict[str, Layout]:
+    """The tables of CODABLE a `pq:codes` bundle could code: those whose width holds whole subvectors of
+    2 * dim / codes floats (ProductQuantized.plan keeps those worth coding). Known from shapes alone."""
     sub = 2 * dim // codes
     layouts = {}
     for name in CODABLE.get(model, ()):
         shape = shapes.get(name)
         if shape is None or len(shape) != 2 or shape[1] % sub:
             continue
-        layout = Layout(shape[0], shape[1], shape[1] // sub)
-        if layout.nbytes < layout.int8_nbytes:
-            layouts[name] = layout
+        layouts[name] = Layout(shape[0], shape[1], shape[1] // sub)
     return layouts
 
 
@@ -124,12 +88,13 @@ def with_tables(tensors: dict[str, np.ndarray], metadata: dict[str, str],
     return out, {**metadata, MANIFEST_KEY: json.dumps(manifest)}
 
 
-def read_layouts(meta: dict[str, str], tensors: dict[str, np.ndarray], precision: str,
-                 source: str) -> dict[str, Layout]:
-    """The coded tables a bundle declares, each checked against its codes and codebooks tensors (dtype and shape)
-    before anything is decoded; the declared (rows, width) are then held against the config like any weight."""
+def read_layouts(meta: dict[str, str], tensors: dict[str, np.ndarray], precision: str, source: str, *,
+                 coded: bool) -> dict[str, Layout]:
+    """The coded tables a bundle at `precision` declares (none unless the precision is `coded`), each checked against
+    its codes and codebooks tensors (dtype and shape) before anything is decoded; the declared (rows, width) are
+    then held against the config like any weight."""
     stray = [n for n in tensors if n.startswith(TENSOR_PREFIX)]
-    if not is_pq(precision):
+    if not coded:
         if stray or MANIFEST_KEY in meta:
             raise BundleError(f"{source} holds product-quantized tables but its precision is {precision}")
         return {}
@@ -168,21 +133,7 @@ def _check_layout(tensors: dict[str, np.ndarray], name: str, lay: Layout, source
                               f"{np.dtype(dtype)} {shape}")
 
 
-def check_plan(layouts: dict[str, Layout], precision: str, model: str, dim: int,
-               shapes: dict[str, tuple[int, ...]], source: str) -> None:
-    """The coded tables are exactly those `plan` codes at this precision for this config's weight `shapes`, with
-    its code counts."""
-    m = parse_pq(precision)
-    assert m, precision
-    if (2 * dim) % m:
-        raise BundleError(f"{source}: precision {precision} needs M dividing the row width 2 * dim = {2 * dim}")
-    wanted = plan(model, dim, m, shapes)
-    if layouts != wanted:
-        raise BundleError(f"{source}: its pq tables {_describe(layouts)} are not what {precision} codes for "
-                          f"{model} dim {dim}: {_describe(wanted)}")
-
-
-def _describe(layouts: dict[str, Layout]) -> str:
+def describe(layouts: dict[str, Layout]) -> str:
     return "{" + ", ".join(f"{n}: {lay.rows}x{lay.width} in {lay.codes} codes" for n, lay in layouts.items()) + "}"
 
 
@@ -201,10 +152,6 @@ def decode_tables(tensors: dict[str, np.ndarray], layouts: dict[str, Layout]) ->
     """Every coded table decoded (its layout already checked against the tensors and the config)."""
     return {name: decode_table(tensors[f"{TENSOR_PREFIX}{name}.codes"], tensors[f"{TENSOR_PREFIX}{name}.codebooks"])
             for name in layouts}
-
-
-def coded_bytes(layouts: dict[str, Layout]) -> int:
-    return int(sum(lay.nbytes for lay in layouts.values()))
 
 
 PQTables = dict[str, tuple[np.ndarray, np.ndarray]]  # name -> (codes (N, M) uint8, codebooks (M, 256, w/M) fp16)
@@ -226,26 +173,6 @@ def encode_table(table: np.ndarray, codes: int, *, seed: int = 0) -> tuple[np.nd
     return pq.compute_codes(x).reshape(len(x), codes), books
 
 
-def encode_tables(config: ModelConfig, params: dict[str, np.ndarray], precision: str, *, seed: int = 0) -> PQTables:
-    """Post-hoc codebooks for every table a `pq:M` bundle of these weights codes (pq_format.plan)."""
-    m = parse_pq(precision)
-    assert m, precision
-    shapes = {name: tuple(value.shape) for name, value in params.items()}
-    layouts = plan(config.model, config.dim, m, shapes)
-    return {name: encode_table(params[name], lay.codes, seed=seed) for name, lay in layouts.items()}
-
-
-def stored_values(params: dict[str, np.ndarray], tables: PQTables) -> dict[str, np.ndarray]:
-    """The float32 weights a pq bundle of `params` decodes to: coded tables gathered, the rest through FALLBACK."""
-    out = {}
-    for name, value in params.items():
-        if name in tables:
-            out[name] = decode_table(*tables[name])
-        else:
-            out[name] = dequantize(quantize(name, value, FALLBACK), name)
-    return out
-
-
-__all__ = ["PQTables", "encode_table", "encode_tables", "stored_values", "CENTROIDS", "FALLBACK", "check_plan", "NUMBERS_PER_CODE", "PQ", "Layout", "codes_for", "decode_table", "decode_tables",
-           "declared_shapes", "default_codes", "is_pq", "parse_pq", "plan", "read_layouts", "resolve",
+__all__ = ["CENTROIDS", "CODABLE", "NUMBERS_PER_CODE", "Layout", "PQTables", "codable", "codes_for", "decode_table",
+           "decode_tables", "declared_shapes", "default_codes", "describe", "encode_table", "read_layouts",
            "with_tables", "zero_tables"]

@@ -10,12 +10,10 @@ from typing import Any
 
 import numpy as np
 
-from earl_service.bundle.codebooks import check_plan, declared_shapes, decode_tables, is_pq, parse_pq, read_layouts
+from earl_service.bundle.codebooks import declared_shapes, decode_tables, read_layouts
 from earl_service.bundle.format import (
     CODINGS,
-    PRECISIONS,
     BundleLimits,
-    dequantize,
     parse_json,
     unpack_graph,
     unpack_labels,
@@ -23,6 +21,7 @@ from earl_service.bundle.format import (
     unpack_weights,
     weights_manifest,
 )
+from earl_service.bundle.precision import DEFAULT, Precision, ProductQuantized
 from earl_service.config import ModelConfig
 from earl_service.data.vocab import Vocab
 from earl_service.errors import BundleError
@@ -44,7 +43,7 @@ class DecodedBundle:
     metrics: dict[str, Any]
     relation_labels: dict[str, str]  # readable labels by id: only ids with one
     entity_labels: dict[str, str]
-    precision: str  # as stored: fp32, fp16, int8 or pq:M (pq_format)
+    precision: str  # as stored: a Precision's name (fp32, fp16, int8, pq:M)
     coding: str  # how the file stored the weights (bundle_format.CODINGS)
     sha256: str  # of the tensor payload
 
@@ -67,15 +66,16 @@ def decode(meta: dict[str, str], tensors: dict[str, np.ndarray], *, source: str 
         raise BundleError(f"{source}: reserved entity ids outside the vocabulary")
     bundle = _with_labels(bundle, tensors, source, limits)
     manifest = _manifest(meta, tensors, bundle.coding, source)
-    layouts = read_layouts(meta, tensors, bundle.precision, source)
+    precision = Precision.parse(bundle.precision)
+    layouts = read_layouts(meta, tensors, bundle.precision, source, coded=precision.codes_tables)
     stored = _stored_weights(tensors, manifest, source)
     if set(stored) & set(declared_shapes(layouts)):
         raise BundleError(f"{source} holds a weight both product-quantized and not")
     _check_shapes(bundle, stored | declared_shapes(layouts), coded=manifest is not None or bool(layouts))
-    if is_pq(bundle.precision):
+    if isinstance(precision, ProductQuantized):
         cfg = bundle.config
-        check_plan(layouts, bundle.precision, cfg.model, cfg.dim, expected_shapes(cfg, n, num_rel, len(reserved)), source)
-    params = _weights(tensors, manifest) | decode_tables(tensors, layouts)
+        precision.check_plan(layouts, cfg.model, cfg.dim, expected_shapes(cfg, n, num_rel, len(reserved)), source)
+    params = _weights(tensors, manifest, precision) | decode_tables(tensors, layouts)
     _check_values(bundle.config, params, source)
     return dataclasses.replace(bundle, params=params)
 
@@ -96,7 +96,7 @@ def _parse(meta: dict[str, str], tensors: dict[str, np.ndarray], source: str,
             triples=unpack_graph(tensors["graph.packed"], limits),
             reserved=tensors["buffer.reserved"].astype(np.int64),
             params={},
-            precision=_precision(meta.get("precision", "fp32")),
+            precision=_precision(meta.get("precision", DEFAULT.name)),
             coding=meta.get("weights_coding", "plain"),
             sha256=meta["payload_sha256"],
         )
@@ -150,17 +150,17 @@ def _fits(value: Any, kind: type) -> bool:
     return isinstance(value, kind)
 
 
-def _choice(value: str, choices: tuple[str, ...], what: str) -> str:
-    if value not in choices:
-        raise ValueError(f"{what} must be one of {choices}, not {value[:100]!r}")
-    return value
-
-
 def _precision(value: str) -> str:
-    """One of PRECISIONS, or pq:M (its M checked against the config with the tables' layout)."""
-    if parse_pq(value) is not None and value != "pq":  # ValueError for a malformed pq:M
-        return value
-    return _choice(value, PRECISIONS, "precision")
+    """A registered precision as a bundle writes it: pq:M with its M (checked against the config with the tables'
+    layout), never a bare pq, whose M is chosen when the bundle is written."""
+    try:
+        precision = Precision.parse(value)
+    except ValueError as exc:
+        raise ValueError(f"precision must be one of the registered ones: {exc}") from exc
+    if isinstance(precision, ProductQuantized) and not precision.codes:
+        raise ValueError(f"precision must be one of the registered ones with its parameter, not {value!r}: a bundle "
+                         "stores pq:M")
+    return value
 
 
 def _vocab(names: list[str], kind: str) -> Vocab:
@@ -225,12 +225,12 @@ def _stored_as_quantize_writes(name: str, dtype: np.dtype, shape: tuple[int, ...
     return dtype in (np.float32, np.float16) and name + ".scale" not in stored
 
 
-def _weights(tensors: dict[str, np.ndarray], manifest: Manifest | None) -> dict[str, np.ndarray]:
+def _weights(tensors: dict[str, np.ndarray], manifest: Manifest | None, precision: Precision) -> dict[str, np.ndarray]:
     """The float32 trainable tensors by state_dict name: coded weights decoded (their shapes already checked)."""
     if manifest is not None:
         decoded = unpack_weights(tensors["weights.packed"], manifest)
         tensors = {name: t for name, t in tensors.items() if name != "weights.packed"} | decoded
-    return {name[len("param.") :]: dequantize(tensors, name) for name in tensors
+    return {name[len("param.") :]: precision.decode(tensors, name) for name in tensors
             if name.startswith("param.") and not name.endswith(".scale")}
 
 

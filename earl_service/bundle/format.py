@@ -25,7 +25,6 @@ FORMAT = "earl-bundle"
 # 1: weights as plain safetensors tensors. 2: weights may be entropy-coded into one "weights.packed" blob
 # (see pack_weights); a version-1 reader meeting one says "newer format" instead of "missing tensor".
 FORMAT_VERSION = 2
-PRECISIONS = ("fp32", "fp16", "int8")
 CODINGS = ("plain", "planes-xz")
 _CODED_DTYPES = {"float32": np.float32, "float16": np.float16, "int8": np.int8}
 # Bounds on what a bundle may declare, so that a small file cannot make its reader (or the API's listings) big.
@@ -209,12 +208,6 @@ def _check_edge_order(counts: np.ndarray, rel: np.ndarray, tail: np.ndarray) -> 
                           "set of distinct triples sorted by head, relation and tail (as pack_graph writes it)")
 
 
-def default_coding(precision: str) -> str:
-    """fp32 bundles keep plain tensors (any safetensors tool reads them, nothing to decode); the fp16 and
-    int8 bundles are the small download, so their weights are entropy-coded."""
-    return "plain" if precision == "fp32" else "planes-xz"
-
-
 def pack_weights(tensors: dict[str, np.ndarray]) -> tuple[np.ndarray, str]:
     """Losslessly code every `param.*` tensor into one xz blob: (blob, JSON manifest of names, dtypes, shapes).
 
@@ -281,25 +274,6 @@ def encode_weights(tensors: dict[str, np.ndarray], metadata: dict[str, str], cod
     rest = {n: t for n, t in tensors.items() if not n.startswith("param.")}
     return {**rest, "weights.packed": blob}, {**metadata, "format_version": "2", "weights_coding": coding,
                                               "weights_manifest": manifest}
-
-
-def quantize(name: str, value: np.ndarray, precision: str) -> dict[str, np.ndarray]:
-    """fp32 as is; fp16 halves; int8 keeps per-row scales (max |x| / 127) for matrices, fp16 for vectors."""
-    value = np.ascontiguousarray(value, dtype=np.float32)
-    if precision == "fp32":
-        return {name: value}
-    if precision == "fp16" or value.ndim < 2:
-        return {name: value.astype(np.float16)}
-    scale = np.abs(value).max(axis=1, keepdims=True) / 127.0
-    scale[scale == 0] = 1.0
-    return {name: np.round(value / scale).astype(np.int8), name + ".scale": scale.astype(np.float32).ravel()}
-
-
-def dequantize(tensors: dict[str, np.ndarray], name: str) -> np.ndarray:
-    value = tensors[name]
-    if value.dtype == np.int8:
-        return value.astype(np.float32) * tensors[name + ".scale"][:, None]
-    return value.astype(np.float32)
 
 
 def payload_digest(data: bytes) -> str:

@@ -12,23 +12,21 @@ from typing import Any
 import numpy as np
 import torch
 
-from earl_service.bundle.codebooks import FALLBACK, PQTables, is_pq, resolve, with_tables
+from earl_service.bundle.codebooks import PQTables
 from earl_service.bundle.decode import decode
 from earl_service.bundle.format import (
     FORMAT,
     FORMAT_VERSION,
-    PRECISIONS,
     BundleLimits,
-    default_coding,
     encode_weights,
     narrowest_uint,
     pack_graph,
     pack_labels,
     pack_strings,
-    quantize,
     read_safetensors,
     write_safetensors,
 )
+from earl_service.bundle.precision import DEFAULT, Precision
 from earl_service.config import ModelConfig
 from earl_service.data.dataset import load_triples_file
 from earl_service.data.labels import Labels
@@ -50,7 +48,7 @@ class Bundle:
     relations: Vocab
     triples: np.ndarray  # (E, 3) int64, the graph the encoder reads
     metrics: dict[str, Any] = field(default_factory=dict)
-    precision: str = "fp32"
+    precision: str = DEFAULT.name  # a Precision's name, as the file's metadata holds it
     relation_labels: dict[str, str] = field(default_factory=dict)
     entity_labels: dict[str, str] = field(default_factory=dict)
     sha256: str = ""
@@ -105,19 +103,14 @@ class Bundle:
         """(R, dim) float32 relation values (phases are value * pi / embedding_range)."""
         return self._embed()[1]
 
-    def to_tensors(self, precision: str | None = None, coding: str | None = None, *,
+    def to_tensors(self, precision: str | Precision | None = None, coding: str | None = None, *,
                    pq_tables: PQTables | None = None) -> tuple[dict[str, np.ndarray], dict[str, str]]:
-        """Tensors and metadata of the bundle file; coding (CODINGS) defaults to default_coding(precision). A pq
-        precision (pq_format) stores `pq_tables`, or codebooks faiss trains on the weights here when None."""
-        precision = precision or self.precision
-        pq = is_pq(precision)
-        if pq:
-            precision = resolve(precision, self.config.dim)
-        elif precision not in PRECISIONS:
-            raise ValueError(f"precision must be one of {PRECISIONS} or pq[:M], not {precision!r}")
+        """Tensors and metadata of the bundle file; coding (CODINGS) defaults to the precision's. A precision that
+        codes tables (pq) stores `pq_tables`, or codebooks faiss trains on the weights here when None."""
+        chosen = Precision.parse(precision or self.precision).resolve(self.config.dim)
         tensors: dict[str, np.ndarray] = {}
         for name, value in self.params.items():
-            tensors.update(quantize(f"param.{name}", value, FALLBACK if pq else precision))
+            tensors.update(chosen.encode(f"param.{name}", value))
         tensors["buffer.reserved"] = self.reserved.astype(narrowest_uint(max(len(self.entities), 1)))
         tensors["graph.packed"] = pack_graph(self.triples, len(self.entities), len(self.relations))
         tensors["vocab.entities"] = pack_strings(self.entities.names)
@@ -127,7 +120,7 @@ class Bundle:
             "format": FORMAT,
             "format_version": str(FORMAT_VERSION),
             "library_version": __version__,
-            "precision": precision,
+            "precision": chosen.name,
             "config": json.dumps(self.config.to_dict()),
             "metrics": json.dumps(self.metrics, default=str),
             "trainable_parameters": str(self.trainable_parameters),
@@ -136,13 +129,8 @@ class Bundle:
             "triples": str(len(self.triples)),
             "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         }
-        if pq:
-            if pq_tables is None:
-                from earl_service.bundle.codebooks import encode_tables
-
-                pq_tables = encode_tables(self.config, self.params, precision)
-            tensors, metadata = with_tables(tensors, metadata, pq_tables)
-        return encode_weights(tensors, metadata, coding or default_coding(precision))
+        tensors, metadata = chosen.with_tables(tensors, metadata, self.config, self.params, pq_tables)
+        return encode_weights(tensors, metadata, coding or chosen.coding)
 
     def _label_tensors(self) -> dict[str, np.ndarray]:
         """labels.entities / labels.relations: xz-coded, aligned with the vocabularies; absent when none."""
@@ -150,7 +138,7 @@ class Bundle:
                   "labels.relations": pack_labels(self.relations.names, self.relation_labels)}
         return {name: blob for name, blob in packed.items() if blob is not None}
 
-    def save(self, path: str | os.PathLike, *, precision: str | None = None, coding: str | None = None,
+    def save(self, path: str | os.PathLike, *, precision: str | Precision | None = None, coding: str | None = None,
              pq_tables: PQTables | None = None) -> Path:
         tensors, metadata = self.to_tensors(precision, coding, pq_tables=pq_tables)
         return write_safetensors(path, tensors, metadata)
@@ -186,13 +174,13 @@ def bundle_from_model(
     params = {k: v.detach().float().cpu().numpy() for k, v in state.items()}
     labels = labels or Labels()
     return Bundle(config, params, reserved, entities, relations, np.asarray(triples, dtype=np.int64), metrics or {},
-                  "fp32", relation_labels=labels.relations, entity_labels=labels.entities)
+                  DEFAULT.name, relation_labels=labels.relations, entity_labels=labels.entities)
 
 
-def export_bundle(run_dir: str | os.PathLike, out_path: str | os.PathLike, *, precision: str = "fp32",
-                  coding: str | None = None) -> Path:
+def export_bundle(run_dir: str | os.PathLike, out_path: str | os.PathLike, *,
+                  precision: str | Precision = DEFAULT, coding: str | None = None) -> Path:
     """Re-export the bundle of a trained run (RUN_DIR/bundle.safetensors) at another precision (and weight
-    coding: plain tensors, or byte planes + xz; default_coding(precision) when None)."""
+    coding: plain tensors, or byte planes + xz; the precision's own when None)."""
     source = Path(run_dir) / "bundle.safetensors"
     if not source.exists():
         raise BundleError(f"{run_dir} holds no bundle.safetensors: is it a run directory written by `earl train`?")

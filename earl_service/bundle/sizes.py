@@ -14,9 +14,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from earl_service.bundle.codebooks import FALLBACK, PQTables, codes_for, is_pq, parse_pq, plan, with_tables, zero_tables
-from earl_service.bundle.format import PAD_KEY, graph_bytes, pack_labels, quantize
+from earl_service.bundle.codebooks import Layout, PQTables, codes_for, zero_tables
+from earl_service.bundle.format import PAD_KEY, graph_bytes, pack_labels
 from earl_service.bundle.model_io import Bundle
+from earl_service.bundle.precision import DEFAULT, Precision, ProductQuantized
 from earl_service.config import ModelConfig, ModelKind
 from earl_service.data.dataset import Dataset
 from earl_service.data.vocab import Vocab
@@ -49,7 +50,7 @@ def padded_metrics(metrics: dict[str, Any]) -> dict[str, Any]:
     return {**metrics, PAD_KEY: " " * room}
 
 
-def save_exact(bundle: Bundle, path: str | os.PathLike, *, precision: str, metrics: dict[str, Any],
+def save_exact(bundle: Bundle, path: str | os.PathLike, *, precision: str | Precision, metrics: dict[str, Any],
                expected: int, pq_tables: PQTables | None = None) -> Path:
     """Write `bundle` at `precision` carrying `metrics`; the file must be `expected` bytes, as predicted."""
     out = replace(bundle, metrics=padded_metrics(metrics)).save(path, precision=precision, coding=CODING,
@@ -89,36 +90,39 @@ class BundleSizes:
         return Bundle(config, params, reserved.numpy().astype(np.int64), self.entities, self.relations, self.triples,
                       padded_metrics({}), relation_labels=self.labels.relations, entity_labels=self.labels.entities)
 
-    def bytes(self, model: ModelKind, dim: int, precision: str) -> int:
-        key = (model, dim, precision)
+    def bytes(self, model: ModelKind, dim: int, precision: str | Precision) -> int:
+        """Bytes of the file a bundle of (model, dim) at `precision` takes (any registered precision; pq with M)."""
+        chosen = Precision.parse(precision)
+        key = (model, dim, chosen.name)
         if key not in self._bytes:
-            self._bytes[key] = len(self._serialise(self.untrained(self.config(model, dim)), precision))
+            self._bytes[key] = len(self._serialise(self.untrained(self.config(model, dim)), chosen))
         return self._bytes[key]
 
-    def _serialise(self, bundle: Bundle, precision: str) -> builtins.bytes:  # the method `bytes` shadows the type
+    def _serialise(self, bundle: Bundle, precision: Precision) -> builtins.bytes:  # the method `bytes` shadows it
         """The file write_safetensors would write for `bundle` (checksum zeroed: same length)."""
         from safetensors.numpy import save as st_save
 
         # Bundle.to_tensors xz-packs the graph and vocabularies at preset 9 (tenths of a second even for a tiny
         # graph), and only the weights and the config change with dim: pack once per model, then swap those in.
         if bundle.config.model not in self._packed:
-            self._packed[bundle.config.model] = bundle.to_tensors("fp32", CODING)
+            self._packed[bundle.config.model] = bundle.to_tensors(DEFAULT, CODING)
         tensors, metadata = self._packed[bundle.config.model]
         tensors = {name: t for name, t in tensors.items() if not name.startswith("param.")}
         for name, value in bundle.params.items():
-            tensors.update(quantize(f"param.{name}", value, FALLBACK if is_pq(precision) else precision))
-        metadata = {**metadata, "precision": precision, "config": json.dumps(bundle.config.to_dict()),
+            tensors.update(precision.encode(f"param.{name}", value))
+        metadata = {**metadata, "precision": precision.name, "config": json.dumps(bundle.config.to_dict()),
                     "trainable_parameters": str(bundle.trainable_parameters), "payload_sha256": "0" * 64}
-        if is_pq(precision):  # codes and codebooks of the shapes pq_format.plan gives: their bytes need no values
-            tensors, metadata = with_tables(tensors, metadata, zero_tables(self.pq_layouts(bundle, precision)))
+        if isinstance(precision, ProductQuantized):  # codes and codebooks of the planned shapes: bytes need no values
+            tables = zero_tables(self.pq_layouts(bundle, precision))
+            tensors, metadata = precision.with_tables(tensors, metadata, bundle.config, bundle.params, tables)
         return st_save(tensors, metadata=metadata)
 
-    def pq_layouts(self, bundle: Bundle, precision: str) -> dict:
-        m = parse_pq(precision)
-        assert m, f"{precision}: give pq:M to know the bytes"
-        return plan(bundle.config.model, bundle.config.dim, m, {n: v.shape for n, v in bundle.params.items()})
+    def pq_layouts(self, bundle: Bundle, precision: str | Precision) -> dict[str, Layout]:
+        chosen = Precision.parse(precision)
+        assert isinstance(chosen, ProductQuantized) and chosen.codes, f"{precision}: give pq:M to know the bytes"
+        return chosen.plan(bundle.config.model, bundle.config.dim, {n: v.shape for n, v in bundle.params.items()})
 
-    def pq_codes(self, model: ModelKind, dim: int, precision: str) -> int:
+    def pq_codes(self, model: ModelKind, dim: int, precision: str | Precision) -> int:
         """How many tables a bundle of (model, dim) at `precision` (pq:M) codes: 0 makes it int8 in all but name."""
         return len(self.pq_layouts(self.untrained(self.config(model, dim)), precision))
 
@@ -129,7 +133,7 @@ class BundleSizes:
         return graph_bytes(self.triples, self.entities.names, self.relations.names) + sum(
             blob.nbytes for blob in labels if blob is not None)
 
-    def max_dim(self, model: ModelKind, precision: str, max_bytes: int) -> int | None:
+    def max_dim(self, model: ModelKind, precision: str | Precision, max_bytes: int) -> int | None:
         """The largest dim whose bundle fits in `max_bytes` (None below MIN_DIM)."""
         return _largest(lambda dim: self.bytes(model, dim, precision) <= max_bytes, step=1)
 
@@ -138,13 +142,13 @@ class BundleSizes:
         in `max_bytes`: dims step so that M is whole; bytes still grow with dim (each table takes the cheaper of
         pq and int8, both growing)."""
         step = numbers_per_code // math.gcd(numbers_per_code, 2)
-        return _largest(lambda dim: self.bytes(model, dim, f"pq:{codes_for(dim, numbers_per_code)}") <= max_bytes,
-                        step=step)
+        return _largest(lambda dim: self.bytes(model, dim, ProductQuantized(codes_for(dim, numbers_per_code) or 0))
+                        <= max_bytes, step=step)
 
     def max_pq_codes_dim(self, model: ModelKind, codes: int, max_bytes: int) -> int | None:
         """The largest dim whose bundle at pq:`codes` fits in `max_bytes` (dims where `codes` divides 2 * dim)."""
         step = codes // math.gcd(codes, 2)
-        return _largest(lambda dim: self.bytes(model, dim, f"pq:{codes}") <= max_bytes, step=step)
+        return _largest(lambda dim: self.bytes(model, dim, ProductQuantized(codes)) <= max_bytes, step=step)
 
 
 def _largest(fits: Callable[[int], bool], *, step: int) -> int | None:

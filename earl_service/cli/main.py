@@ -9,7 +9,7 @@ import os
 import sys
 from pathlib import Path
 
-from earl_service.bundle.format import PRECISIONS
+from earl_service.bundle import precision as precisions
 from earl_service.cli.answers import add_answer_commands, cmd_export_tables
 from earl_service.cli.compress import add_compress_command
 from earl_service.config import ModelConfig, TrainConfig
@@ -230,9 +230,10 @@ def cmd_extend(a: argparse.Namespace) -> int:
 def _add_coding_option(p: argparse.ArgumentParser) -> None:
     from earl_service.bundle.format import CODINGS
 
+    by_coding = {c: [k.family for k in precisions.registered() if k.coding == c] for c in CODINGS}
+    default = "; ".join(f"{c} for {', '.join(names)}" for c, names in by_coding.items() if names)
     p.add_argument("--coding", choices=CODINGS, default=None,
-                   help="weights as plain tensors, or byte planes + xz (lossless, ~15%% smaller); default: plain "
-                        "for fp32, planes-xz for fp16/int8")
+                   help=f"weights as plain tensors, or byte planes + xz (lossless, ~15%% smaller); default: {default}")
 
 
 def add_labels_option(p: argparse.ArgumentParser) -> None:
@@ -275,15 +276,11 @@ def add_evaluate_command(sub) -> None:
 
 
 def _precision(text: str) -> str:
-    """A precision argument: one of PRECISIONS, pq or pq:M."""
-    from earl_service.bundle.codebooks import parse_pq
-
+    """A precision argument: any registered precision's spelling (bundle/precision.py), as its name."""
     try:
-        if text in PRECISIONS or parse_pq(text) is not None:
-            return text
+        return precisions.Precision.parse(text).name
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from exc
-    raise argparse.ArgumentTypeError(f"choose from {', '.join(PRECISIONS)}, pq or pq:M, not {text!r}")
 
 
 def add_bundle_commands(sub) -> None:
@@ -295,9 +292,8 @@ def add_bundle_commands(sub) -> None:
     p.add_argument("--format", choices=("safetensors", *TABLE_FORMATS), default="safetensors",
                    help="safetensors: a bundle (default); npy, tsv, parquet: entity embeddings and relation phases "
                         "with their ids, and meta.json (docs/answers.md)")
-    p.add_argument("--precision", type=_precision, default="fp32",
-                   help=f"{', '.join(PRECISIONS)}, pq (M chosen: 4 floats a code byte) or pq:M (M one-byte codes per "
-                        "row of the entity tables; faiss codebooks) (default: %(default)s)")
+    p.add_argument("--precision", type=_precision, default=precisions.DEFAULT.name,
+                   help=f"{precisions.describe()} (default: %(default)s)")
     _add_coding_option(p)
     p.set_defaults(func=cmd_export)
 
@@ -309,8 +305,8 @@ def add_bundle_commands(sub) -> None:
     p.add_argument("bundle")
     p.add_argument("--triples", required=True, help="triple file to add")
     p.add_argument("--out", required=True)
-    p.add_argument("--precision", choices=PRECISIONS, default=None,
-                   help="(default: the bundle's own)")
+    p.add_argument("--precision", type=_precision, default=None,
+                   help=f"{precisions.describe()} (default: the bundle's own)")
     _add_coding_option(p)
     p.set_defaults(func=cmd_extend)
 

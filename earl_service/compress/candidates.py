@@ -10,7 +10,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import replace
 from functools import partial
 
-from earl_service.bundle.codebooks import NUMBERS_PER_CODE, codes_for, is_pq, parse_pq
+from earl_service.bundle.codebooks import NUMBERS_PER_CODE, codes_for
+from earl_service.bundle.precision import Precision, ProductQuantized
 from earl_service.bundle.sizes import MIN_DIM, BundleSizes
 from earl_service.compress.config import CompressConfig
 from earl_service.compress.state import Candidate, SearchState, rung_sizes, search_settings
@@ -49,7 +50,7 @@ def plan_candidates(sizes: BundleSizes, config: CompressConfig) -> list[Candidat
     """Per model: the largest dim that fits at each precision (and pq code size), and half the smallest of those;
     each trained once in fp32 and exported at every precision that fits at its dim. Raises when nothing fits."""
     candidates = []
-    uniform = [p for p in config.precisions if not is_pq(p)]
+    uniform = [p for p in config.precisions if not Precision.parse(p).codes_tables]
     for model in config.models:
         tops = [d for p in uniform if (d := sizes.max_dim(model, p, config.max_bytes))]
         tops += [d for dim_of in pq_searches(config) if (d := dim_of(sizes, model, config.max_bytes))]
@@ -64,7 +65,8 @@ def plan_candidates(sizes: BundleSizes, config: CompressConfig) -> list[Candidat
             candidates.append(Candidate(name=f"{model}-d{dim}", model=model, dim=dim, bytes=fitting,
                                         config=sizes.config(model, dim)))
     if not candidates:
-        smallest = min((sizes.bytes(m, MIN_DIM, p), m, p) for m in config.models for p in uniform or ["int8"])
+        floors = uniform or [ProductQuantized.FALLBACK.name]  # pq alone: no smaller than its fallback's weights
+        smallest = min((sizes.bytes(m, MIN_DIM, p), m, p) for m in config.models for p in floors)
         raise ConfigError(
             f"max_bytes {config.max_bytes} is below the smallest bundle for this graph: {smallest[0]} bytes "
             f"({smallest[1]} dim {MIN_DIM} {smallest[2]}); the graph and vocabularies alone take "
@@ -76,33 +78,33 @@ def pq_searches(config: CompressConfig) -> list[PQDim]:
     """For each pq spelling asked for, how to find the largest dim that fits: `pq` at each NUMBERS_PER_CODE,
     `pq:M` with M fixed (dims where M divides 2 * dim)."""
     searches: list[PQDim] = []
-    for precision in config.precisions:
-        m = parse_pq(precision)
-        if m == 0:
+    for precision in map(Precision.parse, config.precisions):
+        if isinstance(precision, ProductQuantized) and not precision.codes:
             searches += [partial(_pq_dim_per_code, per_code=n) for n in NUMBERS_PER_CODE]
-        elif m:
-            searches.append(partial(_pq_dim_fixed, codes=m))
+        elif isinstance(precision, ProductQuantized):
+            searches.append(partial(_pq_dim_fixed, codes=precision.codes))
     return searches
 
 
 def _pq_dim_per_code(sizes: BundleSizes, model: ModelKind, max_bytes: int, *, per_code: int) -> int | None:
     dim = sizes.max_pq_dim(model, per_code, max_bytes)
-    return dim if dim and sizes.pq_codes(model, dim, f"pq:{codes_for(dim, per_code)}") else None
+    return dim if dim and sizes.pq_codes(model, dim, ProductQuantized(codes_for(dim, per_code) or 0)) else None
 
 
 def _pq_dim_fixed(sizes: BundleSizes, model: ModelKind, max_bytes: int, *, codes: int) -> int | None:
     dim = sizes.max_pq_codes_dim(model, codes, max_bytes)
-    return dim if dim and sizes.pq_codes(model, dim, f"pq:{codes}") else None
+    return dim if dim and sizes.pq_codes(model, dim, ProductQuantized(codes)) else None
 
 
 def pq_precisions(sizes: BundleSizes, config: CompressConfig, model: ModelKind, dim: int) -> list[str]:
     """The pq:M exports of a (model, dim) candidate: each asked-for code size that divides its rows and codes at
     least one table (one that codes none would be int8 by another name)."""
     out = []
-    for precision in config.precisions:
-        m = parse_pq(precision)
+    for precision in map(Precision.parse, config.precisions):
+        m = precision.codes if isinstance(precision, ProductQuantized) else None
         codes = [codes_for(dim, n) for n in NUMBERS_PER_CODE] if m == 0 else [m] if m else []
-        out += [f"pq:{c}" for c in codes if c and (2 * dim) % c == 0 and sizes.pq_codes(model, dim, f"pq:{c}")]
+        out += [ProductQuantized(c).name for c in codes
+                if c and (2 * dim) % c == 0 and sizes.pq_codes(model, dim, ProductQuantized(c))]
     return list(dict.fromkeys(out))
 
 

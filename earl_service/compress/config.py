@@ -12,14 +12,14 @@ from typing import Any, cast
 
 import numpy as np
 
-from earl_service.bundle.codebooks import PQ, parse_pq
-from earl_service.bundle.format import PRECISIONS, graph_bytes, graph_csr, joined_strings
+from earl_service.bundle.format import graph_bytes, graph_csr, joined_strings
+from earl_service.bundle.precision import Precision, choices, names
 from earl_service.config import MODELS, ModelKind, Text
 from earl_service.config.fields import setting
 from earl_service.errors import ConfigError
 
-# What compress searches by default: the uniform precisions, and pq at each code size that fits (pq_format).
-SEARCHED = (*PRECISIONS, PQ)
+# What compress searches by default: every registered precision (pq: at each code size that fits).
+SEARCHED = names()
 METRICS = {"mrr": "mrr", "hits@10": "hits_at_10"}  # --metric -> the key in evaluation results
 # The metrics key whose run of spaces pads a compress bundle's metrics to a fixed size (budget.padded_metrics):
 # part of the file, never something to show.
@@ -88,12 +88,13 @@ def budget_floor(max_bytes: int, triples: np.ndarray, entities: Sequence[str], r
     return floor if max_bytes <= floor else None
 
 
-def _pq_codes(name: str) -> int | None:
-    """M of a well-formed pq:M; None for anything else."""
+def _precision_error(name: str) -> str | None:
+    """Why `name` is no precision to search (None: it is one)."""
     try:
-        return parse_pq(name) if name.startswith(PQ + ":") else None
-    except ValueError:
-        return None
+        Precision.parse(name)
+    except ValueError as exc:
+        return str(exc)
+    return None
 
 
 @dataclass(frozen=True)
@@ -111,8 +112,8 @@ class CompressConfig:
     models: tuple[ModelKind, ...] = setting(MODELS, f"comma-separated models to search, from {', '.join(MODELS)}",
                                             limits={"max_length": 200}, text=MODELS_TEXT)
     precisions: tuple[str, ...] = setting(
-        SEARCHED, f"comma-separated precisions to export, from {', '.join(SEARCHED)} (pq: each code size that "
-                  "fits) or pq:M (M one-byte codes per row)", limits={"max_length": 200}, text=NAMES_TEXT)
+        SEARCHED, "comma-separated precisions to export, from {registered}; pq alone: each code size that fits "
+                  "(GET /precisions lists them)", limits={"max_length": 200}, text=NAMES_TEXT)
     metric: str = setting("mrr", "the validation metric that picks", choices=tuple(METRICS))
     seed: int = setting(0, "seed of every candidate's training and of the pq codebooks")
     eta: int = setting(2, "successive halving keeps the best 1/eta of the candidates at each rung", option=None)
@@ -122,13 +123,12 @@ class CompressConfig:
             raise ConfigError(f"max_bytes must be at least 1, not {self.max_bytes}")
         if not self.time_limit_minutes > 0:
             raise ConfigError(f"the time limit must be positive, not {self.time_limit_minutes} minutes")
-        for kind, names, known in (("model", self.models, MODELS), ("precision", self.precisions, SEARCHED)):
-            pq_ok = kind == "precision"
-            unknown = ([n for n in names if n not in known and not (pq_ok and _pq_codes(n))]
-                       or ([] if names else ["(none given)"]))
-            if unknown:
-                choices = ", ".join(known) + (", pq:M (M one-byte codes per row)" if kind == "precision" else "")
-                raise ConfigError(f"unknown {kind} {', '.join(map(repr, unknown))}; choose from {choices}")
+        unknown = [repr(n) for n in self.models if n not in MODELS] or ([] if self.models else ["'(none given)'"])
+        if unknown:
+            raise ConfigError(f"unknown model {', '.join(unknown)}; choose from {', '.join(MODELS)}")
+        errors = [e for n in self.precisions if (e := _precision_error(n))]
+        if errors or not self.precisions:
+            raise ConfigError("; ".join(errors) or f"unknown precision '(none given)'; choose {choices()}")
         if self.metric not in METRICS:
             raise ConfigError(f"unknown metric {self.metric!r}; choose from {', '.join(METRICS)}")
         if self.eta < 2:

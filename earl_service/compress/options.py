@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from dataclasses import MISSING
 from typing import TYPE_CHECKING, Any, Literal
 
+from earl_service.bundle.precision import describe
 from earl_service.compress.config import CompressConfig
 from earl_service.config.options import FORM_OPTIONS, Option, field_options
 from earl_service.errors import ConfigError
@@ -29,6 +30,11 @@ FORM_COMPRESS_OPTIONS = tuple(o for o in COMPRESS_OPTIONS if o not in SHARED_OPT
 
 def _required(option: Option) -> bool:
     return option.default is MISSING
+
+
+def _help(option: Option) -> str:
+    """The option's help; `{registered}` names the precisions registered when the parser or form is built."""
+    return option.help.replace("{registered}", describe())
 
 
 def _shown_default(option: Option) -> str:
@@ -59,7 +65,7 @@ def add_compress_options(parser: argparse.ArgumentParser) -> None:
         parser.add_argument(*option.flags, dest=option.name, required=_required(option), default=argparse.SUPPRESS,
                             type=str if option.text or option.choices else option.type,
                             choices=option.choices or None, metavar=option.metavar,
-                            help=(option.help + shown).replace("%", "%%"))
+                            help=(_help(option) + shown).replace("%", "%%"))
 
 
 def _form_field(option: Option) -> tuple[Any, Any]:
@@ -70,7 +76,7 @@ def _form_field(option: Option) -> tuple[Any, Any]:
     note = ("; gives a compress job, which needs time_limit and a valid file" if _required(option)
             else f" (default: {_shown_default(option)})")
     limits: dict[str, Any] = dict(option.limits)  # max_length: one request's text stays short
-    return kind | None, Field(None, description=f"compress job: {option.help}{note}", **limits)
+    return kind | None, Field(None, description=f"compress job: {_help(option)}{note}", **limits)
 
 
 def compress_form_model(name: str = "CompressFields") -> type[BaseModel]:

@@ -10,8 +10,8 @@ from typing import Any
 
 import torch
 
-from earl_service.bundle.codebooks import encode_tables, is_pq
 from earl_service.bundle.model_io import load_bundle
+from earl_service.bundle.precision import Precision, ProductQuantized
 from earl_service.bundle.sizes import save_exact
 from earl_service.compress.candidates import valid_fraction
 from earl_service.compress.config import METRICS
@@ -114,7 +114,7 @@ def slice_training(run: CompressRun, name: str, share: float, limit: int) -> flo
     slice. Carrying the overhead measured at the previous rung over unchanged undercounted the last rung of
     FB15k-237's 8 MB search by about 95 s of validations, and the job overran its 60 minutes by 69 s."""
     candidate = run.candidate(name)
-    tuning = FINE_TUNE_SHARE if any(is_pq(p) for p in candidate.bytes) else 0.0
+    tuning = FINE_TUNE_SHARE if any(Precision.parse(p).codes_tables for p in candidate.bytes) else 0.0
     rest = share - validations(run, name, limit) - candidate.other_seconds
     return max(rest, 0.0) / (1 + tuning)
 
@@ -166,14 +166,14 @@ def evaluate_exports(run: CompressRun, name: str, split: str = "valid", *, tune_
     candidate, run_dir, train_config = run.candidate(name), run.run_dir(name), run.train_config(name)
     source = load_bundle(run_dir / BUNDLE)
     model_run = load_run(run_dir, run.dataset, device=train_config.device)
-    coded = [p for p in candidate.bytes if is_pq(p)]
+    coded = [p for p in candidate.bytes if Precision.parse(p).codes_tables]
     subset = limit if 0 < limit < len(model_run.ranked_triples(split)) else 0
     results = {}
     for precision, expected in candidate.bytes.items():
         run.emit("evaluate", name, precision=precision)
         tables, tuning = None, {}
-        if is_pq(precision):
-            tables = encode_tables(source.config, source.params, precision, seed=run.config.seed)
+        if isinstance(chosen := Precision.parse(precision), ProductQuantized):
+            tables = chosen.encode_tables(source.config, source.params, seed=run.config.seed)
             budget = FineTune(steps=FINE_TUNE_STEPS, seconds=tune_seconds / len(coded))
             started = time.monotonic()
             tables, budget = fine_tune(model_run, source.params, tables, train_config, budget)

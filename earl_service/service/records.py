@@ -6,6 +6,8 @@ import uuid
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
+from earl_service.bundle.precision import DEFAULT
+
 STATES = ("queued", "running", "succeeded", "failed", "cancelled")
 TERMINAL = ("succeeded", "failed", "cancelled")
 UNFINISHED = ("queued", "running")
@@ -56,7 +58,7 @@ class ModelRecord:
     metrics: dict[str, Any] = field(default_factory=dict)
     created: float = 0.0
     parameters: int = 0
-    precision: str = "fp32"
+    precision: str = DEFAULT.name  # the bundle's (a bundle/precision.py Precision's name)
     entities: int = 0
     relations: int = 0
     job_id: str | None = None

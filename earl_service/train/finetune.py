@@ -10,7 +10,8 @@ import torch
 from torch import nn
 from torch.nn.utils import parametrize
 
-from earl_service.bundle.codebooks import PQTables, stored_values
+from earl_service.bundle.codebooks import PQTables
+from earl_service.bundle.precision import ProductQuantized
 from earl_service.config import TrainConfig
 from earl_service.train.distributed import Ranks
 from earl_service.train.loop import Learner, train_step
@@ -46,11 +47,12 @@ class FineTune:
 def fine_tune(run: Run, params: dict[str, np.ndarray], tables: PQTables, cfg: TrainConfig,
               budget: FineTune | None = None) -> tuple[PQTables, FineTune]:
     """Train the codebooks of `tables` (codes fixed) with the ordinary training step, for at most budget.steps
-    steps and budget.seconds; every other weight is frozen at its stored (FALLBACK) value. run.model is left
-    holding the weights the returned tables decode to."""
+    steps and budget.seconds; every other weight is frozen at its stored (ProductQuantized.FALLBACK) value.
+    run.model is left holding the weights the returned tables decode to."""
     budget = budget or FineTune()
     model = run.model
-    model.load_state_dict({k: torch.from_numpy(v) for k, v in stored_values(params, tables).items()}, strict=False)
+    stored = ProductQuantized.stored_values(params, tables)
+    model.load_state_dict({k: torch.from_numpy(v) for k, v in stored.items()}, strict=False)
     frozen = {name: p.requires_grad for name, p in model.named_parameters()}
     for p in model.parameters():
         p.requires_grad_(False)
@@ -69,7 +71,8 @@ def fine_tune(run: Run, params: dict[str, np.ndarray], tables: PQTables, cfg: Tr
            for name, (codes, _) in tables.items()}
     for name in tables:
         parametrize.remove_parametrizations(model, name, leave_parametrized=False)
-    model.load_state_dict({k: torch.from_numpy(v) for k, v in stored_values(params, out).items()}, strict=False)
+    stored = ProductQuantized.stored_values(params, out)
+    model.load_state_dict({k: torch.from_numpy(v) for k, v in stored.items()}, strict=False)
     for name, p in model.named_parameters():
         p.requires_grad_(frozen.get(name, True))
     return out, budget

@@ -282,10 +282,11 @@ class Worker:
     def _publish(self, job: Job, run_dir: Path) -> None:
         """Export the bundle inside the run directory, then publish it: models/ never holds a partial bundle."""
         from earl_service.bundle.model_io import export_bundle
+        from earl_service.bundle.precision import DEFAULT
 
         staged = run_dir / f".export.{self.config.worker_id}.tmp"  # hidden .tmp: swept if a crash leaves it
         try:
-            export_bundle(run_dir, staged, precision=job.params.get("precision", "fp32"))
+            export_bundle(run_dir, staged, precision=job.params.get("precision", DEFAULT.name))
             self.registry.publish(job.id, staged, job_id=job.id)
         finally:
             staged.unlink(missing_ok=True)

@@ -37,6 +37,21 @@ def test_job_is_queued_with_typed_params(client, tmp_path):
     assert client.get("/jobs", params={"state": "running"}).json() == []
 
 
+@pytest.mark.parametrize("precision", ["pq:8", "pq", "fp16"])
+def test_a_training_job_may_ask_for_any_registered_precision(client, precision):
+    r = post_job(client, data={"dim": "16", "precision": precision})
+    assert r.status_code == 202, r.text
+    assert client.get(f"/jobs/{r.json()['id']}").json()["params"]["precision"] == precision
+
+
+def test_a_pq_precision_that_does_not_fit_the_dim_is_422_before_training(client):
+    r = post_job(client, data={"dim": "16", "precision": "pq:7"})
+    assert r.status_code == 422 and "needs M dividing the row width 2 * dim = 32" in r.json()["detail"]
+    r = post_job(client, data={"precision": "pq:x"})
+    assert r.status_code == 422 and "write pq:M" in r.text
+    assert client.get("/jobs").json() == []
+
+
 @pytest.mark.parametrize("field,value", [("steps", "-1"), ("dim", "0"), ("dim", "abc"), ("lr", "0"),
                                          ("reserved_ratio", "1.5"), ("precision", "fp8"), ("model", "transe"),
                                          ("batch_size", "100000000"), ("seed", "-3")])

@@ -138,6 +138,17 @@ def test_upload_asks_for_the_token_and_shows_errors_next_to_the_file(page, tmp_p
     shot(page, "upload-errors")
 
 
+def test_the_precision_fields_offer_what_the_api_lists(page, service):
+    view(page, "#/upload")
+    page.wait_for_selector("#upload-form")
+    listed = [p["name"] for p in httpx.get(f"{service}/precisions").json()]
+    offered = page.eval_on_selector_all("#precision-names option", "options => options.map((o) => o.value)")
+    assert offered == listed == ["fp32", "fp16", "int8", "pq"]
+    assert page.get_attribute("#opt-precision", "list") == "precision-names"
+    assert page.inner_text("#opt-precision-help") == "of the exported bundle: fp32, fp16, int8, pq[:M]"
+    assert page.input_value("#opt-precision") == "fp32"  # the API's default
+
+
 def test_a_dropped_graph_trains_live_with_its_curves(page, shared):
     view(page, "#/upload")
     page.wait_for_selector("#upload-form")

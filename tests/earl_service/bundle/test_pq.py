@@ -13,9 +13,10 @@ import pytest
 import torch
 from conftest import codex_s_path
 
-from earl_service.bundle.codebooks import decode_table, encode_tables, parse_pq, plan, stored_values
+from earl_service.bundle.codebooks import decode_table
 from earl_service.bundle.format import write_safetensors
 from earl_service.bundle.model_io import bundle_from_model, load_bundle
+from earl_service.bundle.precision import Int8, Precision, ProductQuantized
 from earl_service.bundle.sizes import BundleSizes, padded_metrics, save_exact
 from earl_service.config import ModelConfig, TrainConfig
 from earl_service.data.dataset import load_dataset
@@ -45,7 +46,7 @@ def rotate_run(tmp_path_factory):
 def pq_bundle(rotate_run, tmp_path_factory):
     out, _ = rotate_run
     bundle = load_bundle(out / BUNDLE)
-    tables = encode_tables(bundle.config, bundle.params, "pq:8")
+    tables = ProductQuantized(8).encode_tables(bundle.config, bundle.params)
     path = bundle.save(tmp_path_factory.mktemp("pq") / "pq8.safetensors", precision="pq:8", pq_tables=tables)
     return path, bundle, tables
 
@@ -71,7 +72,7 @@ def test_round_trip_keeps_the_decoded_tables_and_predictions(pq_bundle):
     path, bundle, tables = pq_bundle
     back = load_bundle(path)
     assert back.precision == "pq:8"
-    expected = stored_values(bundle.params, tables)
+    expected = ProductQuantized.stored_values(bundle.params, tables)
     np.testing.assert_array_equal(back.params["entities"], expected["entities"])
     np.testing.assert_array_equal(back.params["relations"], expected["relations"])  # int8 as the fallback
     np.testing.assert_array_equal(edge.load(path).entity_embeddings, back.entity_embeddings().numpy())
@@ -156,8 +157,8 @@ def test_fine_tuning_lowers_the_loss_and_moves_only_centroids(rotate_run):
     out, ds = rotate_run
     bundle = load_bundle(out / BUNDLE)
     run = load_run(out, ds, device="cpu")
-    tables = encode_tables(bundle.config, bundle.params, "pq:4")  # 8 floats a code: coarse, room to recover
-    run.model.load_state_dict({k: torch.from_numpy(v) for k, v in stored_values(bundle.params, tables).items()})
+    tables = ProductQuantized(4).encode_tables(bundle.config, bundle.params)  # 8 floats a code: coarse, room to recover
+    run.model.load_state_dict({k: torch.from_numpy(v) for k, v in ProductQuantized.stored_values(bundle.params, tables).items()})
     before = _sample_loss(run, ds)
     tuned, info = fine_tune(run, bundle.params, tables, TRAIN, FineTune(steps=40, seconds=600))
     after = _sample_loss(run, ds)
@@ -169,11 +170,12 @@ def test_fine_tuning_lowers_the_loss_and_moves_only_centroids(rotate_run):
 
 
 def test_pq_precision_spelling():
-    assert parse_pq("pq") == 0 and parse_pq("pq:12") == 12 and parse_pq("int8") is None
+    parse = Precision.parse
+    assert parse("pq") == ProductQuantized(0) and parse("pq:12") == ProductQuantized(12) and parse("int8") == Int8()
     for bad in ("pq:0", "pq:x", "pq:-3", "pq:", "pq:1e3"):
         with pytest.raises(ValueError, match="pq:M"):
-            parse_pq(bad)
-    assert plan("rotate", 16, 8, {"entities": (100, 32)}) == {}  # 100 rows: codebooks alone outweigh int8
+            parse(bad)
+    assert ProductQuantized(8).plan("rotate", 16, {"entities": (100, 32)}) == {}  # 100 rows: codebooks outweigh int8
 
 
 # ---------------------------------------------------------------- damaged pq bundles: both readers refuse them

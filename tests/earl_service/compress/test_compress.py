@@ -12,7 +12,7 @@ import pytest
 import torch
 from conftest import codex_s_path, tiny_dataset
 
-from earl_service.bundle.format import PRECISIONS, graph_bytes
+from earl_service.bundle.format import graph_bytes
 from earl_service.bundle.model_io import bundle_from_model, load_bundle
 from earl_service.bundle.sizes import METRICS_ROOM, MIN_DIM, BundleSizes, padded_metrics, save_exact
 from earl_service.cli.main import bundle_info, main
@@ -32,6 +32,8 @@ from earl_service.model.graph import choose_reserved
 from earl_service.model.modules import build_model
 
 TINY = dict.fromkeys(MODELS, TrainConfig(batch_size=64, negatives=8, eval_every=0, progress=False, threads=1))
+
+PRECISIONS = ("fp32", "fp16", "int8")  # the uniform ones (bundle/precision.py): one encoding per weight
 
 
 def candidate(model: str, dim: int, bytes: dict[str, int], **values) -> Candidate:

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from conftest import random_triples, tiny_dataset
 
-from earl_service.bundle.format import PAD_KEY, PRECISIONS
+from earl_service.bundle.format import PAD_KEY
 from earl_service.bundle.sizes import MIN_DIM, BundleSizes, padded_metrics
 from earl_service.compress import search as compress_module
 from earl_service.compress.config import CompressConfig
@@ -18,6 +18,8 @@ from earl_service.data.dataset import load_dataset
 from earl_service.errors import ConfigError
 from earl_service.service.records import new_id
 from earl_service.worker.loop import Worker, WorkerConfig
+
+PRECISIONS = ("fp32", "fp16", "int8")  # the uniform ones (bundle/precision.py): one encoding per weight
 
 
 def write_splits(folder):

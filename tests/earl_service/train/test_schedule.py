@@ -46,9 +46,11 @@ def test_a_schedule_budget_of_its_own_outlasts_the_time_limit_of_one_slice():
 def test_compress_candidates_decay_over_what_a_survivor_of_every_rung_trains():
     from types import SimpleNamespace
 
-    from earl_service.compress.search import rung_sizes, survivor_seconds
+    from earl_service.compress.rungs import survivor_seconds
+    from earl_service.compress.state import rung_sizes
 
-    job = SimpleNamespace(state={"candidates": [{}] * 8}, config=SimpleNamespace(eta=2, time_limit_minutes=40))
+    job = SimpleNamespace(state=SimpleNamespace(candidates=[{}] * 8),
+                          config=SimpleNamespace(eta=2, time_limit_minutes=40))
     assert rung_sizes(8, 2) == [8, 4, 2, 1]
     assert survivor_seconds(job) == pytest.approx(600 * (1 / 8 + 1 / 4 + 1 / 2 + 1))  # 2400 s in 4 equal rungs
 
