@@ -15,7 +15,8 @@ from conftest import codex_s_path, tiny_dataset
 from earl_service.bundle.format import graph_bytes
 from earl_service.bundle.model_io import bundle_from_model, load_bundle
 from earl_service.bundle.sizes import METRICS_ROOM, MIN_DIM, BundleSizes, padded_metrics, save_exact
-from earl_service.cli.main import bundle_info, main
+from earl_service.cli.bundle import bundle_info
+from earl_service.cli.main import main
 from earl_service.compress import candidates as candidates_module
 from earl_service.compress import config as compress_config
 from earl_service.compress import rungs as rungs_module

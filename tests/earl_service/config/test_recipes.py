@@ -9,7 +9,8 @@ import pytest
 from conftest import tiny_dataset
 
 from earl_service.bundle.model_io import load_bundle
-from earl_service.cli.main import _configs, build_parser, bundle_info, main
+from earl_service.cli.bundle import bundle_info
+from earl_service.cli.main import _configs, build_parser, main
 from earl_service.compress import candidates as candidates_module
 from earl_service.compress import search as compress_module
 from earl_service.compress.config import CompressConfig

@@ -18,7 +18,8 @@ from earl_service.bundle.format import (
 )
 from earl_service.bundle.model_io import bundle_from_model, load_bundle
 from earl_service.bundle.sizes import BundleSizes, save_exact
-from earl_service.cli.main import bundle_info, main
+from earl_service.cli.bundle import bundle_info
+from earl_service.cli.main import main
 from earl_service.config import ModelConfig
 from earl_service.data.dataset import load_dataset
 from earl_service.data.labels import Labels, check_label_file, read_label_file
