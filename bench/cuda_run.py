@@ -36,7 +36,7 @@ def train_command(data: Path, out: Path, dim: int, compute: str, args: argparse.
             "--recipe", "paper"]
 
 
-def main() -> None:
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_datasets_argument(parser)
     parser.add_argument("--dataset", default="fb15k-237")
@@ -49,13 +49,11 @@ def main() -> None:
     parser.add_argument("--device", default="cuda", help="cuda; cpu only to try the script out")
     parser.add_argument("--tag", default="")
     parser.add_argument("--runs", type=Path, default=REPO / "runs" / "bench_cuda")
-    args = parser.parse_args()
-    data = args.datasets / args.dataset
+    return parser
 
-    timed = args.computes if args.time_steps else []
-    alone = {c: run_train(data, args.dim, args.time_steps, ["--device", args.device, "--compute", c]) for c in timed}
-    for c, r in alone.items():
-        print(f"{c}: {r['median_step_seconds'] * 1000:.2f} ms/step alone", flush=True)
+
+def _side_by_side(data: Path, args: argparse.Namespace) -> dict[str, dict]:
+    """One training run per compute, all at once on the one device; their metrics and validation curves."""
     procs = {}
     for c in args.computes:
         out = args.runs / f"{args.dataset}-{c}"
@@ -74,7 +72,10 @@ def main() -> None:
                              "mrr": history["eval_mrr"]}}
         print(f"{c}: {metrics['steps']} steps, stopped by {metrics['stopped']}, best step {metrics['best_step']}, "
               f"test MRR {metrics['test']['mrr']:.4f}", flush=True)
+    return runs
 
+
+def _plot(runs: dict[str, dict], args: argparse.Namespace, name: str) -> str:
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(6, 4))
     for c, r in runs.items():
@@ -83,15 +84,18 @@ def main() -> None:
            title=f"{args.dataset}, EARL dim {args.dim}, {args.device.upper()}, paper settings")
     ax.grid(alpha=0.3)
     ax.legend()
-    name = f"cuda_run_{args.dataset}" + (f"_{args.tag}" if args.tag else "")
-    png = save_png(name, fig)
+    return save_png(name, fig)
+
+
+def _markdown(alone: dict[str, dict], runs: dict[str, dict], args: argparse.Namespace, png: str) -> list[str]:
     md = [f"# EARL on {args.device.upper()}, paper settings: {args.dataset}, dim {args.dim}", "",
           f"![valid MRR]({png})", ""]
     if alone:
-        base = alone[timed[0]]["median_step_seconds"]
+        first = next(iter(alone))
+        base = alone[first]["median_step_seconds"]
         md += [f"Step time alone (`earl train --device {args.device}`, median of {args.time_steps} steps, no "
                "validation):", "",
-               md_table(["compute", "ms/step", f"speed-up vs {timed[0]}"],
+               md_table(["compute", "ms/step", f"speed-up vs {first}"],
                         [[c, r["median_step_seconds"] * 1000, base / r["median_step_seconds"]]
                          for c, r in alone.items()]), ""]
     together = "side by side on the one GPU" if len(runs) > 1 else "alone on the GPU"
@@ -103,9 +107,22 @@ def main() -> None:
                     [[c, r["steps"], r["stopped"], r["best_step"], r["train_seconds"],
                       (r["median_step_seconds"] or float("nan")) * 1000, max(r["curve"]["mrr"], default=float("nan")),
                       r["test"]["mrr"], r["test"]["hits_at_10"]] for c, r in runs.items()])]
+    return md
+
+
+def main() -> None:
+    args = _parser().parse_args()
+    data = args.datasets / args.dataset
+    timed = args.computes if args.time_steps else []
+    alone = {c: run_train(data, args.dim, args.time_steps, ["--device", args.device, "--compute", c]) for c in timed}
+    for c, r in alone.items():
+        print(f"{c}: {r['median_step_seconds'] * 1000:.2f} ms/step alone", flush=True)
+    runs = _side_by_side(data, args)
+    name = f"cuda_run_{args.dataset}" + (f"_{args.tag}" if args.tag else "")
+    png = _plot(runs, args, name)
     _, mdp = write_results(name, {"dataset": args.dataset, "dim": args.dim, "minutes": args.minutes,
                                   "eval_every": args.eval_every, "patience": args.patience, "alone": alone,
-                                  "runs": runs}, "\n".join(md))
+                                  "runs": runs}, "\n".join(_markdown(alone, runs, args, png)))
     print(mdp.read_text())
 
 

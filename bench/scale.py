@@ -162,6 +162,12 @@ def main() -> None:
         rows.append(run_child({**base, "entities": n, "mode": "sampled", "steps": args.steps}, args.timeout))
         if n in full_sizes:
             rows.append(run_child({**base, "entities": n, "mode": "full", "steps": args.full_steps}, args.timeout))
+    write_scale(rows, sizes, full_sizes, base, args)
+
+
+def write_scale(rows: list[dict], sizes: list[int], full_sizes: set[int], base: dict,
+                args: argparse.Namespace) -> None:
+    """The table, figure and JSON of a scale run; full-graph memory extrapolated to the sizes it did not run."""
     full = sorted((r for r in rows if r["mode"] == "full"), key=lambda r: r["entities"])
     extrapolated = []
     if full:
