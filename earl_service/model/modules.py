@@ -96,7 +96,7 @@ class GNNLayer(nn.Module):
         out_msg = self.out_ent(x[t_idx]) + self.out_rel(rel[r_idx])  # (E, 2d), message to the head
         in_msg = self.in_ent(x[h_idx]) + self.in_rel(rel[r_idx])  # (E, 2d), message to the tail
         total = torch.zeros_like(x).index_add(0, h_idx, out_msg).index_add(0, t_idx, in_msg)
-        degree = torch.zeros(x.shape[0], dtype=x.dtype).index_add(0, h_idx, torch.ones_like(h_idx, dtype=x.dtype))
+        degree = torch.zeros(x.shape[0], dtype=x.dtype, device=x.device).index_add(0, h_idx, torch.ones_like(h_idx, dtype=x.dtype))
         degree = degree.index_add(0, t_idx, torch.ones_like(t_idx, dtype=x.dtype))
         mean = total / degree.clamp(min=1)[:, None]
         h = mean + self.self_loop(x)

@@ -24,14 +24,14 @@ class Gather(nn.Module):
 
     codes: torch.Tensor
 
-    def __init__(self, codes: np.ndarray, codebooks: np.ndarray) -> None:
+    def __init__(self, codes: np.ndarray, codebooks: np.ndarray, device: torch.device | str = "cpu") -> None:
         super().__init__()
-        self.register_buffer("codes", torch.from_numpy(codes.astype(np.int64)))  # (N, M)
-        self.codebooks = nn.Parameter(torch.from_numpy(codebooks.astype(np.float32)))  # (M, 256, s)
+        self.register_buffer("codes", torch.from_numpy(codes.astype(np.int64)).to(device))  # (N, M)
+        self.codebooks = nn.Parameter(torch.from_numpy(codebooks.astype(np.float32)).to(device))  # (M, 256, s)
 
     def forward(self, original: torch.Tensor | None = None) -> torch.Tensor:
         m = self.codebooks.shape[0]
-        rows = self.codebooks[torch.arange(m)[None, :], self.codes]  # (N, M, s)
+        rows = self.codebooks[torch.arange(m, device=self.codes.device)[None, :], self.codes]  # (N, M, s)
         return rows.reshape(len(self.codes), -1)  # (N, M * s)
 
 
@@ -58,7 +58,7 @@ def fine_tune(run: Run, params: dict[str, np.ndarray], tables: PQTables, cfg: Tr
         p.requires_grad_(False)
     gathers = {}
     for name, (codes, books) in tables.items():
-        gathers[name] = Gather(codes, books)
+        gathers[name] = Gather(codes, books, run.device)
         parametrize.register_parametrization(model, name, gathers[name], unsafe=True)
     optimizer = torch.optim.Adam([g.codebooks for g in gathers.values()], lr=cfg.lr)
     learner = Learner.build(run, optimizer, cfg, ranks=Ranks(), device=run.device)
@@ -67,7 +67,7 @@ def fine_tune(run: Run, params: dict[str, np.ndarray], tables: PQTables, cfg: Tr
     while len(budget.losses) < budget.steps and time.perf_counter() - start < budget.seconds:
         budget.losses.append(train_step(learner, state))
     model.eval()
-    out = {name: (codes, gathers[name].codebooks.detach().numpy().astype(np.float16))
+    out = {name: (codes, gathers[name].codebooks.detach().cpu().numpy().astype(np.float16))
            for name, (codes, _) in tables.items()}
     for name in tables:
         parametrize.remove_parametrizations(model, name, leave_parametrized=False)

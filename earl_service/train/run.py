@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -72,6 +72,10 @@ class Run:
 
     Full-graph training holds the training `graph`; sampled training holds a `NeighborIndex` instead (and
     evaluates with exact layer-wise inference over it, never materialising the full-graph encoder).
+
+    Where tensors live: `device`, chosen once when the run is built. Whatever works on the run (a step, its
+    negatives, evaluation, pq fine-tuning) creates its tensors there and returns numpy through `.cpu()`; nothing
+    infers the device from a parameter, which a parametrized table (pq fine-tuning) would get wrong.
     """
 
     dataset: Dataset
@@ -81,6 +85,7 @@ class Run:
     scorer: RotatE
     known: KnownAnswers | None = None  # every true triple, for filtered ranking; built on first evaluation
     index: NeighborIndex | None = None  # sampled training: neighbourhoods and encoder inputs of every entity
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
 
     @classmethod
     def build(cls, dataset: Dataset, model_config: ModelConfig, device: torch.device, *, sampled: bool = False) -> Run:
@@ -94,13 +99,9 @@ class Run:
         cfg = model_config
         if sampled:
             index = NeighborIndex(dataset.train, n, num_rel, reserved, k=cfg.k, temperature=cfg.knn_temperature)
-            return cls(dataset, model_config, None, model, RotatE(model_config), index=index)
+            return cls(dataset, model_config, None, model, RotatE(model_config), index=index, device=device)
         graph = build_graph(dataset.train, n, num_rel, reserved, **cfg.graph_options)
-        return cls(dataset, model_config, graph.to(device), model, RotatE(model_config))
-
-    @property
-    def device(self) -> torch.device:
-        return next(self.model.parameters()).device
+        return cls(dataset, model_config, graph.to(device), model, RotatE(model_config), device=device)
 
     def _reserved(self) -> torch.Tensor:
         graph_or_index = self.graph if self.graph is not None else self.index

@@ -11,9 +11,14 @@ import torch
 from conftest import codex_s_path, star_triples, tiny_dataset
 
 from earl_service.bundle.model_io import load_bundle
+from earl_service.bundle.precision import ProductQuantized
+from earl_service.compress.config import CompressConfig
+from earl_service.compress.search import compress
+from earl_service.compress.state import PICK
 from earl_service.config import ModelConfig, TrainConfig
 from earl_service.data.dataset import load_dataset
 from earl_service.model.kernels import rotate_distance, rotate_distance_all
+from earl_service.train.finetune import FineTune, fine_tune
 from earl_service.train.loop import BUNDLE, train
 from earl_service.train.loss import NegativeSampler, loss_fn
 from earl_service.train.run import Run, load_run
@@ -118,3 +123,53 @@ def test_a_cuda_run_resumes(tmp_path):
     assert len(b["history"]["losses"]) == 8
     # Approximately: CUDA's scatter-adds are not deterministic, so two straight runs differ in the last bits too.
     assert b["history"]["losses"] == pytest.approx(a["history"]["losses"], rel=1e-4)
+
+
+@pytest.fixture(scope="module")
+def codex_run(tmp_path_factory):
+    """A RotatE and an EARL run on CoDEx-S trained briefly on the CPU: the source of the pq tables below."""
+    ds, runs = load_dataset(codex_s_path()), {}
+    # Half the entities reserved: 1,017 rows, enough for pq:8 to code EARL's reserved table (fewer rows would
+    # cost more in codebooks than int8 does, and plan() leaves such a table uncoded).
+    configs = {"rotate": ModelConfig(model="rotate", dim=16), "earl": ModelConfig(dim=16, reserved_ratio=0.5)}
+    for model, config in configs.items():
+        out = tmp_path_factory.mktemp(model)
+        train(ds, config, TrainConfig(steps=20, batch_size=256, negatives=16, eval_every=0, progress=False,
+                                      device="cpu"), out)
+        runs[model] = out
+    return ds, runs
+
+
+@pytest.mark.parametrize("model", ["rotate", "earl"])
+def test_pq_fine_tuning_on_cuda_matches_cpu(codex_run, model):
+    """Codebook fine-tuning builds its gathers where the run lives (Run.device): the same steps give the same
+    losses and codebooks on either device (it crashed on CUDA with its codebooks left on the CPU)."""
+    ds, runs = codex_run
+    bundle = load_bundle(runs[model] / BUNDLE)
+    tables = ProductQuantized(8).encode_tables(bundle.config, bundle.params)
+    assert tables, f"pq:8 codes no table of this {model} model"
+    cfg = TrainConfig(batch_size=256, negatives=16, lr=3e-3, eval_every=0, progress=False)
+    results = {}
+    for device in ("cpu", "cuda"):
+        run = load_run(runs[model], ds, device=device)
+        assert run.device.type == device
+        results[device] = fine_tune(run, bundle.params, tables, cfg, FineTune(steps=5, seconds=600))
+    (cpu, cpu_info), (gpu, gpu_info) = results["cpu"], results["cuda"]
+    assert gpu_info.losses == pytest.approx(cpu_info.losses, rel=1e-3)
+    for name in tables:
+        np.testing.assert_array_equal(gpu[name][0], cpu[name][0])  # the codes stay
+        np.testing.assert_allclose(gpu[name][1].astype(np.float32), cpu[name][1].astype(np.float32), atol=2e-3)
+
+
+def test_compress_with_every_precision_runs_on_cuda(tmp_path):
+    """`earl compress --device cuda` with the default precisions, pq included, for both models: it crashed in pq
+    fine-tuning (EARL) and in the loss (RotatE) before the run's device became explicit."""
+    dataset = load_dataset(codex_s_path())
+    tcfg = TrainConfig(batch_size=256, negatives=16, eval_every=0, progress=False, device="cuda", threads=1)
+    config = CompressConfig(max_bytes=300_000, time_limit_minutes=0.5)
+    report = compress(dataset, tmp_path, config, train_configs={"earl": tcfg, "rotate": tcfg})
+    exports = report["exports"]
+    assert {r["model"] for r in exports} == {"earl", "rotate"}
+    assert any(r["precision"].startswith("pq:") for r in exports)
+    assert all(np.isfinite(r[report["metric_key"]]) for r in exports)
+    assert (tmp_path / PICK).stat().st_size == report["pick"]["bytes"] <= config.max_bytes
