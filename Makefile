@@ -59,5 +59,21 @@ bench-bundle: venv
 bench-extend: venv
 	$(BIN)/python bench/extend.py --datasets $(DATASETS)
 
+# The one prepared GPU check (bench/cuda_check.py): test_cuda.py, step speed, a short compress; ~8 minutes on one
+# GPU, figures in bench/results/cuda_check.*. The lent GPU machine has PyTorch but no package index and no
+# ../shared: `make cuda-wheels` (here) puts the wheels its Python 3.12 lacks in .cuda-wheels/ and FB15k-237,
+# gzipped, in .cuda-data/; carry both (docs/scaling.md#gpus). --no-deps: the machine's numpy and Pillow stay.
+CUDA_WHEELS := faiss-cpu==1.15.1 pytest pluggy iniconfig pygments pytest-timeout tqdm matplotlib contourpy cycler \
+	fonttools kiwisolver pyparsing python-dateutil
+cuda-wheels: venv
+	$(BIN)/pip download -q --no-deps -d .cuda-wheels --only-binary=:all: --python-version 3.12 --implementation cp \
+		--platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 $(CUDA_WHEELS)
+	mkdir -p .cuda-data/fb15k-237
+	for f in train valid test; do gzip -c $(DATASETS)/fb15k-237/$$f.txt > .cuda-data/fb15k-237/$$f.txt.gz; done
+
+cuda-check:
+	if [ -d .cuda-wheels ]; then $(PY) -m pip install -q --no-index --no-deps .cuda-wheels/*.whl; fi
+	$(PY) bench/cuda_check.py --datasets $(if $(wildcard .cuda-data),.cuda-data,$(DATASETS))
+
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache

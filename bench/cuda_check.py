@@ -1,0 +1,178 @@
+"""The one prepared device check (`make cuda-check`): every CUDA path's test, the step speed and a short compress
+on one GPU, in about 8 minutes, written to bench/results/cuda_check.{json,md} with the GPU, torch and driver.
+
+1. `pytest tests/earl_service/test_cuda.py` (each CUDA path against the CPU result), counts and failures kept;
+2. step time of EARL at the paper's FB15k-237 settings and of RotatE dim 500, batch 1024 x 256 negatives
+   (`earl train --steps N --eval-every 0`), with positive triples per second and the GPU's utilisation sampled
+   by nvidia-smi every 0.2 s while each runs;
+3. `earl compress DATA --max-bytes 2MB --time-limit MINUTES --device cuda` with the default precisions (pq
+   included), its pick, test MRR and where the minutes went.
+
+    python bench/cuda_check.py                          # on the GPU machine, ~8 minutes
+    python bench/cuda_check.py --device cpu --quick     # here: the script itself on CoDEx-S (runs/cuda_check.md)
+
+A lent GPU machine has no package index and no ../shared: `make cuda-wheels` (here) fills .cuda-wheels/ with
+what its Python lacks, and `--datasets` points at a copy carried beside the checkout (docs/scaling.md#gpus).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from harness import REPO, add_datasets_argument, md_table, write_results
+
+EARL_PAPER = ["--dim", "150", "--recipe", "paper"]  # the paper's FB15k-237 settings: batch 1024 x 256
+ROTATE_500 = ["--model", "rotate", "--dim", "500", "--batch-size", "1024", "--negatives", "256", "--recipe", "paper"]
+
+
+class Utilisation:
+    """nvidia-smi's GPU utilisation, sampled every `every` seconds while the block runs (empty without a GPU)."""
+
+    def __init__(self, every: float = 0.2) -> None:
+        self.every, self.samples, self._stop = every, [], threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+
+    def _sample(self) -> None:
+        while not self._stop.is_set():
+            out = _nvidia_smi("utilization.gpu")
+            if out and out[0].isdigit():
+                self.samples.append(float(out[0]))
+            self._stop.wait(self.every)
+
+    def __enter__(self) -> Utilisation:
+        if shutil.which("nvidia-smi"):
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join()
+
+    def summary(self) -> dict:
+        s = self.samples
+        return {"mean": sum(s) / len(s), "max": max(s), "samples": len(s)} if s else {"samples": 0}
+
+
+def _nvidia_smi(query: str) -> list[str]:
+    if not shutil.which("nvidia-smi"):
+        return []
+    out = subprocess.run(["nvidia-smi", f"--query-gpu={query}", "--format=csv,noheader,nounits"],
+                         capture_output=True, text=True, check=False)
+    return [line.strip() for line in out.stdout.splitlines() if line.strip()]
+
+
+def device_facts(device: str) -> dict:
+    import torch
+
+    facts = {"torch": torch.__version__, "cuda": torch.version.cuda, "device": device}
+    if device.startswith("cuda") and torch.cuda.is_available():
+        facts["gpu"] = torch.cuda.get_device_name(0)
+        facts["driver"] = (_nvidia_smi("driver_version") or ["unknown"])[0]
+    return facts
+
+
+def run_tests() -> dict:
+    """test_cuda.py in a child pytest: passed / failed / skipped counts and the failing test ids."""
+    started = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-m", "pytest", "tests/earl_service/test_cuda.py", "-q", "-rfEs",
+                           "-p", "no:cacheprovider"], cwd=REPO, capture_output=True, text=True, check=False)
+    tail = proc.stdout.strip().splitlines()[-1:] or [""]
+    failed = [line.split(" ", 1)[1] for line in proc.stdout.splitlines() if line.startswith(("FAILED", "ERROR"))]
+    return {"exit_code": proc.returncode, "summary": tail[0], "failed": failed,
+            "seconds": round(time.perf_counter() - started, 1)}
+
+
+def time_steps(data: Path, label: str, extra: list[str], steps: int, device: str) -> dict:
+    """`earl train` for `steps` steps without validation: median s/step, positive triples/s, GPU utilisation."""
+    with tempfile.TemporaryDirectory() as out, Utilisation() as gpu:
+        cmd = [sys.executable, "-m", "earl_service.cli.main", "train", str(data), "--out", out, "--steps", str(steps),
+               "--eval-every", "0", "--no-final-eval", "--no-progress", "--checkpoint-every", "0", "--device", device,
+               *extra]
+        started = time.perf_counter()
+        subprocess.run(cmd, check=True, cwd=REPO, stdout=subprocess.DEVNULL)
+        wall = time.perf_counter() - started
+        metrics = json.loads((Path(out) / "metrics.json").read_text())
+    step = metrics["median_step_seconds"]
+    batch = int(extra[extra.index("--batch-size") + 1]) if "--batch-size" in extra else 1024
+    return {"label": label, "steps": steps, "median_step_ms": step * 1000, "triples_per_second": batch / step,
+            "train_seconds": metrics["train_seconds"], "process_seconds": round(wall, 1),
+            "device": metrics["device"], "gpu_utilisation": gpu.summary()}
+
+
+def short_compress(data: Path, minutes: float, max_bytes: str, device: str) -> dict:
+    """`earl compress` with the default precisions: the pick, its test metrics and where the time went."""
+    with tempfile.TemporaryDirectory() as out, Utilisation() as gpu:
+        cmd = [sys.executable, "-m", "earl_service.cli.main", "compress", str(data), "--out", out,
+               "--max-bytes", max_bytes, "--time-limit", str(minutes), "--device", device]
+        started = time.perf_counter()
+        proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, check=False)
+        wall = time.perf_counter() - started
+        report_path = Path(out) / "report.json"
+        report = json.loads(report_path.read_text()) if report_path.exists() else {}
+    pick = report.get("pick", {})
+    trained = {r["candidate"]: r.get("train_seconds") or 0.0 for r in report.get("exports", [])}
+    return {"training_seconds": round(sum(trained.values()), 1), "spent_seconds": report.get("spent_seconds"),
+            "exit_code": proc.returncode, "error": proc.stderr.strip().splitlines()[-1:] if proc.returncode else [],
+            "wall_seconds": round(wall, 1), "limit_seconds": minutes * 60, "max_bytes": max_bytes,
+            "pick": {k: pick.get(k) for k in ("candidate", "model", "dim", "precision", "bytes")},
+            "test": report.get("test"), "gpu_utilisation": gpu.summary()}
+
+
+def markdown(result: dict) -> str:
+    facts, tests, comp = result["facts"], result["tests"], result["compress"]
+    md = [f"# cuda-check: {facts.get('gpu', facts['device'])}", "",
+          f"torch {facts['torch']} (CUDA {facts['cuda']}), driver {facts.get('driver', '-')}; data {result['data']}.",
+          "", f"**test_cuda.py**: {tests['summary']} (exit {tests['exit_code']}, {tests['seconds']} s)."]
+    md += [f"- FAILED {name}" for name in tests["failed"]]
+    md += ["", md_table(["run", "steps", "ms/step", "positive triples/s", "GPU util mean %", "GPU util max %"],
+                        [[r["label"], r["steps"], r["median_step_ms"], r["triples_per_second"],
+                          r["gpu_utilisation"].get("mean"), r["gpu_utilisation"].get("max")] for r in result["steps"]])]
+    test_mrr = (comp.get("test") or {}).get("mrr")
+    spent = comp["spent_seconds"]
+    md += ["", f"**compress** (`--max-bytes {comp['max_bytes']} --time-limit {comp['limit_seconds'] / 60:g}`): exit "
+               f"{comp['exit_code']}, {comp['wall_seconds']} s wall for a {comp['limit_seconds']:.0f} s limit; pick "
+               f"{comp['pick'].get('candidate')} {comp['pick'].get('precision')} ({comp['pick'].get('bytes')} B), "
+               f"test MRR {'-' if test_mrr is None else f'{test_mrr:.4f}'}; {comp['training_seconds']} s of it training "
+               f"candidates (sum over candidates) of {'-' if spent is None else f'{spent:.1f}'} s the search spent; "
+               f"GPU util {comp['gpu_utilisation']}."]
+    md += [f"  {line}" for line in comp["error"]]
+    return "\n".join(md)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_datasets_argument(parser)
+    parser.add_argument("--dataset", default="fb15k-237", help="the speed runs' and the compress's graph")
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--steps", type=int, default=200, help="steps of each timed run")
+    parser.add_argument("--compress-minutes", type=float, default=3.0)
+    parser.add_argument("--max-bytes", default="2MB")
+    parser.add_argument("--quick", action="store_true", help="CoDEx-S, 20 steps, a 1-minute compress (a smoke test)")
+    args = parser.parse_args()
+    data = args.datasets / args.dataset
+    if args.quick:
+        data, args.steps, args.compress_minutes, args.max_bytes = REPO / "earl_service/demo_data/codex-s", 20, 1, "1MB"
+    result: dict = {"facts": device_facts(args.device), "data": str(data)}
+    result["tests"] = run_tests() if args.device.startswith("cuda") else {
+        "exit_code": None, "summary": "not run (no CUDA device asked for)", "failed": [], "seconds": 0}
+    result["steps"] = [time_steps(data, "EARL, paper settings", EARL_PAPER, args.steps, args.device),
+                       time_steps(data, "RotatE dim 500, 1024 x 256", ROTATE_500, args.steps, args.device)]
+    result["compress"] = short_compress(data, args.compress_minutes, args.max_bytes, args.device)
+    # Only a full run on a GPU is a result; a smoke run (--quick or a CPU) stays in runs/, out of bench/results.
+    smoke = args.quick or not args.device.startswith("cuda")
+    _, md_path = write_results("cuda_check", result, markdown(result), folder=REPO / "runs" if smoke else None)
+    print(md_path.read_text())
+
+
+if __name__ == "__main__":
+    main()
