@@ -24,8 +24,10 @@ def frontier(rows: list[dict[str, Any]], key: str) -> list[dict[str, Any]]:
     return out
 
 
-def build_report(run: CompressRun, rows: list[dict[str, Any]], pick: dict[str, Any], test: dict | None,
-                 ) -> dict[str, Any]:
+def build_report(run: CompressRun, rows: list[dict[str, Any]], pick: dict[str, Any], test: dict | None, *,
+                 seconds: dict[str, float] | None = None) -> dict[str, Any]:
+    """report.json's content. `seconds`: where the time went ("search" in all, then by phase, "other", and the
+    pick's "test" evaluation after the search)."""
     ds, key, config, state = run.dataset, METRICS[run.config.metric], run.config, run.state
     return {
         "max_bytes": config.max_bytes, "time_limit_minutes": config.time_limit_minutes,
@@ -43,7 +45,7 @@ def build_report(run: CompressRun, rows: list[dict[str, Any]], pick: dict[str, A
                    "scores": {n: v.score for n, v in r.results.items()}} for r in state.rungs],
         "exports": rows,
         "frontier": [(r["candidate"], r["precision"]) for r in frontier(rows, key)],
-        "pick": pick, "test": test, "spent_seconds": run.spent,
+        "pick": pick, "test": test, "spent_seconds": run.spent, "seconds": seconds or {},
     }
 
 
@@ -93,8 +95,21 @@ def markdown(report: dict[str, Any]) -> str:
         budget = rung["budget_seconds"]
         lines.append(f"| {rung['index']} | {len(rung['survivors'])} | {budget:.0f} | {scores} |" if budget is not None
                      else f"| {rung['index']} | {len(rung['survivors'])} |  | {scores} |")
+    lines += _seconds_table(report.get("seconds") or {}, report["time_limit_minutes"] * 60)
     lines += ["", f"![valid {report['metric']} against bytes]({FRONTIER_PNG})", ""]
     return "\n".join(lines)
+
+
+def _seconds_table(seconds: dict[str, float], limit: float) -> list[str]:
+    """Where the time went: each phase's seconds and share of the search, then the test after it."""
+    if not seconds:
+        return []
+    search = seconds.get("search", 0.0) or 1e-9
+    rows = [f"| {phase} | {value:.1f} | {100 * value / search:.0f}% |" for phase, value in seconds.items()
+            if phase not in ("search", "test")]
+    return ["", f"Where the time went: the search took {seconds.get('search', 0.0):.1f} s of a {limit:.0f} s limit, "
+                f"then the pick's test evaluation {seconds.get('test', 0.0):.1f} s.", "",
+            "| phase | seconds | share of the search |", "|---|---|---|", *rows]
 
 
 def plot_frontier(report: dict[str, Any], path: os.PathLike) -> None:

@@ -149,8 +149,12 @@ def train_slice(run: CompressRun, name: str, seconds: float) -> dict[str, Any] |
     def forward(progress: dict[str, Any]) -> None:
         run.emit("train", name, step=progress["step"], loss=progress["loss"], valid_mrr=progress["valid_mrr"])
 
+    started, trained_before = run.clock(), candidate.train_seconds
     metrics = train(run.dataset, candidate.config, config, run.run_dir(name), resume=True, final_eval=False,
                     on_progress=forward, should_stop=run.should_stop)
+    stepped = metrics["train_seconds"] - trained_before  # the steps; the rest of the call built the run
+    run.charge("train", stepped)
+    run.charge("setup", run.clock() - started - stepped)
     if metrics["stopped"] == "cancelled":
         return None
     candidate.train_seconds, candidate.steps = metrics["train_seconds"], metrics["steps"]
@@ -164,8 +168,9 @@ def evaluate_exports(run: CompressRun, name: str, split: str = "valid", *, tune_
     Quantized variants come from the same fp32 training, never a retraining; pq variants get faiss codebooks,
     then up to `tune_seconds` (shared among them) of codebook fine-tuning."""
     candidate, run_dir, train_config = run.candidate(name), run.run_dir(name), run.train_config(name)
-    source = load_bundle(run_dir / BUNDLE)
-    model_run = load_run(run_dir, run.dataset, device=train_config.device)
+    with run.timed("setup"):
+        source = load_bundle(run_dir / BUNDLE)
+        model_run = load_run(run_dir, run.dataset, device=train_config.device)
     coded = [p for p in candidate.bytes if Precision.parse(p).codes_tables]
     subset = limit if 0 < limit < len(model_run.ranked_triples(split)) else 0
     results = {}
@@ -173,16 +178,19 @@ def evaluate_exports(run: CompressRun, name: str, split: str = "valid", *, tune_
         run.emit("evaluate", name, precision=precision)
         tables, tuning = None, {}
         if isinstance(chosen := Precision.parse(precision), ProductQuantized):
-            tables = chosen.encode_tables(source.config, source.params, seed=run.config.seed)
+            with run.timed("export"):
+                tables = chosen.encode_tables(source.config, source.params, seed=run.config.seed)
             budget = FineTune(steps=FINE_TUNE_STEPS, seconds=tune_seconds / len(coded))
             started = time.monotonic()
-            tables, budget = fine_tune(model_run, source.params, tables, train_config, budget)
+            with run.timed("fine_tune"):
+                tables, budget = fine_tune(model_run, source.params, tables, train_config, budget)
             tuning = {"fine_tune_steps": len(budget.losses), "fine_tune_seconds": time.monotonic() - started}
-        path = save_exact(source, run.export_path(name, precision), precision=precision,
-                          metrics={"compress": {"candidate": name}}, expected=expected, pq_tables=tables)
-        results[precision] = {"bytes": path.stat().st_size, **tuning, "valid_subset": subset,
-                              **evaluate_bundle(model_run, path, split, batch_size=train_config.eval_batch_size,
-                                                limit=limit)}
+        with run.timed("export"):
+            path = save_exact(source, run.export_path(name, precision), precision=precision,
+                              metrics={"compress": {"candidate": name}}, expected=expected, pq_tables=tables)
+        with run.timed("validate"):
+            metrics = evaluate_bundle(model_run, path, split, batch_size=train_config.eval_batch_size, limit=limit)
+        results[precision] = {"bytes": path.stat().st_size, **tuning, "valid_subset": subset, **metrics}
     return results
 
 

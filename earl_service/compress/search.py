@@ -41,6 +41,7 @@ def compress(dataset: Dataset, out_dir: str | os.PathLike, config: CompressConfi
     state = load_state(out, config, dataset)
     if state is None:
         state = plan(dataset, config, train_configs, early_fraction=early_fraction(dataset))
+        state.seconds["plan"] = state.spent_seconds  # planning counts its own seconds as spent
     out.mkdir(parents=True, exist_ok=True)
     run = CompressRun(dataset, out, config, train_configs, state, on_progress, should_stop,
                       spent_before=state.spent_seconds)
@@ -108,13 +109,15 @@ def finish(run: CompressRun) -> dict[str, Any]:
     pick = choose(rows, run.config.metric)
     name, precision = pick["candidate"], pick["precision"]
     run.emit("export", name, precision=precision)
-    test = None
+    test, search_seconds, seconds = None, run.spent, run.accounting()  # the search's, before the test
+    started = run.clock()
     if run.dataset.test is not None and len(run.dataset.test):
         train_config = run.train_config(name)
         model_run = load_run(run.run_dir(name), run.dataset, device=train_config.device)
         test = evaluate_bundle(model_run, run.export_path(name, precision), "test",
                                batch_size=train_config.eval_batch_size)
-    report = build_report(run, rows, pick, test)
+    seconds["test"] = round(run.clock() - started, 3)
+    report = build_report(run, rows, pick, test, seconds={"search": round(search_seconds, 3), **seconds})
     source = load_bundle(run.run_dir(name) / BUNDLE)
     save_exact(source, run.out / PICK, precision=precision, metrics=pick_metrics(report),
                expected=run.candidate(name).bytes[precision])

@@ -7,7 +7,8 @@ import hashlib
 import json
 import math
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,11 @@ ProgressCallback = Callable[[dict[str, Any]], None]
 # One precision's export of a candidate, as the report lists it: its file bytes, its codebook fine-tuning (pq),
 # the valid subset it was ranked on (0: the whole split) and its valid metrics (SUMMARY_KEYS).
 Export = dict[str, Any]
+# Where a search's seconds go, phase by phase (CompressRun.timed): planning (sizes and the validation timings),
+# setting a candidate up (its graph features, kNN and model, loading its run), training steps, writing its
+# exports (pq codebooks included), fine-tuning pq codebooks, validating exports. What none of them holds is
+# "other" in the report (saving state, the pick's file); the pick's test evaluation is timed apart as "test".
+PHASES = ("plan", "setup", "train", "export", "fine_tune", "validate")
 
 
 def rung_sizes(count: int, eta: int) -> list[int]:
@@ -110,6 +116,7 @@ class SearchState:
     rungs: list[Rung] = field(default_factory=list)
     spent_seconds: float = 0.0
     done: bool = False
+    seconds: dict[str, float] = field(default_factory=dict)  # per PHASES entry, over every attempt
 
     def candidate(self, name: str) -> Candidate:
         return next(c for c in self.candidates if c.name == name)
@@ -118,7 +125,8 @@ class SearchState:
         return {"settings": self.settings, "graph_bytes": self.graph_bytes,
                 "validation_seconds": self.validation_seconds,
                 "candidates": [c.to_json() for c in self.candidates], "rung_count": self.rung_count,
-                "rungs": [r.to_json() for r in self.rungs], "spent_seconds": self.spent_seconds, "done": self.done}
+                "rungs": [r.to_json() for r in self.rungs], "spent_seconds": self.spent_seconds, "done": self.done,
+                "seconds": self.seconds}
 
     @classmethod
     def from_json(cls, values: Mapping[str, Any]) -> SearchState:
@@ -178,6 +186,25 @@ class CompressRun:
     def time_left(self) -> float:
         return max(0.0, self.config.time_limit_minutes * 60 - self.spent)
 
+    def charge(self, phase: str, seconds: float) -> None:
+        """Add `seconds` to `phase`'s total (one of PHASES)."""
+        assert phase in PHASES, phase
+        self.state.seconds[phase] = self.state.seconds.get(phase, 0.0) + max(seconds, 0.0)
+
+    @contextmanager
+    def timed(self, phase: str) -> Iterator[None]:
+        """Charge the block's wall seconds to `phase`."""
+        started = self.clock()
+        try:
+            yield
+        finally:
+            self.charge(phase, self.clock() - started)
+
+    def accounting(self) -> dict[str, float]:
+        """Seconds by phase so far, with "other" the rest of what the search spent (never below 0)."""
+        phases = {p: round(self.state.seconds.get(p, 0.0), 3) for p in PHASES}
+        return {**phases, "other": round(max(self.spent - sum(phases.values()), 0.0), 3)}
+
     def save(self) -> None:
         self.state.spent_seconds = self.spent
         write_json(self.out / STATE, self.state.to_json())
@@ -203,5 +230,5 @@ class CompressRun:
         return self.run_dir(name) / f"export-{precision}.safetensors"
 
 
-__all__ = ["PICK", "STATE", "Candidate", "CompressRun", "Export", "ProgressCallback", "Rung", "RungResult",
+__all__ = ["PHASES", "PICK", "STATE", "Candidate", "CompressRun", "Export", "ProgressCallback", "Rung", "RungResult",
            "SearchState", "load_state", "rung_sizes", "search_settings"]

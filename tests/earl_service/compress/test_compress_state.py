@@ -35,13 +35,15 @@ def test_an_untyped_state_file_loads_with_what_it_lacks_at_its_defaults():
         exports={"fp32": {"bytes": 9000, "mrr": 0.2, "hits_at_10": 0.4}}, train_seconds=3.5, steps=40, score=0.2)
     assert state.rungs[1] == Rung(index=1, survivors=["rotate-d24"])
     assert (state.rung_count, state.spent_seconds, state.done) == (2, 12.0, False)
+    assert state.seconds == {}  # no time accounting in an old file: its phases start at 0
 
 
 def test_the_serialised_form_round_trips_and_keeps_the_untyped_layout():
     state = SearchState.from_json(UNTYPED)
     values = state.to_json()
     assert SearchState.from_json(values) == state
-    assert list(values) == list(UNTYPED)
+    assert list(values) == [*UNTYPED, "seconds"]  # the old layout, then the time accounting (empty: none yet)
+    assert values["seconds"] == {}
     assert list(values["rungs"][0]) == ["index", "survivors", "results", "budget_seconds", "slice_seconds"]
     assert values["rungs"][0]["results"] == UNTYPED["rungs"][0]["results"]
     assert {k: values["candidates"][0][k] for k in UNTYPED["candidates"][0]} == UNTYPED["candidates"][0]

@@ -1,0 +1,69 @@
+"""Where a compress search's seconds go: the report's time accounting adds up and sees what it is given."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from conftest import tiny_dataset
+
+from earl_service.bundle.sizes import BundleSizes
+from earl_service.compress import rungs as rungs_module
+from earl_service.compress import search as search_module
+from earl_service.compress.config import CompressConfig
+from earl_service.compress.search import compress
+from earl_service.compress.state import PHASES
+from earl_service.config import MODELS, TrainConfig
+
+TINY = dict.fromkeys(MODELS, TrainConfig(batch_size=64, negatives=8, eval_every=0, progress=False, threads=1))
+SLOW = 0.3  # seconds added to every validation of an export
+
+
+@pytest.fixture(scope="module")
+def slow_validation_report(tmp_path_factory):
+    """A tiny search whose every validation takes SLOW seconds more than it would: the accounting must charge
+    them to "validate", not to training or to "other"."""
+    dataset = tiny_dataset()
+    config = CompressConfig(max_bytes=BundleSizes(dataset).bytes("rotate", 32, "fp32"), time_limit_minutes=0.1,
+                            precisions=("fp32", "int8"))
+    calls: list[str] = []
+    real = rungs_module.evaluate_bundle
+
+    def slow(run, path, split, **kwargs):
+        calls.append(split)
+        time.sleep(SLOW)
+        return real(run, path, split, **kwargs)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(rungs_module, "evaluate_bundle", slow)  # the rungs' validations
+        patch.setattr(search_module, "evaluate_bundle", slow)  # the pick's test
+        report = compress(dataset, tmp_path_factory.mktemp("slow"), config, train_configs=TINY)
+    return report, calls
+
+
+def test_the_phases_and_other_add_up_to_what_the_search_spent(slow_validation_report):
+    report, _ = slow_validation_report
+    seconds = report["seconds"]
+    assert set(seconds) == {"search", *PHASES, "other", "test"}
+    assert all(value >= 0 for value in seconds.values())
+    parts = sum(seconds[p] for p in (*PHASES, "other"))
+    assert parts == pytest.approx(seconds["search"], abs=0.01)
+    assert seconds["search"] <= report["spent_seconds"]  # the search's seconds, then the pick's test
+    assert seconds["plan"] > 0 and seconds["train"] > 0 and seconds["export"] > 0
+
+
+def test_an_injected_slow_validation_is_charged_to_validate(slow_validation_report):
+    report, calls = slow_validation_report
+    validations = calls.count("valid")
+    assert validations >= len(report["exports"])  # every export was validated at least once
+    seconds = report["seconds"]
+    assert seconds["validate"] >= SLOW * validations
+    assert seconds["other"] < SLOW  # not one injected delay leaked out of its phase
+    assert seconds["test"] >= SLOW  # the pick's test evaluation is timed apart, after the search
+
+
+def test_the_report_says_where_the_time_went(slow_validation_report, tmp_path):
+    from earl_service.compress.report import markdown
+
+    text = markdown(slow_validation_report[0])
+    assert "Where the time went" in text and "| validate |" in text and "| other |" in text
