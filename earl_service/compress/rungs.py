@@ -151,7 +151,7 @@ def train_slice(run: CompressRun, name: str, seconds: float) -> dict[str, Any] |
 
     started, trained_before = run.clock(), candidate.train_seconds
     metrics = train(run.dataset, candidate.config, config, run.run_dir(name), resume=True, final_eval=False,
-                    on_progress=forward, should_stop=run.should_stop)
+                    on_progress=forward, should_stop=run.should_stop, graphs=run.graphs, curves=False)
     stepped = metrics["train_seconds"] - trained_before  # the steps; the rest of the call built the run
     run.charge("train", stepped)
     run.charge("setup", run.clock() - started - stepped)
@@ -170,7 +170,7 @@ def evaluate_exports(run: CompressRun, name: str, split: str = "valid", *, tune_
     candidate, run_dir, train_config = run.candidate(name), run.run_dir(name), run.train_config(name)
     with run.timed("setup"):
         source = load_bundle(run_dir / BUNDLE)
-        model_run = load_run(run_dir, run.dataset, device=train_config.device)
+        model_run = load_run(run_dir, run.dataset, device=train_config.device, graphs=run.graphs)
     coded = [p for p in candidate.bytes if Precision.parse(p).codes_tables]
     subset = limit if 0 < limit < len(model_run.ranked_triples(split)) else 0
     results = {}

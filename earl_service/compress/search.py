@@ -113,7 +113,7 @@ def finish(run: CompressRun) -> dict[str, Any]:
     started = run.clock()
     if run.dataset.test is not None and len(run.dataset.test):
         train_config = run.train_config(name)
-        model_run = load_run(run.run_dir(name), run.dataset, device=train_config.device)
+        model_run = load_run(run.run_dir(name), run.dataset, device=train_config.device, graphs=run.graphs)
         test = evaluate_bundle(model_run, run.export_path(name, precision), "test",
                                batch_size=train_config.eval_batch_size)
     seconds["test"] = round(run.clock() - started, 3)

@@ -18,6 +18,7 @@ from earl_service.compress.config import CompressConfig
 from earl_service.config import ModelConfig, ModelKind, TrainConfig
 from earl_service.data.dataset import Dataset
 from earl_service.errors import ConfigError
+from earl_service.train.run import GraphCache
 
 STATE, PICK = "compress_state.json", "bundle.safetensors"
 ProgressCallback = Callable[[dict[str, Any]], None]
@@ -172,10 +173,13 @@ class CompressRun:
     clock: Callable[[], float] = time.monotonic  # wall seconds, for the time limit (a test's own clock)
     started: float | None = None  # clock() when this attempt started (None: now)
     spent_before: float = 0.0  # seconds earlier attempts spent
+    graphs: GraphCache | None = None  # the dataset's graphs, built once for every candidate and rung
 
     def __post_init__(self) -> None:
         if self.started is None:
             self.started = self.clock()
+        if self.graphs is None:
+            self.graphs = GraphCache(self.dataset)
 
     @property
     def spent(self) -> float:

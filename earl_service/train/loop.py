@@ -28,7 +28,7 @@ from earl_service.train.distributed import Ranks, wrap
 from earl_service.train.loss import NegativeSampler, loss_fn, sampled_loss
 from earl_service.train.memory import MemoryUse, peak_rss_mb, reset_peak_rss
 from earl_service.train.outputs import BUNDLE, write_run_outputs
-from earl_service.train.run import Run, bf16_autocast, resolve_device
+from earl_service.train.run import GraphCache, Run, bf16_autocast, resolve_device
 from earl_service.train.schedule import build_optimizer, set_lr
 from earl_service.train.state import TrainState
 from earl_service.version import __version__
@@ -171,7 +171,7 @@ def train(
     dataset: Dataset, model_config: ModelConfig, train_config: TrainConfig, out_dir: str | os.PathLike, *,
     resume: bool = False, final_eval: bool = True, protocol: str = "seen", on_progress: ProgressCallback | None = None,
     should_stop: Callable[[], bool] | None = None, write_bundle: bool = True, command: Sequence[str] | None = None,
-    recipe: str | None = None,
+    recipe: str | None = None, graphs: GraphCache | None = None, curves: bool = True,
 ) -> dict[str, Any]:
     """Train, keep the best checkpoint by valid MRR, evaluate it, write metrics.json; returns the metrics.
 
@@ -182,6 +182,9 @@ def train(
     Under an initialised torch.distributed process group of several ranks (`earl train --nproc-per-node`),
     every rank calls this: each takes its slice of every global batch, DDP all-reduces the gradients, and rank 0
     alone validates, decides when to stop and writes the run directory (the other ranks return a short dict).
+
+    `graphs`: a cache of this dataset's built graphs to take the training graph from, so that callers training
+    many models of one graph (compress's candidates and rungs) build it once; `curves=False` skips curves.png.
     """
     out, cfg = Path(out_dir), train_config
     out.mkdir(parents=True, exist_ok=True)
@@ -190,7 +193,7 @@ def train(
     device = resolve_device(cfg.device)
     ranks = Ranks.current(device)
     _check_sampled(cfg, model_config)
-    run, memory = _build(dataset, model_config, cfg, device)
+    run, memory = _build(dataset, model_config, cfg, device, graphs)
     optimizer = build_optimizer(run.model, cfg)
     state = TrainState.start(cfg.seed)
     checkpoints = Checkpointer(out, run.model, optimizer, state, writes=ranks.is_main,
@@ -219,15 +222,16 @@ def train(
                              final_eval=final_eval, command=command)
     metrics["recipe"] = recipe
     bundle = _bundle(run, metrics) if write_bundle else None
-    write_run_outputs(out, metrics, state.history, bundle=bundle)
+    write_run_outputs(out, metrics, state.history, bundle=bundle, curves=curves)
     return metrics
 
 
-def _build(dataset: Dataset, model_config: ModelConfig, cfg: TrainConfig, device: torch.device) -> tuple[Run, MemoryUse]:
+def _build(dataset: Dataset, model_config: ModelConfig, cfg: TrainConfig, device: torch.device,
+           graphs: GraphCache | None = None) -> tuple[Run, MemoryUse]:
     """The run (graph or neighbour index, and the model) and the time and memory its build took."""
     torch.manual_seed(cfg.seed)  # the model's initial weights
     build_start = time.perf_counter()
-    run = Run.build(dataset, model_config, device, sampled=cfg.sampled)
+    run = Run.build(dataset, model_config, device, sampled=cfg.sampled, graphs=graphs)
     return run, MemoryUse.after_build(time.perf_counter() - build_start, run.index.nbytes() if run.index else None)
 
 

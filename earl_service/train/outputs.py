@@ -16,13 +16,16 @@ CURVES = "curves.png"
 BUNDLE = "bundle.safetensors"  # the deployable artifact (fp32)
 
 
-def write_run_outputs(out: Path, metrics: dict[str, Any], history: History, *, bundle: Bundle | None = None) -> None:
-    """The bundle first (its size goes into `metrics` and metrics.json), then metrics.json, history.json, curves."""
+def write_run_outputs(out: Path, metrics: dict[str, Any], history: History, *, bundle: Bundle | None = None,
+                      curves: bool = True) -> None:
+    """The bundle first (its size goes into `metrics` and metrics.json), then metrics.json, history.json and,
+    with `curves`, curves.png (matplotlib: ~0.5 s, which a compress slice of a few seconds does not spend)."""
     if bundle is not None:
         metrics["bundle_bytes"] = bundle.save(out / BUNDLE).stat().st_size
     write_json(out / METRICS, metrics)
     write_json(out / HISTORY, asdict(history))
-    plot_curves(history, out / CURVES)
+    if curves:
+        plot_curves(history, out / CURVES)
 
 
 def plot_curves(history: History, path: Path) -> None:

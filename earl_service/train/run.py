@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 from dataclasses import dataclass, field
@@ -66,6 +67,28 @@ def bf16_autocast(cfg: TrainConfig, device: torch.device) -> bool:
 
 
 
+class GraphCache:
+    """Graphs built once and reused by every run over the same dataset: a graph (relational features, kNN,
+    normalised adjacency) depends on the training triples, the entity count, the reserved ids and the model's
+    graph options, never on the dim or the weights. A compress search holds one, so its EARL candidates and
+    every rung share one build instead of one per candidate per slice and per evaluation. CPU graphs; a run
+    moves its copy to its device."""
+
+    def __init__(self, dataset: Dataset) -> None:
+        self.dataset = dataset
+        self._graphs: dict[tuple, Graph] = {}
+        self.builds = 0  # graphs built (the rest were reused)
+
+    def get(self, num_entities: int, reserved: torch.Tensor, options: dict[str, Any]) -> Graph:
+        key = (num_entities, hashlib.sha256(reserved.cpu().numpy().tobytes()).hexdigest(),
+               tuple(sorted(options.items())))
+        if key not in self._graphs:
+            self._graphs[key] = build_graph(self.dataset.train, num_entities, self.dataset.num_relations, reserved,
+                                            **options)
+            self.builds += 1
+        return self._graphs[key]
+
+
 @dataclass
 class Run:
     """Everything built once for a dataset and model config.
@@ -88,7 +111,10 @@ class Run:
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
 
     @classmethod
-    def build(cls, dataset: Dataset, model_config: ModelConfig, device: torch.device, *, sampled: bool = False) -> Run:
+    def build(cls, dataset: Dataset, model_config: ModelConfig, device: torch.device, *, sampled: bool = False,
+              graphs: GraphCache | None = None) -> Run:
+        """The run's graph (or neighbour index) and model; the graph from `graphs` when given (it must be a cache
+        of this dataset), else built here."""
         n, num_rel = dataset.num_train_entities, dataset.num_relations
         reserved = (
             choose_reserved(n, model_config.reserved_ratio, model_config.seed)
@@ -100,7 +126,11 @@ class Run:
         if sampled:
             index = NeighborIndex(dataset.train, n, num_rel, reserved, k=cfg.k, temperature=cfg.knn_temperature)
             return cls(dataset, model_config, None, model, RotatE(model_config), index=index, device=device)
-        graph = build_graph(dataset.train, n, num_rel, reserved, **cfg.graph_options)
+        if graphs is not None:
+            assert graphs.dataset is dataset, "a GraphCache serves the dataset it was made for"
+            graph = graphs.get(n, reserved, cfg.graph_options)
+        else:
+            graph = build_graph(dataset.train, n, num_rel, reserved, **cfg.graph_options)
         return cls(dataset, model_config, graph.to(device), model, RotatE(model_config), device=device)
 
     def _reserved(self) -> torch.Tensor:
@@ -169,7 +199,8 @@ def _all_triples(dataset: Dataset) -> np.ndarray:
     return np.concatenate(parts)
 
 
-def load_run(run_dir: str | os.PathLike, dataset: Dataset, *, device: str = "auto") -> Run:
+def load_run(run_dir: str | os.PathLike, dataset: Dataset, *, device: str = "auto",
+             graphs: GraphCache | None = None) -> Run:
     """Rebuild a trained run (config from its checkpoint, weights from best.pt) over `dataset`."""
     run_dir = Path(run_dir)
     if not (run_dir / CHECKPOINT).exists():
@@ -178,7 +209,7 @@ def load_run(run_dir: str | os.PathLike, dataset: Dataset, *, device: str = "aut
     ckpt = torch.load(run_dir / CHECKPOINT, map_location="cpu", weights_only=True)
     _check_vocab(run_dir, ckpt.get("vocab"), dataset)
     sampled = bool(ckpt.get("train_config", {}).get("sampled", False))  # evaluate a big graph layer by layer too
-    run = Run.build(dataset, ModelConfig.from_dict(ckpt["model_config"]), dev, sampled=sampled)
+    run = Run.build(dataset, ModelConfig.from_dict(ckpt["model_config"]), dev, sampled=sampled, graphs=graphs)
     try:
         load_best(run_dir, run.model)
     except RuntimeError as exc:  # a run from before checkpoints kept the vocabulary: shapes are all it can tell
@@ -204,4 +235,4 @@ def _check_vocab(run_dir: Path, trained: dict[str, Any] | None, dataset: Dataset
                        "was trained on (the same train file)")
 
 
-__all__ = ["Run", "bf16_autocast", "cpu_has_native_bf16", "load_run", "native_bf16", "resolve_device"]
+__all__ = ["GraphCache", "Run", "bf16_autocast", "cpu_has_native_bf16", "load_run", "native_bf16", "resolve_device"]

@@ -1,0 +1,37 @@
+"""Run: a model with its dataset and graph; GraphCache shares one graph build between runs of one dataset."""
+
+from __future__ import annotations
+
+import torch
+from conftest import tiny_dataset
+
+from earl_service.config import ModelConfig
+from earl_service.train.run import GraphCache, Run
+
+
+def _same_graph(a, b) -> None:
+    torch.testing.assert_close(a.conrel.mat.to_dense(), b.conrel.mat.to_dense())
+    torch.testing.assert_close(a.knn_ids, b.knn_ids)
+    torch.testing.assert_close(a.knn_weights, b.knn_weights)
+    torch.testing.assert_close(a.reserved, b.reserved)
+
+
+def test_runs_of_any_dim_share_one_cached_graph_equal_to_a_fresh_build():
+    ds, graphs = tiny_dataset(), None
+    graphs = GraphCache(ds)
+    runs = [Run.build(ds, ModelConfig(dim=dim, k=3, reserved_ratio=0.2), torch.device("cpu"), graphs=graphs)
+            for dim in (4, 8, 16)]
+    assert graphs.builds == 1  # the graph does not depend on the dim
+    fresh = Run.build(ds, ModelConfig(dim=4, k=3, reserved_ratio=0.2), torch.device("cpu"))
+    for run in runs:
+        _same_graph(run.graph, fresh.graph)
+
+
+def test_another_reserved_set_or_k_is_another_graph():
+    ds = tiny_dataset()
+    graphs = GraphCache(ds)
+    Run.build(ds, ModelConfig(dim=4, k=3, reserved_ratio=0.2), torch.device("cpu"), graphs=graphs)
+    Run.build(ds, ModelConfig(dim=4, k=2, reserved_ratio=0.2), torch.device("cpu"), graphs=graphs)
+    Run.build(ds, ModelConfig(dim=4, k=3, reserved_ratio=0.3), torch.device("cpu"), graphs=graphs)
+    Run.build(ds, ModelConfig(dim=4, k=3, reserved_ratio=0.2, seed=1), torch.device("cpu"), graphs=graphs)
+    assert graphs.builds == 4
