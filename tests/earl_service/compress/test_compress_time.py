@@ -67,3 +67,21 @@ def test_the_report_says_where_the_time_went(slow_validation_report, tmp_path):
 
     text = markdown(slow_validation_report[0])
     assert "Where the time went" in text and "| validate |" in text and "| other |" in text
+
+
+def test_a_validation_pass_is_timed_on_two_subsets_and_extrapolated():
+    """Fixed seconds (the embeddings) plus seconds per triple, fitted from two timed subsets: a whole pass of
+    FB15k-237's 17,535 valid triples is estimated without being run."""
+    from earl_service.compress.candidates import TIMING_TRIPLES, pass_seconds
+
+    now, asked = [0.0], []
+
+    def evaluate(limit: int) -> None:
+        asked.append(limit)
+        now[0] += 2.0 + 0.01 * limit
+
+    assert pass_seconds(evaluate, 17_535, clock=lambda: now[0]) == pytest.approx(2.0 + 0.01 * 17_535)
+    assert max(asked) == max(TIMING_TRIPLES) < 17_535  # never the whole split
+    asked.clear()
+    assert pass_seconds(evaluate, 40, clock=lambda: now[0]) == pytest.approx(2.0 + 0.01 * 40)  # a tiny split
+    assert set(asked) == {40}
