@@ -48,3 +48,27 @@ def test_a_lazy_import_inside_a_function_counts(layers, tmp_path):
     source = tmp_path / "m.py"
     source.write_text("def f():\n    from earl_service.cli import main\n    return main\n")
     assert layers.imports_of(source, "earl_service.data.m") == {"earl_service.cli.main"}
+
+
+def _sizes(folders: tuple[str, ...]) -> tuple[list[str], list[str]]:
+    import ast
+
+    long_modules, long_functions = [], []
+    for folder in folders:
+        for path in sorted((REPO / folder).rglob("*.py")):
+            text = path.read_text(encoding="utf-8")
+            if text.count("\n") > 400:
+                long_modules.append(f"{path.relative_to(REPO)}: {text.count(chr(10))} lines")
+            for node in ast.walk(ast.parse(text)):
+                if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.end_lineno is not None:
+                    length = node.end_lineno - node.lineno + 1
+                    if length > 60:
+                        long_functions.append(f"{path.relative_to(REPO)}:{node.name}: {length} lines")
+    return long_modules, long_functions
+
+
+def test_no_module_over_400_lines_and_no_function_over_60():
+    """Issue 51's sizes, kept: a module that grows past them is split by concept, a function into named steps."""
+    long_modules, long_functions = _sizes(("earl_service", "api", "earl_client", "scripts", "bench"))
+    assert long_modules == []
+    assert long_functions == []
