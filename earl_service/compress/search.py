@@ -21,7 +21,7 @@ from earl_service.data.dataset import Dataset
 from earl_service.errors import DatasetError
 from earl_service.train.evaluate import SUMMARY_KEYS
 from earl_service.train.loop import BUNDLE
-from earl_service.train.run import load_run
+from earl_service.train.run import GraphCache, load_run
 
 
 def compress(dataset: Dataset, out_dir: str | os.PathLike, config: CompressConfig, *,
@@ -44,7 +44,7 @@ def compress(dataset: Dataset, out_dir: str | os.PathLike, config: CompressConfi
         state.seconds["plan"] = state.spent_seconds  # planning counts its own seconds as spent
     out.mkdir(parents=True, exist_ok=True)
     run = CompressRun(dataset, out, config, train_configs, state, on_progress, should_stop,
-                      spent_before=state.spent_seconds)
+                      spent_before=state.spent_seconds, graphs=GraphCache(dataset))
     run.save()
     if not search(run):
         return None

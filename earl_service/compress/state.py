@@ -11,14 +11,16 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from earl_service.atomic import write_json
 from earl_service.compress.config import CompressConfig
 from earl_service.config import ModelConfig, ModelKind, TrainConfig
 from earl_service.data.dataset import Dataset
 from earl_service.errors import ConfigError
-from earl_service.train.run import GraphCache
+
+if TYPE_CHECKING:  # torch: the worker and the API read a job's state without it
+    from earl_service.train.run import GraphCache
 
 STATE, PICK = "compress_state.json", "bundle.safetensors"
 ProgressCallback = Callable[[dict[str, Any]], None]
@@ -173,13 +175,12 @@ class CompressRun:
     clock: Callable[[], float] = time.monotonic  # wall seconds, for the time limit (a test's own clock)
     started: float | None = None  # clock() when this attempt started (None: now)
     spent_before: float = 0.0  # seconds earlier attempts spent
-    graphs: GraphCache | None = None  # the dataset's graphs, built once for every candidate and rung
+    graphs: GraphCache | None = None  # the dataset's graphs, built once for every candidate and rung (None: each
+    # training and evaluation builds its own)
 
     def __post_init__(self) -> None:
         if self.started is None:
             self.started = self.clock()
-        if self.graphs is None:
-            self.graphs = GraphCache(self.dataset)
 
     @property
     def spent(self) -> float:

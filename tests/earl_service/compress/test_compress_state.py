@@ -47,3 +47,14 @@ def test_the_serialised_form_round_trips_and_keeps_the_untyped_layout():
     assert list(values["rungs"][0]) == ["index", "survivors", "results", "budget_seconds", "slice_seconds"]
     assert values["rungs"][0]["results"] == UNTYPED["rungs"][0]["results"]
     assert {k: values["candidates"][0][k] for k in UNTYPED["candidates"][0]} == UNTYPED["candidates"][0]
+
+
+def test_reading_a_job_and_starting_a_worker_import_no_torch():
+    """The worker loop, the compress job and its state load without torch, as the API's job checks do: a worker
+    that imported torch (~1 s) before logging its start missed `earl serve`'s start-up window."""
+    import subprocess
+    import sys
+
+    code = ("import sys; import earl_service.compress.state, earl_service.compress.job, earl_service.worker.loop; "
+            "assert 'torch' not in sys.modules, sorted(m for m in sys.modules if m.startswith('torch'))[:3]")
+    subprocess.run([sys.executable, "-c", code], check=True)
