@@ -157,6 +157,14 @@ def decode_tables(tensors: dict[str, np.ndarray], layouts: dict[str, Layout]) ->
 PQTables = dict[str, tuple[np.ndarray, np.ndarray]]  # name -> (codes (N, M) uint8, codebooks (M, 256, w/M) fp16)
 
 
+def stored_tables(tensors: dict[str, np.ndarray]) -> PQTables:
+    """The codes and codebooks of every coded table among a bundle file's tensors, as with_tables wrote them
+    (empty for a precision that codes none): what re-saving that file's weights must carry to stay the same."""
+    names = {key[len(TENSOR_PREFIX):].rsplit(".", 1)[0] for key in tensors if key.startswith(TENSOR_PREFIX)}
+    return {name: (tensors[f"{TENSOR_PREFIX}{name}.codes"], tensors[f"{TENSOR_PREFIX}{name}.codebooks"])
+            for name in sorted(names)}
+
+
 def encode_table(table: np.ndarray, codes: int, *, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
     """faiss ProductQuantizer over the rows of `table` (N, w), N >= 256: (codes (N, M) uint8, codebooks fp16).
     Codes are assigned against the fp16-rounded centroids, the ones the bundle stores."""

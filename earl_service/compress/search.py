@@ -7,6 +7,8 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from earl_service.bundle.codebooks import stored_tables
+from earl_service.bundle.format import read_safetensors
 from earl_service.bundle.model_io import load_bundle
 from earl_service.bundle.sizes import save_exact
 from earl_service.compress.candidates import plan
@@ -119,8 +121,10 @@ def finish(run: CompressRun) -> dict[str, Any]:
     seconds["test"] = round(run.clock() - started, 3)
     report = build_report(run, rows, pick, test, seconds={"search": round(search_seconds, 3), **seconds})
     source = load_bundle(run.run_dir(name) / BUNDLE)
+    # The pick is the export its metrics were measured on: a pq export's fine-tuned codebooks, not new ones.
+    _, tested, _ = read_safetensors(run.export_path(name, precision))
     save_exact(source, run.out / PICK, precision=precision, metrics=pick_metrics(report),
-               expected=run.candidate(name).bytes[precision])
+               expected=run.candidate(name).bytes[precision], pq_tables=stored_tables(tested) or None)
     write_report(run.out, report)
     run.emit("done", name, precision=precision)
     return report

@@ -498,3 +498,19 @@ def test_a_killed_job_with_pq_candidates_continues(tmp_path, monkeypatch):
     assert (tmp_path / PICK).stat().st_size == pick["bytes"] <= config.max_bytes
     assert load_bundle(tmp_path / PICK).precision == pick["precision"]
     assert any(r["precision"].startswith("pq:") for r in report["exports"])  # the report lists them
+
+
+def test_a_pq_pick_ships_the_codebooks_it_was_tested_with(tmp_path):
+    """The pick's file holds the weights of the export its valid and test metrics were measured on: a pq export's
+    fine-tuned codebooks, not codebooks trained afresh when the pick is written (which shipped other weights)."""
+    dataset = load_dataset(codex_s_path())
+    config = CompressConfig(max_bytes=100_000, time_limit_minutes=0.2, models=("rotate",), precisions=("pq",))
+    report = compress(dataset, tmp_path, config, train_configs=TINY)
+    pick = report["pick"]
+    assert pick["precision"].startswith("pq:")
+    shipped = load_bundle(tmp_path / PICK)
+    tested = load_bundle(tmp_path / "candidates" / pick["candidate"] / f"export-{pick['precision']}.safetensors")
+    assert shipped.params.keys() == tested.params.keys()
+    for name, value in tested.params.items():
+        np.testing.assert_array_equal(shipped.params[name], value, err_msg=name)
+    assert shipped.num_bytes == pick["bytes"] <= config.max_bytes
