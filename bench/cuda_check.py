@@ -103,7 +103,7 @@ def time_steps(data: Path, label: str, extra: list[str], steps: int, device: str
         wall = time.perf_counter() - started
         metrics = json.loads((Path(out) / "metrics.json").read_text())
     step = metrics["median_step_seconds"]
-    batch = int(extra[extra.index("--batch-size") + 1]) if "--batch-size" in extra else 1024
+    batch = metrics["config"]["train"]["batch_size"]  # as the recipe and options resolved it
     return {"label": label, "steps": steps, "median_step_ms": step * 1000, "triples_per_second": batch / step,
             "train_seconds": metrics["train_seconds"], "process_seconds": round(wall, 1),
             "device": metrics["device"], "gpu_utilisation": gpu.summary()}

@@ -8,7 +8,6 @@ import lzma
 import math
 import os
 import struct
-from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,27 +42,7 @@ def joined_strings(names: list[str]) -> bytes:
 
 def pack_strings(names: list[str]) -> np.ndarray:
     """joined_strings xz-compressed, as a uint8 array."""
-    return _xz(joined_strings(names), preset=9)
-
-
-# The last few xz outputs, by a digest of their input: a compress search writes the same graph, names and labels
-# into every export (0.5 s a bundle on FB15k-237, a tenth of its searches' export time), so they are packed once.
-# xz is deterministic for one input and preset, so a remembered output is the one packing again would give.
-_PACKED: OrderedDict[tuple[str, int], np.ndarray] = OrderedDict()
-_PACKED_KEEP = 8
-
-
-def _xz(raw: bytes, *, preset: int) -> np.ndarray:
-    key = (hashlib.sha256(raw).hexdigest(), preset)
-    if key in _PACKED:
-        _PACKED.move_to_end(key)
-        return _PACKED[key]
-    packed = np.frombuffer(lzma.compress(raw, preset=preset), dtype=np.uint8)
-    packed.flags.writeable = False  # shared between bundles: nobody may change it in place
-    _PACKED[key] = packed
-    while len(_PACKED) > _PACKED_KEEP:
-        _PACKED.popitem(last=False)
-    return packed
+    return np.frombuffer(lzma.compress(joined_strings(names), preset=9), dtype=np.uint8)
 
 
 def _ratio_limit(blob: np.ndarray) -> int:
@@ -177,7 +156,8 @@ def graph_csr(triples: np.ndarray, num_entities: int, num_relations: int) -> byt
 
 def pack_graph(triples: np.ndarray, num_entities: int, num_relations: int) -> np.ndarray:
     """graph_csr xz-compressed, as a uint8 array."""
-    return _xz(graph_csr(triples, num_entities, num_relations), preset=9 | lzma.PRESET_EXTREME)
+    raw = graph_csr(triples, num_entities, num_relations)
+    return np.frombuffer(lzma.compress(raw, preset=9 | lzma.PRESET_EXTREME), dtype=np.uint8)
 
 
 def unpack_graph(blob: np.ndarray, limits: BundleLimits | None = None) -> np.ndarray:

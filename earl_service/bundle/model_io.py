@@ -112,10 +112,7 @@ class Bundle:
         for name, value in self.params.items():
             tensors.update(chosen.encode(f"param.{name}", value))
         tensors["buffer.reserved"] = self.reserved.astype(narrowest_uint(max(len(self.entities), 1)))
-        tensors["graph.packed"] = pack_graph(self.triples, len(self.entities), len(self.relations))
-        tensors["vocab.entities"] = pack_strings(self.entities.names)
-        tensors["vocab.relations"] = pack_strings(self.relations.names)
-        tensors.update(self._label_tensors())
+        tensors.update(self._packed())
         metadata = {
             "format": FORMAT,
             "format_version": str(FORMAT_VERSION),
@@ -131,6 +128,19 @@ class Bundle:
         }
         tensors, metadata = chosen.with_tables(tensors, metadata, self.config, self.params, pq_tables)
         return encode_weights(tensors, metadata, coding or chosen.coding)
+
+    def _packed(self) -> dict[str, np.ndarray]:
+        """The graph, vocabularies and labels, xz-packed: the same at every precision, so packed once per bundle
+        (every export of a compress candidate saves one bundle several times; 0.5 s each on FB15k-237).
+        `extend_with` makes a new bundle with an empty cache; the arrays are read-only (np.frombuffer)."""
+        if "packed" not in self._cache:
+            self._cache["packed"] = {
+                "graph.packed": pack_graph(self.triples, len(self.entities), len(self.relations)),
+                "vocab.entities": pack_strings(self.entities.names),
+                "vocab.relations": pack_strings(self.relations.names),
+                **self._label_tensors(),
+            }
+        return self._cache["packed"]
 
     def _label_tensors(self) -> dict[str, np.ndarray]:
         """labels.entities / labels.relations: xz-coded, aligned with the vocabularies; absent when none."""
