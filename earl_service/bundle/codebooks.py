@@ -15,6 +15,10 @@ from earl_service.errors import BundleError
 from earl_service.safe_json import parse_json
 
 CENTROIDS = 256  # per subspace: one code byte
+# k-means rounds per subspace from random rows (faiss's default). A warm start from codebooks of the same table a
+# little earlier in training (compress, rung after rung) needs few: on FB15k-237's RotatE d292 pq:73 entities, 3
+# rounds from the old codebooks reached the relative error of 25 from scratch (0.2132 vs 0.2135) in 0.95 s vs 11.9 s.
+ITERATIONS = 25
 # Numbers per code byte that `--precision pq` tries (compress: each that fits); 4 when no budget chooses.
 NUMBERS_PER_CODE = (2, 4, 8)
 DEFAULT_NUMBERS_PER_CODE = 4
@@ -165,16 +169,24 @@ def stored_tables(tensors: dict[str, np.ndarray]) -> PQTables:
             for name in sorted(names)}
 
 
-def encode_table(table: np.ndarray, codes: int, *, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+def encode_table(table: np.ndarray, codes: int, *, seed: int = 0, iterations: int = ITERATIONS,
+                 start: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """faiss ProductQuantizer over the rows of `table` (N, w), N >= 256: (codes (N, M) uint8, codebooks fp16).
-    Codes are assigned against the fp16-rounded centroids, the ones the bundle stores."""
+    k-means runs `iterations` rounds per subspace, from `start` codebooks (M, 256, w/M) when given (a warm start
+    from the same table's codebooks before its weights moved on) or from faiss's random rows. Codes are assigned
+    against the fp16-rounded centroids, the ones the bundle stores."""
     import faiss
 
     x = np.ascontiguousarray(table, dtype=np.float32)
     pq = faiss.ProductQuantizer(x.shape[1], codes, 8)
-    pq.cp.seed = seed
+    pq.cp.seed, pq.cp.niter = seed, iterations
     pq.cp.min_points_per_centroid = 1  # a few thousand rows are all a table has: no warning for each subspace
     pq.verbose = False
+    if start is not None:
+        if start.shape != (codes, CENTROIDS, x.shape[1] // codes):
+            raise ValueError(f"start codebooks {start.shape} do not fit pq:{codes} over rows of {x.shape[1]}")
+        faiss.copy_array_to_vector(np.ascontiguousarray(start, dtype=np.float32).ravel(), pq.centroids)
+        pq.train_type = faiss.ProductQuantizer.Train_hot_start
     pq.train(x)
     books = faiss.vector_to_array(pq.centroids).reshape(codes, CENTROIDS, x.shape[1] // codes).astype(np.float16)
     faiss.copy_array_to_vector(books.astype(np.float32).ravel(), pq.centroids)

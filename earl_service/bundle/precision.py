@@ -230,10 +230,15 @@ class ProductQuantized(Precision):
         return {name: lay for name, lay in codebooks.codable(model, dim, self.codes, shapes).items()
                 if lay.nbytes < lay.rows * self.FALLBACK.row_bytes(lay.width)}
 
-    def encode_tables(self, config: ModelConfig, params: dict[str, np.ndarray], *, seed: int = 0) -> PQTables:
-        """Post-hoc faiss codebooks for every table a bundle of these weights codes at this M."""
+    def encode_tables(self, config: ModelConfig, params: dict[str, np.ndarray], *, seed: int = 0,
+                      iterations: int = codebooks.ITERATIONS, start: PQTables | None = None) -> PQTables:
+        """Post-hoc faiss codebooks for every table a bundle of these weights codes at this M: k-means for
+        `iterations` rounds, warm from `start`'s codebooks for each table it holds at the same layout."""
         layouts = self.resolve(config.dim).plan(config.model, config.dim, _shapes(params))
-        return {name: codebooks.encode_table(params[name], lay.codes, seed=seed) for name, lay in layouts.items()}
+        start = start or {}
+        return {name: codebooks.encode_table(params[name], lay.codes, seed=seed, iterations=iterations,
+                                             start=_fitting(start.get(name), lay))
+                for name, lay in layouts.items()}
 
     def with_tables(self, tensors: dict[str, np.ndarray], metadata: dict[str, str], config: ModelConfig,
                     params: dict[str, np.ndarray], tables: PQTables | None = None,
@@ -260,6 +265,14 @@ class ProductQuantized(Precision):
         fallback = cls.FALLBACK
         return {name: codebooks.decode_table(*tables[name]) if name in tables
                 else fallback.decode(fallback.encode(name, value), name) for name, value in params.items()}
+
+
+def _fitting(table: tuple[np.ndarray, np.ndarray] | None, layout: codebooks.Layout) -> np.ndarray | None:
+    """The codebooks of `table` when they have `layout`'s shape (codes, 256, width / codes), else None."""
+    if table is None:
+        return None
+    books = table[1]
+    return books if books.shape == (layout.codes, codebooks.CENTROIDS, layout.sub) else None
 
 
 def _shapes(params: dict[str, np.ndarray]) -> dict[str, tuple[int, ...]]:

@@ -28,10 +28,10 @@ ProgressCallback = Callable[[dict[str, Any]], None]
 # the valid subset it was ranked on (0: the whole split) and its valid metrics (SUMMARY_KEYS).
 Export = dict[str, Any]
 # Where a search's seconds go, phase by phase (CompressRun.timed): planning (sizes and the validation timings),
-# setting a candidate up (its graph features, kNN and model, loading its run), training steps, writing its
-# exports (pq codebooks included), fine-tuning pq codebooks, validating exports. What none of them holds is
+# setting a candidate up (its graph features, kNN and model, loading its run), training steps, k-means of pq
+# codebooks, fine-tuning them, writing exports, validating exports. What none of them holds is
 # "other" in the report (saving state, the pick's file); the pick's test evaluation is timed apart as "test".
-PHASES = ("plan", "setup", "train", "export", "fine_tune", "validate")
+PHASES = ("plan", "setup", "train", "codebooks", "fine_tune", "export", "validate")
 
 
 def rung_sizes(count: int, eta: int) -> list[int]:

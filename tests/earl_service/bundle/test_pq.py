@@ -278,3 +278,21 @@ def test_a_damaged_pq_upload_is_422(damaged, tmp_path):
                             headers={"Authorization": "Bearer t"})
             assert r.status_code == 422, (case, r.text)
             assert DAMAGED[case][1] in r.json()["detail"]
+
+
+def _relative_error(table: np.ndarray, coded: tuple[np.ndarray, np.ndarray]) -> float:
+    return float(((decode_table(*coded) - table) ** 2).sum() / (table ** 2).sum())
+
+
+def test_a_warm_start_begins_from_the_codebooks_given(pq_bundle):
+    """k-means from codebooks already fitted to the table keeps their quality in one round, where one round from
+    random rows is far worse; codebooks of another layout are ignored (a cold start), never an error."""
+    _, bundle, tables = pq_bundle
+    pq, table = ProductQuantized(8), bundle.params["entities"]
+    cold = pq.encode_tables(bundle.config, bundle.params, iterations=1)
+    warm = pq.encode_tables(bundle.config, bundle.params, iterations=1, start=tables)
+    fitted = _relative_error(table, tables["entities"])
+    assert _relative_error(table, warm["entities"]) <= fitted * 1.01 < _relative_error(table, cold["entities"])
+    other = ProductQuantized(4).encode_tables(bundle.config, bundle.params)  # (4, 256, 8) books: no fit for pq:8
+    ignored = pq.encode_tables(bundle.config, bundle.params, iterations=1, start=other)
+    assert np.array_equal(ignored["entities"][1], cold["entities"][1])

@@ -14,6 +14,7 @@ from conftest import codex_s_path, tiny_dataset
 
 from earl_service.bundle.format import graph_bytes
 from earl_service.bundle.model_io import bundle_from_model, load_bundle
+from earl_service.bundle.precision import ProductQuantized
 from earl_service.bundle.sizes import METRICS_ROOM, MIN_DIM, BundleSizes, padded_metrics, save_exact
 from earl_service.cli.bundle import bundle_info
 from earl_service.cli.main import main
@@ -500,12 +501,29 @@ def test_a_killed_job_with_pq_candidates_continues(tmp_path, monkeypatch):
     assert any(r["precision"].startswith("pq:") for r in report["exports"])  # the report lists them
 
 
-def test_a_pq_pick_ships_the_codebooks_it_was_tested_with(tmp_path):
+def test_a_pq_pick_ships_the_codebooks_it_was_tested_with(tmp_path, monkeypatch):
     """The pick's file holds the weights of the export its valid and test metrics were measured on: a pq export's
-    fine-tuned codebooks, not codebooks trained afresh when the pick is written (which shipped other weights)."""
+    fine-tuned codebooks, not codebooks trained afresh when the pick is written (which shipped other weights).
+    Each pq export's k-means starts cold at its candidate's first rung and warm, from the codebooks of the rung
+    before, at every later one."""
     dataset = load_dataset(codex_s_path())
     config = CompressConfig(max_bytes=100_000, time_limit_minutes=0.2, models=("rotate",), precisions=("pq",))
+    starts = []
+    real = ProductQuantized.encode_tables
+
+    def spy(self, model_config, params, **kwargs):
+        starts.append((model_config.dim, str(self), kwargs["iterations"], kwargs.get("start") is not None))
+        return real(self, model_config, params, **kwargs)
+
+    monkeypatch.setattr(ProductQuantized, "encode_tables", spy)
     report = compress(dataset, tmp_path, config, train_configs=TINY)
+    assert len(report["rungs"]) > 1
+    first = [(dim, pq) for dim, pq, _, _ in starts]
+    for i, (dim, pq, iterations, warm) in enumerate(starts):
+        again = (dim, pq) in first[:i]
+        assert (warm, iterations) == ((True, rungs_module.WARM_ITERATIONS) if again
+                                      else (False, rungs_module.COLD_ITERATIONS))
+    assert any(warm for *_, warm in starts)
     pick = report["pick"]
     assert pick["precision"].startswith("pq:")
     shipped = load_bundle(tmp_path / PICK)
