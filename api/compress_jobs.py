@@ -63,11 +63,12 @@ def check_uploads(home: ServiceHome, job_id: str, files: dict[str, str], config:
     try:
         if "valid" not in files:
             raise DatasetError("a compress job picks on validation metrics: upload a valid file too")
-        floor = budget_floor(config.max_bytes, train.ids, train.entities, train.relations)
+        graph = len(config.graphless) < len(config.models)  # a model searched keeps its graph
+        floor = budget_floor(config.max_bytes, train.ids, train.entities, train.relations, graph=graph)
         if floor is not None:
-            raise ConfigError(f"max_bytes {config.max_bytes} is below the smallest bundle for this graph: the graph "
-                              f"and vocabularies alone take {floor} bytes, the weights come on top; give more than "
-                              f"{floor} bytes")
+            kept = "the graph and vocabularies" if graph else "the vocabularies"
+            raise ConfigError(f"max_bytes {config.max_bytes} is below the smallest bundle for this graph: {kept} "
+                              f"alone take {floor} bytes, the weights come on top; give more than {floor} bytes")
     except BaseException:
         shutil.rmtree(home.upload_dir(job_id), ignore_errors=True)
         raise

@@ -27,7 +27,7 @@ from earl_service.bundle.format import (
     write_safetensors,
 )
 from earl_service.bundle.precision import DEFAULT, Precision
-from earl_service.config import ModelConfig
+from earl_service.config import GRAPH_OPTIONAL, ModelConfig
 from earl_service.data.dataset import load_triples_file
 from earl_service.data.labels import Labels
 from earl_service.data.vocab import Vocab
@@ -153,6 +153,20 @@ class Bundle:
         tensors, metadata = self.to_tensors(precision, coding, pq_tables=pq_tables)
         return write_safetensors(path, tensors, metadata)
 
+    @property
+    def has_graph(self) -> bool:
+        """False for a bundle written without its training graph (RotatE's only use of it is to tell known
+        answers apart, so such a bundle's answers include facts the graph held)."""
+        return len(self.triples) > 0
+
+    def without_graph(self) -> Bundle:
+        """This bundle with no graph: its bytes go to the weights (a RotatE bundle only; EARL rebuilds every entity
+        from the graph)."""
+        if self.config.model not in GRAPH_OPTIONAL:
+            raise BundleError(f"a {self.config.model} bundle needs its graph: its encoder rebuilds each entity from "
+                              "its neighbours")
+        return replace(self, triples=np.zeros((0, 3), dtype=np.int64), sha256="", num_bytes=0, path=None, _cache={})
+
     def extend(self, triples_path: str | os.PathLike) -> Bundle:
         """A new bundle whose graph also holds the triples of `triples_path`; unseen entities join the
         vocabulary and are embedded by the trained encoders. No parameter changes."""
@@ -188,10 +202,12 @@ def bundle_from_model(
 
 
 def export_bundle(run_dir: str | os.PathLike, out_path: str | os.PathLike, *,
-                  precision: str | Precision = DEFAULT, coding: str | None = None) -> Path:
+                  precision: str | Precision = DEFAULT, coding: str | None = None, graph: bool = True) -> Path:
     """Re-export the bundle of a trained run (RUN_DIR/bundle.safetensors) at another precision (and weight
-    coding: plain tensors, or byte planes + xz; the precision's own when None)."""
+    coding: plain tensors, or byte planes + xz; the precision's own when None); graph=False leaves the graph out
+    (Bundle.without_graph)."""
     source = Path(run_dir) / "bundle.safetensors"
     if not source.exists():
         raise BundleError(f"{run_dir} holds no bundle.safetensors: is it a run directory written by `earl train`?")
-    return load_bundle(source).save(out_path, precision=precision, coding=coding)
+    bundle = load_bundle(source)
+    return (bundle if graph else bundle.without_graph()).save(out_path, precision=precision, coding=coding)

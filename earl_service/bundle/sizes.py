@@ -66,11 +66,14 @@ class BundleSizes:
     """Exact bundle file bytes for (model, dim, precision) over one dataset: an untrained bundle written to a
     temporary file. Plain-coded weights and a padded metrics field make the size independent of training."""
 
-    def __init__(self, dataset: Dataset, *, seed: int = 0, base: ModelConfig | None = None) -> None:
-        # What train() puts in its bundle: the training entities, every relation, the training graph, the labels.
+    def __init__(self, dataset: Dataset, *, seed: int = 0, base: ModelConfig | None = None,
+                 graphless: tuple[ModelKind, ...] = ()) -> None:
+        # What train() puts in its bundle: the training entities, every relation, the training graph, the labels;
+        # bundles of the `graphless` models leave the graph out (Bundle.without_graph).
         self.entities = Vocab(dataset.entities.names[: dataset.num_train_entities])
         self.relations = dataset.relations
         self.triples = dataset.train
+        self.graphless = graphless
         self.labels = dataset.labels
         self.base = replace(base or ModelConfig(), seed=seed)
         self._bytes: dict[tuple[str, int, str], int] = {}
@@ -87,8 +90,10 @@ class BundleSizes:
         with torch.device("meta"):  # shapes without storage
             shapes = build_model(config, n, len(self.relations), reserved).state_dict()
         params = {name: np.zeros(tuple(t.shape), np.float32) for name, t in shapes.items() if name != "reserved"}
-        return Bundle(config, params, reserved.numpy().astype(np.int64), self.entities, self.relations, self.triples,
-                      padded_metrics({}), relation_labels=self.labels.relations, entity_labels=self.labels.entities)
+        bundle = Bundle(config, params, reserved.numpy().astype(np.int64), self.entities, self.relations,
+                        self.triples, padded_metrics({}), relation_labels=self.labels.relations,
+                        entity_labels=self.labels.entities)
+        return bundle.without_graph() if config.model in self.graphless else bundle
 
     def bytes(self, model: ModelKind, dim: int, precision: str | Precision) -> int:
         """Bytes of the file a bundle of (model, dim) at `precision` takes (any registered precision; pq with M)."""
@@ -126,11 +131,13 @@ class BundleSizes:
         """How many tables a bundle of (model, dim) at `precision` (pq:M) codes: 0 makes it int8 in all but name."""
         return len(self.pq_layouts(self.untrained(self.config(model, dim)), precision))
 
-    def fixed_bytes(self) -> int:
-        """Bytes of the graph, vocabularies and labels, which every candidate carries whatever its weights."""
+    def fixed_bytes(self, model: ModelKind | None = None) -> int:
+        """Bytes of the graph, vocabularies and labels, which every candidate (of `model`) carries whatever its
+        weights; a graphless model's carry an empty graph."""
         labels = (pack_labels(self.entities.names, self.labels.entities),
                   pack_labels(self.relations.names, self.labels.relations))
-        return graph_bytes(self.triples, self.entities.names, self.relations.names) + sum(
+        triples = self.triples[:0] if model in self.graphless else self.triples
+        return graph_bytes(triples, self.entities.names, self.relations.names) + sum(
             blob.nbytes for blob in labels if blob is not None)
 
     def max_dim(self, model: ModelKind, precision: str | Precision, max_bytes: int) -> int | None:

@@ -16,8 +16,9 @@ def cmd_export(a: argparse.Namespace) -> int:
         return cmd_export_tables(a)
     from earl_service.bundle.model_io import export_bundle
 
-    path = export_bundle(a.run_dir, a.out, precision=a.precision, coding=a.coding)
-    print(json.dumps({"path": str(path), "bytes": path.stat().st_size, "precision": a.precision}))
+    path = export_bundle(a.run_dir, a.out, precision=a.precision, coding=a.coding, graph=not a.no_graph)
+    print(json.dumps({"path": str(path), "bytes": path.stat().st_size, "precision": a.precision,
+                      "graph": not a.no_graph}))
     return 0
 
 
@@ -28,7 +29,7 @@ def bundle_info(path: str) -> dict:
     b = load_bundle(path)
     return {"path": str(path), "bytes": b.num_bytes, "precision": b.precision, "sha256": b.sha256,
             "trainable_parameters": b.trainable_parameters, "entities": len(b.entities),
-            "relations": len(b.relations), "triples": len(b.triples), "model": b.config.model,
+            "relations": len(b.relations), "triples": len(b.triples), "graph": b.has_graph, "model": b.config.model,
             "dim": b.config.dim, "weights_coding": b.coding,
             "labels": {"entities": len(b.entity_labels), "relations": len(b.relation_labels)},
             "metrics": shown_metrics(b.metrics)}
@@ -79,6 +80,9 @@ def add_bundle_commands(sub) -> None:
     p.add_argument("--precision", type=precision_argument, default=precisions.DEFAULT.name,
                    help=f"{precisions.describe()} (default: %(default)s)")
     _add_coding_option(p)
+    p.add_argument("--no-graph", action="store_true",
+                   help="leave the training graph out (RotatE only: its bytes go to nothing else, and answers then "
+                        "include facts the graph holds)")
     p.set_defaults(func=cmd_export)
 
     p = sub.add_parser("info", help="print a bundle's size, precision, counts and stored metrics as JSON")

@@ -36,7 +36,7 @@ def plan(dataset: Dataset, config: CompressConfig, train_configs: Mapping[ModelK
     limit can validate (`early_fraction`: the share of a whole validation a rung before the last costs).
     Timing the validations is part of the search: on one core it took 3 of FB15k-237's 60 minutes at 8 MB."""
     started = time.monotonic()
-    sizes = BundleSizes(dataset, seed=config.seed)
+    sizes = BundleSizes(dataset, seed=config.seed, graphless=config.graphless)
     candidates = plan_candidates(sizes, config)
     measured = validation_seconds(dataset, sizes, candidates, train_configs)
     candidates, seconds = with_validation_estimates(candidates, measured), largest_validation_seconds(measured)

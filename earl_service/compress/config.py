@@ -14,13 +14,14 @@ import numpy as np
 
 from earl_service.bundle.format import graph_bytes, graph_csr, joined_strings
 from earl_service.bundle.precision import Precision, choices, names
-from earl_service.config import MODELS, ModelKind, Text
+from earl_service.config import GRAPH_OPTIONAL, MODELS, ModelKind, Text
 from earl_service.config.fields import setting
 from earl_service.errors import ConfigError
 
 # What compress searches by default: every registered precision (pq: at each code size that fits).
 SEARCHED = names()
 METRICS = {"mrr": "mrr", "hits@10": "hits_at_10"}  # --metric -> the key in evaluation results
+KNOWN_ANSWERS = ("graph", "none")  # --known-answers: where a bundle's answers learn which facts are known
 # The metrics key whose run of spaces pads a compress bundle's metrics to a fixed size (budget.padded_metrics):
 # part of the file, never something to show.
 # Raw graph and name bytes up to which the API packs them (xz -9e) to know a budget's floor exactly: past it the
@@ -76,10 +77,12 @@ def _xz_bound(raw: int) -> int:
     return raw + 3 * -(-raw // 2**16) + 2048
 
 
-def budget_floor(max_bytes: int, triples: np.ndarray, entities: Sequence[str], relations: Sequence[str]) -> int | None:
+def budget_floor(max_bytes: int, triples: np.ndarray, entities: Sequence[str], relations: Sequence[str], *,
+                 graph: bool = True) -> int | None:
     """graph_bytes when `max_bytes` cannot hold it, else None; None too when it is unknown without packing a graph
     larger than EXACT_FLOOR_RAW_BYTES (the worker's exact check decides then). A budget above the raw bytes' xz
-    bound needs no packing at all."""
+    bound needs no packing at all. graph=False: the floor of a bundle without the graph (names only)."""
+    triples = triples if graph else np.zeros((0, 3), dtype=np.int64)
     raw = [len(graph_csr(triples, len(entities), len(relations))), len(joined_strings(list(entities))),
            len(joined_strings(list(relations)))]
     if max_bytes > sum(map(_xz_bound, raw)) or sum(raw) > EXACT_FLOOR_RAW_BYTES:
@@ -114,6 +117,10 @@ class CompressConfig:
     precisions: tuple[str, ...] = setting(
         SEARCHED, "comma-separated precisions to export, from {registered}; pq alone: each code size that fits "
                   "(GET /precisions lists them)", limits={"max_length": 200}, text=NAMES_TEXT)
+    known_answers: str = setting(
+        "graph", "how answers leave out facts the training graph holds: graph (every bundle carries the graph) or "
+                 "none (RotatE bundles leave it out and spend its bytes on weights, so their answers include known "
+                 "facts; EARL's encoder reads the graph and keeps it)", choices=KNOWN_ANSWERS)
     metric: str = setting("mrr", "the validation metric that picks", choices=tuple(METRICS))
     seed: int = setting(0, "seed of every candidate's training and of the pq codebooks")
     eta: int = setting(2, "successive halving keeps the best 1/eta of the candidates at each rung", option=None)
@@ -129,6 +136,8 @@ class CompressConfig:
         errors = [e for n in self.precisions if (e := _precision_error(n))]
         if errors or not self.precisions:
             raise ConfigError("; ".join(errors) or f"unknown precision '(none given)'; choose {choices()}")
+        if self.known_answers not in KNOWN_ANSWERS:
+            raise ConfigError(f"unknown known_answers {self.known_answers!r}; choose from {', '.join(KNOWN_ANSWERS)}")
         if self.metric not in METRICS:
             raise ConfigError(f"unknown metric {self.metric!r}; choose from {', '.join(METRICS)}")
         if self.eta < 2:
@@ -137,8 +146,13 @@ class CompressConfig:
     def settings(self) -> dict[str, Any]:
         """What a resumed job must share with the one it continues (the time limit may change)."""
         return {"max_bytes": self.max_bytes, "models": list(self.models), "precisions": list(self.precisions),
-                "metric": self.metric, "seed": self.seed, "eta": self.eta}
+                "known_answers": self.known_answers, "metric": self.metric, "seed": self.seed, "eta": self.eta}
+
+    @property
+    def graphless(self) -> tuple[ModelKind, ...]:
+        """The models whose bundles leave the training graph out."""
+        return tuple(m for m in self.models if m in GRAPH_OPTIONAL) if self.known_answers == "none" else ()
 
 
-__all__ = ["EXACT_FLOOR_RAW_BYTES", "METRICS", "SEARCHED", "CompressConfig", "budget_floor",
+__all__ = ["EXACT_FLOOR_RAW_BYTES", "KNOWN_ANSWERS", "METRICS", "SEARCHED", "CompressConfig", "budget_floor",
            "parse_size", "split_models", "split_names"]

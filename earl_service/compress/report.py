@@ -32,6 +32,7 @@ def build_report(run: CompressRun, rows: list[dict[str, Any]], pick: dict[str, A
     return {
         "max_bytes": config.max_bytes, "time_limit_minutes": config.time_limit_minutes,
         "metric": config.metric, "metric_key": key, "seed": config.seed, "eta": config.eta,
+        "known_answers": config.known_answers, "graphless": list(config.graphless),
         "dataset": {"entities": ds.num_entities, "train_entities": ds.num_train_entities,
                     "relations": ds.num_relations, "train": len(ds.train), "valid": len(ds.split("valid")),
                     "test": 0 if ds.test is None else len(ds.test)},
@@ -80,7 +81,8 @@ def markdown(report: dict[str, Any]) -> str:
         f"{report['time_limit_minutes']:g} minutes through {len(report['rungs'])} rungs of successive halving "
         f"(eta {report['eta']}); quantized exports come from the same fp32 weights.",
         "",
-        f"Graph and vocabularies: {report['graph_bytes']:,} bytes in every candidate. Sizes: {report['sizes']}.",
+        f"Graph and vocabularies: {report['graph_bytes']:,} bytes in every candidate{_graphless(report)}. "
+        f"Sizes: {report['sizes']}.",
         "", "| candidate | precision | bytes | rung | steps | train s | valid MRR | valid hits@10 | frontier |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
@@ -98,6 +100,13 @@ def markdown(report: dict[str, Any]) -> str:
     lines += _seconds_table(report.get("seconds") or {}, report["time_limit_minutes"] * 60)
     lines += ["", f"![valid {report['metric']} against bytes]({FRONTIER_PNG})", ""]
     return "\n".join(lines)
+
+
+def _graphless(report: dict[str, Any]) -> str:
+    """What the graph line adds for a search whose RotatE bundles leave the graph out."""
+    models = report.get("graphless") or []
+    return (f" but {', '.join(models)} (known_answers none: no graph, so their answers include known facts)"
+            if models else "")
 
 
 def _seconds_table(seconds: dict[str, float], limit: float) -> list[str]:

@@ -177,7 +177,7 @@ def evaluate_exports(run: CompressRun, name: str, split: str = "valid", *, tune_
     then up to `tune_seconds` (shared among them) of codebook fine-tuning."""
     candidate, run_dir, train_config = run.candidate(name), run.run_dir(name), run.train_config(name)
     with run.timed("setup"):
-        source = load_bundle(run_dir / BUNDLE)
+        source = run.shipped(load_bundle(run_dir / BUNDLE))
         model_run = load_run(run_dir, run.dataset, device=train_config.device, graphs=run.graphs)
     coded = [p for p in candidate.bytes if Precision.parse(p).codes_tables]
     subset = limit if 0 < limit < len(model_run.ranked_triples(split)) else 0

@@ -120,7 +120,7 @@ def finish(run: CompressRun) -> dict[str, Any]:
                                batch_size=train_config.eval_batch_size)
     seconds["test"] = round(run.clock() - started, 3)
     report = build_report(run, rows, pick, test, seconds={"search": round(search_seconds, 3), **seconds})
-    source = load_bundle(run.run_dir(name) / BUNDLE)
+    source = run.shipped(load_bundle(run.run_dir(name) / BUNDLE))
     # The pick is the export its metrics were measured on: a pq export's fine-tuned codebooks, not new ones.
     _, tested, _ = read_safetensors(run.export_path(name, precision))
     save_exact(source, run.out / PICK, precision=precision, metrics=pick_metrics(report),

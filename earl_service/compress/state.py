@@ -20,6 +20,7 @@ from earl_service.data.dataset import Dataset
 from earl_service.errors import ConfigError
 
 if TYPE_CHECKING:  # torch: the worker and the API read a job's state without it
+    from earl_service.bundle.model_io import Bundle
     from earl_service.train.run import GraphCache
 
 STATE, PICK = "compress_state.json", "bundle.safetensors"
@@ -155,6 +156,8 @@ def load_state(out: Path, config: CompressConfig, dataset: Dataset) -> SearchSta
     if not path.exists():
         return None
     values = json.loads(path.read_text())
+    if isinstance(values.get("settings"), dict):  # written before known_answers was a setting: the graph was kept
+        values["settings"].setdefault("known_answers", "graph")
     if values.get("settings") != search_settings(config, dataset):
         raise ConfigError(f"{out} holds a compress job with other settings or data ({values.get('settings')}); "
                           "give another --out, or the same settings to continue it")
@@ -233,6 +236,10 @@ class CompressRun:
     def export_path(self, name: str, precision: str) -> Path:
         """Where candidate `name`'s best weights are saved at `precision` (evaluated, and the pick's source)."""
         return self.run_dir(name) / f"export-{precision}.safetensors"
+
+    def shipped(self, bundle: Bundle) -> Bundle:
+        """`bundle` as this search ships it: without its graph when its model is graphless (known_answers none)."""
+        return bundle.without_graph() if bundle.config.model in self.config.graphless else bundle
 
 
 __all__ = ["PHASES", "PICK", "STATE", "Candidate", "CompressRun", "Export", "ProgressCallback", "Rung", "RungResult",

@@ -8,6 +8,7 @@ from earl_service.config.fields import (
     ABLATIONS,
     COLUMN_ORDERS,
     COMPUTE,
+    GRAPH_OPTIONAL,
     MODELS,
     DataConfig,
     ModelConfig,
@@ -16,4 +17,4 @@ from earl_service.config.fields import (
     TrainConfig,
 )
 
-__all__ = ["ABLATIONS", "COLUMN_ORDERS", "COMPUTE", "MODELS", "DataConfig", "ModelConfig", "ModelKind", "Text", "TrainConfig"]
+__all__ = ["ABLATIONS", "COLUMN_ORDERS", "COMPUTE", "GRAPH_OPTIONAL", "MODELS", "DataConfig", "ModelConfig", "ModelKind", "Text", "TrainConfig"]

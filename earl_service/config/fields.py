@@ -12,6 +12,9 @@ from earl_service.errors import ConfigError
 
 ModelKind = Literal["earl", "rotate"]
 MODELS: tuple[ModelKind, ...] = get_args(ModelKind)
+# The models whose bundles may leave the training graph out: RotatE keeps a row per entity and reads the graph only
+# to tell known answers apart; EARL's encoder rebuilds every entity from it.
+GRAPH_OPTIONAL: tuple[ModelKind, ...] = ("rotate",)
 ABLATIONS = ("no_reserved", "no_conrel", "no_knn", "no_conrel_knn", "no_mulhop")
 _BOUNDS = {"ge": (">=", lambda v, b: v >= b), "gt": (">", lambda v, b: v > b), "le": ("<=", lambda v, b: v <= b)}
 
@@ -249,5 +252,5 @@ class DataConfig:
         return dataclasses.asdict(self)
 
 
-__all__ = ["ABLATIONS", "COLUMN_ORDERS", "COMPUTE", "DataConfig", "ModelConfig", "Text", "TrainConfig", "parse_fanout",
+__all__ = ["ABLATIONS", "COLUMN_ORDERS", "COMPUTE", "GRAPH_OPTIONAL", "DataConfig", "ModelConfig", "Text", "TrainConfig", "parse_fanout",
            "setting"]

@@ -23,6 +23,11 @@ class KnownAnswers:
         self._pairs = {"tail": _sorted_pairs(h * self.num_relations + r, t),
                        "head": _sorted_pairs(t * self.num_relations + r, h)}
 
+    @property
+    def num_triples(self) -> int:
+        """Distinct triples known (0 for a bundle written without its graph)."""
+        return len(self._pairs["tail"][0])
+
     def answers(self, side: Side, anchor: int, relation: int) -> np.ndarray:
         """(A,) int64 ids, ascending: the tails of (anchor, relation, ?) or the heads of (?, relation, anchor)."""
         keys, answers = self._pairs[side]

@@ -180,8 +180,9 @@ class LinkPredictor:
         relation = self.relations.names[self.relation_id(relation)]
         found = self._predict(side, anchor, relation, k, exclude_known, exact=False)
         head, tail = (anchor, None) if side == "tail" else (None, anchor)
-        return {"direction": side, **self._named(head, relation, tail), "k": k, "exclude_known": exclude_known,
-                "predictions": self.labelled(found)}
+        # A bundle without its graph (RotatE, known_answers none) knows no answers to leave out: say so.
+        return {"direction": side, **self._named(head, relation, tail), "k": k,
+                "exclude_known": exclude_known and self.known.num_triples > 0, "predictions": self.labelled(found)}
 
     def score(self, head: str, relation: str, tail: str) -> dict[str, Any]:
         """RotatE distance and score (gamma - distance) of one triple, whether the graph holds it, and its

@@ -532,3 +532,34 @@ def test_a_pq_pick_ships_the_codebooks_it_was_tested_with(tmp_path, monkeypatch)
     for name, value in tested.params.items():
         np.testing.assert_array_equal(shipped.params[name], value, err_msg=name)
     assert shipped.num_bytes == pick["bytes"] <= config.max_bytes
+
+
+def test_known_answers_none_ships_rotate_without_its_graph(tmp_path):
+    """RotatE candidates leave the graph out and spend its bytes on dims; the pick's file has no graph, its bytes
+    exactly as planned; EARL candidates keep theirs."""
+    dataset = load_dataset(codex_s_path())
+    kept = CompressConfig(max_bytes=100_000, time_limit_minutes=0.15, precisions=("int8",))
+    dropped = replace(kept, known_answers="none")
+    assert dropped.graphless == ("rotate",) and kept.graphless == ()
+
+    def top(config, model):
+        sizes = BundleSizes(dataset, graphless=config.graphless)
+        return max(u.dim for u in candidates_module.plan_candidates(sizes, config) if u.model == model)
+
+    assert top(dropped, "rotate") > top(kept, "rotate") and top(dropped, "earl") == top(kept, "earl")
+    report = compress(dataset, tmp_path, replace(dropped, models=("rotate",)), train_configs=TINY)
+    shipped = load_bundle(tmp_path / PICK)
+    assert not shipped.has_graph and shipped.num_bytes == report["pick"]["bytes"] <= 100_000
+    assert report["known_answers"] == "none" and report["graphless"] == ["rotate"]
+
+
+def test_budget_floor_without_the_graph_is_the_names_alone():
+    from earl_service.bundle.format import graph_bytes
+
+    dataset = load_dataset(codex_s_path())
+    names = dataset.entities.names[: dataset.num_train_entities]
+    full = budget_floor(1, dataset.train, names, dataset.relations.names)
+    bare = budget_floor(1, dataset.train, names, dataset.relations.names, graph=False)
+    assert bare == graph_bytes(dataset.train[:0], names, dataset.relations.names) < full - 10_000
+    assert budget_floor(bare + 1, dataset.train, names, dataset.relations.names, graph=False) is None
+    assert budget_floor(bare + 1, dataset.train, names, dataset.relations.names) == full

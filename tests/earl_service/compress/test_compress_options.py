@@ -21,9 +21,9 @@ from api.schemas import CompressForm, JobForm  # noqa: E402
 NOT_SEARCH = {"help", "data", "out", "device", "threads", "labels", "recipe", "header", "columns", "func"}
 # One non-default value for every compress option, as a client (or a user on the command line) would type it.
 CHANGED = {"max_bytes": "1.5MiB", "time_limit": "2.5", "models": "rotate", "precisions": "int8,pq:16",
-           "metric": "hits@10", "seed": "7"}
+           "known_answers": "none", "metric": "hits@10", "seed": "7"}
 EXPECTED = CompressConfig(max_bytes=1_572_864, time_limit_minutes=2.5, models=("rotate",),
-                          precisions=("int8", "pq:16"), metric="hits@10", seed=7)
+                          precisions=("int8", "pq:16"), known_answers="none", metric="hits@10", seed=7)
 
 
 def compress_parser():
