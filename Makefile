@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 DATASETS ?= ../shared/datasets
 
-.PHONY: venv demo test compose-test serve console-shot fuzz bench-speed bench-bundle bench-extend clean
+.PHONY: venv demo test compose-test serve console-shot fuzz bench-speed bench-bundle bench-extend wordnet-full clean
 
 # torch==2.13.0 first: on these machines pip takes the CPU wheel from local disk; any other version
 # (or a bare `torch`) would pull a multi-GB CUDA build. The package itself asks only torch>=2.3, in its train extra.
@@ -58,6 +58,13 @@ bench-bundle: venv
 
 bench-extend: venv
 	$(BIN)/python bench/extend.py --datasets $(DATASETS)
+
+# WordNet 3.0 whole as a graph to benchmark at scale (earl_service/data/wordnet.py, docs/scaling.md#how-big): 116,650
+# entities, 26 relations, 354,552 / 5,000 / 5,000 triples in data/wordnet-full, ~2 s. Needs the database files:
+# apt-get install wordnet-base (Debian), or WORDNET_DIR=the folder holding data.noun.
+WORDNET_DIR ?= /usr/share/wordnet
+wordnet-full: venv
+	$(BIN)/python -m earl_service.data.wordnet --wordnet-dir $(WORDNET_DIR) --out data/wordnet-full
 
 # The one prepared GPU check (bench/cuda_check.py): test_cuda.py, step speed, a short compress; ~8 minutes on one
 # GPU, figures in bench/results/cuda_check.*. The lent GPU machine has PyTorch but no package index and no

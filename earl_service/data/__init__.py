@@ -1,5 +1,6 @@
 """Data: triple files in (text, RDF, Parquet, DataFrames), integer-id datasets with vocabularies, labels, and
-synthetic graphs. Numpy only; imports `errors`, `atomic`, `provenance`, `config`; nothing above.
+generated graphs (synthetic, WordNet 3.0 whole; split by one rule, splits.py). Numpy only; imports `version`,
+`errors`, `atomic`, `provenance`, `config`; nothing above.
 """
 
 from earl_service.data.dataset import Dataset, load_dataset, load_triples_file

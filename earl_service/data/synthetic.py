@@ -7,7 +7,7 @@ The generative model, chosen to look like Freebase/Wikidata extracts rather than
 - relation r has a head type and a tail type; its heads and tails are drawn proportionally to w inside
   those types (preferential attachment), so relational features cluster by type as in real graphs;
 - every entity gets at least one triple, duplicates are removed, and valid/test hold triples whose
-  entities all occur in train.
+  entities and relation all occur in train (earl_service.data.splits).
 
     python -m earl_service.data.synthetic --entities 1000000 --out data/synthetic-1m    # writes train/valid/test.tsv
 """
@@ -22,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
+from earl_service.data.splits import take_out, unique_triples
 from earl_service.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -129,7 +130,7 @@ def generate(config: SyntheticConfig) -> SyntheticKG:
             h = _draw(rng, members[a], cumulative[a], size)
             t = _draw(rng, members[b], cumulative[b], size)
             parts.append(np.stack([h, np.full(size, rel_perm[rank]), t], 1))
-        triples = _unique_triples(np.concatenate(parts), n, num_rel)
+        triples = unique_triples(np.concatenate(parts), n, num_rel)
     triples = triples[rng.permutation(len(triples))[:target]]
 
     # Entities never drawn get one triple each, as head of a relation whose head type is theirs (or tail).
@@ -140,16 +141,10 @@ def generate(config: SyntheticConfig) -> SyntheticKG:
     if missing.size:
         triples = np.concatenate([_cover(rng, missing, entity_type, head_type, tail_type, rel_perm, members,
                                          cumulative), triples])
-        triples, _ = _take_out(triples, len(missing), n)  # back to `target` triples, nobody left without one
-    train, held_out = _take_out(triples, cfg.valid + cfg.test, n)
+        triples, _ = take_out(triples, len(missing), n, num_rel)  # back to `target` triples, nobody left without one
+    train, held_out = take_out(triples, cfg.valid + cfg.test, n, num_rel)
     valid, test = held_out[: cfg.valid], held_out[cfg.valid :]
     return SyntheticKG(n, num_rel, np.ascontiguousarray(train), valid, test)
-
-
-def _unique_triples(triples: np.ndarray, n: int, num_rel: int) -> np.ndarray:
-    key = (triples[:, 0] * num_rel + triples[:, 1]) * n + triples[:, 2]  # < 2^63 for any realistic size
-    _, first = np.unique(key, return_index=True)
-    return triples[np.sort(first)]
 
 
 def _cover(rng, missing, entity_type, head_type, tail_type, rel_perm, members, cumulative) -> np.ndarray:
@@ -167,23 +162,6 @@ def _cover(rng, missing, entity_type, head_type, tail_type, rel_perm, members, c
             others = np.array([_draw(rng, members[head_type[r]], cumulative[head_type[r]], 1)[0] for r in ranks])
             rows.append(np.stack([others, rel_perm[ranks], ents], 1))
     return np.concatenate(rows).astype(np.int64)
-
-
-def _take_out(triples: np.ndarray, count: int, n: int) -> tuple[np.ndarray, np.ndarray]:
-    """Remove `count` triples (from the end) whose head and tail both keep another triple: (kept, removed)."""
-    degree = np.bincount(triples[:, 0], minlength=n) + np.bincount(triples[:, 2], minlength=n)
-    out = np.zeros(len(triples), dtype=bool)
-    chosen = 0
-    for i in range(len(triples) - 1, -1, -1):
-        if chosen == count:
-            break
-        h, t = triples[i, 0], triples[i, 2]
-        if h != t and degree[h] > 1 and degree[t] > 1:
-            degree[h] -= 1
-            degree[t] -= 1
-            out[i] = True
-            chosen += 1
-    return triples[~out], triples[out][::-1]
 
 
 def main(argv: list[str] | None = None) -> int:
