@@ -65,6 +65,7 @@ bench-extend: venv
 WORDNET_DIR ?= /usr/share/wordnet
 wordnet-full: venv
 	$(BIN)/python -m earl_service.data.wordnet --wordnet-dir $(WORDNET_DIR) --out data/wordnet-full
+	$(BIN)/python -m earl_service.data.wordnet --wordnet-dir $(WORDNET_DIR) --out data/wordnet-full-noinv --no-inverses
 
 # The one prepared GPU check (bench/cuda_check.py): test_cuda.py, step speed, a short compress; ~8 minutes on one
 # GPU, figures in bench/results/cuda_check.*. The lent GPU machine has PyTorch but no package index and no

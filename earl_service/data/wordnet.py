@@ -13,7 +13,8 @@ pointer symbol (wninput(5WN)), named as WN18 / WN18RR name them where they have 
 - A lexical pointer (source/target not 0000) relates one word of a synset to one word of another; it is kept as a
   triple between the two synsets, so it and a semantic pointer of the same symbol between them make one triple.
 - Every pointer is kept, inverses included (WordNet stores both `_hypernym` and `_hyponym`, as WN18 did and
-  WN18RR did not), so a held-out triple's inverse is often in train.
+  WN18RR did not), so a held-out triple's inverse is often in train (97% of the test split's); `--no-inverses`
+  leaves out the relations WN18RR removed (INVERSES), for a split that measures link prediction.
 - Triples are deduplicated, shuffled by `seed`, and valid/test taken out where their entities and relation keep a
   triple in train (earl_service.data.splits, the rule of earl_service.data.synthetic).
 - The folder gets train.tsv, valid.tsv, test.tsv (head<TAB>relation<TAB>tail), entities.tsv (id<TAB>first
@@ -53,6 +54,14 @@ RELATIONS = {
     "!": "_antonym", "=": "_attribute", "+": "_derivationally_related_form", "^": "_also_see",
     "&": "_similar_to", "$": "_verb_group", "*": "_entailment", ">": "_cause", "<": "_participle_of_verb",
     "\\": "_pertainym",
+}
+# The relations WN18RR removed as inverses of another (Dettmers et al. 2018), each with the one it inverts; the
+# symmetric ones (_derivationally_related_form, _similar_to, _verb_group, _also_see, _antonym) stay, as there.
+INVERSES = {
+    "_hyponym": "_hypernym", "_instance_hyponym": "_instance_hypernym", "_member_holonym": "_member_meronym",
+    "_part_of": "_has_part", "_substance_holonym": "_substance_meronym",
+    "_member_of_domain_topic": "_synset_domain_topic_of", "_synset_domain_region_of": "_member_of_domain_region",
+    "_synset_domain_usage_of": "_member_of_domain_usage",
 }
 _MARKER = re.compile(r"\((a|p|ip)\)$")  # an adjective's syntactic marker, "galore(ip)"
 
@@ -170,9 +179,10 @@ def read_synsets(folder: Path) -> Iterator[tuple[str, int, Synset]]:
                     raise DatasetError(f"{path}, line {line}: {exc}") from None
 
 
-def build_graph(folder: str | Path) -> WordNetGraph:
-    """Every pointer of the data files as a triple between synsets, deduplicated; DatasetError naming the file and
-    line of a malformed line, a synset defined twice, or a pointer to a synset no line defines."""
+def build_graph(folder: str | Path, *, inverses: bool = True) -> WordNetGraph:
+    """Every pointer of the data files as a triple between synsets, deduplicated (inverses=False: but those of
+    INVERSES' relations); DatasetError naming the file and line of a malformed line, a synset defined twice, or a
+    pointer to a synset no line defines."""
     synsets: list[Synset] = []
     where: dict[str, tuple[str, int]] = {}
     for path, line, synset in read_synsets(Path(folder)):
@@ -196,20 +206,31 @@ def build_graph(folder: str | Path) -> WordNetGraph:
                                    "defines")
             rows[at] = index[s.id], relation[symbol], index[target]
             at += 1
-    return _kept(synsets, used, rows, lexical=sum(s.lexical for s in synsets))
+    lexical = sum(s.lexical for s in synsets)
+    if inverses:
+        return _kept(synsets, used, rows, lexical=lexical)
+    kept = [name for name in used if name not in INVERSES]
+    renumber = np.array([kept.index(name) if name in kept else -1 for name in used], dtype=np.int64)
+    rows = rows[renumber[rows[:, 1]] >= 0]
+    rows[:, 1] = renumber[rows[:, 1]]
+    return _kept(synsets, kept, rows, lexical=lexical, read=at)
 
 
-def _kept(synsets: list[Synset], relations: list[str], rows: np.ndarray, *, lexical: int) -> WordNetGraph:
-    """The graph over the synsets in some triple, numbered in file order."""
+def _kept(synsets: list[Synset], relations: list[str], rows: np.ndarray, *, lexical: int,
+          read: int | None = None) -> WordNetGraph:
+    """The graph over the synsets in some triple, numbered in file order; `read` pointers were read (default: one
+    per row), of which `lexical` lexical, and those not in `rows` were inverses left out."""
+    read = len(rows) if read is None else read
     triples = unique_triples(rows, len(synsets), len(relations))
     present = np.zeros(len(synsets), dtype=bool)
     present[triples[:, [0, 2]].ravel()] = True
     renumber = np.cumsum(present) - 1
     triples = np.stack([renumber[triples[:, 0]], triples[:, 1], renumber[triples[:, 2]]], 1)
     kept = [s for s, p in zip(synsets, present.tolist(), strict=True) if p]
-    stats = {"synsets": len(synsets), "synsets_without_pointers": len(synsets) - len(kept), "pointers": len(rows),
-             "lexical_pointers": lexical, "semantic_pointers": len(rows) - lexical,
-             "duplicates_dropped": len(rows) - len(triples)}
+    stats = {"synsets": len(synsets), "synsets_without_pointers": len(synsets) - len(kept), "pointers": read,
+             "lexical_pointers": lexical, "semantic_pointers": read - lexical,
+             "duplicates_dropped": len(rows) - len(triples),
+             **({"inverse_pointers_dropped": read - len(rows)} if read != len(rows) else {})}
     return WordNetGraph([s.id for s in kept], [s.label for s in kept], [s.gloss for s in kept], relations,
                         triples, stats)
 
@@ -266,11 +287,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--valid", type=int, default=5_000, help="valid triples (default: %(default)s)")
     p.add_argument("--test", type=int, default=5_000, help="test triples (default: %(default)s)")
+    p.add_argument("--no-inverses", action="store_true",
+                   help="leave out the relations WN18RR removed as inverses of another (_hyponym, _part_of, ...): "
+                        "otherwise most held-out triples have their inverse in train")
     argv = sys.argv[1:] if argv is None else list(argv)
     a = p.parse_args(argv)
     start = time.perf_counter()
     try:
-        graph = build_graph(a.wordnet_dir)
+        graph = build_graph(a.wordnet_dir, inverses=not a.no_inverses)
         splits = split(graph, valid=a.valid, test=a.test, seed=a.seed)
         folder = write_folder(graph, splits, a.out)
         stats = _stats(graph, splits, Path(a.wordnet_dir), seed=a.seed, seconds=time.perf_counter() - start,

@@ -171,3 +171,14 @@ def test_a_missing_folder_or_file_is_named(tmp_path, capsys):
         build_graph(folder)
     assert main(["--wordnet-dir", str(tmp_path / "none"), "--out", str(tmp_path / "out")]) == 2
     assert "WordNet folder not found" in capsys.readouterr().err and not (tmp_path / "out").exists()
+
+
+def test_no_inverses_leaves_out_the_relations_wn18rr_removed(tmp_path, capsys):
+    graph = build_graph(write_wordnet(tmp_path / "wn"), inverses=False)
+    assert named(graph) == {t for t in TRIPLES if t[1] != "_hyponym"}  # symmetric relations stay, as in WN18RR
+    assert "_hyponym" not in graph.relations and "_hypernym" in graph.relations
+    assert graph.stats["pointers"] == 18 and graph.stats["inverse_pointers_dropped"] == 2
+    assert main(["--wordnet-dir", str(tmp_path / "wn"), "--out", str(tmp_path / "out"), "--no-inverses",
+                 "--valid", "1", "--test", "1"]) == 0
+    held = load_dataset(tmp_path / "out")
+    assert "_hyponym" not in held.relations.names
