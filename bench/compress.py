@@ -1,17 +1,19 @@
-"""`earl compress` against two baselines given the same time: EARL at default settings, RotatE at matched bytes.
+"""`earl compress` against the simplest baselines given the same bytes and minutes.
 
 One command per table; each row is a dataset, a byte budget and minutes. Every method gets the row's minutes:
-the compress job for its whole search (training, validations, exports), each baseline for training. Both
-baselines are exported at the highest precision that fits the budget (fp32, else fp16, else int8), with plain
-weights as compress writes them, and all three are evaluated on the test split from the exported file.
+the compress job for its whole search (training, validations, exports), each baseline for training. The
+baselines (METHODS): RotatE and EARL each at the largest dim whose int8 bundle fits, and the older columns, EARL
+at dim 150 and RotatE at the largest fp32 dim; plain weights as compress writes them; every method is evaluated
+on the test split from its exported file.
 
     python bench/compress.py codex-s             # 0.5, 1, 2 MB at 10 min
     python bench/compress.py codex-s --quick     # 0.5, 1, 2 MB at 3 min
     python bench/compress.py fb15k-237           # 2, 4, 8 MB at 60 min (about 9 hours)
     python bench/compress.py wn18rr              # 4 MB at 60 min (3 hours)
     python bench/compress.py fb15k-237 --budget 2MB --method compress   # one piece of a long table
+    python bench/compress.py wordnet-full-noinv --budget 2MB --minutes 10   # data/ (make wordnet-full), 10 min
 
-Writes bench/results/compress_<dataset>[_quick].{json,md,png}, rewritten after every method. A rerun keeps the
+Writes bench/results/compress_<dataset>[_quick][_<M>min][_nograph].{json,md,png}, rewritten after every method. A rerun keeps the
 methods already measured and runs the rest, so a long table can be filled piece by piece (`--budget`,
 `--method`); `--fresh` starts over. Pieces run side by side from separate checkouts each write their own file;
 `--merge OTHER.json` adds the methods another file measured (each method keeps the machine and commit it ran on).
@@ -43,29 +45,35 @@ from earl_service.train.loop import BUNDLE, train
 from earl_service.train.run import load_run
 
 TABLES = {"codex-s": (("0.5MB", "1MB", "2MB"), 10.0), "fb15k-237": (("2MB", "4MB", "8MB"), 60.0),
-          "wn18rr": (("4MB",), 60.0)}
+          "wn18rr": (("4MB",), 60.0), "wordnet-full-noinv": (("2MB", "8MB"), 30.0),
+          "wordnet-full": (("2MB", "8MB"), 30.0)}
+BUILT = REPO / "data"  # graphs built here (make wordnet-full) rather than shared
 QUICK_MINUTES = 3.0
 UNIFORM = tuple(p.family for p in registered() if not p.codes_tables)  # fp32, fp16, int8: best first
 
 
-def baseline(ds, sizes: BundleSizes, config: ModelConfig, minutes: float, budget: int, out: Path) -> dict:
-    """Train `config` for `minutes`, export at the highest precision that fits, test it from the file."""
-    precision = next((p for p in UNIFORM if sizes.bytes(config.model, config.dim, p) <= budget), None)
-    row = {"model": config.model, "dim": config.dim, "precision": precision}
+def baseline(ds, sizes: BundleSizes, config: ModelConfig, minutes: float, budget: int, out: Path, *,
+             precisions: tuple[str, ...] = UNIFORM, graph: bool = True) -> dict:
+    """Train `config` for `minutes`, export at the first of `precisions` that fits (without the graph when not
+    `graph`), test it from the file."""
+    precision = next((p for p in precisions if sizes.bytes(config.model, config.dim, p) <= budget), None)
+    row = {"model": config.model, "dim": config.dim, "precision": precision, "graph": graph}
     if precision is None:
         return {**row, "bytes": sizes.bytes(config.model, config.dim, "int8"), "test_mrr": None, "fits": False}
     start = time.monotonic()
     train(ds, config, TrainConfig(time_limit_minutes=minutes, progress=False), out, final_eval=False)
     expected = sizes.bytes(config.model, config.dim, precision)
-    path = save_exact(load_bundle(out / BUNDLE), out / f"export-{precision}.safetensors", precision=precision,
-                      metrics={}, expected=expected)
+    trained = load_bundle(out / BUNDLE)
+    path = save_exact(trained if graph else trained.without_graph(), out / f"export-{precision}.safetensors",
+                      precision=precision, metrics={}, expected=expected)
     test = evaluate_bundle(load_run(out, ds), path, "test")
     return {**row, "bytes": expected, "test_mrr": test["mrr"], "fits": True, "seconds": time.monotonic() - start}
 
 
-def compress_method(ds, minutes: float, budget: int, out: Path) -> dict:
+def compress_method(ds, minutes: float, budget: int, out: Path, known_answers: str) -> dict:
     start = time.monotonic()
-    report = compress(ds, out, CompressConfig(max_bytes=budget, time_limit_minutes=minutes))
+    report = compress(ds, out, CompressConfig(max_bytes=budget, time_limit_minutes=minutes,
+                                              known_answers=known_answers))
     assert report is not None
     pick = report["pick"]
     return {"model": pick["model"], "dim": pick["dim"], "precision": pick["precision"], "bytes": pick["bytes"],
@@ -84,25 +92,36 @@ def search_summary(report: dict) -> dict:
     return {"search_minutes": report["spent_seconds"] / 60, "best_of_model": best}
 
 
-METHODS = ("compress", "earl_default", "rotate_matched")
+# The baselines with the same bytes and minutes: each model at the largest dim whose int8 bundle fits (int8 buys
+# four times fp32's dims for a few thousandths of MRR, bench/results/bundle_sizes.md), trained the whole time; and
+# the older columns: EARL at its default dim 150, RotatE at the largest fp32 dim.
+METHODS = ("compress", "rotate_int8", "earl_int8", "earl_default", "rotate_matched")
+MATCHED = {"rotate_int8": ("rotate", "int8"), "earl_int8": ("earl", "int8"), "rotate_matched": ("rotate", "fp32")}
 
 
-def run_method(method: str, name: str, budget_text: str, minutes: float, root: Path) -> dict:
-    folder = default_datasets() / name
+def dataset_folder(name: str) -> Path:
+    built = BUILT / name
+    return built if built.is_dir() else default_datasets() / name
+
+
+def run_method(method: str, name: str, budget_text: str, minutes: float, root: Path,
+               known_answers: str = "graph") -> dict:
     # Without labels (entity labels would take 90 KB of FB15k-237's budgets): the budgets buy weights, as in the
     # committed results, which carried no entity labels.
-    ds = load_dataset(folder, labels=False)
+    ds = load_dataset(dataset_folder(name), labels=False)
     budget = parse_size(budget_text)
-    sizes = BundleSizes(ds)
+    graphless = CompressConfig(max_bytes=budget, time_limit_minutes=1, known_answers=known_answers).graphless
+    sizes = BundleSizes(ds, graphless=graphless)
     if method == "compress":
-        return compress_method(ds, minutes, budget, root / "compress")
+        return compress_method(ds, minutes, budget, root / "compress", known_answers)
     if method == "earl_default":
         return baseline(ds, sizes, ModelConfig(), minutes, budget, root / "earl-default")
-    rotate_dim = sizes.max_dim("rotate", "fp32", budget)
-    if not rotate_dim:
-        return {"model": "rotate", "fits": False, "test_mrr": None}
-    return baseline(ds, sizes, ModelConfig(model="rotate", dim=rotate_dim), minutes, budget,
-                    root / f"rotate-d{rotate_dim}")
+    model, precision = MATCHED[method]
+    dim = sizes.max_dim(model, precision, budget)
+    if not dim:
+        return {"model": model, "fits": False, "test_mrr": None}
+    return baseline(ds, sizes, ModelConfig(model=model, dim=dim), minutes, budget, root / f"{model}-d{dim}",
+                    precisions=(precision,), graph=model not in graphless)
 
 
 def _cell(method: dict | None) -> str:
@@ -123,7 +142,8 @@ def _best_cell(compress_row: dict | None, model: str) -> str:
 
 
 def markdown(rows: list[dict], quick: bool) -> str:
-    table = md_table(["dataset", "budget", "minutes", "compress pick: test MRR", "EARL default", "RotatE matched bytes"],
+    table = md_table(["dataset", "budget", "minutes", "compress pick: test MRR", "RotatE int8 matched bytes",
+                      "EARL int8 matched bytes", "EARL default", "RotatE fp32 matched bytes"],
                      [[r["dataset"], r["budget"], r["minutes"], *(_cell(r.get(m)) for m in METHODS)] for r in rows])
     searches = md_table(["dataset", "budget", "search minutes", "best EARL export: valid MRR",
                          "best RotatE export: valid MRR"],
@@ -132,9 +152,11 @@ def markdown(rows: list[dict], quick: bool) -> str:
     note = ("Quick mode: minutes shortened from the issue's table; timings on a shared machine are noisy, so the "
             "same command can pick differently on another run.\n\n" if quick else "")
     return ("# Compress to a byte budget vs baselines with the same time\n\n" + note + table + "\n\n"
-            "Test MRR (filtered, seen protocol) of the exported file. EARL default: dim 150, exported at the highest "
-            "precision that fits. RotatE matched bytes: the largest fp32 RotatE that fits. Every method gets the "
-            "row's minutes (compress: the whole search; baselines: training).\n\n"
+            "Test MRR (filtered, seen protocol) of the exported file. Int8 matched bytes: the model at the largest "
+            "dim whose int8 bundle fits. EARL default: dim 150, exported at the highest precision that fits. RotatE "
+            "fp32 matched bytes: the largest fp32 RotatE that fits. Every method gets the row's minutes (compress: "
+            "the whole search; baselines: training). A table named _nograph ran with --known-answers none: compress "
+            "and the RotatE baselines write RotatE bundles without the graph.\n\n"
             "Inside each compress search: the best export of each model kind validated on the whole valid split (the "
             "last rung's; earlier rungs rank on a subset), and the minutes the search spent by its own clock (exports "
             "and the pick's test evaluation included; the validation timing before the first rung only from "
@@ -148,9 +170,10 @@ def _minutes(compress_row: dict | None) -> str:
 def plot(rows: list[dict], name: str) -> str:
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 4))
+    width = 0.8 / len(METHODS)
     for i, method in enumerate(METHODS):
-        xs = [j + (i - 1) * 0.27 for j in range(len(rows))]
-        ax.bar(xs, [(r.get(method) or {}).get("test_mrr") or 0 for r in rows], width=0.27, label=method)
+        xs = [j + (i - (len(METHODS) - 1) / 2) * width for j in range(len(rows))]
+        ax.bar(xs, [(r.get(method) or {}).get("test_mrr") or 0 for r in rows], width=width, label=method)
     ax.set_xticks(range(len(rows)), [f"{r['dataset']} {r['budget']}" for r in rows])
     ax.set(ylabel="test MRR (exported bundle)", title="Same minutes, same byte budget")
     ax.legend(fontsize=8)
@@ -164,6 +187,9 @@ def main() -> int:
     parser.add_argument("--runs", type=Path, default=REPO / "runs" / "bench_compress")
     parser.add_argument("--budget", action="append", help="run only this row (repeatable)")
     parser.add_argument("--method", action="append", choices=METHODS, help="run only this method (repeatable)")
+    parser.add_argument("--minutes", type=float, default=None, help="minutes per method and row (a table of its own)")
+    parser.add_argument("--known-answers", choices=("graph", "none"), default="graph",
+                        help="none: RotatE bundles (the search's and the baselines') leave the graph out")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     parser.add_argument("--fresh", action="store_true", help="forget the methods already measured")
     parser.add_argument("--merge", type=Path, action="append", default=[],
@@ -172,8 +198,9 @@ def main() -> int:
     if a.threads:
         torch.set_num_threads(a.threads)
     budgets, minutes = TABLES[a.dataset]
-    minutes = QUICK_MINUTES if a.quick else minutes
-    name = f"compress_{a.dataset}" + ("_quick" if a.quick else "")
+    minutes = a.minutes or (QUICK_MINUTES if a.quick else minutes)
+    name = (f"compress_{a.dataset}" + ("_quick" if a.quick else "") + (f"_{a.minutes:g}min" if a.minutes else "")
+            + ("_nograph" if a.known_answers == "none" else ""))
     rows = {r["budget"]: r for r in ([] if a.fresh else previous_rows(name, minutes))}
     fill_searches(rows, a.runs / name)
     if a.merge:
@@ -187,7 +214,7 @@ def main() -> int:
         for method in METHODS:
             if method in row or (a.budget and budget not in a.budget) or (a.method and method not in a.method):
                 continue
-            row[method] = run_method(method, a.dataset, budget, minutes, a.runs / name / budget)
+            row[method] = run_method(method, a.dataset, budget, minutes, a.runs / name / budget, a.known_answers)
             # Each method records where it ran: pieces of one table may come from different sittings.
             env = environment()
             row[method]["environment"], row[method]["commit"] = env["machine"], env["commit"]
