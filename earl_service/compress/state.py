@@ -180,6 +180,7 @@ class CompressRun:
     spent_before: float = 0.0  # seconds earlier attempts spent
     graphs: GraphCache | None = None  # the dataset's graphs, built once for every candidate and rung (None: each
     # training and evaluation builds its own)
+    fixed_parts: dict[bool, dict[str, Any]] = field(default_factory=dict)  # shipped(): packed once, by graphless
 
     def __post_init__(self) -> None:
         if self.started is None:
@@ -238,8 +239,13 @@ class CompressRun:
         return self.run_dir(name) / f"export-{precision}.safetensors"
 
     def shipped(self, bundle: Bundle) -> Bundle:
-        """`bundle` as this search ships it: without its graph when its model is graphless (known_answers none)."""
-        return bundle.without_graph() if bundle.config.model in self.config.graphless else bundle
+        """`bundle` as this search ships it: without its graph when its model is graphless (known_answers none),
+        its graph, vocabularies and labels packed once per search (every candidate's are the dataset's)."""
+        graphless = bundle.config.model in self.config.graphless
+        shipped = bundle.without_graph() if graphless else bundle
+        if graphless not in self.fixed_parts:
+            self.fixed_parts[graphless] = shipped.fixed_parts()
+        return shipped.with_fixed_parts(self.fixed_parts[graphless])
 
 
 __all__ = ["PHASES", "PICK", "STATE", "Candidate", "CompressRun", "Export", "ProgressCallback", "Rung", "RungResult",

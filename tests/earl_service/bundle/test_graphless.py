@@ -82,3 +82,18 @@ def test_export_no_graph_cli(codex, tmp_path, capsys):
     assert out["graph"] is False and not load_bundle(tmp_path / "g.safetensors").has_graph
     assert main(["info", str(tmp_path / "g.safetensors")]) == 0
     assert json.loads(capsys.readouterr().out)["graph"] is False
+
+
+def test_a_bundle_writing_another_bundles_fixed_parts_writes_the_same_file(codex, tmp_path):
+    """Compress packs the graph, vocabularies and labels once for every candidate (with_fixed_parts): the file
+    is byte for byte what the bundle would write packing its own."""
+    first, second = _rotate(codex, 16), _rotate(codex, 24)
+    parts = first.fixed_parts()
+    shared = second.with_fixed_parts(parts)
+    assert shared.fixed_parts() is parts
+    own = second.save(tmp_path / "own.safetensors", precision="int8")
+    borrowed = shared.save(tmp_path / "borrowed.safetensors", precision="int8")
+    a, b = load_bundle(own), load_bundle(borrowed)  # the files' creation times differ: compare what they hold
+    assert a.num_bytes == b.num_bytes
+    np.testing.assert_array_equal(a.triples, b.triples)
+    assert a.entities.names == b.entities.names and a.entity_labels == b.entity_labels
