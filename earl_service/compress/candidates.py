@@ -18,7 +18,11 @@ from earl_service.compress.state import Candidate, SearchState, rung_sizes, sear
 from earl_service.config import ModelKind, TrainConfig
 from earl_service.data.dataset import Dataset
 from earl_service.errors import ConfigError
+from earl_service.train.distributed import Ranks
+from earl_service.train.loop import Learner, train_step
 from earl_service.train.run import Run, resolve_device
+from earl_service.train.schedule import build_optimizer
+from earl_service.train.state import TrainState
 
 log = logging.getLogger(__name__)
 
@@ -27,6 +31,11 @@ EVAL_SHARE = 0.5  # most of the time limit the search's validations may take (ca
 # (the fixed part: the model's embeddings of every entity). Timing whole passes took 101 of the 105 s of FB15k-237's
 # planning at 2 MB (8 passes of 17,535 triples, 2 cores), a third of a 5-minute search.
 TIMING_TRIPLES = (250, 1000)
+TIMING_STEPS = 3  # training steps timed per measured candidate (after one untimed)
+# Steps the first rung should give every candidate. At 116,650 entities (WordNet-full-noinv, 2 MB, 10 minutes, 2
+# cores) the search kept all 9 candidates that fit, and rung 0's 11-s slices trained EARL d96 for 3 steps and
+# d80 for 1: every export validated at chance (MRR 0.0003-0.0005), so the ranking was noise.
+MIN_FIRST_STEPS = 100
 PQDim = Callable[[BundleSizes, ModelKind, int], int | None]
 
 
@@ -38,8 +47,8 @@ def plan(dataset: Dataset, config: CompressConfig, train_configs: Mapping[ModelK
     started = time.monotonic()
     sizes = BundleSizes(dataset, seed=config.seed, graphless=config.graphless)
     candidates = plan_candidates(sizes, config)
-    measured = validation_seconds(dataset, sizes, candidates, train_configs)
-    candidates, seconds = with_validation_estimates(candidates, measured), largest_validation_seconds(measured)
+    measured = measure_costs(dataset, sizes, candidates, train_configs)
+    candidates, seconds = with_estimates(candidates, measured), largest_validation_seconds(measured)
     candidates = fit_to_time(config, candidates, seconds, early_fraction)
     return SearchState(settings=search_settings(config, dataset), graph_bytes=sizes.fixed_bytes(),
                        validation_seconds=seconds, candidates=candidates,
@@ -115,11 +124,11 @@ def pq_precisions(sizes: BundleSizes, config: CompressConfig, model: ModelKind, 
 # ---------------------------------------------------------------- what fits the time limit
 
 
-def validation_seconds(dataset: Dataset, sizes: BundleSizes, candidates: list[Candidate],
-                       train_configs: Mapping[ModelKind, TrainConfig]) -> dict[str, dict[int, float]]:
-    """Seconds of one validation pass of each model's largest and smallest candidates (untrained), estimated here
-    from two timed subsets (pass_seconds): {model: {dim: seconds}}."""
-    measured: dict[str, dict[int, float]] = {}
+def measure_costs(dataset: Dataset, sizes: BundleSizes, candidates: list[Candidate],
+                  train_configs: Mapping[ModelKind, TrainConfig]) -> dict[str, dict[int, tuple[float, float]]]:
+    """Seconds of one validation pass (estimated from two timed subsets, pass_seconds) and of one training step
+    (step_seconds) of each model's largest and smallest candidates, untrained: {model: {dim: (pass, step)}}."""
+    measured: dict[str, dict[int, tuple[float, float]]] = {}
     for model in dict.fromkeys(c.model for c in candidates):
         dims = [c.dim for c in candidates if c.model == model]
         train_config = train_configs[model]
@@ -130,8 +139,27 @@ def validation_seconds(dataset: Dataset, sizes: BundleSizes, candidates: list[Ca
             def evaluate(limit: int, run: Run = run, batch_size: int = train_config.eval_batch_size) -> None:
                 run.evaluate("valid", batch_size=batch_size, limit=limit)
 
-            measured[model][dim] = pass_seconds(evaluate, len(run.ranked_triples("valid")))
+            valid = pass_seconds(evaluate, len(run.ranked_triples("valid")))
+            measured[model][dim] = valid, step_seconds(run, train_config)
     return measured
+
+
+def step_seconds(run: Run, train_config: TrainConfig, steps: int = TIMING_STEPS) -> float:
+    """Mean seconds of `steps` training steps of `run`'s model as train() takes them, after one untimed (its
+    first builds caches), on a copy of the weights: `run` is left as it was."""
+    weights = {k: v.clone() for k, v in run.model.state_dict().items()}
+    learner = Learner.build(run, build_optimizer(run.model, train_config), train_config, ranks=Ranks(),
+                            device=run.device)
+    state = TrainState.start(train_config.seed)
+    run.model.train()
+    train_step(learner, state)
+    started = time.perf_counter()
+    for _ in range(steps):
+        train_step(learner, state)
+    seconds = (time.perf_counter() - started) / steps
+    run.model.eval()
+    run.model.load_state_dict(weights)
+    return seconds
 
 
 def pass_seconds(evaluate: Callable[[int], None], triples: int, clock: Callable[[], float] = time.perf_counter,
@@ -153,24 +181,25 @@ def pass_seconds(evaluate: Callable[[int], None], triples: int, clock: Callable[
     return first + per_triple * (triples - small)
 
 
-def with_validation_estimates(candidates: list[Candidate], measured: Mapping[str, Mapping[int, float]],
-                              ) -> list[Candidate]:
-    """Each candidate with the seconds of one validation pass at its dim, interpolated linearly in dim between its
-    model's measured dims. Scoring every entity costs about the dim, so charging every candidate its model's
-    largest's time starved the small ones: on FB15k-237 at 8 MB (one core) RotatE d1540 took 69 s a pass, and
-    RotatE d32, charged that for each of its exports, trained 3 s of its 51-s slice."""
+def with_estimates(candidates: list[Candidate], measured: Mapping[str, Mapping[int, tuple[float, float]]],
+                   ) -> list[Candidate]:
+    """Each candidate with the seconds of one validation pass and of one training step at its dim, interpolated
+    linearly in dim between its model's measured dims. Scoring every entity costs about the dim, so charging every
+    candidate its model's largest's time starved the small ones: on FB15k-237 at 8 MB (one core) RotatE d1540 took
+    69 s a pass, and RotatE d32, charged that for each of its exports, trained 3 s of its 51-s slice."""
     estimated = []
     for c in candidates:
         points = sorted(measured[c.model].items())
-        (d0, s0), (d1, s1) = points[0], points[-1]
-        seconds = s1 if d1 == d0 else s0 + (s1 - s0) * (c.dim - d0) / (d1 - d0)
-        estimated.append(replace(c, validation_seconds=max(seconds, 0.0)))
+        (d0, (valid0, step0)), (d1, (valid1, step1)) = points[0], points[-1]
+        at = 0.0 if d1 == d0 else (c.dim - d0) / (d1 - d0)
+        estimated.append(replace(c, validation_seconds=max(valid0 + (valid1 - valid0) * at, 0.0),
+                                 step_seconds=max(step0 + (step1 - step0) * at, 0.0)))
     return estimated
 
 
-def largest_validation_seconds(measured: Mapping[str, Mapping[int, float]]) -> dict[str, float]:
+def largest_validation_seconds(measured: Mapping[str, Mapping[int, tuple[float, float]]]) -> dict[str, float]:
     """Each model's validation pass at its largest candidate's dim (what the report and errors quote)."""
-    return {model: by_dim[max(by_dim)] for model, by_dim in measured.items()}
+    return {model: by_dim[max(by_dim)][0] for model, by_dim in measured.items()}
 
 
 def valid_fraction(dataset: Dataset, limit: int) -> float:
@@ -187,12 +216,35 @@ def validation_cost(candidates: list[Candidate], seconds: Mapping[str, float], e
     return per_candidate * (early_fraction * sum(sizes[:-1]) + sizes[-1])
 
 
+def first_rung_trains(candidates: list[Candidate], config: CompressConfig, seconds: Mapping[str, float],
+                      early_fraction: float = 1.0) -> bool:
+    """Whether rung 0's equal slices of the time limit leave every candidate at least as many seconds of training
+    as of validating, and MIN_FIRST_STEPS steps at its measured step time (before its other overheads, which
+    the rung measures)."""
+    sizes = rung_sizes(len(candidates), config.eta)
+    share = config.time_limit_minutes * 60 / len(sizes) / len(candidates)
+    first = early_fraction if len(sizes) > 1 else 1.0
+    for c in candidates:
+        validate = c.validation_pass(seconds) * len(c.bytes) * first
+        if share - validate < max(validate, MIN_FIRST_STEPS * c.step_seconds):
+            return False
+    return True
+
+
 def fit_to_time(config: CompressConfig, candidates: list[Candidate], seconds: Mapping[str, float],
                 early_fraction: float = 1.0) -> list[Candidate]:
-    """Drop the smallest candidates until the schedule's validations take at most EVAL_SHARE of the time
-    limit; refuse a limit shorter than validating the remaining candidates once."""
+    """Drop the smallest candidates of the model with the most until the schedule's validations take at most
+    EVAL_SHARE of the time limit, and (down to one candidate per model) until the first rung trains each
+    candidate enough (first_rung_trains); refuse a limit shorter than validating the remaining candidates once."""
     limit, kept = config.time_limit_minutes * 60, list(candidates)
-    while len(kept) > 1 and validation_cost(kept, seconds, config.eta, early_fraction) > EVAL_SHARE * limit:
+    models = len({c.model for c in candidates})
+
+    def too_many() -> bool:
+        if validation_cost(kept, seconds, config.eta, early_fraction) > EVAL_SHARE * limit:
+            return True
+        return len(kept) > models and not first_rung_trains(kept, config, seconds, early_fraction)
+
+    while len(kept) > 1 and too_many():
         counts = {m: sum(c.model == m for c in kept) for m in seconds}
         crowded = max(counts, key=lambda m: counts[m])  # keep every model while another has more candidates
         kept.remove(min((c for c in kept if c.model == crowded), key=lambda c: c.dim))
@@ -205,9 +257,11 @@ def fit_to_time(config: CompressConfig, candidates: list[Candidate], seconds: Ma
             + ", ".join(f"{m} {s:.2f} s" for m, s in seconds.items())
             + f"); give at least {math.ceil(need / 60 / EVAL_SHARE)} min so that training gets time too")
     if len(kept) < len(candidates):
-        log.info("kept %d of %d candidates so that validation takes at most %.0f%% of the time", len(kept),
-                 len(candidates), 100 * EVAL_SHARE)
+        log.info("kept %d of %d candidates so that validation takes at most %.0f%% of the time and the first "
+                 "rung trains each at least as long as it validates it, %d steps or more", len(kept),
+                 len(candidates), 100 * EVAL_SHARE, MIN_FIRST_STEPS)
     return kept
 
 
-__all__ = ["EVAL_SHARE", "fit_to_time", "plan", "plan_candidates", "valid_fraction", "validation_cost"]
+__all__ = ["EVAL_SHARE", "MIN_FIRST_STEPS", "first_rung_trains", "fit_to_time", "plan", "plan_candidates",
+           "valid_fraction", "validation_cost"]

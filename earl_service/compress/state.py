@@ -61,6 +61,7 @@ class Candidate:
     # One validation pass at its dim, estimated before the search; None in a job saved before the estimates,
     # which charges its model's largest candidate's (SearchState.validation_seconds).
     validation_seconds: float | None = None
+    step_seconds: float = 0.0  # one training step at its dim, estimated before the search (0: not measured)
     train_seconds: float = 0.0  # trained so far, over every rung
     steps: int = 0
     # Its last slice's wall time besides training, fine-tuning and validating (building, loading, exporting).

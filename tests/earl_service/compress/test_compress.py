@@ -266,9 +266,10 @@ def test_each_candidate_is_charged_the_validations_of_its_own_dim(tmp_path):
     """Rung 0 charges a candidate its validations as estimated before the search: at its own dim, interpolated
     between its model's largest and smallest (both measured), not at its model's largest."""
     units = [candidate("rotate", d, {"fp32": 1, "int8": 1}) for d in (1000, 500, 100)]
-    measured = {"rotate": {1000: 20.0, 100: 2.0}}
-    units = candidates_module.with_validation_estimates(units, measured)
+    measured = {"rotate": {1000: (20.0, 0.5), 100: (2.0, 0.1)}}
+    units = candidates_module.with_estimates(units, measured)
     assert [u.validation_seconds for u in units] == pytest.approx([20.0, 10.0, 2.0])
+    assert [u.step_seconds for u in units] == pytest.approx([0.5, 0.5 - 0.4 * 500 / 900, 0.1])
     assert candidates_module.largest_validation_seconds(measured) == {"rotate": 20.0}
     state = search_state(units, rung_count=2, validation_seconds={"rotate": 20.0})
     job = CompressRun(tiny_dataset(), tmp_path, CompressConfig(max_bytes=10**6, time_limit_minutes=10), TINY, state)
@@ -303,6 +304,39 @@ def test_validations_on_a_subset_leave_more_candidates_in_the_search():
     assert candidates_module.validation_cost(units, seconds, 2, 0.25) == 20.0 * (0.25 * sum(sizes[:-1]) + 1)
     whole, subset = (len(candidates_module.fit_to_time(config, units, seconds, f)) for f in (1.0, 0.05))
     assert whole < subset
+
+
+def test_slow_steps_leave_fewer_candidates_but_one_per_model():
+    """Rung 0 trains each kept candidate for MIN_FIRST_STEPS steps at least and as long as it validates: at
+    WordNet-full's 0.3 s a step, a 10-minute search keeps few candidates; at FB15k-237's speeds, more; never fewer
+    than one per model."""
+    def units(step: float) -> list[Candidate]:
+        return [candidate(m, d, {"int8": 1}, validation_seconds=1.0, step_seconds=step)
+                for m in ("earl", "rotate") for d in (200, 150, 100, 50, 25)]
+
+    config = CompressConfig(max_bytes=10**7, time_limit_minutes=10)
+    seconds = {"earl": 1.0, "rotate": 1.0}
+    fast, slow = (candidates_module.fit_to_time(config, units(step), seconds, 0.1) for step in (0.01, 0.3))
+    assert len(fast) == 10 and 2 <= len(slow) < 10
+    assert {c.model for c in slow} == {"earl", "rotate"}
+    assert candidates_module.first_rung_trains(slow, config, seconds, 0.1)
+    assert not candidates_module.first_rung_trains(units(0.3), config, seconds, 0.1)
+    share = 600 / len(rung_sizes(len(slow), 2)) / len(slow)
+    assert share - 0.1 >= candidates_module.MIN_FIRST_STEPS * 0.3  # what is kept does train that long
+    hopeless = candidates_module.fit_to_time(config, units(100.0), seconds, 0.1)
+    assert sorted(c.name for c in hopeless) == ["earl-d200", "rotate-d200"]  # too slow for the rule: one per model
+
+
+def test_planning_times_a_training_step_and_leaves_the_model_as_it_was():
+    from earl_service.compress.candidates import step_seconds
+    from earl_service.train.run import Run
+
+    dataset = tiny_dataset()
+    run = Run.build(dataset, ModelConfig(model="earl", dim=16), torch.device("cpu"))
+    before = {k: v.clone() for k, v in run.model.state_dict().items()}
+    assert step_seconds(run, TINY["earl"], steps=2) > 0
+    after = run.model.state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before)
 
 
 class Killed(Exception):
@@ -372,7 +406,7 @@ def test_a_budget_below_the_smallest_bundle_fails_before_training(tmp_path, monk
 
 def test_timing_the_validations_counts_against_the_time_limit(tmp_path, monkeypatch):
     """The validation passes timed before the search are the search's time too (3 of 60 minutes on FB15k-237)."""
-    timed, seen = candidates_module.validation_seconds, {}
+    timed, seen = candidates_module.measure_costs, {}
 
     def slow_timing(*args):
         time.sleep(0.5)
@@ -382,7 +416,7 @@ def test_timing_the_validations_counts_against_the_time_limit(tmp_path, monkeypa
         seen["spent"] = job.spent_before
         return False  # stopped: the test needs only what the search started with
 
-    monkeypatch.setattr(candidates_module, "validation_seconds", slow_timing)
+    monkeypatch.setattr(candidates_module, "measure_costs", slow_timing)
     monkeypatch.setattr(compress_module, "search", search)
     assert compress(tiny_dataset(), tmp_path, CompressConfig(max_bytes=10**6, time_limit_minutes=1),
                     train_configs=TINY) is None
