@@ -54,6 +54,10 @@ HNSW_MAX_DOUBLINGS = 3
 # P per index kind (module doc): the index holds 2P * d reals per entity; P = 4 would tighten the ratio to 1.020.
 # The flat index picks among FLAT_ROTATIONS by timing CALIBRATION_QUERIES queries when it is built.
 PROXY_ROTATIONS = {"hnsw": 2, "gpu-flat": 2}
+# The most neighbours faiss's GPU indexes return per query (GPU_MAX_SELECTION_K in faiss/gpu/utils/Select.cuh;
+# they raise past it). A certified shortlist can need more (many known answers excluded, or a loose proxy): past it
+# the query is answered by the exact scan of every entity instead, so the certificate holds on the GPU too.
+GPU_MAX_K = 2048
 FLAT_ROTATIONS = (1, 2)
 CALIBRATION_QUERIES = 24
 CALIBRATION_K = 10
@@ -164,7 +168,7 @@ class ProxyIndex:
         size = shortlist_size(k, len(excluded))
         lifted = lift(query, self.dim, self.rotations)[None]  # (1, 2Pd)
         doublings = 0
-        while size < self.num_entities:
+        while size < self.num_entities and (self.kind != "gpu-flat" or size <= GPU_MAX_K):
             proxy, ids = self.search(lifted, size)
             dist = rotate.distances(query, self.entities, ids)
             kept = dist[~np.isin(ids, excluded)] if len(excluded) else dist
@@ -258,4 +262,4 @@ def _gpu_flat_index(x: np.ndarray, gpus: int) -> Any | None:
         return None
 
 
-__all__ = ["HNSW_THRESHOLD", "PROXY_ROTATIONS", "ProxyIndex", "calibrate", "lift", "proxy_bounds", "shortlist_size"]
+__all__ = ["GPU_MAX_K", "HNSW_THRESHOLD", "PROXY_ROTATIONS", "ProxyIndex", "calibrate", "lift", "proxy_bounds", "shortlist_size"]

@@ -116,3 +116,37 @@ def test_a_failing_gpu_index_falls_back_to_the_exact_cpu_index(monkeypatch, capl
     index = ProxyIndex.build(_clustered(n=500), kind="auto", hnsw_threshold=100)  # a GPU keeps "auto" flat
     assert index.kind == "flat"
     assert "GPU index failed (no CUDA device)" in caplog.text
+
+
+class _CappedIndex:
+    """A CPU flat index that refuses k past GPU_MAX_K as faiss's GPU indexes do (no GPU on CI)."""
+
+    def __init__(self, inner):
+        self.inner, self.asked = inner, []
+
+    def search(self, x, k):
+        from earl_service.serve.index import GPU_MAX_K
+
+        self.asked.append(k)
+        if k > GPU_MAX_K:
+            raise RuntimeError(f"k {k} > GPU_MAX_SELECTION_K")
+        return self.inner.search(x, k)
+
+
+@pytest.mark.parametrize("excluded_count", [5, 2500])
+def test_the_gpu_index_never_asks_past_its_k_cap_and_stays_exact(excluded_count):
+    """A shortlist that would need more than faiss-gpu returns (here: 2,500 known answers to drop) is answered by
+    the exact scan; a small one by the index. Both equal the exhaustive top-k."""
+    from earl_service.serve.index import GPU_MAX_K, _flat_index
+
+    entities = _clustered(n=6000)
+    rotations = 2
+    capped = _CappedIndex(_flat_index(lift(entities, entities.shape[1] // 2, rotations)))
+    index = ProxyIndex(entities, capped, kind="gpu-flat", rotations=rotations)
+    rng = np.random.default_rng(3)
+    query = entities[7] + 0.1 * rng.standard_normal(entities.shape[1]).astype(np.float32)
+    excluded = np.sort(rng.choice(len(entities), excluded_count, replace=False))
+    ids, dist = index.certified_shortlist(query, 10, excluded)
+    expected = rotate.top_k(np.arange(len(entities)), rotate.distances(query, entities), 10, excluded=excluded)[0]
+    assert rotate.top_k(ids, dist, 10, excluded=excluded)[0].tolist() == expected.tolist()
+    assert capped.asked == [] if excluded_count > GPU_MAX_K else 0 < max(capped.asked) <= GPU_MAX_K
