@@ -10,6 +10,7 @@ from earl_service.atomic import replacing, write_bytes, write_json
 from earl_service.bundle.sizes import CODING, METRICS_ROOM
 from earl_service.compress.config import METRICS
 from earl_service.compress.state import CompressRun
+from earl_service.train.memory import peak_rss_mb
 
 REPORT_JSON, REPORT_MD, FRONTIER_PNG = "report.json", "report.md", "frontier.png"
 
@@ -47,6 +48,7 @@ def build_report(run: CompressRun, rows: list[dict[str, Any]], pick: dict[str, A
         "exports": rows,
         "frontier": [(r["candidate"], r["precision"]) for r in frontier(rows, key)],
         "pick": pick, "test": test, "spent_seconds": run.spent, "seconds": seconds or {},
+        "peak_rss_mb": round(peak_rss_mb(), 1),  # the process's: the search and the pick's test
     }
 
 
@@ -98,6 +100,8 @@ def markdown(report: dict[str, Any]) -> str:
         lines.append(f"| {rung['index']} | {len(rung['survivors'])} | {budget:.0f} | {scores} |" if budget is not None
                      else f"| {rung['index']} | {len(rung['survivors'])} |  | {scores} |")
     lines += _seconds_table(report.get("seconds") or {}, report["time_limit_minutes"] * 60)
+    if report.get("peak_rss_mb"):
+        lines += ["", f"Peak memory (RSS) of the process: {report['peak_rss_mb']:,.0f} MB."]
     lines += ["", f"![valid {report['metric']} against bytes]({FRONTIER_PNG})", ""]
     return "\n".join(lines)
 

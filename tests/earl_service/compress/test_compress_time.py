@@ -67,6 +67,7 @@ def test_the_report_says_where_the_time_went(slow_validation_report, tmp_path):
 
     text = markdown(slow_validation_report[0])
     assert "Where the time went" in text and "| validate |" in text and "| other |" in text
+    assert slow_validation_report[0]["peak_rss_mb"] > 50 and "Peak memory (RSS) of the process" in text
 
 
 def test_a_validation_pass_is_timed_on_two_subsets_and_extrapolated():
