@@ -17,15 +17,17 @@ Signature = tuple[int, int, int]  # (inode, size, mtime_ns) of a bundle file
 
 
 class PredictorCache:
-    """At most `size` predictors. A missing one is loaded once, outside the lock, for all the requests that want
-    it meanwhile (they wait for that load instead of each loading its own copy); hits never wait for a load.
+    """At most `size` predictors taking at most `max_bytes` (LinkPredictor.resident_bytes) together, least
+    recently used evicted first; the one just loaded is kept even alone over the budget (it is being asked for).
+    A missing one is loaded once, outside the lock, for all the requests that want it meanwhile (they wait for
+    that load instead of each loading its own copy); hits never wait for a load.
 
     A bundle that failed to load fails the same way until its file changes: re-reading it on every request would
     cost a full load (seconds, memory) per request for the same error.
     """
 
-    def __init__(self, size: int) -> None:
-        self.size = size
+    def __init__(self, size: int, max_bytes: int | None = None) -> None:
+        self.size, self.max_bytes = size, max_bytes
         self._items: OrderedDict[Key, LinkPredictor] = OrderedDict()
         self._loading: dict[Key, Future[LinkPredictor]] = {}
         self._failed: OrderedDict[Key, tuple[Signature, str]] = OrderedDict()
@@ -33,6 +35,11 @@ class PredictorCache:
 
     def __len__(self) -> int:
         return len(self._items)
+
+    @property
+    def resident_bytes(self) -> int:
+        with self._lock:
+            return sum(_bytes(p) for p in self._items.values())
 
     def get(self, record: ModelRecord, path: Path) -> LinkPredictor:
         """The predictor of `record`; on a miss its bundle at `path` is loaded (BundleError if unreadable)."""
@@ -65,8 +72,10 @@ class PredictorCache:
         with self._lock:
             del self._loading[key]
             self._items[key] = predictor
-            while len(self._items) > self.size:
-                self._items.popitem(last=False)
+            held = sum(_bytes(p) for p in self._items.values())
+            while len(self._items) > 1 and (len(self._items) > self.size
+                                            or (self.max_bytes is not None and held > self.max_bytes)):
+                held -= _bytes(self._items.popitem(last=False)[1])
         loading.set_result(predictor)
         return predictor
 
@@ -92,6 +101,10 @@ class PredictorCache:
             self._failed[key] = (signature, reason)
             while len(self._failed) > max(self.size, 16):
                 self._failed.popitem(last=False)
+
+
+def _bytes(predictor: LinkPredictor) -> int:
+    return int(getattr(predictor, "resident_bytes", 0))  # a test's stand-in may not say
 
 
 def load_predictor(path: Path) -> LinkPredictor:

@@ -55,7 +55,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.state.home = ServiceHome(settings.home).create()
         app.state.store = app.state.home.open_store(settings.store)
         app.state.registry = ModelRegistry(app.state.home, app.state.store, limits=settings.bundle_limits)
-        app.state.cache = PredictorCache(settings.cache_models)
+        app.state.cache = PredictorCache(settings.cache_models, int(settings.cache_mb * 2**20))
         sweep = partial(housekeeping.sweep, app.state.home, app.state.store, keep_days=settings.run_retention_days)
         stopping = asyncio.Event()
         sweeper = asyncio.create_task(sweep_periodically(sweep, stopping))

@@ -12,7 +12,7 @@ from earl_service.bundle.format import BundleLimits
 
 class Settings(BaseSettings):
     """EARL_HOME, EARL_STORE, EARL_API_TOKEN, EARL_PROTECT_READS, EARL_MAX_UPLOAD_MB, EARL_MAX_UNPACKED_MB,
-    EARL_CACHE_MODELS; and the bounds on work: EARL_ALLOW_OPEN_WRITES, EARL_MAX_CONCURRENT_PREDICTS,
+    EARL_CACHE_MODELS, EARL_CACHE_MB; and the bounds on work: EARL_ALLOW_OPEN_WRITES, EARL_MAX_CONCURRENT_PREDICTS,
     EARL_PREDICT_QUEUE_SECONDS, EARL_MAX_JOB_DIM, EARL_MAX_BATCH_X_NEGATIVES, EARL_MAX_NPROC, EARL_MAX_JOB_MINUTES,
     EARL_MAX_QUEUED_JOBS, EARL_MAX_UPLOAD_TRIPLES, EARL_MAX_BUNDLE_ENTITIES, EARL_MAX_BUNDLE_TRIPLES,
     EARL_MAX_BUNDLE_LABEL_MB (docs/api.md#settings)."""
@@ -27,6 +27,8 @@ class Settings(BaseSettings):
     # Bound on what a .gz triple upload may decompress to (a gzip bomb is refused at this size, not read to the end).
     max_unpacked_mb: float = Field(1024.0, gt=0)
     cache_models: int = Field(4, ge=1)  # LinkPredictors kept in memory (LRU)
+    # ... and at most this many MB of them (LinkPredictor.resident_bytes): the least recently used go first.
+    cache_mb: float = Field(2048.0, gt=0)
     # EARL_RUN_RETENTION_DAYS: runs/<job>/ and uploads/<job>/ of a job that ended (any way) go this many days later;
     # 0 keeps them. The job's record and its model stay (deleting a model removes them at once).
     run_retention_days: float = Field(30.0, ge=0)

@@ -28,6 +28,11 @@ class KnownAnswers:
         """Distinct triples known (0 for a bundle written without its graph)."""
         return len(self._pairs["tail"][0])
 
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the sorted pairs this holds."""
+        return int(sum(keys.nbytes + answers.nbytes for keys, answers in self._pairs.values()))
+
     def answers(self, side: Side, anchor: int, relation: int) -> np.ndarray:
         """(A,) int64 ids, ascending: the tails of (anchor, relation, ?) or the heads of (?, relation, anchor)."""
         keys, answers = self._pairs[side]

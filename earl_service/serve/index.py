@@ -161,6 +161,13 @@ class ProxyIndex:
     def num_entities(self) -> int:
         return self.entities.shape[0]
 
+    @property
+    def index_bytes(self) -> int:
+        """Bytes of the faiss index (the lifted copies, and HNSW's links), the entities it re-ranks with aside."""
+        index = self.faiss_index
+        floats = int(index.ntotal) * int(index.d) * 4
+        return floats + (int(index.ntotal) * 2 * HNSW_M * 4 if self.kind == "hnsw" else 0)  # level 0's links
+
     def certified_shortlist(self, query: np.ndarray, k: int, excluded: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Candidate ids and their exact distances to query (2d,), a provable superset of the top-k once the
         `excluded` ids are dropped (best effort for HNSW; module doc)."""

@@ -37,6 +37,9 @@ def configure_threads(threads: int) -> None:
         pass
 
 
+STR_OVERHEAD = 49 + 8  # bytes of an empty CPython str, and its pointer in a list or dict
+
+
 class LinkPredictor:
     """Answer (h, r, ?) and (?, r, t) queries with entity names, best first.
 
@@ -92,6 +95,16 @@ class LinkPredictor:
     @property
     def num_entities(self) -> int:
         return self.entity_embeddings.shape[0]
+
+    @property
+    def resident_bytes(self) -> int:
+        """About what this predictor keeps in memory: its tables, known answers, index and names (each name at
+        CPython's str overhead). The API's model cache budgets memory by it."""
+        names = sum(len(n) + STR_OVERHEAD for n in (*self.entities.names, *self.relations.names))
+        labels = sum(len(v) + STR_OVERHEAD for v in (*self.entity_labels.values(), *self.relation_labels.values()))
+        index = self.index.index_bytes if self.index is not None else 0
+        return (self.entity_embeddings.nbytes + self.relation_embeddings.nbytes + self.known.nbytes + index
+                + names + labels)
 
     @property
     def index_kind(self) -> str:

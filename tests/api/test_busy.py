@@ -157,3 +157,27 @@ def test_a_failed_load_reaches_every_waiter_and_is_not_kept(monkeypatch):
     with pytest.raises(BundleError):  # not remembered: the next request loads again
         cache.get(record, Path("p"))
     assert len(calls) >= 2
+
+
+def test_the_cache_keeps_to_its_byte_budget_least_recently_used_first(monkeypatch):
+    """EARL_CACHE_MB: three 40-MB predictors in a 100-MB cache keep the two used last; one over the whole
+    budget alone is still kept (it is being asked for), and evicts the rest."""
+    import api.cache
+
+    class Sized:
+        def __init__(self, path):
+            self.path, self.resident_bytes = path, 100 if str(path) == "big" else 40
+
+    monkeypatch.setattr(api.cache, "load_predictor", Sized)
+    cache = PredictorCache(10, max_bytes=100)
+
+    def get(name):
+        return cache.get(ModelRecord(id=name, path=name, sha256="0" * 64, bytes=1), Path(name))
+
+    a, b = get("a"), get("b")
+    assert get("a") is a  # a used last: b is the least recently used now
+    get("c")
+    assert len(cache) == 2 and cache.resident_bytes == 80
+    assert get("a") is a and get("b") is not b  # b was evicted and loads again
+    get("big")
+    assert len(cache) == 1 and cache.resident_bytes == 100

@@ -150,3 +150,22 @@ def test_the_gpu_index_never_asks_past_its_k_cap_and_stays_exact(excluded_count)
     expected = rotate.top_k(np.arange(len(entities)), rotate.distances(query, entities), 10, excluded=excluded)[0]
     assert rotate.top_k(ids, dist, 10, excluded=excluded)[0].tolist() == expected.tolist()
     assert capped.asked == [] if excluded_count > GPU_MAX_K else 0 < max(capped.asked) <= GPU_MAX_K
+
+
+def test_a_predictors_resident_bytes_count_its_tables_index_and_names():
+    from earl_service.data.vocab import Vocab
+    from earl_service.serve.predictor import LinkPredictor
+
+    rng = np.random.default_rng(0)
+    n, r, dim = 3000, 5, 16
+    entities = rng.normal(size=(n, 2 * dim)).astype(np.float32)
+    triples = np.stack([rng.integers(n, size=500), rng.integers(r, size=500), rng.integers(n, size=500)], 1)
+    names = Vocab([f"e{i}" for i in range(n)])
+    exact = LinkPredictor(entities, rng.normal(size=(r, dim)).astype(np.float32), names,
+                          Vocab([f"r{i}" for i in range(r)]), triples, gamma=9.0, epsilon=2.0, index="exact")
+    flat = LinkPredictor(entities, exact.relation_embeddings, names, exact.relations, triples, gamma=9.0, epsilon=2.0,
+                         index="flat")
+    tables = entities.nbytes + exact.relation_embeddings.nbytes
+    assert tables < exact.resident_bytes < tables + 500 * 4 * 8 + (n + r) * 80
+    lifted = n * 2 * dim * flat.index.rotations * 4
+    assert flat.resident_bytes - exact.resident_bytes == flat.index.index_bytes == lifted
