@@ -597,3 +597,21 @@ def test_budget_floor_without_the_graph_is_the_names_alone():
     assert bare == graph_bytes(dataset.train[:0], names, dataset.relations.names) < full - 10_000
     assert budget_floor(bare + 1, dataset.train, names, dataset.relations.names, graph=False) is None
     assert budget_floor(bare + 1, dataset.train, names, dataset.relations.names) == full
+
+
+def test_a_killed_graphless_search_continues_graphless(tmp_path):
+    """Scale settings survive a kill mid-search: a known_answers none job resumes without its graph and ships
+    without it, and the same folder refuses the job with the graph kept (other settings)."""
+    dataset = load_dataset(codex_s_path())
+    config = CompressConfig(max_bytes=60_000, time_limit_minutes=0.3, models=("rotate",), precisions=("int8", "pq"),
+                            known_answers="none")
+    with pytest.MonkeyPatch.context() as patch:  # keep several candidates, so that there is a rung 1 to kill in
+        patch.setattr(candidates_module, "MIN_FIRST_STEPS", 0)
+        before = _killed_in_rung_1(dataset, tmp_path, config)
+    assert before["settings"]["known_answers"] == "none"
+    report = compress(dataset, tmp_path, config, train_configs=TINY)
+    assert report["rungs"][0]["scores"] == {n: r["score"] for n, r in before["rungs"][0]["results"].items()}
+    shipped = load_bundle(tmp_path / PICK)
+    assert not shipped.has_graph and shipped.num_bytes == report["pick"]["bytes"] <= 60_000
+    with pytest.raises(ConfigError, match="other settings"):
+        compress(dataset, tmp_path, replace(config, known_answers="graph"), train_configs=TINY)
