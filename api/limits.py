@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import hmac
 import math
 from typing import Any
 
@@ -64,11 +65,13 @@ def bounded_job_params(params: dict[str, Any], settings: Settings, *,
     return {**params, "time_limit": params["time_limit"] or settings.max_job_minutes}
 
 
-def client_key(settings: Settings, *, token: bytes, address: str | None) -> str:
-    """Who a job belongs to, for the queue quota: its token when the server has one, else its network address;
-    hashed, since a job's params are readable by anyone who may read jobs."""
+def client_key(secret: bytes, settings: Settings, *, token: bytes, address: str | None) -> str:
+    """Who a job belongs to, for the queue quota: its token when the server has one, else its network address.
+    A job's params are readable by anyone who may read jobs, so this is an HMAC keyed by the install's secret
+    (ServiceHome.secret): a plain hash of a token could be tested against guesses offline, and one of an address
+    reversed by trying the 2**32 of them."""
     who = b"token:" + token if settings.api_token is not None else f"addr:{address}".encode()
-    return hashlib.sha256(who).hexdigest()[:16]
+    return hmac.new(secret, who, hashlib.sha256).hexdigest()[:16]
 
 
 def unfinished_jobs(store: JobStore, client: str) -> int:

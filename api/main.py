@@ -53,6 +53,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         configure_threads(1)
         app.state.home = ServiceHome(settings.home).create()
+        app.state.secret = app.state.home.secret()  # keys the client names of jobs (limits.client_key)
         app.state.store = app.state.home.open_store(settings.store)
         app.state.registry = ModelRegistry(app.state.home, app.state.store, limits=settings.bundle_limits)
         app.state.cache = PredictorCache(settings.cache_models)

@@ -51,7 +51,7 @@ def create_job(request: Request, settings: SettingsDep, home: HomeDep, store: St
     The server's caps (EARL_MAX_JOB_*, 422) and the client's quota of unfinished jobs (EARL_MAX_QUEUED_JOBS,
     429) are checked before any file is stored.
     """
-    client = client_key(settings, token=presented_token(request.scope["headers"]),
+    client = client_key(request.app.state.secret, settings, token=presented_token(request.scope["headers"]),
                         address=request.client.host if request.client else None)
     stored, compress = job_params(form.model_dump(), given=form.model_fields_set)
     params = bounded_job_params(stored, settings, trained=trained_params(stored, compress)) | {"client": client}
