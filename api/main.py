@@ -27,7 +27,7 @@ from .cache import PredictorCache
 from .deps import check_access
 from .errors import add_error_handlers
 from .gate import RequestGate
-from .limits import PredictSlots
+from .limits import PredictSlots, StreamSlots
 from .metrics import Metrics, MetricsMiddleware
 from .routes import console, entities, events, health, jobs, models, precisions, predict, relations, reports
 from .settings import Settings
@@ -77,6 +77,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.metrics = Metrics()
     # Bounds on work in flight: predictions computed at once, and threads of their own for the readiness checks.
     app.state.predict_slots = PredictSlots(settings.max_concurrent_predicts, wait=settings.predict_queue_seconds)
+    app.state.stream_slots = StreamSlots(settings.max_event_streams)
     app.state.probe_threads = anyio.CapacityLimiter(health.PROBE_THREADS)
     add_error_handlers(app)
     for module in ROUTERS:

@@ -14,7 +14,7 @@ class Settings(BaseSettings):
     """EARL_HOME, EARL_STORE, EARL_API_TOKEN, EARL_PROTECT_READS, EARL_MAX_UPLOAD_MB, EARL_MAX_UNPACKED_MB,
     EARL_CACHE_MODELS; and the bounds on work: EARL_ALLOW_OPEN_WRITES, EARL_MAX_CONCURRENT_PREDICTS,
     EARL_PREDICT_QUEUE_SECONDS, EARL_MAX_JOB_DIM, EARL_MAX_BATCH_X_NEGATIVES, EARL_MAX_NPROC, EARL_MAX_JOB_MINUTES,
-    EARL_MAX_QUEUED_JOBS, EARL_MAX_UPLOAD_TRIPLES, EARL_MAX_BUNDLE_ENTITIES, EARL_MAX_BUNDLE_TRIPLES,
+    EARL_MAX_QUEUED_JOBS, EARL_MAX_EVENT_STREAMS, EARL_MAX_UPLOAD_TRIPLES, EARL_MAX_BUNDLE_ENTITIES, EARL_MAX_BUNDLE_TRIPLES,
     EARL_MAX_BUNDLE_LABEL_MB (docs/api.md#settings)."""
 
     model_config = SettingsConfigDict(env_prefix="EARL_", extra="ignore")
@@ -40,6 +40,7 @@ class Settings(BaseSettings):
     max_nproc: int = Field(8, ge=0)  # a job's nproc_per_node
     max_job_minutes: float = Field(24 * 60.0, gt=0)  # a job's time_limit; a job without one gets this
     max_queued_jobs: int = Field(10, ge=1)  # unfinished (queued or running) jobs per client (token, else address)
+    max_event_streams: int = Field(64, ge=1)  # GET /jobs/{id}/events open at once per API process (each polls)
     # Bound on the distinct triples of one uploaded file: the upload check keeps 8 bytes for each (16 while merging).
     max_upload_triples: int = Field(10_000_000, ge=1)
     # The largest bundle POST /models registers (names per vocabulary, triples): checked while it decompresses,

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import hashlib
+import time
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
@@ -92,3 +94,23 @@ def test_a_jobs_client_cannot_be_guessed_offline(tmp_path, token):
             shown.append(httpx.get(f"{base}/jobs", headers=AUTH).json()[0]["params"]["client"])
     guesses = {hashlib.sha256(who).hexdigest()[:16] for who in (b"token:" + TOKEN.encode(), b"addr:127.0.0.1")}
     assert len(shown[0]) == 16 and shown[0] not in guesses and shown[0] != shown[1]
+
+
+def test_concurrent_submits_never_pass_the_quota(tmp_path, monkeypatch):
+    """Issue 56: 30 concurrent POST /jobs with one token queued 12 under a quota of 10; the count and the insert
+    were two steps. The upload check is slowed here so that every request passes the early count first."""
+    from api.routes import jobs
+
+    def slow_save(*args, **kwargs):
+        time.sleep(0.5)
+        return save(*args, **kwargs)
+
+    save = jobs.save_job_files
+    monkeypatch.setattr(jobs, "save_job_files", slow_save)
+    with live(create_app(Settings(home=tmp_path, api_token=TOKEN, max_queued_jobs=10))) as base, \
+            ThreadPoolExecutor(30) as pool:
+        statuses = [r.status_code for r in pool.map(lambda _: submit(base), range(30))]
+        listed = httpx.get(f"{base}/jobs", headers=AUTH).json()
+    assert statuses.count(202) == 10 and statuses.count(429) == 20 and len(listed) == 10
+    kept = {p.name for p in (tmp_path / "uploads").iterdir() if not p.name.startswith(".")}
+    assert kept == {job["id"] for job in listed}  # a refused request's files went with it
