@@ -15,6 +15,7 @@ from earl_service.service.store import JobStore, open_store
 
 SUBFOLDERS = ("uploads", "runs", "models")
 VERSION_FILE = re.compile(r"v(\d+)\.safetensors")  # version_path's file name; version_of reads it back
+PENDING_FILE = re.compile(r"\.v(\d+)\.pending")  # pending_path's file name
 REPORT_FILES = {"json": "report.json", "md": "report.md", "png": "frontier.png"}  # a compress model's evidence
 SECRET_FILE = "install.secret"  # this install's random key (ServiceHome.secret)
 SECRET_BYTES = 32
@@ -29,6 +30,8 @@ class ServiceHome:
         runs/<job id>/                                                   a training run: checkpoints, metrics.json
         models/<model id>/v<N>.safetensors                               a model's versions (each extend adds one):
                                                                          complete, verified, never rewritten
+        models/<model id>/.v<N>.pending                                  while version N is placed but not yet
+                                                                         recorded (housekeeping.sweep_unrecorded)
         models/<model id>/report.json, report.md, frontier.png           a compress job's report on its pick
         models/.<model id>.lock                                          held while a model is written (locks.py)
         models/<model id>.safetensors                                    version 1 of a model from before versions
@@ -80,6 +83,17 @@ class ServiceHome:
         path = Path(path)
         match = VERSION_FILE.fullmatch(path.name)
         return int(match[1]) if match and path.parent.name == model_id else None
+
+    def pending_path(self, model_id: str, version: int) -> Path:
+        """A marker beside version `version` from before it is moved in until the store records it: a process
+        killed in between leaves it, and the version with it, for housekeeping.sweep_unrecorded."""
+        return self.model_dir(model_id) / f".v{version}.pending"
+
+    @staticmethod
+    def pending_version(path: str | os.PathLike[str]) -> int | None:
+        """The inverse of pending_path: N for <model id>/.v<N>.pending, else None."""
+        match = PENDING_FILE.fullmatch(Path(path).name)
+        return int(match[1]) if match else None
 
     def report_path(self, model_id: str, kind: str) -> Path:
         """A compress model's report beside its versions (REPORT_FILES: json, md or png); a delete removes it."""
