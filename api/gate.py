@@ -1,5 +1,5 @@
-"""The outermost ASGI layer: refuses what the headers decide (401, 413) before a body byte is read, and lets the
-client finish sending so that it can read the refusal."""
+"""The outermost ASGI layer: refuses what the headers decide (the front's rules in api/front.py, 401, 413) before a
+body byte is read, and lets the client finish sending so that it can read the refusal."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from starlette.datastructures import Headers
 from starlette.routing import BaseRoute, Match, Route, get_route_path
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from . import front
 from .deps import UNAUTHORIZED, needs_token, presented_token, token_matches
 from .settings import Settings
 
@@ -43,7 +44,9 @@ class RequestGate:
             await self.app(scope, receive, send)
             return
         length = declared_length(scope) or 0
-        if needs_token(self.settings, scope["method"], get_route_path(scope)) and not token_matches(
+        if (refusal := front.refusal(scope, self.settings)) is not None:
+            await self.refuse(scope, receive, send, *refusal)
+        elif needs_token(self.settings, scope["method"], get_route_path(scope)) and not token_matches(
                 self.settings, presented_token(scope["headers"])):
             await self.refuse(scope, receive, send, 401, UNAUTHORIZED, [(b"www-authenticate", b"Bearer")])
         elif length > self.smallest_route_limit and length > self.body_limit(scope)[0]:

@@ -39,6 +39,7 @@ def serve(a: argparse.Namespace) -> int:
     import uvicorn
 
     from .main import create_app
+    from .server import server_config
     from .settings import Settings
 
     settings = Settings(home=Path(a.home), store=a.store)  # the token and limits still come from EARL_*
@@ -49,7 +50,8 @@ def serve(a: argparse.Namespace) -> int:
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, lambda *_: None)
     try:
-        uvicorn.Server(uvicorn.Config(create_app(settings), host=a.host, port=a.port, log_level=a.log_level)).run()
+        uvicorn.Server(server_config(create_app(settings), settings, host=a.host, port=a.port,
+                                     log_level=a.log_level)).run()
     finally:
         if worker is not None:
             stop_worker(worker, timeout=a.stop_timeout)

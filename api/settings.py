@@ -15,7 +15,8 @@ class Settings(BaseSettings):
     EARL_CACHE_MODELS; and the bounds on work: EARL_ALLOW_OPEN_WRITES, EARL_MAX_CONCURRENT_PREDICTS,
     EARL_PREDICT_QUEUE_SECONDS, EARL_MAX_JOB_DIM, EARL_MAX_BATCH_X_NEGATIVES, EARL_MAX_NPROC, EARL_MAX_JOB_MINUTES,
     EARL_MAX_QUEUED_JOBS, EARL_MAX_EVENT_STREAMS, EARL_MAX_UPLOAD_TRIPLES, EARL_MAX_BUNDLE_ENTITIES, EARL_MAX_BUNDLE_TRIPLES,
-    EARL_MAX_BUNDLE_LABEL_MB (docs/api.md#settings)."""
+    EARL_MAX_BUNDLE_LABEL_MB (docs/api.md#settings); the front: EARL_MAX_HEADER_BYTES, EARL_MAX_HEADERS,
+    EARL_HEADER_TIMEOUT_SECONDS, EARL_KEEP_ALIVE_SECONDS, EARL_TRUSTED_PROXIES (docs/security.md#settings)."""
 
     model_config = SettingsConfigDict(env_prefix="EARL_", extra="ignore")
 
@@ -51,6 +52,16 @@ class Settings(BaseSettings):
     # Decoded bytes of a bundle's entity (or relation) labels: 14,541 FB15k-237 labels take 0.24 MB.
     max_bundle_label_mb: float = Field(64.0, gt=0)
 
+    # The front (docs/security.md): what one connection may send before its request reaches the app, and whom to
+    # believe about a client's address. api/server.py gives them to uvicorn; api/front.py checks the header count.
+    max_header_bytes: int = Field(64 * 1024, ge=4096)  # request line + headers (uvicorn's h11 buffer); past it 400
+    max_headers: int = Field(100, ge=16)  # header fields in one request; past it 431
+    header_timeout_seconds: float = Field(10.0, gt=0)  # a request's line and headers must arrive within this; 408
+    keep_alive_seconds: int = Field(5, ge=1)  # an idle kept-alive connection is closed after this
+    # Comma-separated addresses (or networks) of reverse proxies whose X-Forwarded-For names the client; empty:
+    # none, the client is the connection's address (a local client could otherwise claim any address).
+    trusted_proxies: str = ""
+
     @field_validator("api_token", mode="before")
     @classmethod
     def _empty_token_is_none(cls, value: object) -> object:
@@ -61,6 +72,10 @@ class Settings(BaseSettings):
         if self.protect_reads and self.api_token is None:
             raise ValueError("EARL_PROTECT_READS=true needs EARL_API_TOKEN: without a token nothing can be read")
         return self
+
+    @property
+    def trusted_proxy_list(self) -> list[str]:
+        return [p.strip() for p in self.trusted_proxies.split(",") if p.strip()]
 
     @property
     def max_body_bytes(self) -> int:

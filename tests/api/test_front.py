@@ -1,0 +1,144 @@
+"""The front over real HTTP (issue 56), served as `earl serve` serves it (api/server.py): header bytes and count,
+a deadline for the headers, idle keep-alive, and the same settings wherever the API is launched."""
+
+from __future__ import annotations
+
+import signal
+import socket
+import time
+from urllib.parse import urlsplit
+
+import pytest
+from live import live, read_response
+
+from api.main import create_app
+from api.settings import Settings
+
+MB = 2**20
+
+
+@pytest.fixture(scope="module")
+def settings(tmp_path_factory):
+    return Settings(home=tmp_path_factory.mktemp("home"), header_timeout_seconds=1.0, keep_alive_seconds=1)
+
+
+@pytest.fixture(scope="module")
+def base(settings):
+    with live(create_app(settings), settings=settings) as url:
+        yield url
+
+
+def connect(base: str) -> socket.socket:
+    url = urlsplit(base)
+    return socket.create_connection((url.hostname, url.port), timeout=10)
+
+
+def ask(base: str, head: bytes) -> tuple[int, dict[str, str], bytes]:
+    """Send `head` (a request line and headers, unfinished) plus the blank line; the answer, however the server
+    took the request (it may close while the rest is still being sent)."""
+    with connect(base) as sock:
+        try:
+            sock.sendall(head + b"\r\n")
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+        return read_response(sock)
+
+
+def closed_within(sock: socket.socket, seconds: float) -> tuple[bool, bytes]:
+    """Whether the server closes `sock` within `seconds` (bounded reads), and what it sent before."""
+    sock.settimeout(0.2)
+    got, deadline = b"", time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            chunk = sock.recv(65536)
+        except TimeoutError:
+            continue
+        except ConnectionResetError:
+            return True, got
+        if not chunk:
+            return True, got
+        got += chunk
+    return False, got
+
+
+GET = b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+
+
+def test_a_header_past_the_byte_limit_is_refused(base):
+    """One 64 MiB header was accepted (four at once +386 MiB); h11 now stops buffering at 64 KiB."""
+    status, _, _ = ask(base, GET + b"X-Big: " + b"a" * MB + b"\r\n")
+    assert status == 400
+    assert ask(base, GET + b"X-Fits: " + b"a" * 32_000 + b"\r\n")[0] == 200
+
+
+def test_too_many_header_fields_are_431(base):
+    """100,000 headers were accepted; past EARL_MAX_HEADERS (100) they are refused, within the byte limit too."""
+    status, _, body = ask(base, GET + b"".join(b"X-%d: 1\r\n" % i for i in range(1_000)))
+    assert status == 431 and b"EARL_MAX_HEADERS" in body
+    assert ask(base, GET + b"".join(b"X-%d: 1\r\n" % i for i in range(90)))[0] == 200
+
+
+@pytest.mark.parametrize("sent", [b"", GET[:10]], ids=["nothing", "part-of-a-request-line"])
+def test_a_connection_without_its_headers_is_closed_at_the_deadline(base, sent):
+    """1,000 slow-header sockets were held open 60 s, none closed; now each is closed after 1 s (the setting)."""
+    with connect(base) as sock:
+        sock.sendall(sent)
+        closed, got = closed_within(sock, 5.0)
+    assert closed and (got.startswith(b"HTTP/1.1 408") or got == b"")
+
+
+def test_trickled_headers_do_not_move_the_deadline(base):
+    with connect(base) as sock:
+        start, closed = time.monotonic(), False
+        for byte in GET:  # one byte every 0.1 s: the request line and headers would take 4 s
+            try:
+                sock.sendall(bytes([byte]))
+            except (BrokenPipeError, ConnectionResetError):
+                closed = True
+                break
+            time.sleep(0.1)
+            if time.monotonic() - start > 4:
+                break
+        closed = closed or closed_within(sock, 2.0)[0]
+    assert closed and time.monotonic() - start < 4
+
+
+def test_a_kept_alive_connection_is_closed_when_idle_and_its_next_headers_have_a_deadline(base):
+    with connect(base) as sock:
+        sock.sendall(GET + b"\r\n")
+        assert read_response(sock)[0] == 200
+        assert closed_within(sock, 5.0)[0]  # idle: keep-alive of 1 s
+    with connect(base) as sock:
+        sock.sendall(GET + b"\r\n" + GET[:20])  # one request, then half of the next one's head
+        assert read_response(sock)[0] == 200
+        assert closed_within(sock, 5.0)[0]
+
+
+def test_a_slow_body_is_not_cut_by_the_header_deadline(base):
+    with connect(base) as sock:
+        sock.sendall(b"POST /predict HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: 2\r\n\r\n{")
+        time.sleep(1.5)  # past the header deadline, inside the body
+        sock.sendall(b"}")
+        assert read_response(sock)[0] == 422
+
+
+def test_earl_serve_uses_the_front_settings(monkeypatch, tmp_path):
+    """`earl serve` (the Makefile's `serve`, the Docker image's command) builds its server from server_config."""
+    import uvicorn
+
+    from api.serve import serve
+    from api.server import DeadlineH11
+
+    seen = []
+    monkeypatch.setattr(uvicorn.Server, "run", lambda self: seen.append(self.config))
+    monkeypatch.setattr(signal, "signal", lambda *args: None)  # serve() makes SIGINT/SIGTERM no-ops for uvicorn
+    monkeypatch.setenv("EARL_MAX_HEADER_BYTES", "20000")
+    monkeypatch.setenv("EARL_TRUSTED_PROXIES", "10.0.0.7, 10.0.1.0/24")
+    args = type("Args", (), {"home": str(tmp_path), "store": "sqlite", "host": "127.0.0.1", "port": 1,
+                             "no_worker": True, "worker_threads": 1, "log_level": "warning", "stop_timeout": 1})
+    assert serve(args) == 0
+    (config,) = seen
+    assert issubclass(config.http, DeadlineH11) and config.http.header_seconds == 10.0
+    assert config.h11_max_incomplete_event_size == 20000 and config.timeout_keep_alive == 5
+    assert config.proxy_headers and config.forwarded_allow_ips == ["10.0.0.7", "10.0.1.0/24"]
