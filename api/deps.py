@@ -85,8 +85,12 @@ def needs_token(settings: Settings, method: str, path: str) -> bool:
     schema and the docs pages included)."""
     if settings.api_token is None:
         return False
-    write = method not in SAFE_METHODS and not (method == "POST" and path in READ_POSTS)
-    return write or (settings.protect_reads and path not in OPEN_PATHS and not is_console_path(path))
+    return is_write(method, path) or (settings.protect_reads and path not in OPEN_PATHS and not is_console_path(path))
+
+
+def is_write(method: str, path: str) -> bool:
+    """Every method but GET/HEAD/OPTIONS, except the POSTs that only read (READ_POSTS)."""
+    return method not in SAFE_METHODS and not (method == "POST" and path in READ_POSTS)
 
 
 def is_console_path(path: str) -> bool:

@@ -43,6 +43,8 @@ def serve(a: argparse.Namespace) -> int:
     from .settings import Settings
 
     settings = Settings(home=Path(a.home), store=a.store)  # the token and limits still come from EARL_*
+    if a.host not in ("0.0.0.0", "::"):  # the name it binds is one it answers to (a wildcard is no name)
+        settings.allowed_hosts = ",".join([settings.allowed_hosts, a.host])
     check_open_writes(a.host, settings)
     worker = None if a.no_worker else start_worker(a.home, a.store, threads=a.worker_threads)
     # uvicorn handles SIGINT/SIGTERM itself (drains requests, returns from run()), then re-raises the signal

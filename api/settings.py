@@ -16,7 +16,8 @@ class Settings(BaseSettings):
     EARL_PREDICT_QUEUE_SECONDS, EARL_MAX_JOB_DIM, EARL_MAX_BATCH_X_NEGATIVES, EARL_MAX_NPROC, EARL_MAX_JOB_MINUTES,
     EARL_MAX_QUEUED_JOBS, EARL_MAX_EVENT_STREAMS, EARL_MAX_UPLOAD_TRIPLES, EARL_MAX_BUNDLE_ENTITIES, EARL_MAX_BUNDLE_TRIPLES,
     EARL_MAX_BUNDLE_LABEL_MB (docs/api.md#settings); the front: EARL_MAX_HEADER_BYTES, EARL_MAX_HEADERS,
-    EARL_HEADER_TIMEOUT_SECONDS, EARL_KEEP_ALIVE_SECONDS, EARL_TRUSTED_PROXIES (docs/security.md#settings)."""
+    EARL_HEADER_TIMEOUT_SECONDS, EARL_KEEP_ALIVE_SECONDS, EARL_TRUSTED_PROXIES, EARL_ALLOWED_HOSTS,
+    EARL_ALLOWED_ORIGINS (docs/security.md#settings)."""
 
     model_config = SettingsConfigDict(env_prefix="EARL_", extra="ignore")
 
@@ -61,6 +62,11 @@ class Settings(BaseSettings):
     # Comma-separated addresses (or networks) of reverse proxies whose X-Forwarded-For names the client; empty:
     # none, the client is the connection's address (a local client could otherwise claim any address).
     trusted_proxies: str = ""
+    # Comma-separated host names the server answers to besides localhost, 127.0.0.1, ::1 and the address a client
+    # connected to (`earl serve --host` adds its name); '*': any (behind a proxy that checks Host itself).
+    allowed_hosts: str = ""
+    # Comma-separated origins (https://console.example.org) whose pages may write, besides the server's own.
+    allowed_origins: str = ""
 
     @field_validator("api_token", mode="before")
     @classmethod
@@ -75,7 +81,15 @@ class Settings(BaseSettings):
 
     @property
     def trusted_proxy_list(self) -> list[str]:
-        return [p.strip() for p in self.trusted_proxies.split(",") if p.strip()]
+        return _listed(self.trusted_proxies)
+
+    @property
+    def allowed_host_list(self) -> list[str]:
+        return [host.lower().strip("[]") for host in _listed(self.allowed_hosts)]
+
+    @property
+    def allowed_origin_list(self) -> list[str]:
+        return _listed(self.allowed_origins)
 
     @property
     def max_body_bytes(self) -> int:
@@ -90,3 +104,8 @@ class Settings(BaseSettings):
         return BundleLimits(max_names=self.max_bundle_entities, max_triples=self.max_bundle_triples,
                             max_label_bytes=int(self.max_bundle_label_mb * 2**20),
                             origin="EARL_MAX_BUNDLE_ENTITIES / EARL_MAX_BUNDLE_TRIPLES / EARL_MAX_BUNDLE_LABEL_MB")
+
+
+def _listed(text: str) -> list[str]:
+    """A comma-separated setting as its items."""
+    return [item.strip() for item in text.split(",") if item.strip()]
