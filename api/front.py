@@ -1,6 +1,7 @@
 """The front's rules on a request's headers, before any route (the gate, api/gate.py, applies them): how many
 header fields it may carry, which Host it may name, and where a write may come from. Each rule returns the
-refusal (status, reason) or None. The server-level limits (header bytes and deadline, proxies) are api/server.py's.
+refusal (status, reason) or None. And the headers every response carries (SecurityHeaders). The server-level
+limits (header bytes and deadline, proxies) are api/server.py's.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from urllib.parse import urlsplit
 
 from starlette.datastructures import Headers
 from starlette.routing import get_route_path
-from starlette.types import Scope
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from .deps import is_write
 from .settings import Settings
@@ -85,4 +86,41 @@ def foreign_write(scope: Scope, headers: Headers, settings: Settings) -> Refusal
                 "(or EARL_ALLOWED_ORIGINS) or from non-browser clients"
 
 
-__all__ = ["LOCAL_HOSTS", "Refusal", "foreign_host", "foreign_write", "host_name", "refusal", "too_many_headers"]
+
+
+# ---------------------------------------------------------------- on every response
+
+# The console's pages and the API's answers: scripts, styles and data only from this origin, no inline script
+# (the console has none), images also from data: (its icon) and blob: (a fetched plot); never framed.
+CSP = ("default-src 'self'; img-src 'self' data: blob:; object-src 'none'; base-uri 'none'; form-action 'self'; "
+       "frame-ancestors 'none'")
+SECURITY_HEADERS = ((b"content-security-policy", CSP.encode()), (b"x-content-type-options", b"nosniff"),
+                    (b"x-frame-options", b"DENY"), (b"referrer-policy", b"no-referrer"))
+
+
+class SecurityHeaders:
+    """Adds SECURITY_HEADERS to every response (refusals, errors and static files too) unless the response set
+    that header itself (the docs page sets its own policy): the model view with its Delete button loaded in a
+    cross-origin iframe."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def with_headers(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                headers = list(message.get("headers", []))
+                present = {name.lower() for name, _ in headers}
+                headers += [(name, value) for name, value in SECURITY_HEADERS if name not in present]
+                message = {**message, "headers": headers}
+            await send(message)
+
+        await self.app(scope, receive, with_headers)
+
+
+__all__ = ["CSP", "LOCAL_HOSTS", "SECURITY_HEADERS", "Refusal", "SecurityHeaders", "foreign_host", "foreign_write",
+           "host_name", "refusal", "too_many_headers"]

@@ -36,7 +36,7 @@ class RequestGate:
                           "(EARL_MAX_UPLOAD_MB); split the file or compress it as .gz")
         self.linger_bytes = max(2 * settings.max_body_bytes, LINGER_MIN_BYTES)
         # Routes with a body limit of their own (max_body_size: POST /predict), below the upload limit.
-        self.route_limits = {id(r): r.max_body_size for r in routes if getattr(r, "max_body_size", None) is not None}
+        self.route_limits = {id(r): limit for r in routes if (limit := getattr(r, "max_body_size", None)) is not None}
         self.smallest_route_limit = min(self.route_limits.values(), default=settings.max_body_bytes)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:

@@ -62,3 +62,43 @@ def test_a_page_on_another_origin_cannot_queue_or_cancel_jobs(page, api):
     job = httpx.post(f"{api}/jobs", files={"train": ("train.txt", b"a\tr\tb\n")}).json()["id"]
     page.evaluate("([api, id]) => window.cancel(api, id)", [api, job])
     assert httpx.get(f"{api}/jobs/{job}").json()["state"] == "queued"  # was: cancelled (200)
+
+
+FRAMER = """<!doctype html><iframe id="victim" src="{src}" width="800" height="600"></iframe>"""
+
+
+def csp_violations(page) -> list[str]:
+    return [m for m in page.messages if "Content Security Policy" in m or "frame-ancestors" in m]
+
+
+@pytest.fixture
+def watched(page):
+    """The page, with the console messages it logs from now on in page.messages (CSP violations are logged)."""
+    page.messages = []
+
+    def keep(message):
+        page.messages.append(message.text)
+
+    page.on("console", keep)
+    yield page
+    page.remove_listener("console", keep)
+
+
+def test_the_console_cannot_be_framed_by_another_origin(watched, api, attacker):
+    """The model view with its Delete button loaded in a cross-origin iframe (no frame-ancestors anywhere)."""
+    watched.set_content(FRAMER.format(src=f"{api}/#/"))
+    watched.wait_for_timeout(1000)
+    frame = watched.frame_locator("#victim")
+    assert frame.locator("main").count() == 0  # the console never rendered inside the frame
+    assert any("frame-ancestors" in m for m in watched.messages), watched.messages
+
+
+def test_the_console_and_docs_run_under_their_policy(watched, api):
+    """No inline script in the console: its views render with script-src 'self' and break no directive."""
+    watched.goto(f"{api}/")
+    watched.wait_for_selector("main h2:has-text('Models')")
+    watched.goto(f"{api}/#/upload")
+    watched.wait_for_selector("#upload-form")
+    watched.goto(f"{api}/docs")
+    watched.wait_for_selector(".swagger-ui .info, a[href='/openapi.json']")
+    assert csp_violations(watched) == []

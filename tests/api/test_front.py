@@ -3,6 +3,7 @@ a deadline for the headers, idle keep-alive, and the same settings wherever the 
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import socket
 import time
@@ -38,10 +39,8 @@ def ask(base: str, head: bytes) -> tuple[int, dict[str, str], bytes]:
     """Send `head` (a request line and headers, unfinished) plus the blank line; the answer, however the server
     took the request (it may close while the rest is still being sent)."""
     with connect(base) as sock:
-        try:
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
             sock.sendall(head + b"\r\n")
-        except (BrokenPipeError, ConnectionResetError):
-            pass
         return read_response(sock)
 
 
@@ -208,3 +207,31 @@ def test_x_forwarded_for_counts_only_from_a_trusted_proxy(tmp_path, trusted):
         statuses = [httpx.post(f"{url}/jobs", files=TRAIN, headers={"X-Forwarded-For": f"10.0.0.{i}"}).status_code
                     for i in range(3)]
     assert statuses == ([202, 202, 202] if trusted else [202, 429, 429])
+
+
+# ---------------------------------------------------------------- on every response
+
+@pytest.mark.parametrize(("method", "path", "kwargs", "status"), [
+    ("GET", "/healthz", {}, 200), ("GET", "/", {}, 200), ("GET", "/console/app.js", {}, 200),
+    ("GET", "/models/" + "0" * 32, {}, 404), ("GET", "/openapi.json", {}, 200),
+    ("GET", "/jobs", {"headers": {"Host": "evil.example"}}, 400),
+    ("POST", "/jobs", {"headers": {"Origin": "http://evil.example"}}, 403),
+    ("POST", "/predict", {"content": b"{}" * MB, "headers": {"Content-Type": "application/json"}}, 413),
+    ("GET", "/predict", {"params": {"model": "m"}}, 422)])
+def test_every_response_carries_the_security_headers(base, method, path, kwargs, status):
+    """No Content-Security-Policy, X-Content-Type-Options or frame-ancestors anywhere: the model view with its
+    Delete button loaded in a cross-origin iframe."""
+    r = httpx.request(method, f"{base}{path}", **kwargs)
+    assert r.status_code == status
+    csp = r.headers["content-security-policy"]
+    assert "frame-ancestors 'none'" in csp and "'unsafe-inline'" not in csp and "script-src" not in csp
+    assert r.headers["x-content-type-options"] == "nosniff" and r.headers["x-frame-options"] == "DENY"
+
+
+def test_the_docs_load_nothing_from_elsewhere(base):
+    page = httpx.get(f"{base}/docs")
+    assert page.status_code == 200 and "frame-ancestors 'none'" in page.headers["content-security-policy"]
+    assert "http" not in page.text.replace('href="/', "") and "<script>" not in page.text  # no CDN, no inline
+    assert 'href="/openapi.json"' in page.text or "/console/swagger/swagger-ui-bundle.js" in page.text
+    assert httpx.get(f"{base}/redoc", follow_redirects=True).url.path == "/docs"
+    assert httpx.get(f"{base}/docs/oauth2-redirect").status_code == 404  # an inline script, and no OAuth here

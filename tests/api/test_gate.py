@@ -20,7 +20,7 @@ from api.settings import Settings
 
 TOKEN = "gate-token"
 MB = 2**20
-DOC_PATHS = ("/openapi.json", "/docs", "/redoc", "/docs/oauth2-redirect")
+DOC_PATHS = ("/openapi.json", "/docs", "/redoc")
 
 
 def multipart_head(boundary: str = "b0undary") -> bytes:
