@@ -111,18 +111,27 @@ def test_unknown_jobs_bad_ids_and_too_many_streams_are_refused(app, monkeypatch)
 
 def test_concurrent_streams_never_pass_the_cap(tmp_path):
     """Issue 56: 300 concurrent streams opened 79 under a cap of 64 (the count grew only once a stream started).
-    Here 60 clients at once against a cap of 8: exactly 8 open, the rest 503, and every slot comes back."""
+    Here 60 clients at once against a cap of 8, each open stream held until every client has its answer (so that
+    no slot is given back and taken again meanwhile): exactly 8 open, the rest 503, and every slot comes back."""
     app = create_app(Settings(home=tmp_path, api_token=TOKEN, max_event_streams=8))
 
-    async def open_all(url: str) -> list[int]:
+    async def open_all(url: str, clients: int = 60) -> list[int]:
+        statuses: list[int] = []
+        everyone = anyio.Event()
         async with httpx.AsyncClient(timeout=30, limits=httpx.Limits(max_connections=100)) as client:
-            async def one() -> int:
+            async def one() -> None:
                 async with client.stream("GET", url) as response:
+                    statuses.append(response.status_code)
+                    if len(statuses) == clients:
+                        everyone.set()
                     if response.status_code == 200:
-                        await response.aiter_lines().__anext__()  # the stream is open and started
-                        await anyio.sleep(1.0)  # held while the others arrive
-                    return response.status_code
-            return await gather(*(one() for _ in range(60)))
+                        with anyio.move_on_after(30):
+                            await everyone.wait()
+
+            async with anyio.create_task_group() as group:
+                for _ in range(clients):
+                    group.start_soon(one)
+        return statuses
 
     with live(app) as base:
         job_id = queued_job(base)
@@ -133,17 +142,6 @@ def test_concurrent_streams_never_pass_the_cap(tmp_path):
     assert statuses.count(200) == 8 and statuses.count(503) == 52
     assert app.state.stream_slots.open == 0
 
-
-async def gather(*coroutines):
-    results = [None] * len(coroutines)
-
-    async def run(i, coroutine):
-        results[i] = await coroutine
-
-    async with anyio.create_task_group() as group:
-        for i, coroutine in enumerate(coroutines):
-            group.start_soon(run, i, coroutine)
-    return results
 
 
 def test_thinned_keeps_the_ends_and_about_the_asked_points():
