@@ -18,7 +18,7 @@ from earl_service.service.registry import ModelRegistry
 from earl_service.service.store import JobStore
 
 from .cache import PredictorCache
-from .limits import PredictSlots
+from .limits import PredictSlots, StreamSlots
 from .metrics import Metrics
 from .settings import Settings
 
@@ -53,6 +53,10 @@ async def get_predict_slots(request: Request) -> PredictSlots:
     return request.app.state.predict_slots
 
 
+async def get_stream_slots(request: Request) -> StreamSlots:
+    return request.app.state.stream_slots
+
+
 SettingsDep = Annotated[Settings, Depends(get_settings)]
 HomeDep = Annotated[ServiceHome, Depends(get_home)]
 StoreDep = Annotated[JobStore, Depends(get_store)]
@@ -60,6 +64,7 @@ RegistryDep = Annotated[ModelRegistry, Depends(get_registry)]
 CacheDep = Annotated[PredictorCache, Depends(get_cache)]
 MetricsDep = Annotated[Metrics, Depends(get_metrics)]
 PredictSlotsDep = Annotated[PredictSlots, Depends(get_predict_slots)]
+StreamSlotsDep = Annotated[StreamSlots, Depends(get_stream_slots)]
 JobId = Annotated[str, Path(pattern=ID_PATTERN, description="job id")]
 ModelId = Annotated[str, Path(pattern=ID_PATTERN, description="model id")]
 
@@ -80,8 +85,12 @@ def needs_token(settings: Settings, method: str, path: str) -> bool:
     schema and the docs pages included)."""
     if settings.api_token is None:
         return False
-    write = method not in SAFE_METHODS and not (method == "POST" and path in READ_POSTS)
-    return write or (settings.protect_reads and path not in OPEN_PATHS and not is_console_path(path))
+    return is_write(method, path) or (settings.protect_reads and path not in OPEN_PATHS and not is_console_path(path))
+
+
+def is_write(method: str, path: str) -> bool:
+    """Every method but GET/HEAD/OPTIONS, except the POSTs that only read (READ_POSTS)."""
+    return method not in SAFE_METHODS and not (method == "POST" and path in READ_POSTS)
 
 
 def is_console_path(path: str) -> bool:

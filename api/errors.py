@@ -1,5 +1,5 @@
-"""Errors that reach the client from below the routes: library errors (404, 422), storage failures (507/503) and
-a busy or unreachable job store (503). `add_error_handlers` registers them on the app; the 401 and 413 that the
+"""Errors that reach the client from below the routes: library errors (404, 422), request validation (422, its
+inputs shortened), storage failures (507/503) and a busy or unreachable job store (503). `add_error_handlers` registers them on the app; the 401 and 413 that the
 headers decide come from api/gate.py."""
 
 from __future__ import annotations
@@ -9,6 +9,8 @@ import logging
 from typing import Any
 
 from fastapi import FastAPI, Request
+from fastapi.encoders import jsonable_encoder
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
 from earl_service.errors import (
@@ -37,7 +39,11 @@ NOT_FOUND: dict[int | str, dict[str, Any]] = {
     404: {"model": NotFoundResponse, "description": "unknown model, job, entity or relation, or no report"}}
 
 
+SHOWN_INPUT_CHARS = 200  # a 422 shows an input whole up to about this size, else a short description of it
+
+
 def add_error_handlers(app: FastAPI) -> None:
+    app.add_exception_handler(RequestValidationError, invalid_request)
     for missing in NOT_FOUND_ERRORS:
         app.add_exception_handler(missing, not_found)
     for refused in UNPROCESSABLE_ERRORS:
@@ -52,6 +58,39 @@ async def not_found(request: Request, exc: Exception) -> JSONResponse:
     body = NotFound.model_validate({"message": str(exc), "kind": exc.kind, "name": exc.name,
                                     "suggestions": exc.suggestions})
     return JSONResponse({"detail": body.model_dump()}, status_code=404)
+
+
+async def invalid_request(request: Request, exc: Exception) -> JSONResponse:
+    """FastAPI's 422 for a request that fails validation, with each error's `input` shortened (`shown`): the
+    default echoed the whole input, 10 MiB of queries serialised back in 5 s and +485 MiB."""
+    assert isinstance(exc, RequestValidationError)
+    errors = [{**error, "input": shown(error["input"])} if "input" in error else error for error in exc.errors()]
+    return JSONResponse({"detail": jsonable_encoder(errors)}, status_code=422)
+
+
+def shown(value: Any, limit: int = SHOWN_INPUT_CHARS) -> Any:
+    """`value` itself when it is small, else a short description: a string's start and length, a list's or an
+    object's item count. Deciding never walks more than about `limit` items of a large input."""
+    if isinstance(value, str | bytes):
+        return value if len(value) <= limit else f"{value[:limit]!s}... ({len(value):,} characters)"
+    if isinstance(value, list | tuple | dict) and _size(value, limit) > limit:
+        return f"{'an object' if isinstance(value, dict) else 'a list'} of {len(value):,} items (not shown)"
+    return value
+
+
+def _size(value: Any, limit: int) -> int:
+    """About how many characters `value` takes as JSON, counted until `limit` is passed."""
+    if isinstance(value, str | bytes):
+        return len(value) + 2
+    if not isinstance(value, list | tuple | dict):
+        return 8
+    total = 2
+    for item in value.items() if isinstance(value, dict) else value:
+        total += _size(item, limit - total) + 2 if not isinstance(item, tuple) else sum(
+            _size(part, limit - total) for part in item) + 3
+        if total > limit:
+            break
+    return total
 
 
 async def unprocessable(request: Request, exc: Exception) -> JSONResponse:

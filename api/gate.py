@@ -1,5 +1,5 @@
-"""The outermost ASGI layer: refuses what the headers decide (401, 413) before a body byte is read, and lets the
-client finish sending so that it can read the refusal."""
+"""The outermost ASGI layer: refuses what the headers decide (the front's rules in api/front.py, 401, 413) before a
+body byte is read, and lets the client finish sending so that it can read the refusal."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from starlette.datastructures import Headers
 from starlette.routing import BaseRoute, Match, Route, get_route_path
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from . import front
 from .deps import UNAUTHORIZED, needs_token, presented_token, token_matches
 from .settings import Settings
 
@@ -20,11 +21,12 @@ MIB = 2**20
 # client) then reads the 413 instead of a connection reset. Past that the connection is closed.
 LINGER_SECONDS = 30.0
 LINGER_MIN_BYTES = 64 * MIB
+BODY_LIMIT_KEY = "x-body-limit"  # a route's openapi_extra: why its max_body_size is what it is (the 413 says it)
 
 
 class RequestGate:
     """401 for a request without the token it needs (`deps.needs_token`) and 413 for a Content-Length over
-    EARL_MAX_UPLOAD_MB, both from the headers alone; Starlette's own 413 for a streamed body that grows past the
+    EARL_MAX_UPLOAD_MB (or the route's own max_body_size, with its reason), both from the headers alone; Starlette's own 413 for a streamed body that grows past the
     limit is rewritten to the same JSON. Each refusal drains the rest of the body (bounded) before it ends.
     """
 
@@ -32,20 +34,35 @@ class RequestGate:
         self.app, self.settings, self.routes = app, settings, routes
         self.too_large = (f"request body larger than the upload limit of {settings.max_body_bytes / MIB:g} MiB "
                           "(EARL_MAX_UPLOAD_MB); split the file or compress it as .gz")
-        self.too_large_body = json.dumps({"detail": self.too_large}).encode()
         self.linger_bytes = max(2 * settings.max_body_bytes, LINGER_MIN_BYTES)
+        # Routes with a body limit of their own (max_body_size: POST /predict), below the upload limit.
+        self.route_limits = {id(r): limit for r in routes if (limit := getattr(r, "max_body_size", None)) is not None}
+        self.smallest_route_limit = min(self.route_limits.values(), default=settings.max_body_bytes)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        if needs_token(self.settings, scope["method"], get_route_path(scope)) and not token_matches(
+        length = declared_length(scope) or 0
+        if (refusal := front.refusal(scope, self.settings)) is not None:
+            await self.refuse(scope, receive, send, *refusal)
+        elif needs_token(self.settings, scope["method"], get_route_path(scope)) and not token_matches(
                 self.settings, presented_token(scope["headers"])):
             await self.refuse(scope, receive, send, 401, UNAUTHORIZED, [(b"www-authenticate", b"Bearer")])
-        elif (declared_length(scope) or 0) > self.settings.max_body_bytes:
-            await self.refuse(scope, receive, send, 413, self.too_large)
+        elif length > self.smallest_route_limit and length > self.body_limit(scope)[0]:
+            await self.refuse(scope, receive, send, 413, self.body_limit(scope)[1])
         else:
             await self.pass_on(scope, receive, send)
+
+    def body_limit(self, scope: Scope) -> tuple[int, str]:
+        """The most body bytes the request's route takes, and the 413's reason past it."""
+        route = self.matching_route(scope) if self.route_limits else None
+        if route is None or id(route) not in self.route_limits:
+            return self.settings.max_body_bytes, self.too_large
+        assert isinstance(route, Route)
+        limit = self.route_limits[id(route)]
+        reason = (getattr(route, "openapi_extra", None) or {}).get(BODY_LIMIT_KEY, "what its largest request needs")
+        return limit, f"request body larger than the {limit:,} bytes that {scope['method']} {route.path} takes: {reason}"
 
     async def refuse(self, scope: Scope, receive: Receive, send: Send, status: int, detail: str,
                      headers: list[tuple[bytes, bytes]] | None = None) -> None:
@@ -66,7 +83,8 @@ class RequestGate:
 
     async def pass_on(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Run the app, with Starlette's plain-text 413 (a streamed body that grew past the limit) made ours."""
-        rewriting = ended = False
+        rewriting: bytes | None = None  # our 413's body, once Starlette's 413 has started
+        ended = False
 
         async def tracked() -> Message:  # whether the body has ended: receive() past its end waits forever
             nonlocal ended
@@ -77,13 +95,13 @@ class RequestGate:
         async def rewrite(message: Message) -> None:
             nonlocal rewriting
             if message["type"] == "http.response.start" and message["status"] == 413:
-                rewriting = True
+                rewriting = json.dumps({"detail": self.body_limit(scope)[1]}).encode()
                 kept = [(k, v) for k, v in message.get("headers", [])
                         if k.lower() not in (b"content-length", b"content-type", b"connection")]
-                await send({**message, "headers": json_headers(scope, len(self.too_large_body), kept)})
+                await send({**message, "headers": json_headers(scope, len(rewriting), kept)})
             elif rewriting and message["type"] == "http.response.body":
                 if not message.get("more_body", False):
-                    await self.finish(receive, send, self.too_large_body, drain=body_follows(scope) and not ended)
+                    await self.finish(receive, send, rewriting, drain=body_follows(scope) and not ended)
             else:
                 await send(message)
 

@@ -1,8 +1,10 @@
-"""Bounds on the work one request can start: predictions in flight, the size of a job, a client's queued jobs."""
+"""Bounds on the work one request can start: predictions in flight, event streams open, the size of a job, a
+client's queued jobs."""
 
 from __future__ import annotations
 
 import hashlib
+import hmac
 import math
 from typing import Any
 
@@ -42,6 +44,27 @@ class PredictSlots:
                 f"finished within {self.wait:g} s (EARL_PREDICT_QUEUE_SECONDS); try again shortly")
 
 
+class StreamSlots:
+    """At most `size` event streams open in this API process (each one polls the store). Taking a slot is the
+    check and the count in one step on the event loop (no await between them): when the count grew only once a
+    stream had started, 300 concurrent requests all passed the check first and 79 streams opened under a cap
+    of 64."""
+
+    def __init__(self, size: int) -> None:
+        self.size, self.open = size, 0
+
+    def take(self) -> bool:
+        """True with a slot held (give it back with `give_back`), False when all are taken."""
+        if self.open >= self.size:
+            return False
+        self.open += 1
+        return True
+
+    def give_back(self) -> None:
+        assert self.open > 0
+        self.open -= 1
+
+
 def _over_caps(params: dict[str, Any], settings: Settings) -> list[str]:
     """Each of this server's caps that `params` exceed, with the setting that raises it."""
     caps = [("dim", params["dim"], settings.max_job_dim, "EARL_MAX_JOB_DIM"),
@@ -64,11 +87,13 @@ def bounded_job_params(params: dict[str, Any], settings: Settings, *,
     return {**params, "time_limit": params["time_limit"] or settings.max_job_minutes}
 
 
-def client_key(settings: Settings, *, token: bytes, address: str | None) -> str:
-    """Who a job belongs to, for the queue quota: its token when the server has one, else its network address;
-    hashed, since a job's params are readable by anyone who may read jobs."""
+def client_key(secret: bytes, settings: Settings, *, token: bytes, address: str | None) -> str:
+    """Who a job belongs to, for the queue quota: its token when the server has one, else its network address.
+    A job's params are readable by anyone who may read jobs, so this is an HMAC keyed by the install's secret
+    (ServiceHome.secret): a plain hash of a token could be tested against guesses offline, and one of an address
+    reversed by trying the 2**32 of them."""
     who = b"token:" + token if settings.api_token is not None else f"addr:{address}".encode()
-    return hashlib.sha256(who).hexdigest()[:16]
+    return hmac.new(secret, who, hashlib.sha256).hexdigest()[:16]
 
 
 def unfinished_jobs(store: JobStore, client: str) -> int:

@@ -26,24 +26,26 @@ from earl_service.service.registry import ModelRegistry
 from .cache import PredictorCache
 from .deps import check_access
 from .errors import add_error_handlers
+from .front import SecurityHeaders
 from .gate import RequestGate
-from .limits import PredictSlots
+from .limits import PredictSlots, StreamSlots
 from .metrics import Metrics, MetricsMiddleware
-from .routes import console, entities, events, health, jobs, models, precisions, predict, relations, reports
+from .routes import console, docs, entities, events, health, jobs, models, precisions, predict, relations, reports
 from .settings import Settings
 
 log = logging.getLogger(__name__)
 SWEEP_EVERY_S = 3600.0  # housekeeping (earl_service/service/housekeeping.py) after the one at start-up
-ROUTERS = (jobs, events, models, relations, reports, predict, entities, precisions, health, console)
+ROUTERS = (jobs, events, models, relations, reports, predict, entities, precisions, health, console, docs)
 
 
 class EarlAPI(FastAPI):
     def build_middleware_stack(self) -> ASGIApp:
-        # The gate outermost: it refuses (401, 413) before FastAPI reads a body, and FastAPI's own body limiter
-        # sits outside every user middleware. The metrics wrap it, so that refusals are counted too.
+        # The gate outermost: it refuses (400, 401, 403, 413, 431) before FastAPI reads a body, and FastAPI's own
+        # body limiter sits outside every user middleware. The metrics wrap it, so that refusals are counted too,
+        # and the security headers wrap everything, so that every response carries them.
         routes = [*self.router.routes, *(route for module in ROUTERS for route in module.router.routes)]
         gate = RequestGate(super().build_middleware_stack(), self.state.settings, routes)
-        return MetricsMiddleware(gate, metrics=self.state.metrics)
+        return SecurityHeaders(MetricsMiddleware(gate, metrics=self.state.metrics))
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
@@ -53,6 +55,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         configure_threads(1)
         app.state.home = ServiceHome(settings.home).create()
+        app.state.secret = app.state.home.secret()  # keys the client names of jobs (limits.client_key)
         app.state.store = app.state.home.open_store(settings.store)
         app.state.registry = ModelRegistry(app.state.home, app.state.store, limits=settings.bundle_limits)
         app.state.cache = PredictorCache(settings.cache_models, int(settings.cache_mb * 2**20))
@@ -70,16 +73,22 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     # oversized upload is never spooled to disk in full (a too-large Content-Length never gets past the gate).
     # check_access: one app-wide dependency, so every route (new ones too) is behind the token rules; the gate
     # applies the same rules (deps.needs_token) before any body is read.
+    # docs_url, redoc_url: FastAPI's pages load their scripts from a CDN; routes/docs.py serves local ones.
     app = EarlAPI(title="EARL compression service", version=__version__, lifespan=lifespan,
-                  max_body_size=settings.max_body_bytes, dependencies=[Depends(check_access)])
+                  max_body_size=settings.max_body_bytes, dependencies=[Depends(check_access)], docs_url=None,
+                  redoc_url=None)
     app.state.settings = settings
     app.state.metrics = Metrics()
     # Bounds on work in flight: predictions computed at once, and threads of their own for the readiness checks.
     app.state.predict_slots = PredictSlots(settings.max_concurrent_predicts, wait=settings.predict_queue_seconds)
+    app.state.stream_slots = StreamSlots(settings.max_event_streams)
     app.state.probe_threads = anyio.CapacityLimiter(health.PROBE_THREADS)
     add_error_handlers(app)
     for module in ROUTERS:
         app.include_router(module.router)
+    app.state.swagger = (swagger := docs.swagger_assets()) is not None
+    if swagger is not None:  # before the console's mount, which would otherwise take its paths
+        app.mount(docs.SWAGGER_ASSETS, swagger, name="swagger")
     app.mount(console.ASSETS, console.assets(), name="console")
     return app
 

@@ -131,14 +131,19 @@ class PredictionOut(QueryAnswer):
 
 MAX_K = 1000  # answers per query, GET and POST /predict
 MAX_BATCH_QUERIES = 100  # queries per POST /predict: bounds one request's work and response
+MAX_NAME_CHARS = 1000  # an entity or relation name in a query (and in an uploaded file: api/uploads.py)
+# The body of POST /predict that the largest valid batch needs: its names with every character written as a \uXXXX
+# escape (6 bytes; Python's json.dumps writes any non-ASCII character so), plus the keys and numbers around them.
+# A larger body is refused before it is read whole: 10 MiB of empty queries cost 5 s and +485 MiB to parse.
+MAX_PREDICT_BODY_BYTES = MAX_BATCH_QUERIES * (2 * MAX_NAME_CHARS * 6 + 256) + 1024
 
 
 class PredictQuery(BaseModel):
     """One query of a batch: exactly one of `head` (predict tails) or `tail` (predict heads)."""
 
-    head: str | None = Field(None, min_length=1, max_length=1000)
-    tail: str | None = Field(None, min_length=1, max_length=1000)
-    relation: str = Field(min_length=1, max_length=1000)
+    head: str | None = Field(None, min_length=1, max_length=MAX_NAME_CHARS)
+    tail: str | None = Field(None, min_length=1, max_length=MAX_NAME_CHARS)
+    relation: str = Field(min_length=1, max_length=MAX_NAME_CHARS)
     k: int = Field(10, ge=1, le=MAX_K)
     exclude_known: bool = True
 

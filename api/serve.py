@@ -39,9 +39,12 @@ def serve(a: argparse.Namespace) -> int:
     import uvicorn
 
     from .main import create_app
+    from .server import server_config
     from .settings import Settings
 
     settings = Settings(home=Path(a.home), store=a.store)  # the token and limits still come from EARL_*
+    if a.host not in ("0.0.0.0", "::"):  # the name it binds is one it answers to (a wildcard is no name)
+        settings.allowed_hosts = ",".join([settings.allowed_hosts, a.host])
     check_open_writes(a.host, settings)
     worker = None if a.no_worker else start_worker(a.home, a.store, threads=a.worker_threads)
     # uvicorn handles SIGINT/SIGTERM itself (drains requests, returns from run()), then re-raises the signal
@@ -49,7 +52,8 @@ def serve(a: argparse.Namespace) -> int:
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, lambda *_: None)
     try:
-        uvicorn.Server(uvicorn.Config(create_app(settings), host=a.host, port=a.port, log_level=a.log_level)).run()
+        uvicorn.Server(server_config(create_app(settings), settings, host=a.host, port=a.port,
+                                     log_level=a.log_level)).run()
     finally:
         if worker is not None:
             stop_worker(worker, timeout=a.stop_timeout)

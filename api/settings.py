@@ -14,8 +14,10 @@ class Settings(BaseSettings):
     """EARL_HOME, EARL_STORE, EARL_API_TOKEN, EARL_PROTECT_READS, EARL_MAX_UPLOAD_MB, EARL_MAX_UNPACKED_MB,
     EARL_CACHE_MODELS, EARL_CACHE_MB; and the bounds on work: EARL_ALLOW_OPEN_WRITES, EARL_MAX_CONCURRENT_PREDICTS,
     EARL_PREDICT_QUEUE_SECONDS, EARL_MAX_JOB_DIM, EARL_MAX_BATCH_X_NEGATIVES, EARL_MAX_NPROC, EARL_MAX_JOB_MINUTES,
-    EARL_MAX_QUEUED_JOBS, EARL_MAX_UPLOAD_TRIPLES, EARL_MAX_BUNDLE_ENTITIES, EARL_MAX_BUNDLE_TRIPLES,
-    EARL_MAX_BUNDLE_LABEL_MB (docs/api.md#settings)."""
+    EARL_MAX_QUEUED_JOBS, EARL_MAX_EVENT_STREAMS, EARL_MAX_UPLOAD_TRIPLES, EARL_MAX_BUNDLE_ENTITIES, EARL_MAX_BUNDLE_TRIPLES,
+    EARL_MAX_BUNDLE_LABEL_MB (docs/api.md#settings); the front: EARL_MAX_HEADER_BYTES, EARL_MAX_HEADERS,
+    EARL_HEADER_TIMEOUT_SECONDS, EARL_KEEP_ALIVE_SECONDS, EARL_TRUSTED_PROXIES, EARL_ALLOWED_HOSTS,
+    EARL_ALLOWED_ORIGINS (docs/security.md#settings)."""
 
     model_config = SettingsConfigDict(env_prefix="EARL_", extra="ignore")
 
@@ -42,6 +44,7 @@ class Settings(BaseSettings):
     max_nproc: int = Field(8, ge=0)  # a job's nproc_per_node
     max_job_minutes: float = Field(24 * 60.0, gt=0)  # a job's time_limit; a job without one gets this
     max_queued_jobs: int = Field(10, ge=1)  # unfinished (queued or running) jobs per client (token, else address)
+    max_event_streams: int = Field(64, ge=1)  # GET /jobs/{id}/events open at once per API process (each polls)
     # Bound on the distinct triples of one uploaded file: the upload check keeps 8 bytes for each (16 while merging).
     max_upload_triples: int = Field(10_000_000, ge=1)
     # The largest bundle POST /models registers (names per vocabulary, triples): checked while it decompresses,
@@ -51,6 +54,21 @@ class Settings(BaseSettings):
     max_bundle_triples: int = Field(20_000_000, ge=1)
     # Decoded bytes of a bundle's entity (or relation) labels: 14,541 FB15k-237 labels take 0.24 MB.
     max_bundle_label_mb: float = Field(64.0, gt=0)
+
+    # The front (docs/security.md): what one connection may send before its request reaches the app, and whom to
+    # believe about a client's address. api/server.py gives them to uvicorn; api/front.py checks the header count.
+    max_header_bytes: int = Field(64 * 1024, ge=4096)  # request line + headers (uvicorn's h11 buffer); past it 400
+    max_headers: int = Field(100, ge=16)  # header fields in one request; past it 431
+    header_timeout_seconds: float = Field(10.0, gt=0)  # a request's line and headers must arrive within this; 408
+    keep_alive_seconds: int = Field(5, ge=1)  # an idle kept-alive connection is closed after this
+    # Comma-separated addresses (or networks) of reverse proxies whose X-Forwarded-For names the client; empty:
+    # none, the client is the connection's address (a local client could otherwise claim any address).
+    trusted_proxies: str = ""
+    # Comma-separated host names the server answers to besides localhost, 127.0.0.1, ::1 and the address a client
+    # connected to (`earl serve --host` adds its name); '*': any (behind a proxy that checks Host itself).
+    allowed_hosts: str = ""
+    # Comma-separated origins (https://console.example.org) whose pages may write, besides the server's own.
+    allowed_origins: str = ""
 
     @field_validator("api_token", mode="before")
     @classmethod
@@ -62,6 +80,18 @@ class Settings(BaseSettings):
         if self.protect_reads and self.api_token is None:
             raise ValueError("EARL_PROTECT_READS=true needs EARL_API_TOKEN: without a token nothing can be read")
         return self
+
+    @property
+    def trusted_proxy_list(self) -> list[str]:
+        return _listed(self.trusted_proxies)
+
+    @property
+    def allowed_host_list(self) -> list[str]:
+        return [host.lower().strip("[]") for host in _listed(self.allowed_hosts)]
+
+    @property
+    def allowed_origin_list(self) -> list[str]:
+        return _listed(self.allowed_origins)
 
     @property
     def max_body_bytes(self) -> int:
@@ -76,3 +106,8 @@ class Settings(BaseSettings):
         return BundleLimits(max_names=self.max_bundle_entities, max_triples=self.max_bundle_triples,
                             max_label_bytes=int(self.max_bundle_label_mb * 2**20),
                             origin="EARL_MAX_BUNDLE_ENTITIES / EARL_MAX_BUNDLE_TRIPLES / EARL_MAX_BUNDLE_LABEL_MB")
+
+
+def _listed(text: str) -> list[str]:
+    """A comma-separated setting as its items."""
+    return [item.strip() for item in text.split(",") if item.strip()]

@@ -16,8 +16,9 @@ from earl_service.data.triples import DEFAULT_MAX_BYTES, TripleTable, count_trip
 from earl_service.errors import TripleFileError, TripleLimitError
 from earl_service.service.home import ServiceHome
 
+from .schemas import MAX_NAME_CHARS  # a name longer than a query may give could never be asked about
+
 LABEL_FIELDS: dict[str, Kind] = {"entity_labels": "entities", "relation_labels": "relations"}  # form field: kind
-MAX_NAME_CHARS = 1000  # as the /predict query parameters
 DEFAULT_MAX_UPLOAD_TRIPLES = 10_000_000  # as Settings.max_upload_triples (EARL_MAX_UPLOAD_TRIPLES)
 
 

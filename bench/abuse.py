@@ -1,10 +1,13 @@
 """Hostile requests against a live API server (issue 34): status, time and the server's peak RSS growth per case,
-for the code at --before and for this tree.
+for the code at --before and for this tree. With --front, the attacks on the front of issue 56 instead
+(bench/harness/front.py: bodies, headers, slow sockets, races, origins, hosts, forwarded addresses), each also
+with the slowest /healthz answer while it ran, against `earl serve --no-worker` as deployed.
 
     python bench/abuse.py [--before 940aca6] [--before-tree /tmp/abuse-before] [--weights-mib 512] [--only TEXT]
+    python bench/abuse.py --front [--before dbb86e9] [--before-tree /tmp/front-before] [--only TEXT]
 
-"before" runs `uvicorn api.main:app` from a git worktree of --before (made with `git worktree add --detach` when
---before-tree does not exist yet), "after" from this tree; each server gets a fresh EARL_HOME. Before every case
+"before" runs `uvicorn api.main:app` from the files of --before (a `git archive` into --before-tree when it does
+not exist yet), "after" from this tree; each server gets a fresh EARL_HOME. Before every case
 the server's peak RSS is reset (`echo 5 > /proc/PID/clear_refs`), so a case's growth is VmHWM after it minus VmRSS
 before it, whatever earlier cases did. The bundles are made from an untrained CoDEx-S EARL model (dim 16): the
 cases are about what a file can make the server do, not about what it learned.
@@ -13,14 +16,13 @@ cases are about what a file can make the server do, not about what it learned.
 from __future__ import annotations
 
 import argparse
-import functools
+import contextlib
 import json
-import lzma
 import os
-import struct
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import zlib
 from collections.abc import Callable
@@ -31,162 +33,23 @@ import httpx
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from harness import REPO, api_server, md_table, write_results
+from harness import REPO, api_server, front, md_table, write_results
+from harness.hostile import (  # noqa: F401 - tests/api/test_bad_inputs.py reads them here
+    _nan_row,
+    duplicate_edges,
+    graph_bomb,
+    source_bundle,
+    weights_bomb,
+    with_config,
+    with_header,
+    with_metadata,
+    with_tensor,
+)
+from harness.processes import reset_peak, status_kib
 
 MB = 2**20
 NESTED = "[" * 100_000 + "]" * 100_000  # deeper than any JSON parser's recursion limit
 GOOD_TRIPLES = b"a\tr\tb\nb\tr\tc\n"
-
-
-# ---------------------------------------------------------------- the server's memory
-
-
-def status_kib(pid: int, key: str) -> int:
-    """VmRSS, VmHWM, ... of process `pid` in KiB, from /proc/<pid>/status."""
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith(key + ":"):
-            return int(line.split()[1])
-    raise RuntimeError(f"no {key} for process {pid}")
-
-
-def reset_peak(pid: int) -> int:
-    """Reset the process's peak RSS (VmHWM) to its current RSS; returns that RSS in KiB."""
-    Path(f"/proc/{pid}/clear_refs").write_text("5")
-    return status_kib(pid, "VmRSS")
-
-
-# ---------------------------------------------------------------- hostile bundles, made from a good one
-
-
-def good_bundle(path: Path, *, model: str = "earl") -> Path:
-    """An untrained CoDEx-S bundle (dim 16, fp32, plain tensors): its vocabularies and graph are real."""
-    import torch
-
-    from earl_service.bundle.model_io import bundle_from_model
-    from earl_service.config import ModelConfig
-    from earl_service.data.dataset import load_dataset
-    from earl_service.model.graph import choose_reserved
-    from earl_service.model.modules import build_model
-
-    ds = load_dataset(REPO / "earl_service" / "demo_data" / "codex-s")
-    config = ModelConfig(model=model, dim=16)
-    reserved = choose_reserved(ds.num_entities, config.reserved_ratio, 0) if model == "earl" else torch.zeros(
-        0, dtype=torch.long)
-    built = build_model(config, ds.num_entities, ds.num_relations, reserved)
-    return bundle_from_model(built, config, ds.entities, ds.relations, ds.train).save(path)
-
-
-@functools.cache
-def source_bundle(model: str = "earl") -> bytes:
-    """good_bundle's bytes, made once per process."""
-    with tempfile.TemporaryDirectory() as tmp:
-        return good_bundle(Path(tmp) / "bundle.safetensors", model=model).read_bytes()
-
-
-def _parts(data: bytes) -> tuple[dict[str, np.ndarray], dict[str, str]]:
-    """The tensors (coded weights left coded) and metadata of a bundle file's bytes, checksum dropped."""
-    from earl_service.bundle.format import read_safetensors
-
-    with tempfile.TemporaryDirectory() as tmp:
-        (Path(tmp) / "b").write_bytes(data)
-        meta, tensors, _ = read_safetensors(Path(tmp) / "b")
-    meta.pop("payload_sha256")
-    return dict(tensors), meta
-
-
-def _write(tensors: dict[str, np.ndarray], meta: dict[str, str]) -> bytes:
-    from earl_service.bundle.format import write_safetensors
-
-    with tempfile.TemporaryDirectory() as tmp:
-        return write_safetensors(Path(tmp) / "b", tensors, meta).read_bytes()
-
-
-def weights_bomb(data: bytes, *, decoded_mib: int = 512) -> bytes:
-    """Item 1: the weights coded as byte planes + xz, whose manifest declares its first tensor `decoded_mib` MiB
-    large and whose xz stream does decode to that many zero bytes (about 80 KB per 512 MiB)."""
-    from earl_service.bundle.model_io import load_bundle
-
-    with tempfile.TemporaryDirectory() as tmp:
-        (Path(tmp) / "b").write_bytes(data)
-        tensors, meta = load_bundle(Path(tmp) / "b").to_tensors("fp16", "planes-xz")
-    manifest = json.loads(meta["weights_manifest"])
-    cols = manifest[0][2][-1]
-    manifest[0][2] = [decoded_mib * MB // (2 * cols), cols]  # float16: 2 bytes a value
-    total = sum(np.dtype(d).itemsize * int(np.prod(shape)) for _, d, shape in manifest)
-    packer = lzma.LZMACompressor(preset=0)
-    chunk = bytes(64 * MB)
-    blob = b"".join(packer.compress(chunk[: min(len(chunk), total - at)]) for at in range(0, total, len(chunk)))
-    blob += packer.flush()
-    tensors = {**tensors, "weights.packed": np.frombuffer(blob, dtype=np.uint8)}
-    return _write(tensors, {**meta, "weights_manifest": json.dumps(manifest)})
-
-
-def _graph(data: bytes, make: Callable[[int, int, int], bytes]) -> bytes:
-    """The bundle with its graph replaced by xz(make(entities, relations, edges)), the raw CSR bytes."""
-    from earl_service.bundle.format import unpack_graph, unpack_strings
-
-    tensors, meta = _parts(data)
-    n, num_rel = len(unpack_strings(tensors["vocab.entities"])), len(unpack_strings(tensors["vocab.relations"]))
-    raw = make(n, num_rel, len(unpack_graph(tensors["graph.packed"])))
-    tensors["graph.packed"] = np.frombuffer(lzma.compress(raw, preset=1), dtype=np.uint8)  # ~10 MB to pack
-    return _write(tensors, meta)
-
-
-def graph_bomb(data: bytes) -> bytes:
-    """Item 3: a graph whose per-entity counts give entity 0 2**27 edges while its header (and arrays) hold E."""
-    def make(n: int, num_rel: int, edges: int) -> bytes:
-        counts = np.zeros(n, dtype=np.uint32)
-        counts[0] = 2**27
-        rel, tail = np.zeros(edges, dtype=np.uint8), np.zeros(edges, dtype=np.uint16)
-        header = np.array([n, num_rel, edges, 4], dtype=np.uint64)
-        return header.tobytes() + counts.tobytes() + rel.tobytes() + tail.tobytes()
-    return _graph(data, make)
-
-
-def duplicate_edges(data: bytes, edges: int = 5_500_000) -> bytes:
-    """Item 4: one edge repeated `edges` times (16.5 MB raw: inside the 16 MiB floor of the xz ratio cap)."""
-    def make(n: int, num_rel: int, _: int) -> bytes:
-        counts = np.zeros(n, dtype=np.uint32)
-        counts[0] = edges
-        tail = np.ones(edges, dtype=np.uint16)
-        header = np.array([n, num_rel, edges, 4], dtype=np.uint64)
-        return header.tobytes() + counts.tobytes() + np.zeros(edges, dtype=np.uint8).tobytes() + tail.tobytes()
-    return _graph(data, make)
-
-
-def with_tensor(name: str, change: Callable[[np.ndarray], np.ndarray]) -> Callable[[bytes], bytes]:
-    def make(data: bytes) -> bytes:
-        tensors, meta = _parts(data)
-        return _write({**tensors, name: change(tensors[name].copy())}, meta)
-    return make
-
-
-def with_header(change: Callable[[dict], object]) -> Callable[[bytes], bytes]:
-    """The bundle with its safetensors header replaced by change(header) (JSON, or bytes as they are); the
-    payload and its checksum stay as they were."""
-    def make(data: bytes) -> bytes:
-        (n,) = struct.unpack("<Q", data[:8])
-        header = change(json.loads(data[8 : 8 + n]))
-        raw = header if isinstance(header, bytes) else json.dumps(header).encode()
-        raw += b" " * (-len(raw) % 8)
-        return struct.pack("<Q", len(raw)) + raw + data[8 + n :]
-    return make
-
-
-def with_metadata(**values: str) -> Callable[[bytes], bytes]:
-    return with_header(lambda h: {**h, "__metadata__": {**h["__metadata__"], **values}})
-
-
-def with_config(**values: object) -> Callable[[bytes], bytes]:
-    def change(header: dict) -> dict:
-        meta = header["__metadata__"]
-        return {**header, "__metadata__": {**meta, "config": json.dumps({**json.loads(meta["config"]), **values})}}
-    return with_header(change)
-
-
-def _nan_row(values: np.ndarray) -> np.ndarray:
-    values[0] = np.nan
-    return values
 
 
 # ---------------------------------------------------------------- the cases
@@ -323,19 +186,95 @@ def _detail(answer: httpx.Response) -> str:
     return (detail if isinstance(detail, str) else json.dumps(detail))[:160]
 
 
+class HealthProbe:
+    """/healthz every 50 ms in a thread while a case runs; `slowest` is its longest answer (or wait) in seconds."""
+
+    def __init__(self, base: str) -> None:
+        self.base, self.slowest, self.running = base, 0.0, True
+        self.thread = threading.Thread(target=self.run, daemon=True)
+
+    def run(self) -> None:
+        with httpx.Client(timeout=60) as client:
+            while self.running:
+                t0 = time.perf_counter()
+                with contextlib.suppress(httpx.HTTPError):
+                    client.get(f"{self.base}/healthz")
+                self.slowest = max(self.slowest, time.perf_counter() - t0)
+                time.sleep(0.05)
+
+    def __enter__(self) -> HealthProbe:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.running = False
+        self.thread.join(timeout=120)
+
+
+FRONT_TOKEN = "abuse-front-token"
+
+
+def measure_front(tree: Path, only: str) -> list[dict]:
+    """Every attack of harness/front.py against `earl serve --no-worker` of the code in `tree` ("token" and "open"
+    servers, each over a fresh home)."""
+    rows = []
+    for kind, env in (("token", {"EARL_API_TOKEN": FRONT_TOKEN}), ("open", {"EARL_MAX_QUEUED_JOBS": "1"})):
+        attacks = [a for a in front.ATTACKS if a[2] == kind and only in a[0]]
+        with tempfile.TemporaryDirectory() as home, api_server(
+                Path(home), tree=tree, serve=True, env={"PYTHONPATH": str(tree), **env}) as (base, server):
+            for name, attack, _ in attacks:
+                before, t0 = reset_peak(server.pid), time.perf_counter()
+                with HealthProbe(base) as probe:
+                    found = attack(base, FRONT_TOKEN)
+                alive = server.poll() is None
+                rows.append({"case": name, **found, "seconds": round(time.perf_counter() - t0, 2),
+                             "healthz_slowest_s": round(probe.slowest, 3), "alive": alive,
+                             "peak_rss_growth_mib": (status_kib(server.pid, "VmHWM") - before) / 1024 if alive else None})
+                print(json.dumps(rows[-1])[:300], flush=True)
+    return rows
+
+
+def report_front(results: dict[str, list[dict]], before: str) -> str:
+    def cells(row: dict) -> list:
+        grown = row["peak_rss_growth_mib"]
+        return [" ".join(map(str, row["statuses"])) + ("" if row["alive"] else " (server died)"), row["seconds"],
+                None if grown is None else round(grown), round(row["healthz_slowest_s"] * 1000)]
+
+    rows = [[b["case"], *cells(b), *cells(a)] for b, a in zip(results["before"], results["after"], strict=True)]
+    table = md_table(["case", "before: result", "s", "peak RSS MiB", "slowest /healthz ms", "after: result", "s",
+                      "peak RSS MiB", "slowest /healthz ms"], rows)
+    return (f"# The front under attack (issue 56)\n\n`earl serve --no-worker` per code and server kind over a fresh "
+            f"home: 'before' is commit `{before}`, 'after' this tree. Peak RSS growth: the server's VmHWM after the "
+            f"case minus its VmRSS before. Slowest /healthz: the longest answer of a probe every 50 ms while the case "
+            f"ran. The machine was shared with other work (load average {os.getloadavg()[1]:.1f}): times are upper "
+            f"bounds.\n\n" + table)
+
+
 def before_tree(rev: str, path: Path) -> Path:
+    """The files of commit `rev` in `path` (a `git archive`, no worktree: the repository is left as it is)."""
     if not path.exists():
-        subprocess.run(["git", "worktree", "add", "--detach", str(path), rev], cwd=REPO, check=True)
+        path.mkdir(parents=True)
+        archive = subprocess.run(["git", "archive", rev], cwd=REPO, check=True, capture_output=True).stdout
+        subprocess.run(["tar", "-x", "-C", str(path)], input=archive, check=True)
     return path
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--before", default="940aca6", help="the commit measured as 'before' (main at the review)")
-    parser.add_argument("--before-tree", type=Path, default=Path("/tmp/abuse-before"))
+    parser.add_argument("--before", help="the commit measured as 'before' (main at the review: 940aca6; with "
+                                         "--front dbb86e9)")
+    parser.add_argument("--before-tree", type=Path, help="default /tmp/abuse-before (--front: /tmp/front-before)")
     parser.add_argument("--weights-mib", type=int, default=512, help="what the item-1 bomb's xz stream decodes to")
     parser.add_argument("--only", default="", help="run the cases whose name holds this text")
+    parser.add_argument("--front", action="store_true", help="the front's attacks of issue 56 (results: abuse_front)")
     args = parser.parse_args()
+    args.before = args.before or ("dbb86e9" if args.front else "940aca6")
+    args.before_tree = args.before_tree or Path("/tmp/front-before" if args.front else "/tmp/abuse-before")
+    if args.front:
+        results = {code: measure_front(tree, args.only)
+                   for code, tree in (("before", before_tree(args.before, args.before_tree)), ("after", REPO))}
+        write_results("abuse_front", {"before": args.before, "results": results}, report_front(results, args.before))
+        return
     cases = [c for c in CASES if args.only in c.name]
     sources = Sources(source_bundle("earl"), source_bundle("rotate"), args.weights_mib)
     results = {}

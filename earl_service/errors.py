@@ -49,6 +49,14 @@ class StoreError(EarlError):
     """The job store is unreachable or its URL is not understood."""
 
 
+class QuotaError(EarlError):
+    """A client already has as many unfinished jobs as the server allows; nothing was queued."""
+
+    def __init__(self, client: str, count: int, limit: int) -> None:
+        super().__init__(f"client {client} already has {count} unfinished (queued or running) jobs, at most {limit}")
+        self.client, self.count, self.limit = client, count, limit
+
+
 class DatasetError(EarlError):
     """A dataset folder is unusable (missing folder or train file, missing split, ...)."""
 

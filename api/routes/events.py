@@ -20,6 +20,7 @@ import anyio
 from fastapi import APIRouter, HTTPException
 from fastapi.responses import StreamingResponse
 from starlette.concurrency import run_in_threadpool
+from starlette.types import Receive, Scope, Send
 
 from earl_service.errors import EarlError, UnknownJobError
 from earl_service.service.home import ServiceHome
@@ -27,7 +28,8 @@ from earl_service.service.records import TERMINAL, Job
 from earl_service.service.store import JobStore
 from earl_service.train.outputs import HISTORY
 
-from ..deps import HomeDep, JobId, StoreDep
+from ..deps import HomeDep, JobId, StoreDep, StreamSlotsDep
+from ..limits import StreamSlots
 from ..schemas import JobOut
 
 router = APIRouter(prefix="/jobs", tags=["jobs"])
@@ -35,19 +37,23 @@ POLL_SECONDS = 0.5  # the worker beats every second (WorkerConfig.heartbeat_seco
 HEARTBEAT_SECONDS = 15.0  # a comment line at least this often
 STREAM_SECONDS = 300.0  # then the stream closes; the client reconnects
 RETRY_MS = 2000  # the reconnect delay a plain EventSource uses
-MAX_STREAMS = 64  # open streams per API process; past that 503 (each one polls the store)
 CURVE_POINTS = 500  # a finished run's loss curve is thinned to about this many points
 HISTORY_MAX_BYTES = 64 * 2**20  # a larger history.json is not sent (100k steps take ~8 MB)
 
 
-class StreamCount:
-    """How many event streams are open in this process."""
+class SlotStream(StreamingResponse):
+    """A stream that gives its slot back when the response ends, however it ends: finished, the client gone, or
+    never started."""
 
-    def __init__(self) -> None:
-        self.open = 0
+    def __init__(self, content: AsyncIterator[bytes], slots: StreamSlots, **kwargs: Any) -> None:
+        super().__init__(content, **kwargs)
+        self.slots = slots
 
-
-streams = StreamCount()
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.slots.give_back()
 
 
 def sse(event: str, data: Any) -> bytes:
@@ -88,43 +94,40 @@ def found(store: JobStore, job_id: str) -> Job:
 
 async def job_events(store: JobStore, home: ServiceHome, job: Job, *, lifetime: float) -> AsyncIterator[bytes]:
     """`job` events while the job changes, a `curve` and `end` once it has ended; closes after `lifetime`."""
-    streams.open += 1  # here, not in the route: a stream that never starts never ends either
-    try:
-        yield f"retry: {RETRY_MS}\n\n".encode()
-        deadline, last_beat, sent = time.monotonic() + lifetime, time.monotonic(), None
-        while True:
-            shown = JobOut(**job.to_dict()).model_dump()
-            if shown != sent:
-                yield sse("job", shown)
-                sent, last_beat = shown, time.monotonic()
-            if job.state in TERMINAL:
-                yield sse("curve", await run_in_threadpool(run_curve, home, job.id))
-                yield sse("end", {"state": job.state})
-                return
-            if time.monotonic() >= deadline:
-                return
-            if time.monotonic() - last_beat >= HEARTBEAT_SECONDS:
-                yield b": heartbeat\n\n"
-                last_beat = time.monotonic()
-            await anyio.sleep(POLL_SECONDS)
-            try:
-                latest: Job | None = await run_in_threadpool(store.get_job, job.id)
-            except EarlError:  # the store is busy or unreachable for a moment: ask again at the next poll
-                continue
-            if latest is None:  # removed meanwhile
-                yield sse("end", {"state": "gone"})
-                return
-            job = latest
-    finally:
-        streams.open -= 1
+    yield f"retry: {RETRY_MS}\n\n".encode()
+    deadline, last_beat, sent = time.monotonic() + lifetime, time.monotonic(), None
+    while True:
+        shown = JobOut(**job.to_dict()).model_dump()
+        if shown != sent:
+            yield sse("job", shown)
+            sent, last_beat = shown, time.monotonic()
+        if job.state in TERMINAL:
+            yield sse("curve", await run_in_threadpool(run_curve, home, job.id))
+            yield sse("end", {"state": job.state})
+            return
+        if time.monotonic() >= deadline:
+            return
+        if time.monotonic() - last_beat >= HEARTBEAT_SECONDS:
+            yield b": heartbeat\n\n"
+            last_beat = time.monotonic()
+        await anyio.sleep(POLL_SECONDS)
+        try:
+            latest: Job | None = await run_in_threadpool(store.get_job, job.id)
+        except EarlError:  # the store is busy or unreachable for a moment: ask again at the next poll
+            continue
+        if latest is None:  # removed meanwhile
+            yield sse("end", {"state": "gone"})
+            return
+        job = latest
 
 
 @router.get("/{job_id}/events", include_in_schema=False)
-async def job_event_stream(job_id: JobId, store: StoreDep, home: HomeDep) -> StreamingResponse:
+async def job_event_stream(job_id: JobId, store: StoreDep, home: HomeDep, slots: StreamSlotsDep) -> SlotStream:
     """text/event-stream of the job: `job` (JobOut) on each change, then `curve` and `end` when it ends."""
     job = await run_in_threadpool(found, store, job_id)  # a 404 (or the store's 503) before the stream starts
-    if streams.open >= MAX_STREAMS:
-        raise HTTPException(503, f"{MAX_STREAMS} event streams are open, the most this server keeps; poll "
-                                 f"GET /jobs/{job_id} or try again shortly", headers={"Retry-After": "10"})
-    return StreamingResponse(job_events(store, home, job, lifetime=STREAM_SECONDS), media_type="text/event-stream",
-                             headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"})
+    if not slots.take():  # given back by the response, however it ends
+        raise HTTPException(503, f"{slots.size} event streams are open, the most this server keeps "
+                                 f"(EARL_MAX_EVENT_STREAMS); poll GET /jobs/{job_id} or try again shortly",
+                            headers={"Retry-After": "10"})
+    return SlotStream(job_events(store, home, job, lifetime=STREAM_SECONDS), slots, media_type="text/event-stream",
+                      headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"})

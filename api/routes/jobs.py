@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import shutil
 from typing import Annotated, Literal
 
 from fastapi import APIRouter, Depends, Form, HTTPException, Query, Request, UploadFile
 
 from earl_service.config.options import data_config_from_options
-from earl_service.errors import UnknownJobError
+from earl_service.errors import QuotaError, UnknownJobError
 from earl_service.service.records import STATES, TERMINAL, Job, new_id
 
 from ..compress_jobs import check_uploads, job_params, trained_params
@@ -15,6 +16,7 @@ from ..deps import HomeDep, JobId, SettingsDep, StoreDep, presented_token
 from ..errors import NOT_FOUND
 from ..limits import bounded_job_params, client_key, unfinished_jobs
 from ..schemas import JobCreated, JobForm, JobOut
+from ..settings import Settings
 from ..uploads import LABEL_FIELDS, save_job_files
 
 router = APIRouter(prefix="/jobs", tags=["jobs"])
@@ -51,14 +53,12 @@ def create_job(request: Request, settings: SettingsDep, home: HomeDep, store: St
     The server's caps (EARL_MAX_JOB_*, 422) and the client's quota of unfinished jobs (EARL_MAX_QUEUED_JOBS,
     429) are checked before any file is stored.
     """
-    client = client_key(settings, token=presented_token(request.scope["headers"]),
+    client = client_key(request.app.state.secret, settings, token=presented_token(request.scope["headers"]),
                         address=request.client.host if request.client else None)
     stored, compress = job_params(form.model_dump(), given=form.model_fields_set)
     params = bounded_job_params(stored, settings, trained=trained_params(stored, compress)) | {"client": client}
-    if (unfinished := unfinished_jobs(store, client)) >= settings.max_queued_jobs:
-        raise HTTPException(429, f"this client already has {unfinished} unfinished (queued or running) jobs, the "
-                                 f"most this server allows (EARL_MAX_QUEUED_JOBS={settings.max_queued_jobs}); wait "
-                                 "for one to finish or cancel one", headers={"Retry-After": "60"})
+    if (unfinished := unfinished_jobs(store, client)) >= settings.max_queued_jobs:  # early: before any file
+        raise queue_full(unfinished, settings)
     job_id = new_id()
     files, counts, tables = save_job_files(home, job_id, {"train": train, "valid": valid, "test": test},
                                            labels={"entity_labels": entity_labels, "relation_labels": relation_labels},
@@ -68,9 +68,19 @@ def create_job(request: Request, settings: SettingsDep, home: HomeDep, store: St
                                            data=data_config_from_options(stored))
     if compress is not None:
         check_uploads(home, job_id, files, compress, train=tables["train"])
-    job = store.create_job(params, files, job_id=job_id)
+    try:  # the quota again, counted with the insert in one step: concurrent requests all passed the early check
+        job = store.create_job(params, files, job_id=job_id, max_unfinished=settings.max_queued_jobs)
+    except QuotaError as exc:
+        shutil.rmtree(home.upload_dir(job_id), ignore_errors=True)
+        raise queue_full(exc.count, settings) from None
     labels = {name: counts.pop(name)["labels"] for name in LABEL_FIELDS if name in counts}
     return JobCreated(id=job.id, state=job.state, triples=counts, labels=labels)
+
+
+def queue_full(unfinished: int, settings: Settings) -> HTTPException:
+    return HTTPException(429, f"this client already has {unfinished} unfinished (queued or running) jobs, the most "
+                              f"this server allows (EARL_MAX_QUEUED_JOBS={settings.max_queued_jobs}); wait for one "
+                              "to finish or cancel one", headers={"Retry-After": "60"})
 
 
 @router.get("", response_model=list[JobOut])

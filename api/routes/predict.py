@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import json
+from collections.abc import Callable, Coroutine
+from contextlib import suppress
 from typing import Annotated, Any
 
-from fastapi import APIRouter, HTTPException, Query
+from fastapi import APIRouter, HTTPException, Query, Request, Response
 from fastapi.responses import JSONResponse
+from fastapi.routing import APIRoute
 from starlette.concurrency import run_in_threadpool
 
 from earl_service.errors import AmbiguousNameError, BundleError, UnknownEntityError, UnknownRelationError
@@ -16,12 +19,44 @@ from earl_service.service.registry import ModelRegistry
 from ..cache import PredictorCache
 from ..deps import ID_PATTERN, CacheDep, PredictSlotsDep, RegistryDep
 from ..errors import NOT_FOUND
+from ..gate import BODY_LIMIT_KEY
 from ..limits import PredictSlots
-from ..schemas import MAX_K, BatchPredictionOut, PredictBatch, PredictionOut, ScoreOut
+from ..schemas import (
+    MAX_BATCH_QUERIES,
+    MAX_K,
+    MAX_NAME_CHARS,
+    MAX_PREDICT_BODY_BYTES,
+    BatchPredictionOut,
+    PredictBatch,
+    PredictionOut,
+    ScoreOut,
+)
 
-router = APIRouter(tags=["predict"])
+INLINE_JSON_BYTES = 64 * 1024  # a JSON body up to this is parsed on the event loop (well under a millisecond)
 
-Name = Annotated[str, Query(min_length=1, max_length=1000)]
+
+class OffLoopJSONRoute(APIRoute):
+    """A route whose JSON body, when larger than INLINE_JSON_BYTES, is parsed in a thread: FastAPI parses it on the
+    event loop, where a 1 MiB body holds every other request (a /healthz too) for its whole parse. The route's
+    body limit (max_body_size) applies while the body is read; FastAPI then finds it parsed (Request.json caches)."""
+
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        handler = super().get_route_handler()
+
+        async def parsed_off_loop(request: Request) -> Response:
+            if request.method == "POST" and "json" in request.headers.get("content-type", ""):
+                body = await request.body()
+                if len(body) > INLINE_JSON_BYTES:
+                    with suppress(ValueError):  # not JSON: FastAPI parses it again and answers its own 422
+                        request._json = await run_in_threadpool(json.loads, body)
+            return await handler(request)
+
+        return parsed_off_loop
+
+
+router = APIRouter(tags=["predict"], route_class=OffLoopJSONRoute)
+
+Name = Annotated[str, Query(min_length=1, max_length=MAX_NAME_CHARS)]
 
 
 @router.get("/predict", response_model=PredictionOut, responses=NOT_FOUND)
@@ -31,8 +66,8 @@ async def predict(
     slots: PredictSlotsDep,
     model: Annotated[str, Query(pattern=ID_PATTERN)],
     relation: Name,
-    head: Annotated[str | None, Query(min_length=1, max_length=1000)] = None,
-    tail: Annotated[str | None, Query(min_length=1, max_length=1000)] = None,
+    head: Annotated[str | None, Query(min_length=1, max_length=MAX_NAME_CHARS)] = None,
+    tail: Annotated[str | None, Query(min_length=1, max_length=MAX_NAME_CHARS)] = None,
     k: Annotated[int, Query(ge=1, le=MAX_K)] = 10,
     exclude_known: bool = True,
 ) -> JSONResponse:
@@ -44,12 +79,16 @@ async def predict(
                          exclude_known=exclude_known)
 
 
-@router.post("/predict", response_model=BatchPredictionOut, responses=NOT_FOUND)
+@router.post("/predict", response_model=BatchPredictionOut, responses=NOT_FOUND, max_body_size=MAX_PREDICT_BODY_BYTES,
+             openapi_extra={BODY_LIMIT_KEY: f"what a batch of {MAX_BATCH_QUERIES} queries with names of at most "
+                                            f"{MAX_NAME_CHARS:,} characters needs; split the queries over several "
+                                            "requests"})
 async def predict_batch(registry: RegistryDep, cache: CacheDep, slots: PredictSlotsDep,
                         batch: PredictBatch) -> JSONResponse:
     """Up to MAX_BATCH_QUERIES queries of one model, answered in order as GET /predict answers each; an unknown
     entity or relation in any query fails the whole batch with a 404 naming the query (`queries[i]`), a label
-    naming several with a 422 naming it the same way."""
+    naming several with a 422 naming it the same way. The body may take MAX_PREDICT_BODY_BYTES (413 past that),
+    what the largest batch needs; one past INLINE_JSON_BYTES is parsed in a thread (OffLoopJSONRoute)."""
     return await in_slot(slots, answer_batch, registry, cache, batch=batch)
 
 

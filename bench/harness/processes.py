@@ -1,4 +1,5 @@
-"""Subprocesses a bench starts: `earl train` runs (several at once), and the API server on a free port."""
+"""Subprocesses a bench starts: `earl train` runs (several at once), and the API server on a free port, with
+its memory read from /proc."""
 
 from __future__ import annotations
 
@@ -50,6 +51,20 @@ def run_settings(grid: list[tuple[str, list[str]]], start, finish, *, parallel: 
     return done
 
 
+def status_kib(pid: int, key: str) -> int:
+    """VmRSS, VmHWM, ... of process `pid` in KiB, from /proc/<pid>/status."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(key + ":"):
+            return int(line.split()[1])
+    raise RuntimeError(f"no {key} for process {pid}")
+
+
+def reset_peak(pid: int) -> int:
+    """Reset the process's peak RSS (VmHWM) to its current RSS; returns that RSS in KiB."""
+    Path(f"/proc/{pid}/clear_refs").write_text("5")
+    return status_kib(pid, "VmRSS")
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -86,15 +101,17 @@ def _stop(proc: subprocess.Popen) -> None:
 
 @contextmanager
 def api_server(home: Path, *, token: str = "", log: Path | None = None, env: dict[str, str] | None = None,
-               timeout: float = 120.0, tree: Path = REPO) -> Iterator[tuple[str, subprocess.Popen]]:
-    """`uvicorn api.main:app` of the code in `tree` on a free 127.0.0.1 port over `home` (SQLite store); yields
-    (base URL, process) once /readyz answers 200, and stops it (SIGTERM) afterwards. Its output goes to `log`."""
+               timeout: float = 120.0, tree: Path = REPO, serve: bool = False,
+               ) -> Iterator[tuple[str, subprocess.Popen]]:
+    """`uvicorn api.main:app` (with `serve`: `earl serve --no-worker`, as deployed, with its server settings) of
+    the code in `tree` on a free 127.0.0.1 port over `home` (SQLite store); yields (base URL, process) once
+    /readyz answers 200, and stops it (SIGTERM) afterwards. Its output goes to `log`."""
     port = free_port()
     env = {**os.environ, "EARL_HOME": str(home), "EARL_STORE": "sqlite", "EARL_API_TOKEN": token, **(env or {})}
     out = log.open("w") if log else subprocess.DEVNULL
-    proc = subprocess.Popen([sys.executable, "-m", "uvicorn", "api.main:app", "--host", "127.0.0.1", "--port",
-                             str(port), "--log-level", "warning"], cwd=tree, env=env, stdout=out,
-                            stderr=subprocess.STDOUT)
+    command = ["-m", "earl_service.cli.main", "serve", "--no-worker"] if serve else ["-m", "uvicorn", "api.main:app"]
+    proc = subprocess.Popen([sys.executable, *command, "--host", "127.0.0.1", "--port", str(port), "--log-level",
+                             "warning"], cwd=tree, env=env, stdout=out, stderr=subprocess.STDOUT)
     base = f"http://127.0.0.1:{port}"
     try:
         _wait_ready(base, proc, timeout)

@@ -108,7 +108,7 @@ class CompressConfig:
 
     max_bytes: int = setting(MISSING, "most bytes the bundle file may take: 2MB (= 2,000,000: kB/MB/GB are powers "
                                       "of 10), 1.5MiB (= 1.5 * 2**20: KiB/MiB/GiB are powers of 2), 500000 or 2e6",
-                             metavar="SIZE", limits={"max_length": 40}, text=SIZE_TEXT)
+                             metavar="SIZE", limits={"max_length": 40, "le": 10**12}, text=SIZE_TEXT)
     time_limit_minutes: float = setting(MISSING, "minutes for the search (training, validation, exports; the final "
                                                  "test evaluation comes after)", option="time_limit",
                                         metavar="MINUTES")

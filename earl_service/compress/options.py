@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from earl_service.bundle.precision import describe
 from earl_service.compress.config import CompressConfig
-from earl_service.config.options import FORM_OPTIONS, Option, field_options
+from earl_service.config.options import FORM_OPTIONS, Option, field_options, form_constraints
 from earl_service.errors import ConfigError
 
 if TYPE_CHECKING:  # pydantic comes with the service extras; `earl compress` runs without it
@@ -75,8 +75,8 @@ def _form_field(option: Option) -> tuple[Any, Any]:
     kind = Literal[option.choices] if option.choices else str if option.text else option.type
     note = ("; gives a compress job, which needs time_limit and a valid file" if _required(option)
             else f" (default: {_shown_default(option)})")
-    limits: dict[str, Any] = dict(option.limits)  # max_length: one request's text stays short
-    return kind | None, Field(None, description=f"compress job: {_help(option)}{note}", **limits)
+    kind, constraints = form_constraints(option, kind | None)  # max_length: one request's text stays short
+    return kind, Field(None, description=f"compress job: {_help(option)}{note}", **constraints)
 
 
 def compress_form_model(name: str = "CompressFields") -> type[BaseModel]:

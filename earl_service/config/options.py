@@ -20,9 +20,11 @@ import dataclasses
 import typing
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from functools import partial
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from earl_service.config import MODELS, DataConfig, ModelConfig, ModelKind, Text, TrainConfig
+from earl_service.config.fields import out_of_bounds
 from earl_service.config.recipes import DEFAULT, RECIPES, recipe_fields, recipe_values
 from earl_service.errors import ConfigError
 
@@ -206,18 +208,52 @@ def add_data_options(parser: argparse.ArgumentParser) -> None:
             _add_argument(group, option)
 
 
-def _form_field(option: Option) -> tuple[Any, Any]:
-    """(type, pydantic Field) of `option` in the job form: hard bounds, then the service limits over them."""
-    from pydantic import Field
+NUMBER_BOUNDS = ("ge", "gt", "le")  # bounds on a number; a text option's apply to each number its text holds
+
+
+def form_constraints(option: Option, kind: Any) -> tuple[Any, dict[str, Any]]:
+    """The type `kind` of `option`'s form field with its validator, and its pydantic Field constraints: hard
+    bounds, then the service limits over them. A text option's text constraints (max_length, its pattern) go to
+    the field, and its number bounds to a validator of the numbers the text holds: a fanout of 5,000 digits
+    matches the pattern."""
+    from pydantic import AfterValidator
 
     constraints: dict[str, Any] = {**option.bounds, **option.limits}
+    if option.text is None:
+        return kind, constraints
+    numeric = {k: v for k, v in constraints.items() if k in NUMBER_BOUNDS}
+    text = {k: v for k, v in constraints.items() if k not in NUMBER_BOUNDS}
+    if option.text.pattern:
+        text["pattern"] = option.text.pattern
+    return (Annotated[kind, AfterValidator(partial(_bounded_text, option, numeric))] if numeric else kind), text
+
+
+def _bounded_text(option: Option, bounds: dict[str, float], raw: str | None) -> str | None:
+    """`raw` when each number of its parsed value is within `bounds`; ValueError (the form's 422) otherwise."""
+    if raw is None:
+        return raw
+    assert option.text is not None
+    try:
+        value = option.text.parse(raw)
+    except ConfigError as exc:
+        raise ValueError(str(exc)) from None
+    for number in value if isinstance(value, tuple) else (value,):
+        if problem := out_of_bounds(number, bounds):
+            shown = f"{number}" if len(f"{number}") <= 20 else f"a number of {len(str(number))} digits"
+            raise ValueError(f"{option.name}: each value {problem}, not {shown}")
+    return raw
+
+
+def _form_field(option: Option) -> tuple[Any, Any]:
+    """(type, pydantic Field) of `option` in the job form, bounded by form_constraints."""
+    from pydantic import Field
+
     kind, default = option.type, option.default
     if option.choices:
         kind = Literal[option.choices]
     elif option.text:
         kind, default = str, option.text.format(option.default)
-        if option.text.pattern:
-            constraints["pattern"] = option.text.pattern
+    kind, constraints = form_constraints(option, kind)
     help_text = f"{option.help} (not given: the recipe's value, else this default)" if _recipe_sets(option) \
         else option.help
     return kind, Field(default, description=help_text, **constraints)
@@ -242,5 +278,5 @@ def form_model(name: str = "TrainOptions") -> type[BaseModel]:
 
 
 __all__ = ["FORM_OPTIONS", "OPTIONS", "Option", "add_data_options", "field_options", "add_recipe_option", "add_train_options",
-           "configs_from_options", "data_cli_args", "data_config_from_options", "form_model", "recipe_options",
+           "configs_from_options", "data_cli_args", "data_config_from_options", "form_constraints", "form_model", "recipe_options",
            "train_configs_from_options"]

@@ -1,4 +1,5 @@
-"""Housekeeping of the service home: staging files that a crash left, and runs and uploads past their retention."""
+"""Housekeeping of the service home: staging files and unrecorded model versions that a crash left, and runs and
+uploads past their retention."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from earl_service.service.home import ServiceHome
-from earl_service.service.locks import remove_if_unheld
+from earl_service.service.locks import lock_if_free, remove_if_unheld
 from earl_service.service.records import TERMINAL
 from earl_service.service.store import JobStore
 
@@ -23,8 +24,9 @@ DAY_S = 86_400.0
 
 
 def sweep(home: ServiceHome, store: JobStore, *, keep_days: float, now: float | None = None) -> list[Path]:
-    """Both sweeps below; returns what was removed."""
-    return sweep_staging(home, now=now) + expire_runs(home, store, keep_days=keep_days, now=now)
+    """The sweeps below; returns what was removed."""
+    return (sweep_staging(home, now=now) + sweep_unrecorded(home, store)
+            + expire_runs(home, store, keep_days=keep_days, now=now))
 
 
 def sweep_staging(home: ServiceHome, *, older_than: float = STALE_AFTER_S, now: float | None = None) -> list[Path]:
@@ -46,6 +48,35 @@ def sweep_staging(home: ServiceHome, *, older_than: float = STALE_AFTER_S, now: 
         remove_if_unheld(lock)
     if removed:
         log.info("removed %d stale staging file(s): %s", len(removed), ", ".join(map(home.relative, removed)))
+    return removed
+
+
+def sweep_unrecorded(home: ServiceHome, store: JobStore) -> list[Path]:
+    """Remove the model versions that a publish moved into models/ but never recorded: a process killed between
+    the move and the store's record leaves the version's pending marker (ServiceHome.pending_path) beside it. A
+    model whose lock is held has a publish in flight and is left alone; a version the record names was recorded
+    after all, and only its marker goes. A model without a record and without versions left goes whole (a
+    compress job's report with it). Folders without a marker are never touched: another store may own them."""
+    removed = []
+    for marker in home.models.glob("*/.v*.pending"):
+        model_id, number = marker.parent.name, home.pending_version(marker)
+        with lock_if_free(home.lock_path(model_id)) as free:
+            if not free or number is None:
+                continue
+            record = store.get_model(model_id)
+            recorded = 0 if record is None else home.version_of(model_id, record.path) or 1
+            version = home.version_path(model_id, number)
+            if number > recorded and version.exists():
+                remove(version)
+                removed.append(version)
+            marker.unlink(missing_ok=True)
+            folder = home.model_dir(model_id)
+            if record is None and not any(folder.glob("v*.safetensors")):
+                remove(folder)
+                removed.append(folder)
+    if removed:
+        log.warning("removed %d unrecorded model version(s) a crash left: %s", len(removed),
+                    ", ".join(map(home.relative, removed)))
     return removed
 
 
@@ -101,4 +132,4 @@ def remove(path: Path) -> None:
         log.error("cannot remove %s: %s", path, exc)
 
 
-__all__ = ["DAY_S", "STALE_AFTER_S", "expire_runs", "remove", "sweep", "sweep_staging"]
+__all__ = ["DAY_S", "STALE_AFTER_S", "expire_runs", "remove", "sweep", "sweep_staging", "sweep_unrecorded"]

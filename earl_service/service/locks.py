@@ -24,6 +24,17 @@ def file_lock(path: Path) -> Iterator[None]:
         _release(path, fd)
 
 
+@contextmanager
+def lock_if_free(path: Path) -> Iterator[bool]:
+    """Hold the lock on `path` for the block if nobody holds it (yields True), else hold nothing (False)."""
+    fd = _acquire(path, blocking=False)
+    try:
+        yield fd is not None
+    finally:
+        if fd is not None:
+            _release(path, fd)
+
+
 def remove_if_unheld(path: Path) -> bool:
     """Remove a lock file that nobody holds (one left by a killed process); a held one is left alone."""
     fd = _acquire(path, blocking=False)
@@ -68,4 +79,4 @@ def _release(path: Path, fd: int) -> None:
         os.close(fd)
 
 
-__all__ = ["file_lock", "remove_if_unheld"]
+__all__ = ["file_lock", "lock_if_free", "remove_if_unheld"]

@@ -12,7 +12,7 @@ from collections import Counter
 from importlib import resources
 from typing import Any
 
-from earl_service.errors import StoreError
+from earl_service.errors import QuotaError, StoreError
 from earl_service.service.records import STATES, TERMINAL, UNFINISHED, Job, ModelRecord, new_id
 
 
@@ -34,6 +34,7 @@ class RedisStore:
         self._errors: tuple[type[Exception], ...] = (redis.RedisError,)
         self._keys = [f"{prefix}:jobs", f"{prefix}:queue", f"{prefix}:running"]
         self._models = f"{prefix}:models"
+        self._create = self._redis.register_script(_script("create"))
         self._claim = self._redis.register_script(_script("claim"))
         self._update = self._redis.register_script(_script("update_owned"))
         self._cancel = self._redis.register_script(_script("cancel"))
@@ -61,12 +62,14 @@ class RedisStore:
     def _job(cls, text: str | None) -> Job | None:
         return None if text is None else cls._decode(text)
 
-    def create_job(self, params: dict[str, Any], files: dict[str, str], *, job_id: str | None = None) -> Job:
+    def create_job(self, params: dict[str, Any], files: dict[str, str], *, job_id: str | None = None,
+                   max_unfinished: int | None = None) -> Job:
         job = Job(id=job_id or new_id(), params=dict(params), files=dict(files), created=time.time())
-        pipe = self._redis.pipeline(transaction=True)
-        pipe.hset(self._keys[0], job.id, json.dumps(job.to_dict()))
-        pipe.rpush(self._keys[1], job.id)
-        self._call(pipe.execute)
+        client = str(params.get("client"))
+        limit = -1 if max_unfinished is None else max_unfinished
+        count = self._call(self._create, keys=self._keys, args=[job.id, json.dumps(job.to_dict()), client, limit])
+        if count >= 0:
+            raise QuotaError(client, count, limit)
         return job
 
     def get_job(self, job_id: str) -> Job | None:

@@ -44,6 +44,8 @@ class ModelRegistry:
     thread and process sharing the home run one at a time, and a delete waits for an extend in flight. A bundle is
     verified first, then moved in by one os.replace as the model's next version, models/<id>/v<N>.safetensors,
     never rewritten afterwards; the record names the latest, and earlier versions stay until the model is deleted.
+    A pending marker lies beside a version from before the move until it is recorded, so that a kill in between
+    leaves nothing that housekeeping cannot tell from a model.
     """
 
     def __init__(self, home: ServiceHome, store: JobStore, *, limits: BundleLimits | None = None) -> None:
@@ -150,12 +152,16 @@ class ModelRegistry:
         record = describe(bundle, model_id, self.home.relative(final), job_id=job_id,
                           created=time.time() if created is None else created)
         final.parent.mkdir(parents=True, exist_ok=True)
-        os.replace(staged, final)
+        pending = self.home.pending_path(model_id, version_number(record))
+        pending.touch()  # a kill before the record leaves it: housekeeping.sweep_unrecorded removes the version
         try:
+            os.replace(staged, final)
             self.store.add_model(record)
         except BaseException:
             final.unlink(missing_ok=True)  # not a version until it is recorded
             raise
+        finally:
+            pending.unlink(missing_ok=True)
         return record
 
     def _set_aside(self, model_id: str) -> Path:

@@ -13,7 +13,7 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
-from earl_service.errors import StoreError
+from earl_service.errors import QuotaError, StoreError
 from earl_service.service.records import STATES, TERMINAL, Job, ModelRecord, new_id
 
 _JOB_COLUMNS = [f.name for f in fields(Job)]
@@ -85,9 +85,14 @@ class SqliteStore:
         row = self._db.execute(sql, args).fetchone()
         return None if row is None else _decode_row(row)
 
-    def create_job(self, params: dict[str, Any], files: dict[str, str], *, job_id: str | None = None) -> Job:
+    def create_job(self, params: dict[str, Any], files: dict[str, str], *, job_id: str | None = None,
+                   max_unfinished: int | None = None) -> Job:
         job = Job(id=job_id or new_id(), params=dict(params), files=dict(files), created=time.time())
-        with self._locked():
+        with self._locked(), self._tx():  # BEGIN IMMEDIATE: no other process inserts between count and insert
+            if max_unfinished is not None:
+                client = str(params.get("client"))
+                if (count := self._unfinished(client)) >= max_unfinished:
+                    raise QuotaError(client, count, max_unfinished)
             self._db.execute(f"INSERT INTO jobs ({', '.join(_JOB_COLUMNS)}) VALUES "
                              f"({', '.join(':' + c for c in _JOB_COLUMNS)})", _encode_row(job.to_dict()))
         return job
@@ -113,8 +118,11 @@ class SqliteStore:
 
     def count_unfinished(self, client: str) -> int:
         with self._locked():
-            (count,) = self._db.execute("SELECT COUNT(*) FROM jobs WHERE state IN ('queued', 'running') "
-                                        "AND json_extract(params, '$.client') = ?", (client,)).fetchone()
+            return self._unfinished(client)
+
+    def _unfinished(self, client: str) -> int:
+        (count,) = self._db.execute("SELECT COUNT(*) FROM jobs WHERE state IN ('queued', 'running') "
+                                    "AND json_extract(params, '$.client') = ?", (client,)).fetchone()
         return count
 
     def claim_job(self, worker: str, *, stale_after: float = 60.0, max_attempts: int = 3) -> Job | None:

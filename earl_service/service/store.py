@@ -1,7 +1,8 @@
 """The job store's contract (`JobStore`) and `open_store`, which picks SQLite (default) or Redis from a URL or path.
 
 Every state change that two processes could race on is one atomic step in the backend: a claim is a
-single `UPDATE ... RETURNING` inside `BEGIN IMMEDIATE` (SQLite) or one Lua script (Redis), and updates
+single `UPDATE ... RETURNING` inside `BEGIN IMMEDIATE` (SQLite) or one Lua script (Redis), so is a client's
+quota check with the insert it allows, and updates
 from a worker apply only while that worker still owns the job (`worker` matches, state is running).
 A job whose worker stopped heart-beating for `stale_after` seconds is claimed again (its `attempts`
 grows), so a new worker can resume it from the run directory's checkpoint.
@@ -21,7 +22,11 @@ from earl_service.service.sqlite_store import SqliteStore
 class JobStore(Protocol):
     """What the API and the workers need from a store; `tests/earl_service/worker/test_store.py` is its contract."""
 
-    def create_job(self, params: dict[str, Any], files: dict[str, str], *, job_id: str | None = None) -> Job: ...
+    def create_job(self, params: dict[str, Any], files: dict[str, str], *, job_id: str | None = None,
+                   max_unfinished: int | None = None) -> Job:
+        """Queue a job. With `max_unfinished`, QuotaError instead when params["client"] already has that many
+        queued or running jobs: the count and the insert are one step, so concurrent requests cannot all pass."""
+        ...
 
     def get_job(self, job_id: str) -> Job | None: ...
 

@@ -29,7 +29,7 @@ from earl_service.config.options import (
 )
 from earl_service.errors import DatasetError, EarlError
 from earl_service.service.home import ServiceHome
-from earl_service.service.housekeeping import sweep_staging
+from earl_service.service.housekeeping import sweep_staging, sweep_unrecorded
 from earl_service.service.records import Job
 from earl_service.service.registry import ModelRegistry
 from earl_service.service.store import JobStore
@@ -158,6 +158,10 @@ class Worker:
         log.info("worker %s: home %s, store %s", self.config.worker_id, self.home.root,
                  self.home.store_target(self.config.store))
         sweep_staging(self.home)  # what a killed worker or API left; by age, since others may be writing now
+        try:
+            sweep_unrecorded(self.home, self.store)  # versions placed but never recorded (skips those in flight)
+        except EarlError as exc:  # the store is unreachable: the API's sweep, or the next start, does it
+            log.warning("worker %s: no sweep of unrecorded models: %s", self.config.worker_id, exc)
         handled = 0
         while not self._stop.is_set():
             try:

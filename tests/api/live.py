@@ -13,12 +13,21 @@ import uvicorn
 from conftest import free_port
 from starlette.types import ASGIApp
 
+from api.server import server_config
+from api.settings import Settings
+
 
 @contextmanager
-def live(app: ASGIApp, *, start_timeout: float = 60.0) -> Iterator[str]:
-    """`app` served by uvicorn on a free port until the block ends; yields its base URL."""
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=free_port(), log_level="warning",
-                                           timeout_graceful_shutdown=5))
+def live(app: ASGIApp, *, start_timeout: float = 60.0, settings: Settings | None = None) -> Iterator[str]:
+    """`app` served by uvicorn on a free port until the block ends; yields its base URL. With `settings`, served
+    as `earl serve` serves it (api/server.py: header limits and deadline, keep-alive, trusted proxies)."""
+    if settings is None:
+        config = uvicorn.Config(app, host="127.0.0.1", port=free_port(), log_level="warning",
+                                timeout_graceful_shutdown=5)
+    else:
+        config = server_config(app, settings, host="127.0.0.1", port=free_port(), log_level="warning")
+        config.timeout_graceful_shutdown = 5
+    server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, name="uvicorn", daemon=True)
     thread.start()
     deadline = time.monotonic() + start_timeout

@@ -4,6 +4,7 @@ import json
 import threading
 import time
 
+import anyio
 import httpx
 import pytest
 from fastapi.testclient import TestClient
@@ -94,7 +95,7 @@ def test_a_stream_ends_after_its_lifetime_with_heartbeats_on_the_way(app, monkey
             lines = list(response.iter_lines())
     assert lines[0] == f"retry: {events.RETRY_MS}" and ": heartbeat" in lines
     assert [line for line in lines if line.startswith("event:")] == ["event: job"]  # no end: the client reconnects
-    assert events.streams.open == 0
+    assert app.state.stream_slots.open == 0
 
 
 def test_unknown_jobs_bad_ids_and_too_many_streams_are_refused(app, monkeypatch):
@@ -102,9 +103,45 @@ def test_unknown_jobs_bad_ids_and_too_many_streams_are_refused(app, monkeypatch)
         assert client.get("/jobs/nope/events").status_code == 404
         assert client.get("/jobs/..%2F..%2Fetc/events").status_code in (404, 422)
         job_id = client.post("/jobs", files={"train": ("train.txt", GOOD)}, headers=AUTH).json()["id"]
-        monkeypatch.setattr(events.streams, "open", events.MAX_STREAMS)
+        monkeypatch.setattr(app.state.stream_slots, "open", app.state.stream_slots.size)
         refused = client.get(f"/jobs/{job_id}/events")
         assert refused.status_code == 503 and refused.headers["retry-after"]
+        assert "EARL_MAX_EVENT_STREAMS" in refused.json()["detail"]
+
+
+def test_concurrent_streams_never_pass_the_cap(tmp_path):
+    """Issue 56: 300 concurrent streams opened 79 under a cap of 64 (the count grew only once a stream started).
+    Here 60 clients at once against a cap of 8, each open stream held until every client has its answer (so that
+    no slot is given back and taken again meanwhile): exactly 8 open, the rest 503, and every slot comes back."""
+    app = create_app(Settings(home=tmp_path, api_token=TOKEN, max_event_streams=8))
+
+    async def open_all(url: str, clients: int = 60) -> list[int]:
+        statuses: list[int] = []
+        everyone = anyio.Event()
+        async with httpx.AsyncClient(timeout=30, limits=httpx.Limits(max_connections=100)) as client:
+            async def one() -> None:
+                async with client.stream("GET", url) as response:
+                    statuses.append(response.status_code)
+                    if len(statuses) == clients:
+                        everyone.set()
+                    if response.status_code == 200:
+                        with anyio.move_on_after(30):
+                            await everyone.wait()
+
+            async with anyio.create_task_group() as group:
+                for _ in range(clients):
+                    group.start_soon(one)
+        return statuses
+
+    with live(app) as base:
+        job_id = queued_job(base)
+        statuses = anyio.run(open_all, f"{base}/jobs/{job_id}/events")
+        deadline = time.monotonic() + 10
+        while app.state.stream_slots.open and time.monotonic() < deadline:
+            time.sleep(0.05)
+    assert statuses.count(200) == 8 and statuses.count(503) == 52
+    assert app.state.stream_slots.open == 0
+
 
 
 def test_thinned_keeps_the_ends_and_about_the_asked_points():

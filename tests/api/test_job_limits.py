@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import hashlib
+import time
+from concurrent.futures import ThreadPoolExecutor
+
 import httpx
 import pytest
 from live import live
@@ -74,6 +78,39 @@ def test_client_keys_never_show_the_token_or_the_address(tmp_path, token):
     from api.limits import client_key
 
     settings = Settings(home=tmp_path, api_token=token)
-    key = client_key(settings, token=TOKEN.encode(), address="10.1.2.3")
+    key = client_key(b"s" * 32, settings, token=TOKEN.encode(), address="10.1.2.3")
     assert len(key) == 16 and TOKEN not in key and "10.1.2.3" not in key
-    assert (key == client_key(settings, token=TOKEN.encode(), address="10.9.9.9")) == (token is not None)
+    assert (key == client_key(b"s" * 32, settings, token=TOKEN.encode(), address="10.9.9.9")) == (token is not None)
+
+
+@pytest.mark.parametrize("token", [None, TOKEN])
+def test_a_jobs_client_cannot_be_guessed_offline(tmp_path, token):
+    """Issue 56: GET /jobs showed sha256("token:" + token)[:16] (or of "addr:" + the IP), so anyone could test
+    token guesses offline. Now an HMAC keyed by each install's secret: another install names the client apart."""
+    shown = []
+    for home in (tmp_path / "a", tmp_path / "b"):
+        with live(create_app(Settings(home=home, api_token=token))) as base:
+            assert submit(base).status_code == 202
+            shown.append(httpx.get(f"{base}/jobs", headers=AUTH).json()[0]["params"]["client"])
+    guesses = {hashlib.sha256(who).hexdigest()[:16] for who in (b"token:" + TOKEN.encode(), b"addr:127.0.0.1")}
+    assert len(shown[0]) == 16 and shown[0] not in guesses and shown[0] != shown[1]
+
+
+def test_concurrent_submits_never_pass_the_quota(tmp_path, monkeypatch):
+    """Issue 56: 30 concurrent POST /jobs with one token queued 12 under a quota of 10; the count and the insert
+    were two steps. The upload check is slowed here so that every request passes the early count first."""
+    from api.routes import jobs
+
+    def slow_save(*args, **kwargs):
+        time.sleep(0.5)
+        return save(*args, **kwargs)
+
+    save = jobs.save_job_files
+    monkeypatch.setattr(jobs, "save_job_files", slow_save)
+    with live(create_app(Settings(home=tmp_path, api_token=TOKEN, max_queued_jobs=10))) as base, \
+            ThreadPoolExecutor(30) as pool:
+        statuses = [r.status_code for r in pool.map(lambda _: submit(base), range(30))]
+        listed = httpx.get(f"{base}/jobs", headers=AUTH).json()
+    assert statuses.count(202) == 10 and statuses.count(429) == 20 and len(listed) == 10
+    kept = {p.name for p in (tmp_path / "uploads").iterdir() if not p.name.startswith(".")}
+    assert kept == {job["id"] for job in listed}  # a refused request's files went with it

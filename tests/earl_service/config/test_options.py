@@ -123,7 +123,7 @@ def _past(bound: str, value: float, kind: type):
     return {"ge": value - step, "gt": value, "le": value + step}[bound]
 
 
-HARD = [(o, key, bound) for o in OPTIONS for key, bound in o.bounds.items()]
+HARD = [(o, key, bound) for o in OPTIONS if not o.text for key, bound in o.bounds.items()]  # text: below
 
 
 @pytest.mark.parametrize("option,key,bound", HARD, ids=[f"{o.name}-{k}" for o, k, _ in HARD])
@@ -139,7 +139,7 @@ def test_a_value_past_a_hard_bound_is_refused_by_cli_form_and_worker(option, key
             JobForm.model_validate({option.name: value})
 
 
-LIMITS = [(o, key, bound) for o in OPTIONS for key, bound in o.limits.items()]
+LIMITS = [(o, key, bound) for o in OPTIONS if not o.text for key, bound in o.limits.items()]
 
 
 @pytest.mark.parametrize("option,key,bound", LIMITS, ids=[f"{o.name}-{k}" for o, k, _ in LIMITS])
@@ -204,3 +204,34 @@ def test_config_file_takes_every_setting(tmp_path):
     path.write_text(json.dumps({"config": {"model": {"dim": 12, "knn_temperature": 0.5}, "train": {"fanout": [3]}}}))
     model, train = cli_configs("--config", str(path), "--dim", "99")
     assert (model.dim, model.knn_temperature, train.fanout) == (12, 0.5, (3,))
+
+
+def _form_schema_of(field: str) -> dict:
+    props = JobForm.model_json_schema()["properties"][field]
+    return next((p for p in props.get("anyOf", [props]) if p.get("type") != "null"), props)
+
+
+def test_every_numeric_form_field_has_both_bounds_and_every_text_field_a_length():
+    """Issue 56: no job field may carry a number the worker cannot use; a text field is bounded in length, and
+    the numbers its text holds are bounded by its option (below)."""
+    for name in JobForm.model_fields:
+        schema = _form_schema_of(name)
+        if schema.get("type") in ("integer", "number"):
+            assert "maximum" in schema and ("minimum" in schema or "exclusiveMinimum" in schema), name
+        elif schema.get("type") == "string" and "enum" not in schema:
+            assert "maxLength" in schema or "pattern" in schema, name
+
+
+@pytest.mark.parametrize("form", [{"fanout": "9" * 5000}, {"fanout": "10," + "9" * 4000}, {"fanout": "100001"},
+                                  {"max_bytes": "9" * 40, "time_limit": "1"}, {"max_bytes": "2e12", "time_limit": "1"}])
+def test_a_text_fields_numbers_are_bounded_by_its_option(form):
+    """A fanout of 5,000 digits matched the form's pattern and failed in the worker (issue 56)."""
+    with pytest.raises(ValidationError, match=next(iter(form))):
+        JobForm.model_validate(form)
+
+
+def test_text_numbers_within_the_limits_still_pass():
+    assert JobForm.model_validate({"fanout": "100000,all"}).fanout == "100000,all"
+    assert JobForm.model_validate({"max_bytes": "1000GB", "time_limit": "1"}).max_bytes == "1000GB"
+    with pytest.raises(ConfigError, match="fanout must be >= 0"):
+        TrainConfig(fanout=(3, -1))

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from earl_service.errors import StoreError
+from earl_service.errors import QuotaError, StoreError
 from earl_service.service.records import STATES, ModelRecord
 from earl_service.service.store import open_store
 
@@ -214,6 +214,47 @@ def test_concurrent_workers_never_share_a_job(store, store_url, tmp_path):
         assert all(owners[job_id] == f"w{i}" for job_id in ids)
 
 
+CREATOR = """
+import json, os, sys, time
+from earl_service.errors import QuotaError
+from earl_service.service.store import open_store
+store = open_store(sys.argv[1])
+store.ping()
+open(sys.argv[3] + "." + sys.argv[2], "w").close()  # ready
+while not os.path.exists(sys.argv[3]):  # start together
+    time.sleep(0.005)
+made = refused = 0
+for _ in range(15):
+    try:
+        store.create_job({"client": "me"}, {}, max_unfinished=10)
+        made += 1
+    except QuotaError as exc:
+        assert exc.count == 10 and exc.limit == 10, exc
+        refused += 1
+print(json.dumps([made, refused]))
+"""
+
+
+def test_a_clients_quota_holds_against_concurrent_creates(store, store_url, tmp_path):
+    """Issue 56: 30 concurrent POST /jobs with one token queued 12 (cap 10): the count and the insert were two
+    steps. Four processes each try 15 creates for one client at once: exactly 10 are queued."""
+    store.create_job({"client": "other"}, {}, max_unfinished=10)  # another client's jobs do not count
+    go = tmp_path / "go"
+    procs = [subprocess.Popen([sys.executable, "-c", CREATOR, store_url, f"p{i}", str(go)], stdout=subprocess.PIPE,
+                              text=True) for i in range(4)]
+    deadline = time.monotonic() + 60
+    while not all((tmp_path / f"go.p{i}").exists() for i in range(4)) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    go.touch()
+    results = [json.loads(p.communicate(timeout=60)[0]) for p in procs]
+    assert sum(made for made, _ in results) == 10 and sum(refused for _, refused in results) == 50
+    assert store.count_unfinished("me") == 10 and store.count_unfinished("other") == 1
+    store.request_cancel(next(j.id for j in store.list_jobs() if j.params["client"] == "me"))
+    assert store.create_job({"client": "me"}, {}, max_unfinished=10).state == "queued"  # a freed place is taken
+    with pytest.raises(QuotaError):
+        store.create_job({"client": "me"}, {}, max_unfinished=10)
+
+
 def test_redis_scripts_ship_as_package_data():
     """RedisStore loads its Lua scripts from files: pyproject's package-data must name them, or a wheel lacks them."""
     import fnmatch
@@ -226,6 +267,6 @@ def test_redis_scripts_ship_as_package_data():
     root = package.parent
     patterns = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]
     scripts = [p.relative_to(package).as_posix() for p in (package / "service" / "lua").glob("*.lua")]
-    assert sorted(scripts) == ["service/lua/cancel.lua", "service/lua/claim.lua", "service/lua/delete_model.lua",
-                              "service/lua/update_owned.lua"]
+    assert sorted(scripts) == ["service/lua/cancel.lua", "service/lua/claim.lua", "service/lua/create.lua",
+                              "service/lua/delete_model.lua", "service/lua/update_owned.lua"]
     assert all(any(fnmatch.fnmatch(s, pat) for pat in patterns["earl_service"]) for s in scripts)
