@@ -142,7 +142,9 @@ def tiny_job(tmp_path_factory):
     out = tmp_path_factory.mktemp("compress")
     config = CompressConfig(max_bytes=budget, time_limit_minutes=0.05, precisions=("fp32", "int8"))
     progress = []
-    report = compress(dataset, out, config, train_configs=TINY, on_progress=progress.append)
+    with pytest.MonkeyPatch.context() as patch:  # several candidates and rungs to check, at a few seconds' steps
+        patch.setattr(candidates_module, "MIN_FIRST_STEPS", 0)
+        report = compress(dataset, out, config, train_configs=TINY, on_progress=progress.append)
     return out, report, progress
 
 
@@ -188,8 +190,8 @@ def test_successive_halving_keeps_the_best_half_and_each_models_best(tiny_job):
     assert len(rungs) == len(sizes)
     for before, after, keep in zip(rungs, rungs[1:], sizes[1:], strict=False):
         ranked = sorted(before["scores"], key=lambda n: -before["scores"][n])
-        assert after["survivors"] == compress_module.survivors(ranked, keep, models.__getitem__)
-        assert len(after["survivors"]) == max(keep, len({models[n] for n in ranked}))
+        assert after["survivors"] == compress_module.survivors(ranked, keep, models.__getitem__, before["scores"])
+        assert keep <= len(after["survivors"]) <= max(keep, len({models[n] for n in ranked}))
 
 
 def test_survivors_keep_each_models_leader_however_it_ranks():
@@ -198,6 +200,11 @@ def test_survivors_keep_each_models_leader_however_it_ranks():
     assert compress_module.survivors(ranked, 3, model) == ["earl-a", "earl-b", "rotate-a"]
     assert compress_module.survivors(ranked, 1, model) == ["earl-a", "rotate-a"]
     assert compress_module.survivors(ranked[:3], 2, model) == ["earl-a", "earl-b"]
+    scores = {"earl-a": 0.25, "earl-b": 0.2, "earl-c": 0.1, "rotate-a": 0.013, "rotate-b": 0.01}  # CoDEx-S's 5.3%
+    assert compress_module.survivors(ranked, 1, model, scores) == ["earl-a", "rotate-a"]
+    far_behind = {**scores, "rotate-a": 0.0001, "rotate-b": 0.0001}  # WordNet-full's 0.4%: dropped
+    assert compress_module.survivors(ranked, 1, model, far_behind) == ["earl-a"]
+    assert compress_module.survivors(ranked, 4, model, far_behind) == ["earl-a", "earl-b", "earl-c", "rotate-a"]
 
 
 def test_a_candidate_that_overruns_its_slice_takes_no_time_from_the_next(tmp_path, monkeypatch):
@@ -282,6 +289,7 @@ def test_each_candidate_is_charged_the_validations_of_its_own_dim(tmp_path):
 
 def test_early_rungs_rank_on_a_valid_subset_and_the_pick_on_the_whole_split(tmp_path, monkeypatch):
     monkeypatch.setattr(rungs_module, "EARLY_VALID_TRIPLES", 8)  # of the tiny graph's 20 valid triples
+    monkeypatch.setattr(candidates_module, "MIN_FIRST_STEPS", 0)  # keep candidates to drop before the last rung
     dataset = tiny_dataset()
     config = CompressConfig(max_bytes=BundleSizes(dataset).bytes("rotate", 32, "fp32"), time_limit_minutes=0.05,
                             precisions=("fp32", "int8"))
