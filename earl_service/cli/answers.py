@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -46,6 +47,10 @@ def _add_output_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--reader", choices=READERS, default="edge",
                    help="edge: numpy only, every entity scored exactly (default); torch: the server's path "
                         "(torch rebuild, FAISS shortlist, exact re-rank)")
+    c = p.add_argument_group("cache (the edge reader keeps what it rebuilt, so a later call answers in milliseconds)")
+    c.add_argument("--cache-dir", default=None, metavar="DIR",
+                   help="where (default: $EARL_CACHE_DIR, else $XDG_CACHE_HOME/earl, else ~/.cache/earl)")
+    c.add_argument("--no-cache", action="store_true", help="rebuild from the bundle; neither read nor write the cache")
 
 
 def bundle_file(path: str | Path) -> Path:
@@ -58,27 +63,43 @@ def bundle_file(path: str | Path) -> Path:
     return path
 
 
-def load_predictor(path: str | Path, reader: str = "edge") -> LinkPredictor:
-    """edge.load (numpy) or LinkPredictor.from_bundle (torch, FAISS) of the bundle at `path`."""
+def load_predictor(path: str | Path, reader: str = "edge", *, cache_dir: Path | None = None) -> LinkPredictor:
+    """edge.load (numpy; through the table cache in `cache_dir` when one is given) or LinkPredictor.from_bundle
+    (torch, FAISS) of the bundle at `path`."""
     if reader == "torch":
         from earl_service.bundle.model_io import load_bundle
         from earl_service.serve.predictor import LinkPredictor
 
         return LinkPredictor.from_bundle(load_bundle(bundle_file(path)))
+    if cache_dir is not None:
+        from earl_service.device.cache import CacheConfig, TableCache
+
+        return TableCache(CacheConfig(cache_dir)).load(bundle_file(path))
     from earl_service.device import reader as edge
 
     return edge.load(bundle_file(path))
 
 
+def cache_dir(a: argparse.Namespace) -> Path | None:
+    """The table cache a command uses: --cache-dir, or the default one; None with --no-cache or --reader torch."""
+    if a.no_cache or a.reader != "edge":
+        return None
+    if a.cache_dir:
+        return Path(a.cache_dir)
+    from earl_service.device.cache import default_directory
+
+    return default_directory(os.environ)
+
+
 def cmd_predict(a: argparse.Namespace) -> int:
-    found = load_predictor(a.bundle, a.reader).answer(a.relation, head=a.head, tail=a.tail, k=a.k,
-                                                      exclude_known=not a.include_known)
+    found = load_predictor(a.bundle, a.reader, cache_dir=cache_dir(a)).answer(
+        a.relation, head=a.head, tail=a.tail, k=a.k, exclude_known=not a.include_known)
     print(json.dumps(found, indent=2) if a.json else predictions_table(found))
     return 0
 
 
 def cmd_score(a: argparse.Namespace) -> int:
-    scored = load_predictor(a.bundle, a.reader).score(a.head, a.relation, a.tail)
+    scored = load_predictor(a.bundle, a.reader, cache_dir=cache_dir(a)).score(a.head, a.relation, a.tail)
     if a.json:
         print(json.dumps(scored, indent=2))
     else:

@@ -1,11 +1,11 @@
 """The device reader: answers link prediction from a bundle with numpy and safetensors only (no torch).
 
-`load(path)` rebuilds the embeddings (`reader`) into an `EdgeModel` (`model`); `tables` writes them as npy, TSV
-or Parquet for other tools. May import `core`, `data`, `bundle.format` / `bundle.codebooks` / `bundle.decode` and
+`load(path)` rebuilds the embeddings (`reader`) into an `EdgeModel` (`model`); `cache` keeps what a rebuild made
+on disk, so that a later call maps it back in milliseconds; `tables` writes the embeddings as npy, TSV or Parquet
+for other tools. May import `core`, `data`, `bundle.format` / `bundle.codebooks` / `bundle.decode` and
 `serve.predictor`, all torch-free; a test imports it with torch blocked.
 
-The names below load on first use, so that importing one module of the package (`model`, `tables`) does not
-import the rebuild's (decode, xz, kNResEnt).
+The names below load on first use: a cache hit never imports the rebuild's modules (decode, xz, kNResEnt).
 """
 
 from __future__ import annotations
