@@ -9,7 +9,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from earl_service.errors import BundleError
+from earl_service.errors import BundleError, ConfigError
 
 if TYPE_CHECKING:
     from earl_service.serve.predictor import LinkPredictor
@@ -23,7 +23,11 @@ def add_answer_commands(sub) -> None:
     anchor = p.add_mutually_exclusive_group(required=True)
     anchor.add_argument("--head", help="predict the tails of (HEAD, RELATION, ?)")
     anchor.add_argument("--tail", help="predict the heads of (?, RELATION, TAIL)")
-    p.add_argument("--relation", required=True)
+    anchor.add_argument("--queries", metavar="FILE",
+                        help="answer every line of FILE with one load (- reads stdin): HEAD<TAB>RELATION for tails, "
+                             "?<TAB>RELATION<TAB>TAIL for heads; a table per query, or one JSON object a line with "
+                             "--json (docs/answers.md)")
+    p.add_argument("--relation", help="the relation of --head or --tail (a --queries file gives one a line)")
     p.add_argument("-k", type=int, default=10, help="answers to show (default: %(default)s)")
     p.add_argument("--include-known", action="store_true", help="keep answers the graph already holds")
     _add_output_options(p)
@@ -92,9 +96,27 @@ def cache_dir(a: argparse.Namespace) -> Path | None:
 
 
 def cmd_predict(a: argparse.Namespace) -> int:
+    if a.queries is not None:
+        return _predict_queries(a)
+    if not a.relation:
+        raise ConfigError("--relation is required with --head or --tail")
     found = load_predictor(a.bundle, a.reader, cache_dir=cache_dir(a)).answer(
         a.relation, head=a.head, tail=a.tail, k=a.k, exclude_known=not a.include_known)
     print(json.dumps(found, indent=2) if a.json else predictions_table(found))
+    return 0
+
+
+def _predict_queries(a: argparse.Namespace) -> int:
+    """Every query of the --queries file from one load: one JSON object a line (--json) or a table each."""
+    from earl_service.cli import queries as query_file
+
+    if a.relation:
+        raise ConfigError("--relation goes on each line of the --queries file, not on the command line")
+    queries = query_file.read_queries(a.queries)  # a bad line stops before the bundle is loaded
+    predictor = load_predictor(a.bundle, a.reader, cache_dir=cache_dir(a))
+    query_file.check_names(predictor, queries, a.queries)
+    for i, found in enumerate(query_file.answers(predictor, queries, k=a.k, exclude_known=not a.include_known)):
+        print(json.dumps(found) if a.json else ("\n" if i else "") + predictions_table(found))
     return 0
 
 
