@@ -51,7 +51,7 @@ def _add_output_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--reader", choices=READERS, default="edge",
                    help="edge: numpy only, every entity scored exactly (default); torch: the server's path "
                         "(torch rebuild, FAISS shortlist, exact re-rank)")
-    c = p.add_argument_group("cache (the edge reader keeps what it rebuilt, so a later call answers in milliseconds)")
+    c = p.add_argument_group("cache (what the edge reader rebuilt, kept on disk so that later calls skip the rebuild)")
     c.add_argument("--cache-dir", default=None, metavar="DIR",
                    help="where (default: $EARL_CACHE_DIR, else $XDG_CACHE_HOME/earl, else ~/.cache/earl)")
     c.add_argument("--no-cache", action="store_true", help="rebuild from the bundle; neither read nor write the cache")
