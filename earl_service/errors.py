@@ -37,6 +37,11 @@ class LabelFileError(TripleFileError):
     TripleFileError does (and is one, so every caller that reports a bad input file reports it)."""
 
 
+class QueryFileError(TripleFileError):
+    """A query file (`earl predict --queries`) holds a line that is not a query, or a name that is not known; it
+    names the file and line as TripleFileError does."""
+
+
 class ConfigError(EarlError, ValueError):
     """A setting is out of range or settings contradict each other (also a ValueError, for older callers)."""
 

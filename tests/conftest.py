@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,6 +21,15 @@ DATASETS = Path(os.environ.get("EARL_DATASETS", REPO.parent / "shared" / "datase
 BUNDLED_KG = REPO / "earl_service" / "demo_data" / "codex-s"
 
 torch.set_num_threads(2)
+
+# `earl predict` and `earl score` keep rebuilt tables in a cache ($EARL_CACHE_DIR, else ~/.cache/earl): the tests use
+# one of their own, removed at the end, so that they neither answer from a developer's entries nor leave any behind.
+TEST_CACHE = Path(tempfile.mkdtemp(prefix="earl-test-cache-"))
+os.environ["EARL_CACHE_DIR"] = str(TEST_CACHE)
+
+
+def pytest_unconfigure(config):
+    shutil.rmtree(TEST_CACHE, ignore_errors=True)
 
 
 def pytest_sessionstart(session):

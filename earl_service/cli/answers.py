@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from earl_service.errors import BundleError
+from earl_service.errors import BundleError, ConfigError
 
 if TYPE_CHECKING:
     from earl_service.serve.predictor import LinkPredictor
@@ -22,7 +23,11 @@ def add_answer_commands(sub) -> None:
     anchor = p.add_mutually_exclusive_group(required=True)
     anchor.add_argument("--head", help="predict the tails of (HEAD, RELATION, ?)")
     anchor.add_argument("--tail", help="predict the heads of (?, RELATION, TAIL)")
-    p.add_argument("--relation", required=True)
+    anchor.add_argument("--queries", metavar="FILE",
+                        help="answer every line of FILE with one load (- reads stdin): HEAD<TAB>RELATION for tails, "
+                             "?<TAB>RELATION<TAB>TAIL for heads; a table per query, or one JSON object a line with "
+                             "--json (docs/answers.md)")
+    p.add_argument("--relation", help="the relation of --head or --tail (a --queries file gives one a line)")
     p.add_argument("-k", type=int, default=10, help="answers to show (default: %(default)s)")
     p.add_argument("--include-known", action="store_true", help="keep answers the graph already holds")
     _add_output_options(p)
@@ -46,6 +51,10 @@ def _add_output_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--reader", choices=READERS, default="edge",
                    help="edge: numpy only, every entity scored exactly (default); torch: the server's path "
                         "(torch rebuild, FAISS shortlist, exact re-rank)")
+    c = p.add_argument_group("cache (what the edge reader rebuilt, kept on disk so that later calls skip the rebuild)")
+    c.add_argument("--cache-dir", default=None, metavar="DIR",
+                   help="where (default: $EARL_CACHE_DIR, else $XDG_CACHE_HOME/earl, else ~/.cache/earl)")
+    c.add_argument("--no-cache", action="store_true", help="rebuild from the bundle; neither read nor write the cache")
 
 
 def bundle_file(path: str | Path) -> Path:
@@ -58,27 +67,61 @@ def bundle_file(path: str | Path) -> Path:
     return path
 
 
-def load_predictor(path: str | Path, reader: str = "edge") -> LinkPredictor:
-    """edge.load (numpy) or LinkPredictor.from_bundle (torch, FAISS) of the bundle at `path`."""
+def load_predictor(path: str | Path, reader: str = "edge", *, cache_dir: Path | None = None) -> LinkPredictor:
+    """edge.load (numpy; through the table cache in `cache_dir` when one is given) or LinkPredictor.from_bundle
+    (torch, FAISS) of the bundle at `path`."""
     if reader == "torch":
         from earl_service.bundle.model_io import load_bundle
         from earl_service.serve.predictor import LinkPredictor
 
         return LinkPredictor.from_bundle(load_bundle(bundle_file(path)))
+    if cache_dir is not None:
+        from earl_service.device.cache import CacheConfig, TableCache
+
+        return TableCache(CacheConfig(cache_dir)).load(bundle_file(path))
     from earl_service.device import reader as edge
 
     return edge.load(bundle_file(path))
 
 
+def cache_dir(a: argparse.Namespace) -> Path | None:
+    """The table cache a command uses: --cache-dir, or the default one; None with --no-cache or --reader torch."""
+    if a.no_cache or a.reader != "edge":
+        return None
+    if a.cache_dir:
+        return Path(a.cache_dir)
+    from earl_service.device.cache import default_directory
+
+    return default_directory(os.environ)
+
+
 def cmd_predict(a: argparse.Namespace) -> int:
-    found = load_predictor(a.bundle, a.reader).answer(a.relation, head=a.head, tail=a.tail, k=a.k,
-                                                      exclude_known=not a.include_known)
+    if a.queries is not None:
+        return _predict_queries(a)
+    if not a.relation:
+        raise ConfigError("--relation is required with --head or --tail")
+    found = load_predictor(a.bundle, a.reader, cache_dir=cache_dir(a)).answer(
+        a.relation, head=a.head, tail=a.tail, k=a.k, exclude_known=not a.include_known)
     print(json.dumps(found, indent=2) if a.json else predictions_table(found))
     return 0
 
 
+def _predict_queries(a: argparse.Namespace) -> int:
+    """Every query of the --queries file from one load: one JSON object a line (--json) or a table each."""
+    from earl_service.cli import queries as query_file
+
+    if a.relation:
+        raise ConfigError("--relation goes on each line of the --queries file, not on the command line")
+    queries = query_file.read_queries(a.queries)  # a bad line stops before the bundle is loaded
+    predictor = load_predictor(a.bundle, a.reader, cache_dir=cache_dir(a))
+    query_file.check_names(predictor, queries, a.queries)
+    for i, found in enumerate(query_file.answers(predictor, queries, k=a.k, exclude_known=not a.include_known)):
+        print(json.dumps(found) if a.json else ("\n" if i else "") + predictions_table(found))
+    return 0
+
+
 def cmd_score(a: argparse.Namespace) -> int:
-    scored = load_predictor(a.bundle, a.reader).score(a.head, a.relation, a.tail)
+    scored = load_predictor(a.bundle, a.reader, cache_dir=cache_dir(a)).score(a.head, a.relation, a.tail)
     if a.json:
         print(json.dumps(scored, indent=2))
     else:

@@ -8,19 +8,15 @@ import json
 import logging
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from earl_service.cli.answers import add_answer_commands
-from earl_service.cli.bundle import add_bundle_commands
-from earl_service.cli.compress import add_compress_command
-from earl_service.config import ModelConfig, TrainConfig
-from earl_service.config.options import (
-    add_data_options,
-    add_train_options,
-    configs_from_options,
-    data_config_from_options,
-)
 from earl_service.errors import ConfigError, EarlError
+
+if TYPE_CHECKING:
+    from earl_service.config import ModelConfig, TrainConfig
 
 COMMANDS_GROUP = "earl.commands"  # entry points: callables that add a subcommand (`earl serve`, from api/serve.py)
 
@@ -45,6 +41,8 @@ def _add_launcher_options(p: argparse.ArgumentParser) -> None:
 
 def _configs(a: argparse.Namespace) -> tuple[ModelConfig, TrainConfig, str | None]:
     """The run's configs and the recipe they were resolved with (the options given win over it)."""
+    from earl_service.config.options import configs_from_options
+
     if getattr(a, "config", None):
         return _configs_from_file(a.config)
     return (*configs_from_options(vars(a), recipe=a.recipe), a.recipe)
@@ -53,6 +51,8 @@ def _configs(a: argparse.Namespace) -> tuple[ModelConfig, TrainConfig, str | Non
 def _configs_from_file(path: str) -> tuple[ModelConfig, TrainConfig, str | None]:
     """{"model": {...}, "train": {...}}, or a run's metrics.json (which holds them under "config"), and the
     recipe the file records (none applied: the file holds every setting)."""
+    from earl_service.config import ModelConfig, TrainConfig
+
     try:
         values = json.loads(Path(path).read_text())
     except (OSError, json.JSONDecodeError) as exc:
@@ -140,6 +140,7 @@ def cmd_train(a: argparse.Namespace) -> int:
     if a.nproc_per_node and not _under_torchrun():
         return launch_torchrun(a)
 
+    from earl_service.config.options import data_config_from_options
     from earl_service.data.dataset import load_dataset
     from earl_service.train.loop import train
 
@@ -179,6 +180,7 @@ def _summary(metrics: dict) -> dict:
 
 
 def cmd_evaluate(a: argparse.Namespace) -> int:
+    from earl_service.config.options import data_config_from_options
     from earl_service.data.dataset import load_dataset
     from earl_service.train.run import load_run
 
@@ -196,6 +198,8 @@ def add_labels_option(p: argparse.ArgumentParser) -> None:
 
 
 def add_train_command(sub) -> None:
+    from earl_service.config.options import add_train_options
+
     p = sub.add_parser("train", help="train EARL (or the RotatE baseline) on a dataset folder")
     p.add_argument("data", help="folder with a train file and optional valid / test files (.txt, .tsv, .csv, .nt, "
                                 ".nq, .ttl, .parquet, any of them .gz; read by content: docs/data.md)")
@@ -215,6 +219,9 @@ def add_train_command(sub) -> None:
 
 
 def add_evaluate_command(sub) -> None:
+    from earl_service.config import TrainConfig
+    from earl_service.config.options import add_data_options
+
     p = sub.add_parser("evaluate", help="filtered ranking of a trained run's best checkpoint")
     p.add_argument("run_dir")
     p.add_argument("data")
@@ -227,20 +234,47 @@ def add_evaluate_command(sub) -> None:
     p.set_defaults(func=cmd_evaluate)
 
 
-def build_parser() -> argparse.ArgumentParser:
+def _add_bundle_commands(sub) -> None:
+    from earl_service.cli.bundle import add_bundle_commands
+
+    add_bundle_commands(sub)
+
+
+def _add_compress_command(sub) -> None:
+    from earl_service.cli.compress import add_compress_command
+
+    add_compress_command(sub)
+
+
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """`earl`'s parser with every command, or with only the group of `command` when it is a built-in one: the
+    other groups' options import the config, precision and compress modules, a third of what an answer from the
+    device reader's cache costs (bench/results/device_predict.md)."""
     parser = argparse.ArgumentParser(prog="earl", description="Entity-agnostic knowledge-graph embeddings (EARL).")
     parser.add_argument("-v", "--verbose", action="store_true")
     sub = parser.add_subparsers(dest="command", required=True)
-    add_train_command(sub)
-    add_evaluate_command(sub)
-    add_bundle_commands(sub)
-    add_answer_commands(sub)
-    add_compress_command(sub)
-    add_worker_command(sub)
+    groups = _command_groups()
+    if command in groups:
+        groups[command](sub)
+        return parser
+    for add_group in dict.fromkeys(groups.values()):
+        add_group(sub)
     if not add_plugin_commands(sub):
         parser.epilog = ("`earl serve` (the HTTP API) is added when the package is installed with its entry points: "
                          "pip install 'earl-service[serve]', or pip install -e '.[serve]' in a checkout")
     return parser
+
+
+def _command_groups() -> dict[str, Callable[[argparse._SubParsersAction], None]]:
+    """Each built-in command and the function that adds its group (in `earl --help`'s order)."""
+    return {"train": add_train_command, "evaluate": add_evaluate_command, "export": _add_bundle_commands,
+            "info": _add_bundle_commands, "extend": _add_bundle_commands, "predict": add_answer_commands,
+            "score": add_answer_commands, "compress": _add_compress_command, "worker": add_worker_command}
+
+
+def _command_of(argv: list[str]) -> str | None:
+    """The command word of `earl ARGV` (the first argument not an option: the top level's only option is -v)."""
+    return next((arg for arg in argv if not arg.startswith("-")), None)
 
 
 def add_plugin_commands(sub) -> list[str]:
@@ -318,9 +352,8 @@ def _configure_kernels(environ: dict[str, str]) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
     argv = sys.argv[1:] if argv is None else list(argv)
-    args = parser.parse_args(argv)
+    args = build_parser(_command_of(argv)).parse_args(argv)
     args.argv = argv  # `earl train --nproc-per-node` re-runs the same command under torchrun
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(message)s")
     for name in NOTICES:

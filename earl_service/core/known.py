@@ -20,8 +20,26 @@ class KnownAnswers:
         self.num_relations = int(num_relations)
         triples = np.asarray(triples, dtype=np.int64).reshape(-1, 3)
         h, r, t = triples[:, 0], triples[:, 1], triples[:, 2]
-        self._pairs = {"tail": _sorted_pairs(h * self.num_relations + r, t),
-                       "head": _sorted_pairs(t * self.num_relations + r, h)}
+        self._pairs: dict[Side, tuple[np.ndarray, np.ndarray]] = {
+            "tail": _sorted_pairs(h * self.num_relations + r, t), "head": _sorted_pairs(t * self.num_relations + r, h)}
+
+    @classmethod
+    def from_pairs(cls, num_relations: int, pairs: dict[Side, tuple[np.ndarray, np.ndarray]]) -> KnownAnswers:
+        """The index `pairs` (as `pairs()` gave them: per side (keys, answers), sorted, distinct) describe, without
+        sorting again: what a cache maps back from disk (sorting FB15k-237's 272k triples takes ~0.4 s)."""
+        known = cls.__new__(cls)
+        known.num_relations = int(num_relations)
+        known._pairs = {"tail": pairs["tail"], "head": pairs["head"]}
+        return known
+
+    def pairs(self) -> dict[Side, tuple[np.ndarray, np.ndarray]]:
+        """Per side, the sorted distinct (keys (P,), answers (P,)) int64 that answer queries; do not modify them."""
+        return dict(self._pairs)
+
+    def triples(self) -> np.ndarray:
+        """(E, 3) int64: the distinct triples, sorted by head, relation and tail (the tail side's pairs)."""
+        keys, tails = self._pairs["tail"]
+        return np.stack([keys // self.num_relations, keys % self.num_relations, tails], 1)
 
     @property
     def num_triples(self) -> int:

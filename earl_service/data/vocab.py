@@ -10,7 +10,6 @@ from collections.abc import Iterable, Iterator
 
 import numpy as np
 
-from earl_service.data import readers as readers
 from earl_service.errors import (
     UnknownEntityError,
     UnknownRelationError,

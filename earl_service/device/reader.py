@@ -20,9 +20,8 @@ import numpy as np
 from earl_service.bundle.decode import DecodedBundle, decode
 from earl_service.bundle.format import read_safetensors
 from earl_service.core import knn as core_knn
-from earl_service.data.vocab import Vocab
+from earl_service.device.model import EdgeModel
 from earl_service.errors import BundleError
-from earl_service.serve.predictor import LinkPredictor
 
 _CHUNK = 1 << 16  # edges per gather chunk: bounds the (chunk, 2d) temporaries
 
@@ -149,19 +148,6 @@ def _initial(bundle: DecodedBundle, ops: _Operators) -> np.ndarray:
     if "reserved_embeddings" in p:  # as EARL.initial: absent without reserved entities
         hidden[bundle.reserved] = p["reserved_embeddings"]
     return hidden
-
-
-class EdgeModel(LinkPredictor):
-    """LinkPredictor(index="exact") over a bundle's rebuilt embeddings: every entity scored exactly, so neither
-    torch nor faiss is imported; `config` is the bundle's ModelConfig as a dict, `triples` (E, 3) its graph."""
-
-    def __init__(self, config: dict, entities: Vocab, relations: Vocab, entity_embeddings: np.ndarray,
-                 relation_embeddings: np.ndarray, triples: np.ndarray, relation_labels: dict[str, str],
-                 entity_labels: dict[str, str] | None = None) -> None:
-        super().__init__(entity_embeddings, relation_embeddings, entities, relations, triples, gamma=config["gamma"],
-                         epsilon=config["epsilon"], index="exact", relation_labels=relation_labels,
-                         entity_labels=entity_labels)
-        self.config, self.triples = config, triples
 
 
 def load(path: str | os.PathLike, *, use_scipy: bool | None = None) -> EdgeModel:

@@ -45,9 +45,10 @@ class LinkPredictor:
 
     entity_embeddings (N, 2d) float32 [re | im]; relation_embeddings (R, d) raw relation values, mapped to
     phases by value * pi / ((gamma + epsilon) / d) as in training; known_triples (E, 3) int64 ids whose
-    answers `exclude_known` drops. `index` is "auto" (flat / HNSW by size, GPU when available), "flat",
-    "hnsw" or "exact" (no index: score every entity). `faiss_threads` and `flat_rotations` go to the
-    ProxyIndex (earl_service/serve/index.py): FAISS's OpenMP threads per querying thread, and a forced flat proxy.
+    answers `exclude_known` drops, or their KnownAnswers already built. `index` is "auto" (flat / HNSW by size, GPU
+    when available), "flat", "hnsw" or "exact" (no index: score every entity). `faiss_threads` and
+    `flat_rotations` go to the ProxyIndex (earl_service/serve/index.py): FAISS's OpenMP threads per querying
+    thread, and a forced flat proxy.
     Entities and relations are named by id, or by a label that names exactly one (`entity_labels`,
     `relation_labels`: {id: label}); `labelled` adds the labels to predictions.
     """
@@ -58,7 +59,7 @@ class LinkPredictor:
         relation_embeddings: np.ndarray,
         entities: Vocab,
         relations: Vocab,
-        known_triples: np.ndarray,
+        known_triples: np.ndarray | KnownAnswers,
         *,
         gamma: float,
         epsilon: float,
@@ -77,13 +78,18 @@ class LinkPredictor:
         self.phase_scale = rotate.phase_scale(gamma=gamma, epsilon=epsilon, dim=self.dim)
         self.relation_labels = _plain_labels(relation_labels or {})
         self.entity_labels = dict(entity_labels or {})
-        triples = np.asarray(known_triples, dtype=np.int64).reshape(-1, 3)
-        self.known = KnownAnswers(triples, len(relations))
+        triples = None
+        if isinstance(known_triples, KnownAnswers):  # already indexed (the device reader's cache)
+            self.known = known_triples
+        else:
+            triples = np.asarray(known_triples, dtype=np.int64).reshape(-1, 3)
+            self.known = KnownAnswers(triples, len(relations))
         self.index: ProxyIndex | None = None
         if index != "exact":
+            graph = self.known.triples() if triples is None else triples
             self.index = ProxyIndex.build(self.entity_embeddings, kind=index, hnsw_threshold=hnsw_threshold,
                                           faiss_threads=faiss_threads, flat_rotations=flat_rotations,
-                                          sample=lambda: self._calibration_sample(triples))
+                                          sample=lambda: self._calibration_sample(graph))
 
     @classmethod
     def from_bundle(cls, bundle: Bundle, **kwargs: Any) -> LinkPredictor:

@@ -39,3 +39,17 @@ def test_an_empty_graph_has_no_answers():
     known = KnownAnswers(np.zeros((0, 3), dtype=np.int64), 2)
     assert known.answers("tail", 0, 1).tolist() == []
     assert not known.mask(np.array([0, 1]), np.array([1, 0]), side="head", num_candidates=3).any()
+
+
+def test_rebuilt_from_its_pairs_it_answers_the_same():
+    """What the device reader's cache stores (the sorted pairs) gives back the same index, and the graph as a
+    set: distinct triples sorted by head, relation and tail."""
+    triples = _random_graph(seed=3)
+    known = KnownAnswers(triples, 4)
+    again = KnownAnswers.from_pairs(4, known.pairs())
+    for side in ("tail", "head"):
+        for anchor in range(30):
+            for relation in range(4):
+                assert again.answers(side, anchor, relation).tolist() == known.answers(side, anchor, relation).tolist()
+    assert again.triples().tolist() == [list(row) for row in sorted({tuple(row) for row in triples.tolist()})]
+    assert KnownAnswers(np.zeros((0, 3), dtype=np.int64), 2).triples().shape == (0, 3)
