@@ -24,7 +24,7 @@ from earl_service.compress import rungs as rungs_module
 from earl_service.compress import search as compress_module
 from earl_service.compress.config import CompressConfig, budget_floor, parse_size
 from earl_service.compress.search import compress
-from earl_service.compress.state import PICK, STATE, Candidate, CompressRun, Rung, SearchState, rung_sizes
+from earl_service.compress.state import PICK, STATE, Candidate, CompressRun, Rung, RungResult, SearchState, rung_sizes
 from earl_service.config import MODELS, ModelConfig, TrainConfig
 from earl_service.data.dataset import Dataset, load_dataset
 from earl_service.data.labels import Labels
@@ -269,6 +269,34 @@ def test_the_last_rung_and_the_pick_test_end_within_the_time_limit(tmp_path, mon
     assert job.spent + test_seconds == pytest.approx(600.0)
 
 
+def test_a_slice_without_time_to_train_keeps_its_last_result(tmp_path, monkeypatch):
+    """At a later rung a candidate whose slice its validations and overhead already fill is not re-exported or
+    re-validated (its weights did not change): its result from the rung before stands. The rung's leader always
+    runs."""
+    units = [candidate("rotate", 20, {"int8": 1}, validation_seconds=10.0),
+             candidate("rotate", 10, {"int8": 1}, validation_seconds=10.0, other_seconds=500.0)]
+    config = CompressConfig(max_bytes=10**6, time_limit_minutes=10)
+    state = search_state(units, rung_count=2, validation_seconds={"rotate": 10.0})
+    earlier = RungResult(exports={"int8": {"mrr": 0.1}}, train_seconds=5.0, steps=9, score=0.1)
+    leader = RungResult(exports={"int8": {"mrr": 0.2}}, train_seconds=5.0, steps=9, score=0.2)
+    state.rungs = [Rung(index=0, survivors=["rotate-d20", "rotate-d10"],
+                                        results={"rotate-d20": leader, "rotate-d10": earlier}),
+                   Rung(index=1, survivors=["rotate-d20", "rotate-d10"])]
+    job = CompressRun(tiny_dataset(), tmp_path, config, TINY, state)
+    ran = []
+
+    def run_slice(job, rung, name, limit):
+        ran.append(name)
+        return leader
+
+    monkeypatch.setattr(rungs_module, "run_slice", run_slice)
+    assert rungs_module.run_rung(job)
+    assert ran == ["rotate-d20"] and job.state.rungs[1].results["rotate-d10"] is earlier
+    job.state.rungs[1].results.clear()
+    job.candidate("rotate-d10").other_seconds = 0.0  # now its slice has time to train: it runs
+    assert rungs_module.run_rung(job) and ran == ["rotate-d20", "rotate-d20", "rotate-d10"]
+
+
 def test_each_candidate_is_charged_the_validations_of_its_own_dim(tmp_path):
     """Rung 0 charges a candidate its validations as estimated before the search: at its own dim, interpolated
     between its model's largest and smallest (both measured), not at its model's largest."""
@@ -290,6 +318,7 @@ def test_each_candidate_is_charged_the_validations_of_its_own_dim(tmp_path):
 def test_early_rungs_rank_on_a_valid_subset_and_the_pick_on_the_whole_split(tmp_path, monkeypatch):
     monkeypatch.setattr(rungs_module, "EARLY_VALID_TRIPLES", 8)  # of the tiny graph's 20 valid triples
     monkeypatch.setattr(candidates_module, "MIN_FIRST_STEPS", 0)  # keep candidates to drop before the last rung
+    monkeypatch.setattr(rungs_module, "carried_over", _never_carried)  # 3 s: every last rung would carry some
     dataset = tiny_dataset()
     config = CompressConfig(max_bytes=BundleSizes(dataset).bytes("rotate", 32, "fp32"), time_limit_minutes=0.05,
                             precisions=("fp32", "int8"))
@@ -351,18 +380,26 @@ class Killed(Exception):
     pass
 
 
+def _never_carried(*args):
+    """rungs.carried_over for a test of a few seconds' search, whose later slices have no time to train at all:
+    every survivor runs, as the test's counts expect."""
+    return None
+
+
 def _killed_in_rung_1(dataset, out, config):
     """Run a compress job that is killed as rung 1 starts training; returns its saved state."""
     def kill_in_rung_1(progress):
         if progress["rung"] == 1 and progress["stage"] == "train":
             raise Killed
 
-    with pytest.raises(Killed):
+    with pytest.raises(Killed), pytest.MonkeyPatch.context() as patch:
+        patch.setattr(candidates_module, "MIN_FIRST_STEPS", 0)  # plan several candidates: a rung 1 to be killed in
         compress(dataset, out, config, train_configs=TINY, on_progress=kill_in_rung_1)
     return json.loads((out / STATE).read_text())
 
 
 def test_a_killed_job_continues_after_its_last_completed_rung(tmp_path, monkeypatch):
+    monkeypatch.setattr(rungs_module, "carried_over", _never_carried)
     dataset = tiny_dataset()
     config = CompressConfig(max_bytes=BundleSizes(dataset).bytes("rotate", 24, "fp32"), time_limit_minutes=0.05,
                             models=("rotate",), precisions=("fp32", "int8"))
@@ -519,6 +556,7 @@ def test_pq_candidates_buy_dims_that_int8_cannot_afford():
 
 
 def test_a_killed_job_with_pq_candidates_continues(tmp_path, monkeypatch):
+    monkeypatch.setattr(rungs_module, "carried_over", _never_carried)
     dataset = load_dataset(codex_s_path())
     config = CompressConfig(max_bytes=100_000, time_limit_minutes=0.3, models=("rotate",), precisions=("int8", "pq"))
 
@@ -613,9 +651,7 @@ def test_a_killed_graphless_search_continues_graphless(tmp_path):
     dataset = load_dataset(codex_s_path())
     config = CompressConfig(max_bytes=60_000, time_limit_minutes=0.3, models=("rotate",), precisions=("int8", "pq"),
                             known_answers="none")
-    with pytest.MonkeyPatch.context() as patch:  # keep several candidates, so that there is a rung 1 to kill in
-        patch.setattr(candidates_module, "MIN_FIRST_STEPS", 0)
-        before = _killed_in_rung_1(dataset, tmp_path, config)
+    before = _killed_in_rung_1(dataset, tmp_path, config)
     assert before["settings"]["known_answers"] == "none"
     report = compress(dataset, tmp_path, config, train_configs=TINY)
     assert report["rungs"][0]["scores"] == {n: r["score"] for n, r in before["rungs"][0]["results"].items()}
