@@ -151,7 +151,7 @@ def test_compress_trains_its_candidates_with_the_default_recipe(tmp_path, monkey
         seen.update(train_configs)
         raise _Planned
 
-    monkeypatch.setattr(candidates_module, "validation_seconds", planned)
+    monkeypatch.setattr(candidates_module, "measure_costs", planned)
     with pytest.raises(_Planned):
         compress_module.compress(tiny_dataset(), tmp_path, CompressConfig(max_bytes=10**6, time_limit_minutes=1))
     assert seen == {m: dataclasses.replace(with_recipe(DEFAULT, m), progress=False) for m in MODELS}
