@@ -102,9 +102,10 @@ class _Operators:
 
 
 def encode(bundle: DecodedBundle, *, use_scipy: bool | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """Entity (N, 2d) and relation (R, d) embeddings, as EARL.forward computes them (scipy_sparse(use_scipy))."""
+    """Entity (N, 2d) and relation (R, d) embeddings, as EARL.forward computes them (scipy_sparse(use_scipy)); RotatE's
+    and an imported model's are the stored tables."""
     p, cfg = bundle.params, bundle.config
-    if cfg.model == "rotate":
+    if cfg.model != "earl":
         return p["entities"], p["relations"]
     if not (cfg.uses_conrel or cfg.uses_knn):
         raise BundleError("the no_conrel_knn ablation draws torch random inputs; the edge reader cannot rebuild it")
@@ -152,15 +153,16 @@ def _initial(bundle: DecodedBundle, ops: _Operators) -> np.ndarray:
 
 
 class EdgeModel(LinkPredictor):
-    """LinkPredictor(index="exact") over a bundle's rebuilt embeddings: every entity scored exactly, so neither
-    torch nor faiss is imported; `config` is the bundle's ModelConfig as a dict, `triples` (E, 3) its graph."""
+    """LinkPredictor(index="exact") over a bundle's rebuilt embeddings: every entity scored exactly (by the bundle's
+    scorer: RotatE, or an imported model's), so neither torch nor faiss is imported; `config` is the bundle's
+    ModelConfig as a dict, `triples` (E, 3) its graph."""
 
     def __init__(self, config: dict, entities: Vocab, relations: Vocab, entity_embeddings: np.ndarray,
                  relation_embeddings: np.ndarray, triples: np.ndarray, relation_labels: dict[str, str],
                  entity_labels: dict[str, str] | None = None) -> None:
         super().__init__(entity_embeddings, relation_embeddings, entities, relations, triples, gamma=config["gamma"],
-                         epsilon=config["epsilon"], index="exact", relation_labels=relation_labels,
-                         entity_labels=entity_labels)
+                         epsilon=config["epsilon"], model=config.get("model", "rotate"), index="exact",
+                         relation_labels=relation_labels, entity_labels=entity_labels)
         self.config, self.triples = config, triples
 
 
