@@ -1,5 +1,5 @@
 """The `earl` command: its parser and dispatch, `train`, `evaluate` and `worker`; the other verbs live beside it
-(bundle: export, info, extend; answers: predict, score; compress) and plugins add `serve`."""
+(bundle: export, info, extend; answers: predict, score; compress; imports: import) and plugins add `serve`."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from pathlib import Path
 from earl_service.cli.answers import add_answer_commands
 from earl_service.cli.bundle import add_bundle_commands
 from earl_service.cli.compress import add_compress_command
+from earl_service.cli.imports import add_import_command
 from earl_service.config import ModelConfig, TrainConfig
 from earl_service.config.options import (
     add_data_options,
@@ -236,6 +237,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_bundle_commands(sub)
     add_answer_commands(sub)
     add_compress_command(sub)
+    add_import_command(sub)
     add_worker_command(sub)
     if not add_plugin_commands(sub):
         parser.epilog = ("`earl serve` (the HTTP API) is added when the package is installed with its entry points: "
