@@ -173,8 +173,8 @@ class ScoreOut(BaseModel):
     relation_label: str | None
     tail: str
     tail_label: str | None
-    distance: float  # sum_i |h_i r_i - t_i|
-    score: float  # gamma - distance, as in /predict
+    distance: float  # RotatE: sum_i |h_i r_i - t_i|; an imported model: minus its library's score (docs/import.md)
+    score: float  # RotatE: gamma - distance; an imported model: its library's score; as in /predict
     known: bool  # the triple is in the model's graph
     tail_rank: float  # filtered realistic rank of tail among all entities for (head, relation, ?)
     head_rank: float  # the same for head in (?, relation, tail)

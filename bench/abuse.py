@@ -34,7 +34,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from harness import REPO, api_server, front, md_table, write_results
-from harness.hostile import (  # noqa: F401 - tests/api/test_bad_inputs.py reads them here
+from harness.hostile import (
+    NESTED,
     _nan_row,
     duplicate_edges,
     graph_bomb,
@@ -48,7 +49,6 @@ from harness.hostile import (  # noqa: F401 - tests/api/test_bad_inputs.py reads
 from harness.processes import reset_peak, status_kib
 
 MB = 2**20
-NESTED = "[" * 100_000 + "]" * 100_000  # deeper than any JSON parser's recursion limit
 GOOD_TRIPLES = b"a\tr\tb\nb\tr\tc\n"
 
 

@@ -70,6 +70,11 @@ class BundleError(EarlError):
     """A saved model bundle is missing, incomplete or incompatible."""
 
 
+class ModelImportError(EarlError):
+    """A model to import (`earl import`) cannot be read: a missing file, a malformed table, shapes or vocabulary
+    sizes that disagree, a model kind no scorer here computes; the message names the file."""
+
+
 class _UnknownNameError(EarlError, KeyError):
     kind = "name"
 

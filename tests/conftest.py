@@ -93,6 +93,24 @@ def small_graph_triples() -> np.ndarray:
     return random_triples(30, 4, 120)
 
 
+def write_arrays(folder: Path, *, entities: int = 300, relations: int = 4, width: int = 16,
+                 relation_width: int | None = None, phases: bool = False,
+                 seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """A folder `earl import --format arrays` reads: random tables (relation rows uniform phases when `phases`),
+    names e0.. and r0.., one a line. Returns the tables as written."""
+    rng = np.random.default_rng(seed)
+    folder.mkdir(parents=True, exist_ok=True)
+    entity_rows = rng.normal(size=(entities, width)).astype(np.float32)
+    columns = relation_width or (width // 2 if phases else width)
+    relation_rows = (rng.uniform(-np.pi, np.pi, (relations, columns)) if phases
+                     else rng.normal(size=(relations, columns))).astype(np.float32)
+    np.save(folder / "entity_embeddings.npy", entity_rows)
+    np.save(folder / "relation_embeddings.npy", relation_rows)
+    (folder / "entities.tsv").write_text("".join(f"e{i}\n" for i in range(entities)))
+    (folder / "relations.tsv").write_text("".join(f"r{i}\n" for i in range(relations)))
+    return entity_rows, relation_rows
+
+
 # ---------------------------------------------------------------- service fixtures (predict, worker, API)
 
 # One torch thread: with the 2 cores shared (other tests, other processes), 2 OpenMP threads spin-wait and made

@@ -96,8 +96,8 @@ async def predict_batch(registry: RegistryDep, cache: CacheDep, slots: PredictSl
 async def score(registry: RegistryDep, cache: CacheDep, slots: PredictSlotsDep,
                 model: Annotated[str, Query(pattern=ID_PATTERN)], head: Name, relation: Name,
                 tail: Name) -> JSONResponse:
-    """RotatE distance and score of (head, relation, tail), whether the graph holds it, and its filtered ranks;
-    names by id or by a label that names exactly one, as for GET /predict."""
+    """The distance and score of (head, relation, tail) (RotatE's, or an imported model's scorer's), whether the graph
+    holds it, and its filtered ranks; names by id or by a label that names exactly one, as for GET /predict."""
     return await in_slot(slots, score_triple, registry, cache, model=model, head=head, relation=relation, tail=tail)
 
 

@@ -16,6 +16,7 @@ import numpy as np
 from harness.machine import REPO
 
 MB = 2**20
+NESTED = "[" * 100_000 + "]" * 100_000  # deeper than any JSON parser's recursion limit
 
 
 def good_bundle(path: Path, *, model: str = "earl") -> Path:

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from earl_service.core.scorers import IMPORTED
 from earl_service.errors import BundleError
 from earl_service.safe_json import parse_json
 
@@ -22,8 +23,11 @@ ITERATIONS = 25
 # Numbers per code byte that `--precision pq` tries (compress: each that fits); 4 when no budget chooses.
 NUMBERS_PER_CODE = (2, 4, 8)
 DEFAULT_NUMBERS_PER_CODE = 4
-# The per-entity (RotatE) and embedding tables (EARL) worth coding; every other weight is a dense map.
-CODABLE = {"rotate": ("entities",), "earl": ("reserved_embeddings", "relation_ends", "relations")}
+# The per-entity (RotatE, imported models) and embedding tables (EARL) worth coding; every other weight is a dense
+# map, or an imported model's relation table (a few hundred rows at most in the published models; int8 keeps it).
+CODABLE: dict[str, tuple[str, ...]] = {"rotate": ("entities",),
+                                        "earl": ("reserved_embeddings", "relation_ends", "relations"),
+                                        **{kind: ("entities",) for kind in IMPORTED}}
 MANIFEST_KEY = "pq_manifest"
 TENSOR_PREFIX = "pq."
 

@@ -22,7 +22,8 @@ from earl_service.bundle.format import (
     weights_manifest,
 )
 from earl_service.bundle.precision import DEFAULT, Precision, ProductQuantized
-from earl_service.config import ModelConfig
+from earl_service.config import IMPORTED, ModelConfig
+from earl_service.core import scorers
 from earl_service.data.vocab import Vocab
 from earl_service.errors import BundleError
 
@@ -235,19 +236,20 @@ def _weights(tensors: dict[str, np.ndarray], manifest: Manifest | None, precisio
 
 
 def _check_values(config: ModelConfig, params: dict[str, np.ndarray], source: str) -> None:
-    """Every weight finite; RotatE's, which are its embeddings, small enough that its scores stay finite."""
+    """Every weight finite; RotatE's and an imported model's, which are its embeddings, small enough that its scores
+    stay finite in float32."""
     for name, value in params.items():
         if not np.isfinite(value).all():
             raise BundleError(f"bundle tensor {name!r} is not finite: the rebuilt embeddings hold NaN or infinite "
                               "values")
-    if config.model == "rotate":  # finite, as just checked: only their range is left to check
+    if config.model != "earl":  # finite, as just checked: only their range is left to check
         _check_score_range(config, params["entities"], params["relations"], source)
 
 
 def check_embeddings(config: ModelConfig, entities: np.ndarray, relations: np.ndarray, *,
                      source: str = "bundle") -> None:
-    """BundleError unless every RotatE score of these embeddings is finite in float32: entities (N, 2d), relation
-    values (R, d) finite, and within _check_score_range's bounds."""
+    """BundleError unless every score of these embeddings is finite in float32: entities (N, 2d), relations (R, d)
+    values (an imported model's as its scorer lays them out) finite, and within _check_score_range's bounds."""
     if not (np.isfinite(entities).all() and np.isfinite(relations).all()):
         raise BundleError(f"{source}: the rebuilt embeddings hold NaN or infinite values")
     _check_score_range(config, entities, relations, source)
@@ -257,10 +259,17 @@ def _check_score_range(config: ModelConfig, entities: np.ndarray, relations: np.
     """BundleError unless these finite embeddings keep every float32 score finite. A rotated query's reals are at most
     sqrt(2) * max |x|, so each real of e - q is under 3 * max |x|, and a row's sum of squares (what an L2 index adds
     up over all 2d reals) under 9 * max|x|^2 * 2d: that must stay below float32's max. Relation values times the
-    phase scale must too."""
+    phase scale must too. An imported scorer bounds its own numbers (core.scorers.Scorer.largest)."""
+    scorer = scorers.scorer(config.model, gamma=config.gamma, epsilon=config.epsilon, dim=config.dim)
+    fits, bound = scorers.fits_float32(scorer, entities, relations)
+    if config.model in IMPORTED:
+        if not fits:
+            raise BundleError(f"{source}: the embeddings' magnitudes let {config.model} scores reach {bound:.3g}, "
+                              "past float32's range")
+        return
     largest = float(np.abs(entities).max(initial=0.0))
-    limit = math.sqrt(F32_MAX / (9 * max(entities.shape[-1], 1)))
-    if largest > limit:
+    limit = math.sqrt(F32_MAX / (9 * max(entities.shape[-1], 1)))  # where scorers.RotatE.largest reaches F32_MAX
+    if not fits:
         raise BundleError(f"{source}: the entity embeddings reach {largest:.3g}; scores stay finite in float32 "
                           f"only up to {limit:.3g}")
     phase = float(np.abs(relations).max(initial=0.0)) * config.phase_scale
@@ -275,6 +284,9 @@ def expected_shapes(config: ModelConfig, num_entities: int, num_relations: int, 
     d, w = config.dim, 2 * config.dim
     if config.model == "rotate":
         return {"entities": (num_entities, w), "relations": (num_relations, d)}
+    if config.model in IMPORTED:
+        relation_width = scorers.SCORERS[config.model].relation_width(d)
+        return {"entities": (num_entities, w), "relations": (num_relations, relation_width)}
     shapes: dict[str, tuple[int, ...]] = {}
     if config.uses_reserved and num_reserved:
         shapes["reserved_embeddings"] = (num_reserved, w)

@@ -23,8 +23,11 @@ from earl_service.version import __version__
 
 FORMAT = "earl-bundle"
 # 1: weights as plain safetensors tensors. 2: weights may be entropy-coded into one "weights.packed" blob
-# (see pack_weights); a version-1 reader meeting one says "newer format" instead of "missing tensor".
-FORMAT_VERSION = 2
+# (see pack_weights); a version-1 reader meeting one says "newer format" instead of "missing tensor". 3: the model
+# may be an imported one (config model a scorer: transe-l1, complex, ...); only such bundles say 3, so a version-2
+# reader meeting one says "newer format" instead of "unknown model". Each file says the least version it needs.
+IMPORTED_FORMAT_VERSION = 3  # the least version a bundle of an imported model needs
+FORMAT_VERSION = IMPORTED_FORMAT_VERSION  # the newest this library reads
 CODINGS = ("plain", "planes-xz")
 _CODED_DTYPES = {"float32": np.float32, "float16": np.float16, "int8": np.int8}
 # Bounds on what a bundle may declare, so that a small file cannot make its reader (or the API's listings) big.

@@ -17,6 +17,7 @@ from earl_service.bundle.decode import decode
 from earl_service.bundle.format import (
     FORMAT,
     FORMAT_VERSION,
+    IMPORTED_FORMAT_VERSION,
     BundleLimits,
     encode_weights,
     narrowest_uint,
@@ -27,7 +28,7 @@ from earl_service.bundle.format import (
     write_safetensors,
 )
 from earl_service.bundle.precision import DEFAULT, Precision
-from earl_service.config import GRAPH_OPTIONAL, ModelConfig
+from earl_service.config import GRAPH_OPTIONAL, IMPORTED, ModelConfig
 from earl_service.data.dataset import load_triples_file
 from earl_service.data.labels import Labels
 from earl_service.data.vocab import Vocab
@@ -74,9 +75,11 @@ class Bundle:
                            **self.config.graph_options)
 
     def model(self) -> torch.nn.Module:
-        """The trained module with the bundle's weights (float32, CPU, eval mode)."""
+        """The trained module with the bundle's weights (float32, CPU, eval mode); an imported model has none."""
         from earl_service.model.modules import build_model
 
+        if self.config.model in IMPORTED:
+            raise BundleError(f"an imported {self.config.model} bundle holds tables, not a module trained here")
         model = build_model(self.config, len(self.entities), len(self.relations), torch.from_numpy(self.reserved))
         state = {k: torch.from_numpy(v) for k, v in self.params.items()}
         state["reserved"] = torch.from_numpy(self.reserved.astype(np.int64))
@@ -88,7 +91,7 @@ class Bundle:
 
     @torch.no_grad()
     def _embed(self) -> tuple[torch.Tensor, torch.Tensor]:
-        if "emb" not in self._cache and self.config.model == "rotate":
+        if "emb" not in self._cache and self.config.model != "earl":  # RotatE, an imported model: its tables
             self._cache["emb"] = (torch.from_numpy(self.params["entities"]), torch.from_numpy(self.params["relations"]))
         if "emb" not in self._cache:
             ent, rel = self.model()(self._graph())
@@ -100,7 +103,8 @@ class Bundle:
         return self._embed()[0]
 
     def relation_embeddings(self) -> torch.Tensor:
-        """(R, dim) float32 relation values (phases are value * pi / embedding_range)."""
+        """(R, dim) float32 relation values (phases are value * pi / embedding_range); an imported model's relation
+        table as its scorer lays it out (core/scorers.py)."""
         return self._embed()[1]
 
     def to_tensors(self, precision: str | Precision | None = None, coding: str | None = None, *,
@@ -127,7 +131,10 @@ class Bundle:
             "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         }
         tensors, metadata = chosen.with_tables(tensors, metadata, self.config, self.params, pq_tables)
-        return encode_weights(tensors, metadata, coding or chosen.coding)
+        tensors, metadata = encode_weights(tensors, metadata, coding or chosen.coding)
+        if self.config.model in IMPORTED:  # a reader before format 3 would call the model kind unknown
+            metadata["format_version"] = str(IMPORTED_FORMAT_VERSION)
+        return tensors, metadata
 
     def fixed_parts(self) -> dict[str, np.ndarray]:
         """The graph, vocabularies and labels as the file stores them (xz-packed, read-only)."""
@@ -184,7 +191,8 @@ class Bundle:
 
     def extend_with(self, new_triples: np.ndarray, new_names: list[str]) -> Bundle:
         if self.config.model != "earl":
-            raise BundleError("only EARL bundles can embed new entities; a RotatE bundle has one row per entity")
+            raise BundleError(f"only EARL bundles can embed new entities; a {self.config.model} bundle has one row "
+                              "per entity")
         triples = np.unique(np.concatenate([self.triples, np.asarray(new_triples, dtype=np.int64).reshape(-1, 3)]), axis=0)
         entities = Vocab(self.entities.names + list(new_names))
         return replace(self, entities=entities, triples=triples, sha256="", num_bytes=0, path=None, _cache={})

@@ -33,7 +33,8 @@ def add_answer_commands(sub) -> None:
     _add_output_options(p)
     p.set_defaults(func=cmd_predict)
 
-    p = sub.add_parser("score", help="RotatE distance, score and filtered ranks of one triple")
+    p = sub.add_parser("score", help="distance, score and filtered ranks of one triple (RotatE, or an imported "
+                                     "model's scorer)")
     _add_bundle_argument(p)
     p.add_argument("head")
     p.add_argument("relation")

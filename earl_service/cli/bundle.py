@@ -51,7 +51,7 @@ def cmd_extend(a: argparse.Namespace) -> int:
     return 0
 
 
-def _add_coding_option(p: argparse.ArgumentParser) -> None:
+def add_coding_option(p: argparse.ArgumentParser) -> None:
     from earl_service.bundle.format import CODINGS
 
     by_coding = {c: [k.family for k in precisions.registered() if k.coding == c] for c in CODINGS}
@@ -79,7 +79,7 @@ def add_bundle_commands(sub) -> None:
                         "with their ids, and meta.json (docs/answers.md)")
     p.add_argument("--precision", type=precision_argument, default=precisions.DEFAULT.name,
                    help=f"{precisions.describe()} (default: %(default)s)")
-    _add_coding_option(p)
+    add_coding_option(p)
     p.add_argument("--no-graph", action="store_true",
                    help="leave the training graph out (RotatE only: its bytes go to nothing else, and answers then "
                         "include facts the graph holds)")
@@ -95,5 +95,5 @@ def add_bundle_commands(sub) -> None:
     p.add_argument("--out", required=True)
     p.add_argument("--precision", type=precision_argument, default=None,
                    help=f"{precisions.describe()} (default: the bundle's own)")
-    _add_coding_option(p)
+    add_coding_option(p)
     p.set_defaults(func=cmd_extend)

@@ -1,5 +1,5 @@
 """The `earl` command: its parser and dispatch, `train`, `evaluate` and `worker`; the other verbs live beside it
-(bundle: export, info, extend; answers: predict, score; compress) and plugins add `serve`."""
+(bundle: export, info, extend; answers: predict, score; compress; imports: import) and plugins add `serve`."""
 
 from __future__ import annotations
 
@@ -246,6 +246,12 @@ def _add_compress_command(sub) -> None:
     add_compress_command(sub)
 
 
+def _add_import_command(sub) -> None:
+    from earl_service.cli.imports import add_import_command
+
+    add_import_command(sub)
+
+
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     """`earl`'s parser with every command, or with only the group of `command` when it is a built-in one: the
     other groups' options import the config, precision and compress modules, a third of what an answer from the
@@ -269,7 +275,8 @@ def _command_groups() -> dict[str, Callable[[argparse._SubParsersAction], None]]
     """Each built-in command and the function that adds its group (in `earl --help`'s order)."""
     return {"train": add_train_command, "evaluate": add_evaluate_command, "export": _add_bundle_commands,
             "info": _add_bundle_commands, "extend": _add_bundle_commands, "predict": add_answer_commands,
-            "score": add_answer_commands, "compress": _add_compress_command, "worker": add_worker_command}
+            "score": add_answer_commands, "compress": _add_compress_command, "import": _add_import_command,
+            "worker": add_worker_command}
 
 
 def _command_of(argv: list[str]) -> str | None:

@@ -9,12 +9,15 @@ from earl_service.config.fields import (
     COLUMN_ORDERS,
     COMPUTE,
     GRAPH_OPTIONAL,
+    IMPORTED,
     MODELS,
     DataConfig,
     ModelConfig,
     ModelKind,
     Text,
     TrainConfig,
+    TrainedKind,
 )
 
-__all__ = ["ABLATIONS", "COLUMN_ORDERS", "COMPUTE", "GRAPH_OPTIONAL", "MODELS", "DataConfig", "ModelConfig", "ModelKind", "Text", "TrainConfig"]
+__all__ = ["ABLATIONS", "COLUMN_ORDERS", "COMPUTE", "GRAPH_OPTIONAL", "IMPORTED", "MODELS", "DataConfig", "ModelConfig",
+           "ModelKind", "Text", "TrainConfig", "TrainedKind"]

@@ -8,13 +8,16 @@ from dataclasses import dataclass
 from typing import Any, Literal, NamedTuple, get_args
 
 from earl_service.core import rotate
+from earl_service.core.scorers import IMPORTED, ImportedKind
 from earl_service.errors import ConfigError
 
-ModelKind = Literal["earl", "rotate"]
-MODELS: tuple[ModelKind, ...] = get_args(ModelKind)
-# The models whose bundles may leave the training graph out: RotatE keeps a row per entity and reads the graph only
-# to tell known answers apart; EARL's encoder rebuilds every entity from it.
-GRAPH_OPTIONAL: tuple[ModelKind, ...] = ("rotate",)
+TrainedKind = Literal["earl", "rotate"]
+# A bundle's model: one trained here, or an imported one (`earl import`), named by its scorer (core/scorers.py).
+ModelKind = TrainedKind | ImportedKind
+MODELS: tuple[TrainedKind, ...] = get_args(TrainedKind)  # what `earl train`, the job form and compress offer
+# The models whose bundles may leave the training graph out: RotatE and the imported ones keep a row per entity and
+# read the graph only to tell known answers apart; EARL's encoder rebuilds every entity from it.
+GRAPH_OPTIONAL: tuple[ModelKind, ...] = ("rotate", *IMPORTED)
 ABLATIONS = ("no_reserved", "no_conrel", "no_knn", "no_conrel_knn", "no_mulhop")
 _BOUNDS = {"ge": (">=", lambda v, b: v >= b), "gt": (">", lambda v, b: v > b), "le": ("<=", lambda v, b: v <= b)}
 
@@ -29,15 +32,17 @@ class Text(NamedTuple):
 
 def setting(default: Any, help: str, *, option: str | None = "", group: str = "", aliases: tuple[str, ...] = (),
             bounds: dict[str, float] | None = None, limits: dict[str, float] | None = None,
-            choices: tuple[str, ...] = (), cli_only: bool = False, metavar: str | None = None,
-            text: Text | None = None) -> Any:
+            choices: tuple[str, ...] = (), accepts: tuple[str, ...] = (), cli_only: bool = False,
+            metavar: str | None = None, text: Text | None = None) -> Any:
     """A config field with what earl_service/config/options.py needs to offer it as `earl train --NAME` and as a job
     form field: `option` is its public name ("" for the field's own name, None for no option at all); a
     `default` of dataclasses.MISSING makes a required field (and option);
     `bounds` (ge/gt/le) are hard validity, checked here for every caller; `limits` are the service's stricter
-    bounds on a job (the API form only); `cli_only` keeps an option out of the job form."""
+    bounds on a job (the API form only); `accepts` are values the config takes beyond the `choices` its option
+    offers (an imported model's scorer: no option trains one); `cli_only` keeps an option out of the job form."""
     metadata = {"help": help, "option": option, "group": group, "aliases": aliases, "bounds": bounds or {},
-                "limits": limits or {}, "choices": choices, "cli_only": cli_only, "metavar": metavar, "text": text}
+                "limits": limits or {}, "choices": choices, "accepts": accepts, "cli_only": cli_only,
+                "metavar": metavar, "text": text}
     return dataclasses.field(default=default, metadata=metadata)
 
 
@@ -57,8 +62,9 @@ def _check_fields(config: Any) -> None:
         value, meta = getattr(config, f.name), f.metadata
         values = value if isinstance(value, tuple) else (value,)
         problem = next(filter(None, (out_of_bounds(v, meta.get("bounds", {})) for v in values)), None)
-        if meta.get("choices") and value not in meta["choices"]:
-            problem = "must be one of " + ", ".join(map(repr, meta["choices"]))
+        allowed = (*meta.get("choices", ()), *meta.get("accepts", ()))
+        if allowed and value not in allowed:
+            problem = "must be one of " + ", ".join(map(repr, allowed))
         if problem:
             name = f.name if meta.get("option") in ("", None, f.name) else f"{f.name} (option {meta['option']})"
             raise ConfigError(f"{name} {problem}, not {value!r}")
@@ -81,10 +87,12 @@ FANOUT_TEXT = Text(parse_fanout, lambda values: ",".join(map(str, values)), r"^(
 
 @dataclass(frozen=True)
 class ModelConfig:
-    """The architecture. `dim` counts complex dimensions: an entity is 2*dim reals, a relation dim phases."""
+    """The architecture. `dim` counts complex dimensions: an entity is 2*dim reals, a relation dim phases. An imported
+    model (`model` a scorer of core/scorers.py) has entity rows of 2*dim reals too, its relation rows as its scorer
+    says; the other fields keep their defaults and mean nothing to it."""
 
     model: ModelKind = setting("earl", "EARL, or the RotatE baseline (one embedding row per entity)",
-                               choices=MODELS)
+                               choices=MODELS, accepts=IMPORTED)
     dim: int = setting(150, "complex dimensions (2*dim reals per entity)", bounds={"ge": 1}, limits={"le": 1024})
     reserved_ratio: float = setting(0.1, "share of training entities with their own embedding row",
                                     bounds={"ge": 0.0, "le": 1.0})
@@ -255,5 +263,5 @@ class DataConfig:
         return dataclasses.asdict(self)
 
 
-__all__ = ["ABLATIONS", "COLUMN_ORDERS", "COMPUTE", "GRAPH_OPTIONAL", "DataConfig", "ModelConfig", "Text", "TrainConfig", "parse_fanout",
-           "setting"]
+__all__ = ["ABLATIONS", "COLUMN_ORDERS", "COMPUTE", "GRAPH_OPTIONAL", "IMPORTED", "DataConfig", "ModelConfig", "Text",
+           "TrainConfig", "TrainedKind", "parse_fanout", "setting"]

@@ -101,9 +101,10 @@ class _Operators:
 
 
 def encode(bundle: DecodedBundle, *, use_scipy: bool | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """Entity (N, 2d) and relation (R, d) embeddings, as EARL.forward computes them (scipy_sparse(use_scipy))."""
+    """Entity (N, 2d) and relation (R, d) embeddings, as EARL.forward computes them (scipy_sparse(use_scipy)); RotatE's
+    and an imported model's are the stored tables."""
     p, cfg = bundle.params, bundle.config
-    if cfg.model == "rotate":
+    if cfg.model != "earl":
         return p["entities"], p["relations"]
     if not (cfg.uses_conrel or cfg.uses_knn):
         raise BundleError("the no_conrel_knn ablation draws torch random inputs; the edge reader cannot rebuild it")

@@ -20,40 +20,58 @@ _TSV_ROWS = 4096  # rows formatted per write: bounds the text held in memory on 
 
 def export_tables(model: EdgeModel, out_dir: str | os.PathLike, *, fmt: str) -> list[Path]:
     """Write entity embeddings (N, 2d) [re | im] and relation phases (R, d) in radians with their ids, plus
-    meta.json (layout, gamma, the score formula), into out_dir; returns the files written.
+    meta.json (layout, gamma, the score formula), into out_dir; returns the files written. An imported model's
+    relations are its stored rows (R, 2d) where they are not rotations (relation_embeddings, columns v_i).
 
     npy: entity_embeddings.npy, relation_phases.npy, entity_ids.txt, relation_ids.txt (one id a line);
     tsv: entities.tsv, relations.tsv (a header row, then id and values); parquet: entities.parquet,
     relations.parquet (columns `id` and a fixed-size float32 list `embedding` / `phase`; needs pyarrow).
+    `earl import --format arrays` reads the npy layout back.
     """
     if fmt not in FORMATS:
         raise ConfigError(f"--format must be one of {', '.join(FORMATS)}, not {fmt!r}")
     out = Path(out_dir)
     entities, relations = model.entities.names, model.relations.names
-    phases = (model.relation_embeddings * np.float32(model.phase_scale)).astype(np.float32)  # (R, d)
-    dim = model.dim
+    scorer = model.scorer
+    phases = scorer.relation_table(model.relation_embeddings)  # (R, d) radians, or an imported model's (R, 2d)
+    kind = "phase" if scorer.phases else "embedding"
     if fmt == "parquet":
-        files = _parquet(out, entities, model.entity_embeddings, relations, phases)
+        files = _parquet(out, entities, model.entity_embeddings, relations, phases, kind)
     else:
         _refuse_separators(entities, "entity")
         _refuse_separators(relations, "relation")
         if fmt == "npy":
-            files = [_npy(out / "entity_embeddings.npy", model.entity_embeddings), _npy(out / "relation_phases.npy",
-                     phases), _lines(out / "entity_ids.txt", entities), _lines(out / "relation_ids.txt", relations)]
+            files = [_npy(out / "entity_embeddings.npy", model.entity_embeddings),
+                     _npy(out / f"relation_{kind}s.npy", phases), _lines(out / "entity_ids.txt", entities),
+                     _lines(out / "relation_ids.txt", relations)]
         else:
-            columns = [f"re_{i}" for i in range(dim)] + [f"im_{i}" for i in range(dim)]
-            files = [_tsv(out / "entities.tsv", entities, model.entity_embeddings, columns),
-                     _tsv(out / "relations.tsv", relations, phases, [f"phase_{i}" for i in range(dim)])]
+            files = [_tsv(out / "entities.tsv", entities, model.entity_embeddings,
+                          _columns(model.dim, complex_=scorer.complex_entities)),
+                     _tsv(out / "relations.tsv", relations, phases,
+                          [f"phase_{i}" for i in range(model.dim)] if scorer.phases else
+                          _columns(model.dim, complex_=scorer.complex_entities))]
     files.append(write_json(out / "meta.json", _meta(model, fmt)))
     return files
 
 
+def _columns(dim: int, *, complex_: bool) -> list[str]:
+    """Names of 2d columns: re_0..re_{d-1}, im_0..im_{d-1} for complex rows, else v_0..v_{2d-1}."""
+    if complex_:
+        return [f"re_{i}" for i in range(dim)] + [f"im_{i}" for i in range(dim)]
+    return [f"v_{i}" for i in range(2 * dim)]
+
+
+_HALVES = "real parts re_0..re_{d-1}, then imaginary parts im_0..im_{d-1}"
+
+
 def _meta(model: EdgeModel, fmt: str) -> dict:
+    scorer = model.scorer
+    relation_layout = ("d float32 phases per relation, in radians: r_i = exp(i * phase_i)" if scorer.phases else
+                       f"2d float32 per relation{': ' + _HALVES if scorer.complex_entities else ''}")
     return {"format": fmt, "model": model.config.get("model"), "dim": model.dim, "gamma": model.gamma,
             "entities": len(model.entities), "relations": len(model.relations),
-            "entity_layout": "2d float32 per entity: real parts re_0..re_{d-1}, then imaginary parts im_0..im_{d-1}",
-            "relation_layout": "d float32 phases per relation, in radians: r_i = exp(i * phase_i)",
-            "score": "gamma - sum_i |h_i * r_i - t_i| (complex h, r, t): higher is more plausible"}
+            "entity_layout": f"2d float32 per entity{': ' + _HALVES if scorer.complex_entities else ''}",
+            "relation_layout": relation_layout, "score": f"{scorer.formula}: higher is more plausible"}
 
 
 def _refuse_separators(names: list[str], kind: str) -> None:
@@ -87,7 +105,7 @@ def _tsv(path: Path, names: list[str], values: np.ndarray, columns: list[str]) -
 
 
 def _parquet(out: Path, entities: list[str], entity_embeddings: np.ndarray, relations: list[str],
-             phases: np.ndarray) -> list[Path]:
+             phases: np.ndarray, kind: str) -> list[Path]:
     try:
         import pyarrow as pa
         import pyarrow.parquet as pq
@@ -102,7 +120,7 @@ def _parquet(out: Path, entities: list[str], entity_embeddings: np.ndarray, rela
 
     files = []
     for name, names, values, column in (("entities.parquet", entities, entity_embeddings, "embedding"),
-                                        ("relations.parquet", relations, phases, "phase")):
+                                        ("relations.parquet", relations, phases, kind)):
         with replacing(out / name) as tmp:
             pq.write_table(table(names, values, column), tmp)
         files.append(out / name)

@@ -8,7 +8,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from earl_service.config import ModelConfig
+from earl_service.config import MODELS, ModelConfig
+from earl_service.errors import ConfigError
 from earl_service.model.graph import Graph, aggregate
 
 
@@ -301,6 +302,9 @@ class RotatEModel(nn.Module):
 
 
 def build_model(config: ModelConfig, num_entities: int, num_relations: int, reserved: torch.Tensor) -> nn.Module:
+    if config.model not in MODELS:  # an imported model's config (`earl import`): nothing here trains its scorer
+        raise ConfigError(f"model {config.model!r} is imported (earl import), not one earl trains: choose "
+                          f"{' or '.join(MODELS)}")
     if config.model == "rotate":
         return RotatEModel(config, num_relations, num_entities)
     return EARL(config, num_relations, reserved)

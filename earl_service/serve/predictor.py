@@ -1,6 +1,7 @@
 """Top-k link prediction by entity and relation name over rebuilt embeddings, known answers left out.
 
-The search itself (a FAISS proxy shortlist, then an exact RotatE re-rank) lives in earl_service/serve/index.py.
+The search itself (a FAISS proxy shortlist, then an exact RotatE re-rank) lives in earl_service/serve/index.py; an
+imported model's scorer (core/scorers.py) has no proxy yet, so its predictor scores every entity exactly.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
-from earl_service.core import rotate
+from earl_service.core import rotate, scorers
 from earl_service.core.known import KnownAnswers, Side
 from earl_service.data.vocab import Vocab
 from earl_service.errors import ConfigError
@@ -45,10 +46,11 @@ class LinkPredictor:
 
     entity_embeddings (N, 2d) float32 [re | im]; relation_embeddings (R, d) raw relation values, mapped to
     phases by value * pi / ((gamma + epsilon) / d) as in training; known_triples (E, 3) int64 ids whose
-    answers `exclude_known` drops, or their KnownAnswers already built. `index` is "auto" (flat / HNSW by size, GPU
-    when available), "flat", "hnsw" or "exact" (no index: score every entity). `faiss_threads` and
-    `flat_rotations` go to the ProxyIndex (earl_service/serve/index.py): FAISS's OpenMP threads per querying
-    thread, and a forced flat proxy.
+    answers `exclude_known` drops, or their KnownAnswers already built. `model` names the scorer: earl and rotate
+    score with RotatE, an imported model with its own (core/scorers.py; its tables laid out as that says). `index`
+    is "auto" (flat / HNSW by size, GPU when available), "flat", "hnsw" or "exact" (no index: score every entity;
+    always, for an imported model). `faiss_threads` and `flat_rotations` go to the ProxyIndex
+    (earl_service/serve/index.py): FAISS's OpenMP threads per querying thread, and a forced flat proxy.
     Entities and relations are named by id, or by a label that names exactly one (`entity_labels`,
     `relation_labels`: {id: label}); `labelled` adds the labels to predictions.
     """
@@ -63,6 +65,7 @@ class LinkPredictor:
         *,
         gamma: float,
         epsilon: float,
+        model: str = "rotate",
         index: IndexKind = "auto",
         hnsw_threshold: int = HNSW_THRESHOLD,
         relation_labels: dict[str, Any] | None = None,
@@ -71,10 +74,12 @@ class LinkPredictor:
         flat_rotations: int | None = None,
     ) -> None:
         self.entity_embeddings = np.ascontiguousarray(entity_embeddings, dtype=np.float32)  # (N, 2d)
-        self.relation_embeddings = np.ascontiguousarray(relation_embeddings, dtype=np.float32)  # (R, d)
-        _check_shapes(self.entity_embeddings, self.relation_embeddings, entities, relations)
+        self.relation_embeddings = np.ascontiguousarray(relation_embeddings, dtype=np.float32)  # (R, d) for RotatE
+        self.model = model
+        self.dim, self.gamma = self.entity_embeddings.shape[1] // 2, float(gamma)
+        self.scorer = scorers.scorer(model, gamma=gamma, epsilon=epsilon, dim=self.dim)
+        _check_shapes(self.entity_embeddings, self.relation_embeddings, entities, relations, self.scorer)
         self.entities, self.relations = entities, relations
-        self.dim, self.gamma = self.relation_embeddings.shape[1], float(gamma)
         self.phase_scale = rotate.phase_scale(gamma=gamma, epsilon=epsilon, dim=self.dim)
         self.relation_labels = _plain_labels(relation_labels or {})
         self.entity_labels = dict(entity_labels or {})
@@ -85,7 +90,7 @@ class LinkPredictor:
             triples = np.asarray(known_triples, dtype=np.int64).reshape(-1, 3)
             self.known = KnownAnswers(triples, len(relations))
         self.index: ProxyIndex | None = None
-        if index != "exact":
+        if index != "exact" and self.scorer.indexable:
             graph = self.known.triples() if triples is None else triples
             self.index = ProxyIndex.build(self.entity_embeddings, kind=index, hnsw_threshold=hnsw_threshold,
                                           faiss_threads=faiss_threads, flat_rotations=flat_rotations,
@@ -96,7 +101,8 @@ class LinkPredictor:
         """A predictor over a bundle's rebuilt embeddings and its graph's triples as the known answers."""
         return cls(bundle.entity_embeddings().numpy(), bundle.relation_embeddings().numpy(), bundle.entities,
                    bundle.relations, bundle.triples, gamma=bundle.config.gamma, epsilon=bundle.config.epsilon,
-                   relation_labels=bundle.relation_labels, entity_labels=bundle.entity_labels, **kwargs)
+                   model=bundle.config.model, relation_labels=bundle.relation_labels,
+                   entity_labels=bundle.entity_labels, **kwargs)
 
     @property
     def num_entities(self) -> int:
@@ -169,7 +175,8 @@ class LinkPredictor:
     # ------------------------------------------------------------------ queries
 
     def predict_tails(self, head: str, relation: str, k: int = 10, *, exclude_known: bool = True) -> list[Prediction]:
-        """Top-k (tail, score) for (head, relation, ?), best first; score = gamma - distance."""
+        """Top-k (tail, score) for (head, relation, ?), best first; score = gamma - distance (RotatE), an imported
+        model's own score (core.scorers.Scorer.score)."""
         return self._predict("tail", head, relation, k, exclude_known, exact=False)
 
     def predict_heads(self, tail: str, relation: str, k: int = 10, *, exclude_known: bool = True) -> list[Prediction]:
@@ -204,17 +211,17 @@ class LinkPredictor:
                 "exclude_known": exclude_known and self.known.num_triples > 0, "predictions": self.labelled(found)}
 
     def score(self, head: str, relation: str, tail: str) -> dict[str, Any]:
-        """RotatE distance and score (gamma - distance) of one triple, whether the graph holds it, and its
-        filtered realistic ranks: `tail_rank` of tail among the tails of (head, relation, ?), `head_rank` of head
-        among the heads of (?, relation, tail), other known answers left out (one exact pass over N each). Names
-        by id or by a label that names one; the answer gives ids and their labels."""
+        """The distance and score (RotatE: gamma - distance; an imported model: its library's) of one triple,
+        whether the graph holds it, and its filtered realistic ranks: `tail_rank` of tail among the tails of (head,
+        relation, ?), `head_rank` of head among the heads of (?, relation, tail), other known answers left out (one
+        exact pass over N each). Names by id or by a label that names one; the answer gives ids and their labels."""
         h, r, t = self.entity_id(head), self.relation_id(relation), self.entity_id(tail)
         tails = self.distances(self.query_vector("tail", h, r))  # (N,) |h o r - e|
         heads = self.distances(self.query_vector("head", t, r))  # (N,) |conj(r) o t - e|
         known_tails = self.known.answers("tail", h, r)
         distance = float(tails[t])
         names = self._named(self.entities.names[h], self.relations.names[r], self.entities.names[t])
-        return {**names, "distance": distance, "score": self.gamma - distance,
+        return {**names, "distance": distance, "score": self.scorer.score(distance),
                 "known": bool(np.isin(t, known_tails)),
                 "tail_rank": rotate.realistic_rank(tails, t, excluded=known_tails),
                 "head_rank": rotate.realistic_rank(heads, h, excluded=self.known.answers("head", t, r)),
@@ -232,13 +239,14 @@ class LinkPredictor:
         return [self.entities.names[i] for i in ids]
 
     def query_vector(self, side: Side, anchor: int, relation: int) -> np.ndarray:
-        """(2d,) h o r for tail queries, conj(r) o t for head queries (|h o r - t| = |h - conj(r) o t|)."""
-        return rotate.query(self.entity_embeddings[anchor], self.relation_embeddings[relation],
-                            scale=self.phase_scale, inverse=side == "head")
+        """(2d,) h o r for tail queries, conj(r) o t for head queries (|h o r - t| = |h - conj(r) o t|); an imported
+        model's query as its scorer forms it."""
+        return self.scorer.query(self.entity_embeddings[anchor], self.relation_embeddings[relation],
+                                 inverse=side == "head")
 
     def distances(self, query: np.ndarray, ids: np.ndarray | None = None) -> np.ndarray:
-        """Exact RotatE distance sum_i |q_i - e_i| from query (2d,) to entities `ids` (all when None)."""
-        return rotate.distances(query, self.entity_embeddings, ids)
+        """Exact distance (RotatE: sum_i |q_i - e_i|) from query (2d,) to entities `ids` (all when None)."""
+        return self.scorer.distances(query, self.entity_embeddings, ids)
 
     def _predict(self, side: Side, anchor_name: str, relation_name: str, k: int,
                  exclude_known: bool, *, exact: bool) -> list[Prediction]:
@@ -253,7 +261,7 @@ class LinkPredictor:
             ids, dist = self.index.certified_shortlist(query, k, excluded)
         ids, dist = rotate.top_k(ids, dist, k, excluded=excluded)
         names = self.entities.names
-        return [(names[int(i)], float(self.gamma - d)) for i, d in zip(ids, dist, strict=True)]
+        return [(names[int(i)], self.scorer.score(d)) for i, d in zip(ids, dist, strict=True)]
 
 
 def _plain_labels(labels: dict[str, Any]) -> dict[str, str]:
@@ -264,12 +272,13 @@ def _plain_labels(labels: dict[str, Any]) -> dict[str, str]:
 
 
 def _check_shapes(entity_embeddings: np.ndarray, relation_embeddings: np.ndarray, entities: Vocab,
-                  relations: Vocab) -> None:
+                  relations: Vocab, scorer: scorers.Scorer) -> None:
     """Refuse embeddings that do not fit each other or the vocabularies, naming what to fix."""
     n, width = entity_embeddings.shape
-    num_rel, dim = relation_embeddings.shape
-    if width != 2 * dim:
-        raise ConfigError(f"entity embeddings have {width} columns; relations of dim {dim} need {2 * dim}")
+    num_rel, columns = relation_embeddings.shape
+    if width % 2 or columns != scorer.relation_width(width // 2):
+        raise ConfigError(f"entity embeddings have {width} columns and relations {columns}; this model's scorer "
+                          f"reads entity rows of 2d columns and relation rows of {'d' if scorer.phases else '2d'}")
     if n != len(entities) or num_rel != len(relations):
         raise ConfigError(f"{n} entity rows for {len(entities)} names, {num_rel} relation rows for "
                           f"{len(relations)} names")

@@ -29,7 +29,7 @@ from earl_service.bundle.format import read_safetensors, write_safetensors
 from earl_service.bundle.model_io import load_bundle
 
 sys.path.insert(0, str(REPO / "bench"))
-import abuse  # noqa: E402 - the hostile bundles of issue 34, shared with bench/abuse.py
+from harness import hostile  # noqa: E402 - the hostile bundles of issue 34 (bench/harness/hostile.py)
 
 TOKEN = "bad-inputs-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -262,39 +262,39 @@ CASES = [
          upload_bundle(with_tensor("buffer.reserved", lambda t: -t.astype(np.int64) - 1)), 422,
          "reserved entity ids outside the vocabulary"),
     # issue 34: memory bombs (the corpus test bounds the memory of each), unservable bundles, malformed metadata
-    Case("bundle weights declaring a 512 MiB tensor", upload_bundle(lambda d: abuse.weights_bomb(d, decoded_mib=512)),
+    Case("bundle weights declaring a 512 MiB tensor", upload_bundle(lambda d: hostile.weights_bomb(d, decoded_mib=512)),
          422, "in its coded weights, the config implies"),
-    Case("bundle graph of 2**27 edges for one entity", upload_bundle(abuse.graph_bomb), 422,
+    Case("bundle graph of 2**27 edges for one entity", upload_bundle(hostile.graph_bomb), 422,
          "graph counts 134217728 edges"),
-    Case("bundle graph of 5.5M repeated edges", upload_bundle(abuse.duplicate_edges), 422, "repeated edge"),
+    Case("bundle graph of 5.5M repeated edges", upload_bundle(hostile.duplicate_edges), 422, "repeated edge"),
     Case("RotatE bundle with a NaN relation row",
-         upload_bundle(lambda d: abuse.with_tensor("param.relations", abuse._nan_row)(abuse.source_bundle("rotate"))),
+         upload_bundle(lambda d: hostile.with_tensor("param.relations", hostile._nan_row)(hostile.source_bundle("rotate"))),
          422, "'relations' is not finite"),
     Case("RotatE bundle with entity values of 1e30",
-         upload_bundle(lambda d: abuse.with_tensor("param.entities", lambda x: x * 0 + 1e30)(
-             abuse.source_bundle("rotate"))), 422, "scores stay finite in float32"),
-    Case("bundle with gamma = -epsilon", upload_bundle(abuse.with_config(gamma=-2.0, epsilon=2.0)), 422,
+         upload_bundle(lambda d: hostile.with_tensor("param.entities", lambda x: x * 0 + 1e30)(
+             hostile.source_bundle("rotate"))), 422, "scores stay finite in float32"),
+    Case("bundle with gamma = -epsilon", upload_bundle(hostile.with_config(gamma=-2.0, epsilon=2.0)), 422,
          "gamma must be > 0"),
-    Case("bundle config gamma Infinity", upload_bundle(abuse.with_config(gamma=float("inf"))), 422,
+    Case("bundle config gamma Infinity", upload_bundle(hostile.with_config(gamma=float("inf"))), 422,
          "config holds Infinity"),
-    Case("bundle __metadata__ a JSON list", upload_bundle(abuse.with_header(lambda h: {**h, "__metadata__": [1]})),
+    Case("bundle __metadata__ a JSON list", upload_bundle(hostile.with_header(lambda h: {**h, "__metadata__": [1]})),
          422, "__metadata__ must be a JSON object of strings"),
-    Case("bundle config a JSON string", upload_bundle(abuse.with_metadata(config='"earl"')), 422,
+    Case("bundle config a JSON string", upload_bundle(hostile.with_metadata(config='"earl"')), 422,
          "config must be a JSON object"),
-    Case("bundle config nested 100k deep", upload_bundle(abuse.with_metadata(config=abuse.NESTED)), 422,
+    Case("bundle config nested 100k deep", upload_bundle(hostile.with_metadata(config=hostile.NESTED)), 422,
          "METADATA_LIMITS"),
-    Case("bundle config nested 5000 deep", upload_bundle(abuse.with_metadata(config="[" * 5000 + "]" * 5000)), 422,
+    Case("bundle config nested 5000 deep", upload_bundle(hostile.with_metadata(config="[" * 5000 + "]" * 5000)), 422,
          "config is nested more than 32 deep"),
-    Case("bundle relation labels nested 100k deep", upload_bundle(abuse.with_metadata(relation_labels=abuse.NESTED)),
+    Case("bundle relation labels nested 100k deep", upload_bundle(hostile.with_metadata(relation_labels=hostile.NESTED)),
          422, "relation_labels is nested more than 32 deep"),
-    Case("bundle header nested 100k deep", upload_bundle(abuse.with_header(lambda h: abuse.NESTED.encode())), 422,
+    Case("bundle header nested 100k deep", upload_bundle(hostile.with_header(lambda h: hostile.NESTED.encode())), 422,
          "nested more than 32 deep"),
-    Case("bundle metrics a JSON string", upload_bundle(abuse.with_metadata(metrics='"good"')), 422,
+    Case("bundle metrics a JSON string", upload_bundle(hostile.with_metadata(metrics='"good"')), 422,
          "metrics must be a JSON object"),
-    Case("bundle metrics of 1 MB", upload_bundle(abuse.with_metadata(metrics=json.dumps({"x": "x" * 2**20}))), 422,
+    Case("bundle metrics of 1 MB", upload_bundle(hostile.with_metadata(metrics=json.dumps({"x": "x" * 2**20}))), 422,
          "'metrics' may (65,536, bundle_format.METADATA_LIMITS)"),
     Case("relation labels nested 100k deep",
-         job(GOOD, relation_labels=("labels.json", f'{{"r": {abuse.NESTED}}}'.encode())), 422,
+         job(GOOD, relation_labels=("labels.json", f'{{"r": {hostile.NESTED}}}'.encode())), 422,
          "labels.json: not a JSON object of labels: the label file is nested more than 32 deep"),
     Case("relation label too large for a bundle",
          job(GOOD, relation_labels=("labels.json", json.dumps({"r": "x" * 3 * MB}).encode())), 422,
@@ -330,7 +330,7 @@ def test_bad_request(ctx, case):
 def test_a_refused_bundle_is_never_registered(ctx):
     """Registration is all or nothing: a client retrying a refused bundle never makes duplicates."""
     listed = len(ctx.client.get("/models").json())
-    bad = abuse.with_metadata(metrics='"good"')(ctx.bundle)
+    bad = hostile.with_metadata(metrics='"good"')(ctx.bundle)
     for _ in range(2):
         r = ctx.client.post("/models", files={"bundle": ("m.safetensors", bad)}, headers=AUTH)
         assert r.status_code == 422, r.text

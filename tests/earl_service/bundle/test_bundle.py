@@ -22,7 +22,7 @@ from earl_service.train.loop import BUNDLE, train
 from earl_service.train.run import load_run
 
 sys.path.insert(0, str(REPO / "bench"))
-import abuse  # noqa: E402 - the hostile bundles of issue 34, shared with bench/abuse.py
+from harness import hostile  # noqa: E402 - the hostile bundles of issue 34 (bench/harness/hostile.py)
 
 
 @pytest.fixture(scope="module")
@@ -118,7 +118,7 @@ def _names(name, change):
 
 def _rotate(change):
     """Damage to a RotatE bundle's bytes (the source bundle is EARL; this one is made aside, untrained)."""
-    return lambda src, dst: dst.write_bytes(change(abuse.source_bundle("rotate")))
+    return lambda src, dst: dst.write_bytes(change(hostile.source_bundle("rotate")))
 
 
 def _honest_manifest(**config):
@@ -181,25 +181,25 @@ DAMAGED = {  # name: (how to make it from a good bundle, a fragment of the refus
     "coded weights missing": (_parts(_without("weights.packed"), "fp16"), "holds no coded weights"),
     "unknown weight coding": (_parts(lambda t, m: (t, {**m, "weights_coding": "zstd"}), "fp16"), "'zstd'"),
     # issue 34, item 1: declared sizes are checked against the config before anything is decoded
-    "coded weights declaring a huge tensor": (_bytes(lambda d: abuse.weights_bomb(d, decoded_mib=32)),
+    "coded weights declaring a huge tensor": (_bytes(lambda d: hostile.weights_bomb(d, decoded_mib=32)),
                                               "in its coded weights, the config implies"),
     "coded weights past the xz ratio cap": (_parts(_honest_manifest(dim=4096), "fp16"), "refusing a possible bomb"),
     "int8 vector with a scale per value": (_parts(_int8_vector, "int8", "plain"), "malformed content"),
     # item 3: the graph's counts are checked before its edges are built
-    "graph header: 2**27 edges for one entity": (_bytes(abuse.graph_bomb), "graph counts 134217728 edges"),
-    "graph shorter than its header says": (_bytes(lambda d: abuse._graph(
+    "graph header: 2**27 edges for one entity": (_bytes(hostile.graph_bomb), "graph counts 134217728 edges"),
+    "graph shorter than its header says": (_bytes(lambda d: hostile._graph(
         d, lambda n, r, e: np.array([n, r, e, 4], np.uint64).tobytes())), "the graph holds 32"),
-    "graph with 3-byte counts": (_bytes(lambda d: abuse._graph(
+    "graph with 3-byte counts": (_bytes(lambda d: hostile._graph(
         d, lambda n, r, e: np.array([n, r, 0, 3], np.uint64).tobytes())), "3-byte counts"),
     # item 4: a graph is a set
-    "graph with repeated edges": (_bytes(lambda d: abuse.duplicate_edges(d, 1000)), "repeated edge"),
+    "graph with repeated edges": (_bytes(lambda d: hostile.duplicate_edges(d, 1000)), "repeated edge"),
     # item 5: weights and config numbers whose scores would not be finite
     "EARL weight infinite": (_parts(_tensor("param.relations", lambda x: x + np.inf)), "is not finite"),
-    "RotatE with a NaN relation row": (_rotate(abuse.with_tensor("param.relations", abuse._nan_row)),
+    "RotatE with a NaN relation row": (_rotate(hostile.with_tensor("param.relations", hostile._nan_row)),
                                        "'relations' is not finite"),
-    "RotatE entity values of 1e30": (_rotate(abuse.with_tensor("param.entities", lambda x: x * 0 + 1e30)),
+    "RotatE entity values of 1e30": (_rotate(hostile.with_tensor("param.entities", lambda x: x * 0 + 1e30)),
                                      "scores stay finite in float32 only up to"),
-    "RotatE relation phases past float32": (_rotate(abuse.with_tensor("param.relations", lambda x: x * 0 + 1e38)),
+    "RotatE relation phases past float32": (_rotate(hostile.with_tensor("param.relations", lambda x: x * 0 + 1e38)),
                                             "past float32's range"),
     "EARL with gamma = -epsilon": (_parts(_config(gamma=-2.0, epsilon=2.0)), "gamma must be > 0"),
     "config gamma Infinity": (_parts(_config(gamma=float("inf"))), "config holds Infinity"),
@@ -208,26 +208,26 @@ DAMAGED = {  # name: (how to make it from a good bundle, a fragment of the refus
     "config ablation a number": (_parts(_config(no_knn=1)), "config no_knn must be a finite bool"),
     "precision unknown": (_parts(lambda t, m: (t, {**m, "precision": "fp8"})), "precision must be one of"),
     # item 6: malformed metadata is a BundleError, never a crash
-    "__metadata__ a JSON list": (_bytes(abuse.with_header(lambda h: {**h, "__metadata__": [1, 2]})),
+    "__metadata__ a JSON list": (_bytes(hostile.with_header(lambda h: {**h, "__metadata__": [1, 2]})),
                                  "__metadata__ must be a JSON object of strings"),
-    "metadata value an object": (_bytes(abuse.with_header(lambda h: {**h, "__metadata__": {
+    "metadata value an object": (_bytes(hostile.with_header(lambda h: {**h, "__metadata__": {
         **h["__metadata__"], "config": {"dim": 16}}})), "__metadata__ must be a JSON object of strings"),
-    "header nested 100k deep": (_bytes(abuse.with_header(lambda h: abuse.NESTED.encode())), "nested more than 32"),
-    "config a JSON string": (_bytes(abuse.with_metadata(config='"earl"')), "config must be a JSON object"),
-    "config nested 5000 deep": (_bytes(abuse.with_metadata(config="[" * 5000 + "]" * 5000)), "nested more than 32"),
-    "relation labels nested 100k deep": (_bytes(abuse.with_metadata(relation_labels=abuse.NESTED)),
+    "header nested 100k deep": (_bytes(hostile.with_header(lambda h: hostile.NESTED.encode())), "nested more than 32"),
+    "config a JSON string": (_bytes(hostile.with_metadata(config='"earl"')), "config must be a JSON object"),
+    "config nested 5000 deep": (_bytes(hostile.with_metadata(config="[" * 5000 + "]" * 5000)), "nested more than 32"),
+    "relation labels nested 100k deep": (_bytes(hostile.with_metadata(relation_labels=hostile.NESTED)),
                                          "relation_labels is nested more than 32"),
-    "relation labels a JSON list": (_bytes(abuse.with_metadata(relation_labels="[]")),
+    "relation labels a JSON list": (_bytes(hostile.with_metadata(relation_labels="[]")),
                                     "relation_labels must be a JSON object"),
-    "metrics a JSON string": (_bytes(abuse.with_metadata(metrics='"good"')), "metrics must be a JSON object"),
-    "metrics nested 100 deep": (_bytes(abuse.with_metadata(metrics='{"a":' * 100 + "1" + "}" * 100)),
+    "metrics a JSON string": (_bytes(hostile.with_metadata(metrics='"good"')), "metrics must be a JSON object"),
+    "metrics nested 100 deep": (_bytes(hostile.with_metadata(metrics='{"a":' * 100 + "1" + "}" * 100)),
                                 "metrics is nested more than 32"),
     # item 7: declared bounds on metadata
-    "metrics of 100 KB": (_bytes(abuse.with_metadata(metrics=json.dumps({"pad": "x" * 100_000}))),
+    "metrics of 100 KB": (_bytes(hostile.with_metadata(metrics=json.dumps({"pad": "x" * 100_000}))),
                           "'metrics' may (65,536, bundle_format.METADATA_LIMITS)"),
-    "relation labels of 3 MiB": (_bytes(abuse.with_metadata(relation_labels=json.dumps({"r": "x" * 3 * 2**20}))),
+    "relation labels of 3 MiB": (_bytes(hostile.with_metadata(relation_labels=json.dumps({"r": "x" * 3 * 2**20}))),
                                  "METADATA_LIMITS"),
-    "header of 5 MiB": (_bytes(abuse.with_metadata(notes="x" * 5 * 2**20)), "bundle_format.HEADER_LIMIT"),
+    "header of 5 MiB": (_bytes(hostile.with_metadata(notes="x" * 5 * 2**20)), "bundle_format.HEADER_LIMIT"),
 }
 
 

@@ -15,9 +15,10 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import REPO
+from conftest import REPO, write_arrays
 
 from earl_service.bundle.model_io import load_bundle
+from earl_service.cli.main import main
 from earl_service.serve.predictor import LinkPredictor
 
 SOURCES = ("pyproject.toml", "README.md", "earl_service", "api", "earl_client")  # what the build reads
@@ -87,3 +88,17 @@ def test_training_without_torch_names_the_extra(edge_venv, tmp_path):
     result = run(edge_venv / "bin" / "earl", "train", tmp_path, "--out", tmp_path / "r", timeout=120, cwd=tmp_path)
     assert result.returncode == 2
     assert "needs torch" in result.stderr and "pip install 'earl-service[train]'" in result.stderr
+
+
+def test_edge_answers_an_imported_bundle(edge_venv, tmp_path):
+    """A ComplEx model imported from plain arrays (`earl import`, pq-coded) answers in the venv, without torch, as the
+    torch-side reader does."""
+    write_arrays(tmp_path / "src", entities=600, relations=2, width=16)
+    path = tmp_path / "complex.safetensors"
+    assert main(["import", str(tmp_path / "src"), "--scorer", "complex", "--precision", "pq", "--out", str(path)]) == 0
+    want = LinkPredictor.from_bundle(load_bundle(path)).predict_heads("e3", "r1", 10)
+    result = run(edge_venv / "bin" / "earl", "predict", path, "--tail", "e3", "--relation", "r1", "--json",
+                 timeout=120, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    got = json.loads(result.stdout)["predictions"]
+    assert [(p["entity"], p["score"]) for p in got] == [(e, pytest.approx(s, abs=1e-5)) for e, s in want]

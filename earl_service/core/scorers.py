@@ -1,0 +1,228 @@
+"""Every scorer in numpy as a query vector and a distance to each candidate: RotatE, and the imported models'
+TransE (L1, L2), DistMult, ComplEx and PyKEEN's RotatE (an L2 norm).
+
+One convention: a distance, lower is better, as core.rotate's, so `rotate.top_k` and `rotate.realistic_rank` rank
+every scorer. The source library's score is `score(distance)`: -distance for the imported ones (TransE and RotatE-L2
+score minus a norm; DistMult and ComplEx a product, whose negation is the distance), gamma - distance for RotatE.
+Entity rows are 2d floats; complex numbers are [re | im] halves (re_0..re_{d-1}, then im_0..im_{d-1}).
+"""
+
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import ClassVar, Literal, get_args
+
+import numpy as np
+
+from earl_service.core import rotate
+from earl_service.core.known import KnownAnswers
+
+# The models a bundle may hold without training them here (`earl import`): the config's `model` names the scorer.
+ImportedKind = Literal["transe-l1", "transe-l2", "distmult", "complex", "rotate-l2"]
+IMPORTED: tuple[ImportedKind, ...] = get_args(ImportedKind)
+
+Distance = Callable[[np.ndarray, np.ndarray], np.ndarray]  # (b, 2d) candidate rows, (2d,) query -> (b,)
+
+
+def _l1(rows: np.ndarray, query: np.ndarray) -> np.ndarray:
+    return np.abs(rows - query).sum(1)
+
+
+def _l2(rows: np.ndarray, query: np.ndarray) -> np.ndarray:
+    diff = rows - query
+    return np.sqrt(np.einsum("bw,bw->b", diff, diff))
+
+
+def _negative_dot(rows: np.ndarray, query: np.ndarray) -> np.ndarray:
+    return -np.einsum("bw,w->b", rows, query)  # per row, not BLAS: a row scores alike in any block
+
+
+def blocked(distance: Distance, query: np.ndarray, entities: np.ndarray, ids: np.ndarray | None) -> np.ndarray:
+    """distance(entities[ids], query) in blocks of rotate.BLOCK_ROWS rows (every row when ids is None) -> (M,)."""
+    out = np.empty(len(entities) if ids is None else len(ids), dtype=np.float32)
+    for start in range(0, len(out), rotate.BLOCK_ROWS):
+        rows = slice(start, start + rotate.BLOCK_ROWS) if ids is None else ids[start : start + rotate.BLOCK_ROWS]
+        out[start : start + rotate.BLOCK_ROWS] = distance(entities[rows], query)
+    return out
+
+
+def complex_product(x: np.ndarray, r: np.ndarray, *, conjugate: bool = False) -> np.ndarray:
+    """x o r, or x o conj(r): x and r (.., 2d) as [re | im] halves -> (.., 2d)."""
+    dim = x.shape[-1] // 2
+    re, im = x[..., :dim], x[..., dim:]
+    r_re, r_im = r[..., :dim], (-r[..., dim:] if conjugate else r[..., dim:])
+    return np.concatenate([re * r_re - im * r_im, re * r_im + im * r_re], axis=-1).astype(np.float32)
+
+
+@dataclass(frozen=True)
+class Scorer(ABC):
+    """A scorer: query(anchor, relation, inverse) then distances to candidate rows; inverse = a head query."""
+
+    formula: ClassVar[str]  # the source library's score, in words (docs, `earl export` tables' meta.json)
+    complex_entities: ClassVar[bool] = False  # entity rows are d complex numbers, [re | im]
+    phases: ClassVar[bool] = False  # relation rows are d rotations (phases), not 2d floats
+    indexable: ClassVar[bool] = False  # the FAISS proxy index (serve/index.py) is RotatE's only
+
+    def relation_width(self, dim: int) -> int:
+        """Floats per relation row for entity rows of 2 * dim floats."""
+        return dim if self.phases else 2 * dim
+
+    def relation_table(self, stored: np.ndarray) -> np.ndarray:
+        """The relation rows as another tool reads them (`earl export --format`): phases in radians for a rotation,
+        else as stored."""
+        return stored
+
+    @abstractmethod
+    def query(self, entity: np.ndarray, relation: np.ndarray, *, inverse: bool = False) -> np.ndarray:
+        """(.., 2d): the vector whose distance to a candidate row ranks it."""
+
+    def distances(self, query: np.ndarray, entities: np.ndarray, ids: np.ndarray | None = None) -> np.ndarray:
+        """Exact distance from query (2d,) to entities[ids] (every row when None) -> (M,) float32."""
+        return blocked(self.distance, query, entities, ids)
+
+    @abstractmethod
+    def distance(self, rows: np.ndarray, query: np.ndarray) -> np.ndarray:
+        """(b,) distances of candidate rows (b, 2d) to the query (2d,)."""
+
+    def score(self, distance: float) -> float:
+        """The source library's score of a distance (higher is better)."""
+        return -float(distance)
+
+    @abstractmethod
+    def largest(self, entity_max: float, relation_max: float, width: int) -> float:
+        """A bound on any number scoring reaches, for entries at most entity_max / relation_max, rows of width."""
+
+
+@dataclass(frozen=True)
+class RotatE(Scorer):
+    """RotatE as trained here: sum_i |h_i r_i - t_i| over complex moduli; relations raw values, phase = value * scale."""
+
+    scale: float = 1.0
+    gamma: float = 0.0
+    formula = "gamma - sum_i |h_i * r_i - t_i| (complex h, r, t)"
+    complex_entities = True
+    phases = True
+    indexable = True
+
+    def relation_table(self, stored: np.ndarray) -> np.ndarray:
+        return (stored * np.float32(self.scale)).astype(np.float32)
+
+    def query(self, entity: np.ndarray, relation: np.ndarray, *, inverse: bool = False) -> np.ndarray:
+        return rotate.query(entity, relation, scale=self.scale, inverse=inverse)
+
+    def distance(self, rows: np.ndarray, query: np.ndarray) -> np.ndarray:
+        return rotate.distances(query, rows)
+
+    def score(self, distance: float) -> float:
+        return self.gamma - float(distance)
+
+    def largest(self, entity_max: float, relation_max: float, width: int) -> float:
+        return 9 * entity_max**2 * width  # decode._check_score_range's bound: an L2 index sums these squares
+
+
+@dataclass(frozen=True)
+class RotatEL2(Scorer):
+    """PyKEEN's RotatE: ||h o r - t||_2 over all 2d reals; relations d phases in radians (unit moduli)."""
+
+    formula = "-sqrt(sum_i |h_i * r_i - t_i|^2) (complex h, r, t; |r_i| = 1)"
+    complex_entities = True
+    phases = True
+
+    def distance(self, rows: np.ndarray, query: np.ndarray) -> np.ndarray:
+        return _l2(rows, query)
+
+    def query(self, entity: np.ndarray, relation: np.ndarray, *, inverse: bool = False) -> np.ndarray:
+        return rotate.query(entity, relation, scale=1.0, inverse=inverse)  # |h o r - t| = |h - conj(r) o t|
+
+    def largest(self, entity_max: float, relation_max: float, width: int) -> float:
+        return 9 * entity_max**2 * width
+
+
+@dataclass(frozen=True)
+class TransE(Scorer):
+    """-||h + r - t||_p: a tail query is h + r, a head query t - r, both compared to the candidate by the p-norm."""
+
+    p: int = 1
+    formula = "-||h + r - t||_p"
+
+    def distance(self, rows: np.ndarray, query: np.ndarray) -> np.ndarray:
+        return _l1(rows, query) if self.p == 1 else _l2(rows, query)
+
+    def query(self, entity: np.ndarray, relation: np.ndarray, *, inverse: bool = False) -> np.ndarray:
+        return (entity - relation if inverse else entity + relation).astype(np.float32)
+
+    def largest(self, entity_max: float, relation_max: float, width: int) -> float:
+        term = 2 * entity_max + relation_max  # |h + r - t| per coordinate
+        return max(term, term**2) * width
+
+
+@dataclass(frozen=True)
+class DistMult(Scorer):
+    """sum_i h_i r_i t_i: the query h o r (or t o r: DistMult is symmetric), the distance minus its dot product."""
+
+    formula = "sum_i h_i * r_i * t_i"
+
+    def distance(self, rows: np.ndarray, query: np.ndarray) -> np.ndarray:
+        return _negative_dot(rows, query)
+
+    def query(self, entity: np.ndarray, relation: np.ndarray, *, inverse: bool = False) -> np.ndarray:
+        return (entity * relation).astype(np.float32)
+
+    def largest(self, entity_max: float, relation_max: float, width: int) -> float:
+        return entity_max**2 * relation_max * width
+
+
+@dataclass(frozen=True)
+class ComplEx(Scorer):
+    """Re(sum_i h_i r_i conj(t_i)): the query h o r for tails, t o conj(r) for heads (Re(z) = Re(conj(z))), then
+    Re(q . conj(e)) is the real dot product of the [re | im] rows."""
+
+    formula = "Re(sum_i h_i * r_i * conj(t_i)) (complex h, r, t)"
+    complex_entities = True
+
+    def distance(self, rows: np.ndarray, query: np.ndarray) -> np.ndarray:
+        return _negative_dot(rows, query)
+
+    def query(self, entity: np.ndarray, relation: np.ndarray, *, inverse: bool = False) -> np.ndarray:
+        return complex_product(entity, relation, conjugate=inverse)
+
+    def largest(self, entity_max: float, relation_max: float, width: int) -> float:
+        return 2 * entity_max**2 * relation_max * width
+
+
+SCORERS: dict[str, Scorer] = {"transe-l1": TransE(1), "transe-l2": TransE(2), "distmult": DistMult(),
+                              "complex": ComplEx(), "rotate-l2": RotatEL2()}
+assert tuple(SCORERS) == IMPORTED
+
+
+def scorer(model: str, *, gamma: float, epsilon: float, dim: int) -> Scorer:
+    """The scorer of a model kind: RotatE for the trained ones (earl, rotate), an imported one by its name."""
+    if model in SCORERS:
+        return SCORERS[model]
+    return RotatE(scale=rotate.phase_scale(gamma=gamma, epsilon=epsilon, dim=dim), gamma=float(gamma))
+
+
+def filtered_ranks(scorer: Scorer, entities: np.ndarray, relations: np.ndarray, triples: np.ndarray,
+                   known: KnownAnswers, *, side: Literal["tail", "head"]) -> np.ndarray:
+    """(B,) realistic ranks of each triple's tail (or head) among all entities, other known answers (a
+    core.known.KnownAnswers) left out: one exact pass over the entities per triple."""
+    out = np.empty(len(triples), dtype=np.float64)
+    for i, (h, r, t) in enumerate(np.asarray(triples, dtype=np.int64)):
+        anchor, target = (h, t) if side == "tail" else (t, h)
+        dist = scorer.distances(scorer.query(entities[anchor], relations[r], inverse=side == "head"), entities)
+        out[i] = rotate.realistic_rank(dist, int(target), excluded=known.answers(side, int(anchor), int(r)))
+    return out
+
+
+def fits_float32(scorer: Scorer, entities: np.ndarray, relations: np.ndarray) -> tuple[bool, float]:
+    """(whether every number scoring these finite tables reaches stays finite in float32, that bound)."""
+    bound = scorer.largest(float(np.abs(entities).max(initial=0.0)), float(np.abs(relations).max(initial=0.0)),
+                           max(entities.shape[-1], 1))
+    return math.isfinite(bound) and bound < float(np.finfo(np.float32).max), bound
+
+
+__all__ = ["IMPORTED", "SCORERS", "ComplEx", "DistMult", "ImportedKind", "RotatE", "RotatEL2", "Scorer", "TransE",
+           "complex_product", "filtered_ranks", "fits_float32", "scorer"]

@@ -1,0 +1,57 @@
+"""An imported bundle (`earl import`) over HTTP: POST /models takes it like a trained one, and GET /predict and
+/score answer through its scorer, as the library does (exact scan: the FAISS proxy is RotatE's only)."""
+
+import pytest
+from conftest import write_arrays
+from fastapi.testclient import TestClient
+
+from api.main import create_app
+from api.settings import Settings
+from earl_service.cli.main import main
+from earl_service.device import load
+
+AUTH = {"Authorization": "Bearer t"}
+
+
+@pytest.fixture(scope="module")
+def imported(tmp_path_factory):
+    """A ComplEx model of 300 entities as plain arrays, imported at int8 with a small graph."""
+    root = tmp_path_factory.mktemp("imported")
+    write_arrays(root / "src", entities=300, relations=3, width=16)
+    (root / "graph.txt").write_text("e0\tr0\te1\ne0\tr0\te2\ne3\tr1\te0\n")
+    assert main(["import", str(root / "src"), "--scorer", "complex", "--graph", str(root / "graph.txt"),
+                 "--precision", "int8", "--out", str(root / "complex.safetensors")]) == 0
+    return root / "complex.safetensors"
+
+
+@pytest.fixture(scope="module")
+def client(tmp_path_factory):
+    with TestClient(create_app(Settings(home=tmp_path_factory.mktemp("home"), api_token="t"))) as c:
+        yield c
+
+
+def test_post_models_takes_an_imported_bundle_and_answers_through_its_scorer(client, imported):
+    r = client.post("/models", files={"bundle": ("complex.safetensors", imported.read_bytes())}, headers=AUTH)
+    assert r.status_code == 201, r.text
+    detail = r.json()
+    assert detail["config"]["model"] == "complex" and detail["precision"] == "int8" and detail["entities"] == 300
+    assert detail["metrics"]["imported"]["format"] == "arrays"
+    library = load(imported)
+    for params, side in (({"head": "e0", "relation": "r0"}, "tail"), ({"tail": "e0", "relation": "r1"}, "head")):
+        got = client.get("/predict", params={"model": detail["id"], "k": 5, **params}).json()
+        anchor = params.get("head") or params["tail"]
+        want = (library.predict_tails if side == "tail" else library.predict_heads)(anchor, params["relation"], 5)
+        assert [(p["entity"], p["score"]) for p in got["predictions"]] == [(e, pytest.approx(s)) for e, s in want]
+    assert "e1" not in [p["entity"] for p in client.get("/predict", params={"model": detail["id"], "head": "e0",
+                                                                             "relation": "r0"}).json()["predictions"]]
+    scored = client.get("/score", params={"model": detail["id"], "head": "e0", "relation": "r0", "tail": "e7"}).json()
+    want = library.score("e0", "r0", "e7")
+    assert scored["score"] == pytest.approx(want["score"]) and scored["tail_rank"] == want["tail_rank"]
+    assert scored["score"] == pytest.approx(-scored["distance"])  # ComplEx's score is minus the distance
+
+
+def test_an_imported_bundle_cannot_be_extended(client, imported, tmp_path):
+    r = client.post("/models", files={"bundle": ("c.safetensors", imported.read_bytes())}, headers=AUTH)
+    model_id = r.json()["id"]
+    r = client.post(f"/models/{model_id}/triples", files={"triples": ("t.txt", b"e0\tr0\tnew\n")}, headers=AUTH)
+    assert r.status_code == 422 and "complex bundle has one row per entity" in r.text
