@@ -25,7 +25,6 @@ from earl_service.train.evaluate import SUMMARY_KEYS
 from earl_service.train.loop import BUNDLE
 from earl_service.train.run import GraphCache, load_run
 
-
 # A model kind's best candidate goes on to the last rung whatever its rank while it scores at least this share of
 # the best (survivors): CoDEx-S's slow-starting RotatE was at 5.3% and went on to win; WordNet-full's at 0.4% never
 # left chance level.
