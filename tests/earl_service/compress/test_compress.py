@@ -364,6 +364,18 @@ def test_slow_steps_leave_fewer_candidates_but_one_per_model():
     assert sorted(c.name for c in hopeless) == ["earl-d200", "rotate-d200"]  # too slow for the rule: one per model
 
 
+def test_the_last_candidate_of_a_model_is_its_int8_baseline():
+    """Down to one candidate per model, the one kept is the widest exported at int8 (the simplest baseline), not
+    the widest: a wide pq-only candidate trains slowest and codes worst on a short budget."""
+    units = [candidate("rotate", 604, {"pq:151": 1}, validation_seconds=1.0, step_seconds=100.0),
+             candidate("rotate", 230, {"int8": 1, "pq:115": 1}, validation_seconds=1.0, step_seconds=100.0),
+             candidate("rotate", 115, {"fp32": 1, "int8": 1}, validation_seconds=1.0, step_seconds=100.0)]
+    config = CompressConfig(max_bytes=10**7, time_limit_minutes=3)
+    kept = candidates_module.fit_to_time(config, units, {"rotate": 1.0}, 0.1)
+    assert [c.name for c in kept] == ["rotate-d230"]
+    assert candidates_module.baseline_candidate(units[:1]).name == "rotate-d604"  # no int8 export: the widest
+
+
 def test_planning_times_a_training_step_and_leaves_the_model_as_it_was():
     from earl_service.compress.candidates import step_seconds
     from earl_service.train.run import Run
