@@ -162,7 +162,7 @@ def markdown(rows: list[dict], quick: bool) -> str:
             "dim whose int8 bundle fits. EARL default: dim 150, exported at the highest precision that fits. RotatE "
             "fp32 matched bytes: the largest fp32 RotatE that fits. Every method gets the row's minutes (compress: "
             "the whole search; baselines: training), each baseline with the recipe compress trains its candidates with "
-            "(the default; before commit RECIPE_COMMIT the baselines trained with the paper's). A table named _nograph ran with --known-answers none: compress "
+            "(the default; before commit 928b5f7 the baselines trained with the paper's). A table named _nograph ran with --known-answers none: compress "
             "and the RotatE baselines write RotatE bundles without the graph.\n\n"
             "Inside each compress search: the best export of each model kind validated on the whole valid split (the "
             "last rung's; earlier rungs rank on a subset), and the minutes the search spent by its own clock (exports "
