@@ -199,6 +199,8 @@ def main() -> int:
                         help="none: RotatE bundles (the search's and the baselines') leave the graph out")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     parser.add_argument("--fresh", action="store_true", help="forget the methods already measured")
+    parser.add_argument("--tag", default="", help="a table of its own (compress_DATASET..._TAG): two sittings pinned "
+                                                  "to one core each write apart, then --merge joins them")
     parser.add_argument("--merge", type=Path, action="append", default=[],
                         help="a results file of the same table whose methods this one lacks (repeatable)")
     a = parser.parse_args()
@@ -207,7 +209,7 @@ def main() -> int:
     budgets, minutes = TABLES[a.dataset]
     minutes = a.minutes or (QUICK_MINUTES if a.quick else minutes)
     name = (f"compress_{a.dataset}" + ("_quick" if a.quick else "") + (f"_{a.minutes:g}min" if a.minutes else "")
-            + ("_nograph" if a.known_answers == "none" else ""))
+            + ("_nograph" if a.known_answers == "none" else "") + (f"_{a.tag}" if a.tag else ""))
     rows = {r["budget"]: r for r in ([] if a.fresh else previous_rows(name, minutes))}
     fill_searches(rows, a.runs / name)
     if a.merge:

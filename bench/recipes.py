@@ -1,6 +1,7 @@
 """Recipes per CPU-hour: the paper recipe and the default recipe (or candidates for it), each given the same minutes.
 
-Each setting trains EARL at the dataset's paper dim in its own `earl train` process for `--minutes` of wall clock
+Each setting trains EARL (or `--model rotate`, at `--dim`) at the dataset's paper dim in its own `earl train`
+process for `--minutes` of wall clock
 (`--time-limit`: the default recipe's schedule decays to that budget), validates every `--eval-every` steps on a
 fixed valid subset (validation time counts in the budget), and the best checkpoint is tested (filtered, realistic
 ranks, seen protocol). Settings run one after another with `--threads` each, so every one has the machine to
@@ -10,6 +11,7 @@ itself; `--parallel 2 --threads 1` halves the wall clock on 2 cores (one core ea
     python bench/recipes.py fb15k-237 --minutes 60           # the 60-minute goal (2 hours in all)
     python bench/recipes.py wn18rr --minutes 120
     python bench/recipes.py codex-s --minutes 2.5 --grid candidates --parallel 2 --threads 1   # search
+    python bench/recipes.py codex-s --minutes 2 --grid rotate --model rotate --dim 108 --parallel 2 --threads 1
 
 Writes bench/results/recipes_<dataset>_<minutes>min[_<grid>][_<tag>].{json,md,png}: valid MRR against seconds.
 """
@@ -48,15 +50,32 @@ CANDIDATES = [
     ("cosine 3e-3 bf16", ["--recipe", "default", "--lr", "3e-3"]),
     ("cosine 2e-3 bf16", ["--recipe", "default", "--lr", "2e-3"]),
 ]
-GRIDS = {"recipes": RECIPES, "candidates": CANDIDATES}
+# Candidates for RotatE's default recipe (`--model rotate`): the paper's constant Adam 1e-3 learnt nothing in 5
+# minutes on FB15k-237 at 2 MB (test MRR 0.009, bench/results/compress_fb15k-237_5min.md) and trails EARL by 10x
+# on early compress rungs; decaying schedules from higher peaks, as EARL's default recipe found.
+_COSINE = ["--recipe", "paper", "--lr-schedule", "cosine", "--warmup", "0.02"]
+ROTATE = [
+    ("paper recipe", ["--recipe", "paper"]),
+    ("cosine 3e-3", [*_COSINE, "--lr", "3e-3"]),
+    ("cosine 1e-2", [*_COSINE, "--lr", "1e-2"]),
+    ("cosine 3e-2", [*_COSINE, "--lr", "3e-2"]),
+    ("cosine 1e-2 batch 512", [*_COSINE, "--lr", "1e-2", "--batch-size", "512"]),
+    ("cosine 1e-2 neg 128", [*_COSINE, "--lr", "1e-2", "--negatives", "128"]),
+]
+GRIDS = {"recipes": RECIPES, "candidates": CANDIDATES, "rotate": ROTATE}
 
 
 def launch(extra: list[str], args: argparse.Namespace, out: Path):
-    return train_process([str(args.datasets / args.dataset), "--dim", str(DIMS[args.dataset]), "--time-limit",
+    return train_process([str(args.datasets / args.dataset), "--model", args.model, "--dim", str(dim(args)),
+                          "--time-limit",
                           str(args.minutes), "--eval-every", str(args.eval_every), "--eval-max-triples",
                           str(args.eval_max_triples), "--patience", "1000000", "--checkpoint-every", "0", "--device",
                           "cpu", "--threads", str(args.threads), "--seed", str(args.seed), "--no-progress", *extra],
                          out)
+
+
+def dim(args: argparse.Namespace) -> int:
+    return args.dim or DIMS[args.dataset]
 
 
 def result(label: str, extra: list[str], out: Path, returncode: int, seconds: float) -> dict:
@@ -87,6 +106,8 @@ def main() -> None:
     add_datasets_argument(parser)
     parser.add_argument("--minutes", type=float, default=5.0, help="wall clock of each setting")
     parser.add_argument("--grid", choices=sorted(GRIDS), default="recipes")
+    parser.add_argument("--model", choices=("earl", "rotate"), default="earl")
+    parser.add_argument("--dim", type=int, default=0, help="embedding dim (default: the dataset's paper dim)")
     parser.add_argument("--only", nargs="+", help="labels of the grid to run (default: all)")
     parser.add_argument("--eval-every", type=int, default=100)
     parser.add_argument("--eval-max-triples", type=int, default=3000)
@@ -97,7 +118,9 @@ def main() -> None:
     parser.add_argument("--work", type=Path, default=REPO / "runs" / "bench_recipes")
     args = parser.parse_args()
     grid = [g for g in GRIDS[args.grid] if not args.only or g[0] in args.only]
+    model = f"{'EARL' if args.model == 'earl' else 'RotatE'} dim {dim(args)}"
     name = (f"recipes_{args.dataset}_{args.minutes:g}min" + ("" if args.grid == "recipes" else f"_{args.grid}")
+            + (f"_d{args.dim}" if args.dim else "")
             + (f"_{args.tag}" if args.tag else ""))
     runs = run_grid(grid, args, args.work / name)
     ok = [r for r in runs if "error" not in r]
@@ -108,14 +131,14 @@ def main() -> None:
         ax.plot([s / 60 for s in r["curve"]["seconds"]], r["curve"]["mrr"], marker=".", ms=3,
                 label=f"{r['setting']} (test {r['test']['mrr']:.3f})")
     ax.set(xlabel="minutes (training and validation)", ylabel=f"valid MRR ({args.eval_max_triples} triples)",
-           title=f"{args.dataset}, EARL dim {DIMS[args.dataset]}, {args.minutes:g} min each")
+           title=f"{args.dataset}, {model}, {args.minutes:g} min each")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     png = save_png(name, fig)
     rows = [[r["setting"], " ".join(r["flags"]), *([None] * 6 if "error" in r else
              [r["steps"], f"{r['median_step_seconds'] * 1000:.0f} ms", r["best_step"], r["valid"]["mrr"],
               r["test"]["mrr"], r["test"]["hits_at_10"]])] for r in runs]
-    md = [f"# Recipes per CPU-hour: {args.dataset}, EARL dim {DIMS[args.dataset]}, {args.minutes:g} minutes each", "",
+    md = [f"# Recipes per CPU-hour: {args.dataset}, {model}, {args.minutes:g} minutes each", "",
           f"![valid MRR against minutes]({png})", "",
           (f"Each setting: `earl train --time-limit {args.minutes:g}` with {args.threads} thread(s), "
            f"{args.parallel} setting(s) at once; validation every {args.eval_every} steps on {args.eval_max_triples} "
@@ -124,7 +147,8 @@ def main() -> None:
           md_table(["setting", "flags", "steps", "median step", "best step", "valid MRR (all)", "test MRR",
                     "test Hits@10"], rows), "",
           f"Best by validation MRR: **{best['setting'] if best else 'none'}**."]
-    _, md_path = write_results(name, {"dataset": args.dataset, "minutes": args.minutes, "grid": args.grid,
+    _, md_path = write_results(name, {"dataset": args.dataset, "model": args.model, "dim": dim(args),
+                                      "minutes": args.minutes, "grid": args.grid,
                                       "threads": args.threads, "parallel": args.parallel, "seed": args.seed,
                                       "eval_every": args.eval_every, "eval_max_triples": args.eval_max_triples,
                                       "best_setting": best["setting"] if best else None, "runs": runs},
