@@ -19,9 +19,11 @@ from earl_service.errors import (
     ConfigError,
     DatasetError,
     StoreError,
+    TenantQuotaError,
     TripleFileError,
     UnknownEntityError,
     UnknownJobError,
+    UnknownKeyError,
     UnknownModelError,
     UnknownRelationError,
     UnknownReportError,
@@ -31,7 +33,8 @@ from .schemas import NotFound, NotFoundResponse
 
 log = logging.getLogger(__name__)
 
-NOT_FOUND_ERRORS = (UnknownModelError, UnknownJobError, UnknownEntityError, UnknownRelationError, UnknownReportError)
+NOT_FOUND_ERRORS = (UnknownModelError, UnknownJobError, UnknownEntityError, UnknownRelationError, UnknownReportError,
+                    UnknownKeyError)
 # The client's file or option, or a label that names several entities.
 UNPROCESSABLE_ERRORS = (BundleError, TripleFileError, ConfigError, DatasetError, AmbiguousNameError)
 # For a route's `responses=`, so the OpenAPI schema shows the 404 body.
@@ -48,6 +51,7 @@ def add_error_handlers(app: FastAPI) -> None:
         app.add_exception_handler(missing, not_found)
     for refused in UNPROCESSABLE_ERRORS:
         app.add_exception_handler(refused, unprocessable)
+    app.add_exception_handler(TenantQuotaError, over_quota)
     app.add_exception_handler(OSError, storage_error)
     app.add_exception_handler(StoreError, store_unavailable)
 
@@ -96,6 +100,17 @@ def _size(value: Any, limit: int) -> int:
 async def unprocessable(request: Request, exc: Exception) -> JSONResponse:
     """422 with the library's message, which names the client's file and line (never a server path)."""
     return JSONResponse({"detail": str(exc)}, status_code=422)
+
+
+async def over_quota(request: Request, exc: Exception) -> JSONResponse:
+    """413 past a tenant's quota of stored bytes, 429 past its quota of models; either says what is left
+    (X-Quota-Models-Left, X-Quota-Bytes-Left) and which setting raises the quota."""
+    assert isinstance(exc, TenantQuotaError)
+    setting = "EARL_TENANT_MAX_MB" if exc.what == "bytes" else "EARL_TENANT_MAX_MODELS"
+    left = max(0, exc.limit - exc.used)
+    return JSONResponse({"detail": f"{exc}; delete one of its models, or ask the operator to raise {setting}"},
+                        status_code=413 if exc.what == "bytes" else 429,
+                        headers={f"X-Quota-{exc.what.capitalize()}-Left": str(left)})
 
 
 _NO_SPACE = (errno.ENOSPC, errno.EDQUOT)

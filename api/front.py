@@ -13,7 +13,7 @@ from starlette.datastructures import Headers
 from starlette.routing import get_route_path
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from .deps import is_write
+from .principal import is_write
 from .settings import Settings
 
 Refusal = tuple[int, str]

@@ -1,5 +1,6 @@
-"""The outermost ASGI layer: refuses what the headers decide (the front's rules in api/front.py, 401, 413) before a
-body byte is read, and lets the client finish sending so that it can read the refusal."""
+"""The outermost ASGI layer: refuses what the headers decide (the front's rules in api/front.py; 401 and 403 by
+the sender's key and scopes, api/principal.py; 429 past a tenant's rate; 413) before a body byte is read, and lets
+the client finish sending so that it can read the refusal."""
 
 from __future__ import annotations
 
@@ -11,8 +12,11 @@ from starlette.datastructures import Headers
 from starlette.routing import BaseRoute, Match, Route, get_route_path
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from earl_service.errors import EarlError
+
 from . import front
-from .deps import UNAUTHORIZED, needs_token, presented_token, token_matches
+from .limits import TenantRates
+from .principal import NOBODY, KeyRing, Principal, identify, needed_scope, presented_token, refusal
 from .settings import Settings
 
 MIB = 2**20
@@ -21,17 +25,22 @@ MIB = 2**20
 # client) then reads the 413 instead of a connection reset. Past that the connection is closed.
 LINGER_SECONDS = 30.0
 LINGER_MIN_BYTES = 64 * MIB
+STORE_DOWN = "the job store cannot answer right now (busy or unreachable), so no key can be checked; try again shortly"
 BODY_LIMIT_KEY = "x-body-limit"  # a route's openapi_extra: why its max_body_size is what it is (the 413 says it)
 
 
 class RequestGate:
-    """401 for a request without the token it needs (`deps.needs_token`) and 413 for a Content-Length over
-    EARL_MAX_UPLOAD_MB (or the route's own max_body_size, with its reason), both from the headers alone; Starlette's own 413 for a streamed body that grows past the
-    limit is rewritten to the same JSON. Each refusal drains the rest of the body (bounded) before it ends.
+    """401 for a request without the key or token it needs and 403 for a key without the scope
+    (`principal.refusal`), 429 past the sender's tenant's rate (`rates`), and 413 for a Content-Length over
+    EARL_MAX_UPLOAD_MB (or the route's own max_body_size, with its reason), all from the headers alone; Starlette's
+    own 413 for a streamed body that grows past the limit is rewritten to the same JSON. Each refusal drains the
+    rest of the body (bounded) before it ends. The sender (a principal.Principal) is left in the request's state.
     """
 
-    def __init__(self, app: ASGIApp, settings: Settings, routes: Sequence[BaseRoute] = ()) -> None:
+    def __init__(self, app: ASGIApp, settings: Settings, routes: Sequence[BaseRoute] = (), *,
+                 keyring: KeyRing | None = None, rates: TenantRates | None = None) -> None:
         self.app, self.settings, self.routes = app, settings, routes
+        self.keyring, self.rates = keyring, rates
         self.too_large = (f"request body larger than the upload limit of {settings.max_body_bytes / MIB:g} MiB "
                           "(EARL_MAX_UPLOAD_MB); split the file or compress it as .gz")
         self.linger_bytes = max(2 * settings.max_body_bytes, LINGER_MIN_BYTES)
@@ -43,16 +52,41 @@ class RequestGate:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        if (refused := front.refusal(scope, self.settings)) is not None:
+            await self.refuse(scope, receive, send, *refused)
+            return
+        needed = needed_scope(scope["method"], get_route_path(scope))
+        try:
+            who = NOBODY if needed is None else await self.identify(scope)
+        except EarlError:
+            await self.refuse(scope, receive, send, 503, STORE_DOWN, [(b"retry-after", b"5")])
+            return
+        scope.setdefault("state", {})["principal"] = who
+        if (denied := refusal(who, needed)) is not None:
+            await self.refuse(scope, receive, send, *denied, [(b"www-authenticate", b"Bearer")])
+            return
+        await self.within_rate(scope, receive, send, who)
+
+    async def identify(self, scope: Scope) -> Principal:
+        keys = await self.keyring.keys() if self.keyring is not None else []
+        return identify(self.settings, keys, presented_token(scope["headers"]))
+
+    async def within_rate(self, scope: Scope, receive: Receive, send: Send, who: Principal) -> None:
+        """429 past the tenant's rate (keys without the admin scope), else on to the body's limit; every answer
+        to such a key says what is left of its rate (X-RateLimit-*)."""
+        rate = self.rates.take(who.tenant) if self.rates is not None and who.bound else None
+        extra = [] if rate is None or self.rates is None else rate.headers(self.rates.rate)
         length = declared_length(scope) or 0
-        if (refusal := front.refusal(scope, self.settings)) is not None:
-            await self.refuse(scope, receive, send, *refusal)
-        elif needs_token(self.settings, scope["method"], get_route_path(scope)) and not token_matches(
-                self.settings, presented_token(scope["headers"])):
-            await self.refuse(scope, receive, send, 401, UNAUTHORIZED, [(b"www-authenticate", b"Bearer")])
+        if rate is not None and not rate.allowed:
+            assert self.rates is not None
+            wait = str(max(1, int(rate.retry_after + 0.999))).encode()
+            await self.refuse(scope, receive, send, 429, f"tenant {who.tenant!r} sent more than its "
+                              f"{self.rates.rate:g} requests a second (EARL_TENANT_RATE; bursts of "
+                              f"{self.rates.burst}, EARL_TENANT_BURST); slow down", [*extra, (b"retry-after", wait)])
         elif length > self.smallest_route_limit and length > self.body_limit(scope)[0]:
-            await self.refuse(scope, receive, send, 413, self.body_limit(scope)[1])
+            await self.refuse(scope, receive, send, 413, self.body_limit(scope)[1], extra)
         else:
-            await self.pass_on(scope, receive, send)
+            await self.pass_on(scope, receive, send, extra)
 
     def body_limit(self, scope: Scope) -> tuple[int, str]:
         """The most body bytes the request's route takes, and the 413's reason past it."""
@@ -81,8 +115,10 @@ class RequestGate:
             await discard_body(receive, max_bytes=self.linger_bytes, seconds=LINGER_SECONDS)
         await send({"type": "http.response.body", "body": b"", "more_body": False})
 
-    async def pass_on(self, scope: Scope, receive: Receive, send: Send) -> None:
-        """Run the app, with Starlette's plain-text 413 (a streamed body that grew past the limit) made ours."""
+    async def pass_on(self, scope: Scope, receive: Receive, send: Send,
+                      extra: list[tuple[bytes, bytes]] | None = None) -> None:
+        """Run the app, with Starlette's plain-text 413 (a streamed body that grew past the limit) made ours, and
+        the `extra` headers added to its answer."""
         rewriting: bytes | None = None  # our 413's body, once Starlette's 413 has started
         ended = False
 
@@ -94,7 +130,9 @@ class RequestGate:
 
         async def rewrite(message: Message) -> None:
             nonlocal rewriting
-            if message["type"] == "http.response.start" and message["status"] == 413:
+            if message["type"] == "http.response.start" and extra:
+                message = {**message, "headers": [*message.get("headers", []), *extra]}
+            if message["type"] == "http.response.start" and message["status"] == 413 and not is_quota(message):
                 rewriting = json.dumps({"detail": self.body_limit(scope)[1]}).encode()
                 kept = [(k, v) for k, v in message.get("headers", [])
                         if k.lower() not in (b"content-length", b"content-type", b"connection")]
@@ -110,6 +148,12 @@ class RequestGate:
     def matching_route(self, scope: Scope) -> BaseRoute | None:
         """The route the router would pick (routes only: an included router's routes are listed on their own)."""
         return next((r for r in self.routes if isinstance(r, Route) and r.matches(scope)[0] is Match.FULL), None)
+
+
+def is_quota(message: Message) -> bool:
+    """Whether a 413's start is a tenant's quota of bytes (errors.over_quota, which says what is left), not the
+    body limit's."""
+    return any(k.lower() == b"x-quota-bytes-left" for k, _ in message.get("headers", []))
 
 
 def declared_length(scope: Scope) -> int | None:

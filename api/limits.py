@@ -1,17 +1,20 @@
 """Bounds on the work one request can start: predictions in flight, event streams open, the size of a job, a
-client's queued jobs."""
+client's queued jobs, a tenant's requests per second."""
 
 from __future__ import annotations
 
 import hashlib
 import hmac
 import math
+import time
+from dataclasses import dataclass
 from typing import Any
 
 import anyio
 
 from earl_service.errors import ConfigError
 from earl_service.service.store import JobStore
+from earl_service.service.tenants import Quota
 
 from .settings import Settings
 
@@ -65,6 +68,38 @@ class StreamSlots:
         self.open -= 1
 
 
+@dataclass(frozen=True)
+class RateAnswer:
+    """A rate check's outcome: whether the request may go on, what is left of the burst, and when to retry."""
+
+    allowed: bool
+    remaining: int
+    retry_after: float
+
+    def headers(self, rate: float) -> list[tuple[bytes, bytes]]:
+        return [(b"x-ratelimit-limit", f"{rate:g}".encode()), (b"x-ratelimit-remaining", str(self.remaining).encode())]
+
+
+class TenantRates:
+    """A token bucket per tenant: `rate` requests a second on average, up to `burst` at once; per API process.
+    Taking a token is the check and the count in one step on the event loop (no await between them), so
+    concurrent requests cannot pass together. Tenants come from keys, so the buckets are as many as the keys'."""
+
+    def __init__(self, rate: float, burst: int) -> None:
+        self.rate, self.burst = rate, burst
+        self._buckets: dict[str, tuple[float, float]] = {}  # tenant -> (tokens, when counted)
+
+    def take(self, tenant: str, *, now: float | None = None) -> RateAnswer:
+        now = time.monotonic() if now is None else now
+        tokens, then = self._buckets.get(tenant, (float(self.burst), now))
+        tokens = min(float(self.burst), tokens + (now - then) * self.rate)
+        if tokens < 1.0:
+            self._buckets[tenant] = (tokens, now)
+            return RateAnswer(False, 0, (1.0 - tokens) / self.rate)
+        self._buckets[tenant] = (tokens - 1.0, now)
+        return RateAnswer(True, int(tokens - 1.0), 0.0)
+
+
 def _over_caps(params: dict[str, Any], settings: Settings) -> list[str]:
     """Each of this server's caps that `params` exceed, with the setting that raises it."""
     caps = [("dim", params["dim"], settings.max_job_dim, "EARL_MAX_JOB_DIM"),
@@ -87,15 +122,26 @@ def bounded_job_params(params: dict[str, Any], settings: Settings, *,
     return {**params, "time_limit": params["time_limit"] or settings.max_job_minutes}
 
 
-def client_key(secret: bytes, settings: Settings, *, token: bytes, address: str | None) -> str:
-    """Who a job belongs to, for the queue quota: its token when the server has one, else its network address.
+def client_key(secret: bytes, settings: Settings, *, token: bytes, address: str | None,
+               tenant: str | None = None) -> str:
+    """Who a job belongs to, for the queue quota: its `tenant` when it came with a key (all the tenant's keys
+    share one quota), else its token when the server has one, else its network address.
     A job's params are readable by anyone who may read jobs, so this is an HMAC keyed by the install's secret
     (ServiceHome.secret): a plain hash of a token could be tested against guesses offline, and one of an address
     reversed by trying the 2**32 of them."""
-    who = b"token:" + token if settings.api_token is not None else f"addr:{address}".encode()
+    if tenant is not None:
+        who = f"tenant:{tenant}".encode()
+    else:
+        who = b"token:" + token if settings.api_token is not None else f"addr:{address}".encode()
     return hmac.new(secret, who, hashlib.sha256).hexdigest()[:16]
 
 
 def unfinished_jobs(store: JobStore, client: str) -> int:
     """How many queued or running jobs `client` has: counted by the store, never by reading the job table here."""
     return store.count_unfinished(client)
+
+
+def room_headers(store: JobStore, tenant: str, quota: Quota) -> dict[str, str]:
+    """X-Quota-Models-Left and X-Quota-Bytes-Left: what `tenant` may still register under `quota`."""
+    return {f"X-Quota-{what.capitalize()}-Left": str(left)
+            for what, left in store.tenant_usage(tenant).left(quota).items()}

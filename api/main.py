@@ -23,29 +23,50 @@ from earl_service.service import housekeeping
 from earl_service.service.home import ServiceHome
 from earl_service.service.registry import ModelRegistry
 
+from .audit import AuditLog
 from .cache import PredictorCache
 from .deps import check_access
 from .errors import add_error_handlers
 from .front import SecurityHeaders
 from .gate import RequestGate
-from .limits import PredictSlots, StreamSlots
+from .limits import PredictSlots, StreamSlots, TenantRates
 from .metrics import Metrics, MetricsMiddleware
-from .routes import console, docs, entities, events, health, jobs, models, precisions, predict, relations, reports
+from .principal import KeyRing
+from .routes import (
+    audit,
+    console,
+    docs,
+    entities,
+    events,
+    health,
+    jobs,
+    keys,
+    models,
+    precisions,
+    predict,
+    relations,
+    reports,
+)
 from .settings import Settings
 
 log = logging.getLogger(__name__)
 SWEEP_EVERY_S = 3600.0  # housekeeping (earl_service/service/housekeeping.py) after the one at start-up
-ROUTERS = (jobs, events, models, relations, reports, predict, entities, precisions, health, console, docs)
+ROUTERS = (jobs, events, models, relations, reports, predict, entities, precisions, keys, audit, health, console, docs)
 
 
 class EarlAPI(FastAPI):
     def build_middleware_stack(self) -> ASGIApp:
-        # The gate outermost: it refuses (400, 401, 403, 413, 431) before FastAPI reads a body, and FastAPI's own
-        # body limiter sits outside every user middleware. The metrics wrap it, so that refusals are counted too,
-        # and the security headers wrap everything, so that every response carries them.
+        # The gate outermost: it refuses (400, 401, 403, 413, 429, 431) before FastAPI reads a body, and FastAPI's
+        # own body limiter sits outside every user middleware. The metrics wrap it, so that refusals are counted
+        # too, the audit log wraps those (refused writes are logged), and the security headers wrap everything, so
+        # that every response carries them.
         routes = [*self.router.routes, *(route for module in ROUTERS for route in module.router.routes)]
-        gate = RequestGate(super().build_middleware_stack(), self.state.settings, routes)
-        return SecurityHeaders(MetricsMiddleware(gate, metrics=self.state.metrics))
+        settings = self.state.settings
+        rates = TenantRates(settings.tenant_rate, settings.tenant_burst) if settings.tenant_rate > 0 else None
+        gate = RequestGate(super().build_middleware_stack(), settings, routes, keyring=self.state.keyring,
+                           rates=rates)
+        return SecurityHeaders(AuditLog(MetricsMiddleware(gate, metrics=self.state.metrics),
+                                        keep=settings.audit_keep))
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
@@ -79,6 +100,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
                   redoc_url=None)
     app.state.settings = settings
     app.state.metrics = Metrics()
+    app.state.keyring = KeyRing(lambda: app.state.store.list_keys())  # the store opens in the lifespan
     # Bounds on work in flight: predictions computed at once, and threads of their own for the readiness checks.
     app.state.predict_slots = PredictSlots(settings.max_concurrent_predicts, wait=settings.predict_queue_seconds)
     app.state.stream_slots = StreamSlots(settings.max_event_streams)

@@ -10,8 +10,11 @@ from pydantic import BaseModel, Field, field_validator, model_validator
 from earl_service.bundle.precision import DEFAULT, Precision, describe
 from earl_service.compress.options import compress_form_model
 from earl_service.config.options import form_model
+from earl_service.service.tenants import DEFAULT_TENANT
 
 from .deps import ID_PATTERN
+
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"  # earl_service.service.tenants.NAME
 
 
 class CompressForm(compress_form_model()):  # type: ignore[misc]  # a derived base is dynamic to mypy
@@ -85,6 +88,8 @@ class ModelOut(BaseModel):
     relations: int
     created: float
     job_id: str | None
+    owner: str = Field(DEFAULT_TENANT, description="the tenant that made it")
+    stored: int = Field(0, description="bytes its versions' files take on the server (its tenant's quota counts them)")
 
 
 class ModelDetail(ModelOut):
@@ -200,7 +205,7 @@ class NotFound(BaseModel):
     """`detail` of a 404 for an unknown model, job, entity or relation, or a model without a compress report."""
 
     message: str
-    kind: Literal["model", "job", "entity", "relation", "report"]
+    kind: Literal["model", "job", "entity", "relation", "report", "key"]
     name: str
     suggestions: list[str]
 
@@ -223,3 +228,39 @@ class RelationPage(BaseModel):
     items: list[RelationItem]
     limit: int
     offset: int
+
+
+class KeyCreate(BaseModel):
+    """POST /keys: a key named `name` for `tenant`, with `scopes` (write includes read; admin includes both)."""
+
+    name: str = Field(pattern=NAME_PATTERN)
+    tenant: str = Field(pattern=NAME_PATTERN)
+    scopes: list[Literal["read", "write", "admin"]] = Field(min_length=1, max_length=3)
+
+
+class KeyOut(BaseModel):
+    """A key as listed: never the key or its hash."""
+
+    id: str
+    name: str
+    tenant: str
+    scopes: list[str]
+    created: float
+    revoked: float | None
+
+
+class KeyCreated(KeyOut):
+    key: str = Field(description="the key itself: shown this once, only its salted hash is kept")
+
+
+class AuditOut(BaseModel):
+    """One write: who (`key` of `tenant`), what (`method` `path`, about `target`), when (`time`), how it ended."""
+
+    time: float
+    tenant: str
+    key: str
+    key_id: str | None
+    method: str
+    path: str
+    target: str | None
+    status: int

@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from earl_service.cli.main import add_service_options
+from earl_service.cli.home import add_service_options
 from earl_service.errors import ConfigError
 
 if TYPE_CHECKING:  # pydantic loads only when `earl serve` runs

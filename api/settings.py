@@ -8,6 +8,7 @@ from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from earl_service.bundle.format import BundleLimits
+from earl_service.service.tenants import Quota
 
 
 class Settings(BaseSettings):
@@ -17,7 +18,8 @@ class Settings(BaseSettings):
     EARL_MAX_QUEUED_JOBS, EARL_MAX_EVENT_STREAMS, EARL_MAX_UPLOAD_TRIPLES, EARL_MAX_BUNDLE_ENTITIES, EARL_MAX_BUNDLE_TRIPLES,
     EARL_MAX_BUNDLE_LABEL_MB (docs/api.md#settings); the front: EARL_MAX_HEADER_BYTES, EARL_MAX_HEADERS,
     EARL_HEADER_TIMEOUT_SECONDS, EARL_KEEP_ALIVE_SECONDS, EARL_TRUSTED_PROXIES, EARL_ALLOWED_HOSTS,
-    EARL_ALLOWED_ORIGINS (docs/security.md#settings)."""
+    EARL_ALLOWED_ORIGINS (docs/security.md#settings); tenants: EARL_OPEN_READS, EARL_TENANT_MAX_MODELS,
+    EARL_TENANT_MAX_MB, EARL_TENANT_RATE, EARL_TENANT_BURST, EARL_AUDIT_KEEP (docs/security.md#keys-and-tenants)."""
 
     model_config = SettingsConfigDict(env_prefix="EARL_", extra="ignore")
 
@@ -70,6 +72,16 @@ class Settings(BaseSettings):
     # Comma-separated origins (https://console.example.org) whose pages may write, besides the server's own.
     allowed_origins: str = ""
 
+    # Keys and tenants (docs/security.md#keys-and-tenants). Once a key exists, reads need a key (or the token) too,
+    # unless EARL_OPEN_READS: then anonymous clients read the default tenant's models and jobs, as before keys.
+    open_reads: bool = False
+    # Quotas of each tenant's keys without the admin scope (the token and admin keys are operators: unbound).
+    tenant_max_models: int = Field(100, ge=1)  # registered models
+    tenant_max_mb: float = Field(10 * 1024.0, gt=0)  # bundle files over every version of its models
+    tenant_rate: float = Field(20.0, ge=0)  # requests per second per tenant and API process; 0: unbounded
+    tenant_burst: int = Field(40, ge=1)  # requests at once above the rate
+    audit_keep: int = Field(100_000, ge=100)  # the audit log's latest entries the store keeps
+
     @field_validator("api_token", mode="before")
     @classmethod
     def _empty_token_is_none(cls, value: object) -> object:
@@ -100,6 +112,10 @@ class Settings(BaseSettings):
     @property
     def max_unpacked_bytes(self) -> int:
         return int(self.max_unpacked_mb * 1024 * 1024)
+
+    @property
+    def tenant_quota(self) -> Quota:
+        return Quota(max_models=self.tenant_max_models, max_bytes=int(self.tenant_max_mb * 2**20))
 
     @property
     def bundle_limits(self) -> BundleLimits:

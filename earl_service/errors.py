@@ -62,6 +62,16 @@ class QuotaError(EarlError):
         self.client, self.count, self.limit = client, count, limit
 
 
+class TenantQuotaError(EarlError):
+    """Registering a model would take a tenant past its quota of models (`what` = "models") or of stored bytes
+    ("bytes"); nothing was registered."""
+
+    def __init__(self, tenant: str, what: str, used: int, adding: int, limit: int) -> None:
+        held = f"{used:,} {what}" if what == "models" else f"{used:,} bytes of bundles"
+        super().__init__(f"tenant {tenant} holds {held}; adding {adding:,} more would pass its quota of {limit:,}")
+        self.tenant, self.what, self.used, self.adding, self.limit = tenant, what, used, adding, limit
+
+
 class DatasetError(EarlError):
     """A dataset folder is unusable (missing folder or train file, missing split, ...)."""
 
@@ -166,3 +176,9 @@ class UnknownReportError(_NotFoundError):
         super().__init__(model_id)
         self.message = f"model {model_id!r} has no compress report: only a compress job (max_bytes) leaves one"
         self.args = (self.message,)
+
+
+class UnknownKeyError(_NotFoundError):
+    """No API key has this id."""
+
+    kind = "key"

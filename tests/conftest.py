@@ -207,6 +207,28 @@ def redis_url(tmp_path_factory):
     proc.wait(timeout=10)
 
 
+@pytest.fixture(params=["sqlite", "redis"])
+def store_url(request, tmp_path):
+    if request.param == "sqlite":
+        return str(tmp_path / "jobs.sqlite3")
+    import redis
+
+    url = request.getfixturevalue("redis_url")
+    db = 1 + len(request.node.name) % 14  # a fresh, flushed database per test
+    redis.Redis.from_url(f"{url}/{db}").flushdb()
+    return f"{url}/{db}"
+
+
+@pytest.fixture
+def store(store_url):
+    """The store at `store_url`: the service's contract tests (tests/earl_service/service/) run on both."""
+    from earl_service.service.store import open_store
+
+    s = open_store(store_url)
+    yield s
+    s.close()
+
+
 def api_operations(**settings) -> list[tuple[str, str]]:
     """Every (METHOD, path template) of the API, from its OpenAPI schema, so new routes are covered by default."""
     from api.main import create_app

@@ -12,7 +12,7 @@ from earl_service.serve.names import MAX_QUERY_CHARS
 from earl_service.service.registry import ModelRegistry
 
 from ..cache import PredictorCache
-from ..deps import CacheDep, ModelId, PredictSlotsDep, RegistryDep
+from ..deps import CacheDep, ModelId, PredictSlotsDep, PrincipalDep, RegistryDep
 from ..errors import NOT_FOUND
 from ..schemas import EntityPage
 from .predict import load_predictor
@@ -28,6 +28,7 @@ async def search_entities(
     registry: RegistryDep,
     cache: CacheDep,
     slots: PredictSlotsDep,
+    who: PrincipalDep,
     q: Annotated[str, Query(min_length=1, max_length=MAX_QUERY_CHARS, description="an id or label, or its start")],
     limit: Annotated[int, Query(ge=1, le=MAX_LIMIT)] = 10,
     offset: Annotated[int, Query(ge=0, le=MAX_OFFSET)] = 0,
@@ -40,12 +41,12 @@ async def search_entities(
         raise HTTPException(503, slots.busy, headers={"Retry-After": slots.retry_after})
     try:
         return JSONResponse(await run_in_threadpool(page, registry, cache, model_id, q=q, limit=limit,
-                                                    offset=offset))
+                                                    offset=offset, tenant=who.owner))
     finally:
         slots.release()
 
 
 def page(registry: ModelRegistry, cache: PredictorCache, model_id: str, *, q: str, limit: int,
-         offset: int) -> dict[str, Any]:
-    found = load_predictor(registry, cache, model_id).search_entities(q, limit=limit, offset=offset)
+         offset: int, tenant: str | None) -> dict[str, Any]:
+    found = load_predictor(registry, cache, model_id, tenant=tenant).search_entities(q, limit=limit, offset=offset)
     return {"total": found.total, "items": [vars(m) for m in found.items], "limit": limit, "offset": offset}

@@ -22,15 +22,16 @@ from fastapi.responses import StreamingResponse
 from starlette.concurrency import run_in_threadpool
 from starlette.types import Receive, Scope, Send
 
-from earl_service.errors import EarlError, UnknownJobError
+from earl_service.errors import EarlError
 from earl_service.service.home import ServiceHome
 from earl_service.service.records import TERMINAL, Job
 from earl_service.service.store import JobStore
 from earl_service.train.outputs import HISTORY
 
-from ..deps import HomeDep, JobId, StoreDep, StreamSlotsDep
+from ..deps import HomeDep, JobId, PrincipalDep, StoreDep, StreamSlotsDep
 from ..limits import StreamSlots
 from ..schemas import JobOut
+from .jobs import visible_job
 
 router = APIRouter(prefix="/jobs", tags=["jobs"])
 POLL_SECONDS = 0.5  # the worker beats every second (WorkerConfig.heartbeat_seconds)
@@ -85,13 +86,6 @@ def run_curve(home: ServiceHome, job_id: str) -> dict[str, list[Any]] | None:
         return None
 
 
-def found(store: JobStore, job_id: str) -> Job:
-    job = store.get_job(job_id)
-    if job is None:
-        raise UnknownJobError(job_id)
-    return job
-
-
 async def job_events(store: JobStore, home: ServiceHome, job: Job, *, lifetime: float) -> AsyncIterator[bytes]:
     """`job` events while the job changes, a `curve` and `end` once it has ended; closes after `lifetime`."""
     yield f"retry: {RETRY_MS}\n\n".encode()
@@ -122,9 +116,10 @@ async def job_events(store: JobStore, home: ServiceHome, job: Job, *, lifetime: 
 
 
 @router.get("/{job_id}/events", include_in_schema=False)
-async def job_event_stream(job_id: JobId, store: StoreDep, home: HomeDep, slots: StreamSlotsDep) -> SlotStream:
+async def job_event_stream(job_id: JobId, store: StoreDep, home: HomeDep, slots: StreamSlotsDep,
+                           who: PrincipalDep) -> SlotStream:
     """text/event-stream of the job: `job` (JobOut) on each change, then `curve` and `end` when it ends."""
-    job = await run_in_threadpool(found, store, job_id)  # a 404 (or the store's 503) before the stream starts
+    job = await run_in_threadpool(visible_job, store, job_id, who)  # a 404 (or the store's 503) before the stream starts
     if not slots.take():  # given back by the response, however it ends
         raise HTTPException(503, f"{slots.size} event streams are open, the most this server keeps "
                                  f"(EARL_MAX_EVENT_STREAMS); poll GET /jobs/{job_id} or try again shortly",

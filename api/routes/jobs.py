@@ -5,16 +5,20 @@ from __future__ import annotations
 import shutil
 from typing import Annotated, Literal
 
-from fastapi import APIRouter, Depends, Form, HTTPException, Query, Request, UploadFile
+from fastapi import APIRouter, Depends, Form, HTTPException, Query, Request, Response, UploadFile
 
 from earl_service.config.options import data_config_from_options
 from earl_service.errors import QuotaError, UnknownJobError
-from earl_service.service.records import STATES, TERMINAL, Job, new_id
+from earl_service.service.housekeeping import remove
+from earl_service.service.records import STATES, TERMINAL, Job, new_id, tenant_of
+from earl_service.service.store import JobStore
 
+from ..audit import TARGET
 from ..compress_jobs import check_uploads, job_params, trained_params
-from ..deps import HomeDep, JobId, SettingsDep, StoreDep, presented_token
+from ..deps import HomeDep, JobId, PrincipalDep, SettingsDep, StoreDep
 from ..errors import NOT_FOUND
 from ..limits import bounded_job_params, client_key, unfinished_jobs
+from ..principal import Principal, presented_token
 from ..schemas import JobCreated, JobForm, JobOut
 from ..settings import Settings
 from ..uploads import LABEL_FIELDS, save_job_files
@@ -31,17 +35,24 @@ async def reject_unknown_fields(request: Request) -> None:
                                  f"{', '.join(FILES)} and options {', '.join(JobForm.model_fields)}")
 
 
-def found(job: Job | None, job_id: str) -> Job:
-    """The store's answer, or UnknownJobError (404) when it holds no job `job_id`."""
-    if job is None:
+def found(job: Job | None, job_id: str, who: Principal) -> Job:
+    """The store's answer, or UnknownJobError (404) when it holds no job `job_id` or the job is another tenant's
+    (404, not 403: whether another tenant's job exists is not said)."""
+    if job is None or (who.owner is not None and tenant_of(job) != who.owner):
         raise UnknownJobError(job_id)
     return job
 
 
+def visible_job(store: JobStore, job_id: str, who: Principal) -> Job:
+    """Job `job_id` if `who` may see it, else UnknownJobError (404)."""
+    return found(store.get_job(job_id), job_id, who)
+
+
 @router.post("", status_code=202, response_model=JobCreated,
              dependencies=[Depends(reject_unknown_fields)])
-def create_job(request: Request, settings: SettingsDep, home: HomeDep, store: StoreDep,
-               form: Annotated[JobForm, Form()], train: UploadFile, valid: UploadFile | None = None,
+def create_job(request: Request, response: Response, settings: SettingsDep, home: HomeDep, store: StoreDep,
+               who: PrincipalDep, form: Annotated[JobForm, Form()], train: UploadFile,
+               valid: UploadFile | None = None,
                test: UploadFile | None = None, entity_labels: UploadFile | None = None,
                relation_labels: UploadFile | None = None) -> JobCreated:
     """Queue a training job, or with `max_bytes` a compress job; the files are checked (format, encoding,
@@ -51,12 +62,15 @@ def create_job(request: Request, settings: SettingsDep, home: HomeDep, store: St
     or a JSON object ({"P27": "country of citizenship"} or CoDEx's {"P27": {"label": ...}}); the bundle stores
     the labels (not the descriptions), predictions carry them and GET /models/{id}/entities searches them.
     The server's caps (EARL_MAX_JOB_*, 422) and the client's quota of unfinished jobs (EARL_MAX_QUEUED_JOBS,
-    429) are checked before any file is stored.
+    429; a key's client is its tenant) are checked before any file is stored; X-Quota-Jobs-Left says how many
+    more it may queue. The job is the sender's tenant's.
     """
     client = client_key(request.app.state.secret, settings, token=presented_token(request.scope["headers"]),
-                        address=request.client.host if request.client else None)
+                        address=request.client.host if request.client else None,
+                        tenant=who.tenant if who.key_id is not None else None)
     stored, compress = job_params(form.model_dump(), given=form.model_fields_set)
-    params = bounded_job_params(stored, settings, trained=trained_params(stored, compress)) | {"client": client}
+    params = bounded_job_params(stored, settings, trained=trained_params(stored, compress)) | {
+        "client": client, "tenant": who.tenant}
     if (unfinished := unfinished_jobs(store, client)) >= settings.max_queued_jobs:  # early: before any file
         raise queue_full(unfinished, settings)
     job_id = new_id()
@@ -73,6 +87,8 @@ def create_job(request: Request, settings: SettingsDep, home: HomeDep, store: St
     except QuotaError as exc:
         shutil.rmtree(home.upload_dir(job_id), ignore_errors=True)
         raise queue_full(exc.count, settings) from None
+    setattr(request.state, TARGET, job.id)
+    response.headers["X-Quota-Jobs-Left"] = str(max(0, settings.max_queued_jobs - store.count_unfinished(client)))
     labels = {name: counts.pop(name)["labels"] for name in LABEL_FIELDS if name in counts}
     return JobCreated(id=job.id, state=job.state, triples=counts, labels=labels)
 
@@ -80,24 +96,30 @@ def create_job(request: Request, settings: SettingsDep, home: HomeDep, store: St
 def queue_full(unfinished: int, settings: Settings) -> HTTPException:
     return HTTPException(429, f"this client already has {unfinished} unfinished (queued or running) jobs, the most "
                               f"this server allows (EARL_MAX_QUEUED_JOBS={settings.max_queued_jobs}); wait for one "
-                              "to finish or cancel one", headers={"Retry-After": "60"})
+                              "to finish or cancel one", headers={"Retry-After": "60", "X-Quota-Jobs-Left": "0"})
 
 
 @router.get("", response_model=list[JobOut])
-def list_jobs(store: StoreDep, state: Annotated[Literal[STATES] | None, Query()] = None,  # type: ignore[valid-type]
+def list_jobs(store: StoreDep, who: PrincipalDep,
+              state: Annotated[Literal[STATES] | None, Query()] = None,  # type: ignore[valid-type]
               limit: Annotated[int, Query(ge=1, le=1000)] = 100) -> list[JobOut]:
-    return [JobOut(**j.to_dict()) for j in store.list_jobs(state=state, limit=limit)]
+    """The newest jobs of the sender's tenant (an admin's: every tenant's)."""
+    return [JobOut(**j.to_dict()) for j in store.list_jobs(state=state, limit=limit, tenant=who.owner)]
 
 
 @router.get("/{job_id}", response_model=JobOut, responses=NOT_FOUND)
-def get_job(job_id: JobId, store: StoreDep) -> JobOut:
-    return JobOut(**found(store.get_job(job_id), job_id).to_dict())
+def get_job(job_id: JobId, store: StoreDep, who: PrincipalDep) -> JobOut:
+    return JobOut(**visible_job(store, job_id, who).to_dict())
 
 
 @router.post("/{job_id}/cancel", response_model=JobOut, responses=NOT_FOUND)
-def cancel_job(job_id: JobId, store: StoreDep) -> JobOut:
-    """Cancel a queued job at once; a running one stops at its next step (state becomes cancelled)."""
-    job = found(store.request_cancel(job_id), job_id)
+def cancel_job(job_id: JobId, store: StoreDep, home: HomeDep, who: PrincipalDep) -> JobOut:
+    """Cancel a queued job at once (its uploads go with it); a running one stops at its next step (state becomes
+    cancelled, and its worker removes the uploads)."""
+    visible_job(store, job_id, who)  # another tenant's job is unknown: nothing is cancelled
+    job = found(store.request_cancel(job_id), job_id, who)
     if job.state in TERMINAL and job.state != "cancelled":
         raise HTTPException(409, f"job {job_id} already {job.state}; nothing to cancel")
+    if job.state == "cancelled":
+        remove(home.upload_dir(job_id))
     return JobOut(**job.to_dict())

@@ -17,7 +17,7 @@ from earl_service.serve.predictor import LinkPredictor
 from earl_service.service.registry import ModelRegistry
 
 from ..cache import PredictorCache
-from ..deps import ID_PATTERN, CacheDep, PredictSlotsDep, RegistryDep
+from ..deps import ID_PATTERN, CacheDep, PredictSlotsDep, PrincipalDep, RegistryDep
 from ..errors import NOT_FOUND
 from ..gate import BODY_LIMIT_KEY
 from ..limits import PredictSlots
@@ -64,6 +64,7 @@ async def predict(
     registry: RegistryDep,
     cache: CacheDep,
     slots: PredictSlotsDep,
+    who: PrincipalDep,
     model: Annotated[str, Query(pattern=ID_PATTERN)],
     relation: Name,
     head: Annotated[str | None, Query(min_length=1, max_length=MAX_NAME_CHARS)] = None,
@@ -76,29 +77,30 @@ async def predict(
     if (head is None) == (tail is None):
         raise HTTPException(422, "give exactly one of 'head' (to predict tails) or 'tail' (to predict heads)")
     return await in_slot(slots, answer, registry, cache, model=model, relation=relation, head=head, tail=tail, k=k,
-                         exclude_known=exclude_known)
+                         exclude_known=exclude_known, tenant=who.owner)
 
 
 @router.post("/predict", response_model=BatchPredictionOut, responses=NOT_FOUND, max_body_size=MAX_PREDICT_BODY_BYTES,
              openapi_extra={BODY_LIMIT_KEY: f"what a batch of {MAX_BATCH_QUERIES} queries with names of at most "
                                             f"{MAX_NAME_CHARS:,} characters needs; split the queries over several "
                                             "requests"})
-async def predict_batch(registry: RegistryDep, cache: CacheDep, slots: PredictSlotsDep,
+async def predict_batch(registry: RegistryDep, cache: CacheDep, slots: PredictSlotsDep, who: PrincipalDep,
                         batch: PredictBatch) -> JSONResponse:
     """Up to MAX_BATCH_QUERIES queries of one model, answered in order as GET /predict answers each; an unknown
     entity or relation in any query fails the whole batch with a 404 naming the query (`queries[i]`), a label
     naming several with a 422 naming it the same way. The body may take MAX_PREDICT_BODY_BYTES (413 past that),
     what the largest batch needs; one past INLINE_JSON_BYTES is parsed in a thread (OffLoopJSONRoute)."""
-    return await in_slot(slots, answer_batch, registry, cache, batch=batch)
+    return await in_slot(slots, answer_batch, registry, cache, batch=batch, tenant=who.owner)
 
 
 @router.get("/score", response_model=ScoreOut, responses=NOT_FOUND)
-async def score(registry: RegistryDep, cache: CacheDep, slots: PredictSlotsDep,
+async def score(registry: RegistryDep, cache: CacheDep, slots: PredictSlotsDep, who: PrincipalDep,
                 model: Annotated[str, Query(pattern=ID_PATTERN)], head: Name, relation: Name,
                 tail: Name) -> JSONResponse:
     """The distance and score of (head, relation, tail) (RotatE's, or an imported model's scorer's), whether the graph
     holds it, and its filtered ranks; names by id or by a label that names exactly one, as for GET /predict."""
-    return await in_slot(slots, score_triple, registry, cache, model=model, head=head, relation=relation, tail=tail)
+    return await in_slot(slots, score_triple, registry, cache, model=model, head=head, relation=relation, tail=tail,
+                         tenant=who.owner)
 
 
 async def in_slot(slots: PredictSlots, work: Callable[..., dict[str, Any]], *args: Any, **kwargs: Any,
@@ -115,13 +117,14 @@ async def in_slot(slots: PredictSlots, work: Callable[..., dict[str, Any]], *arg
 
 
 def answer(registry: ModelRegistry, cache: PredictorCache, *, model: str, relation: str, head: str | None,
-           tail: str | None, k: int, exclude_known: bool) -> dict[str, Any]:
-    predictor = load_predictor(registry, cache, model)
+           tail: str | None, k: int, exclude_known: bool, tenant: str | None) -> dict[str, Any]:
+    predictor = load_predictor(registry, cache, model, tenant=tenant)
     return {"model": model, **predictor.answer(relation, head=head, tail=tail, k=k, exclude_known=exclude_known)}
 
 
-def answer_batch(registry: ModelRegistry, cache: PredictorCache, *, batch: PredictBatch) -> dict[str, Any]:
-    predictor = load_predictor(registry, cache, batch.model)
+def answer_batch(registry: ModelRegistry, cache: PredictorCache, *, batch: PredictBatch,
+                 tenant: str | None) -> dict[str, Any]:
+    predictor = load_predictor(registry, cache, batch.model, tenant=tenant)
     results = []
     for i, query in enumerate(batch.queries):
         try:
@@ -134,13 +137,15 @@ def answer_batch(registry: ModelRegistry, cache: PredictorCache, *, batch: Predi
 
 
 def score_triple(registry: ModelRegistry, cache: PredictorCache, *, model: str, head: str, relation: str,
-                 tail: str) -> dict[str, Any]:
-    return {"model": model, **load_predictor(registry, cache, model).score(head, relation, tail)}
+                 tail: str, tenant: str | None) -> dict[str, Any]:
+    return {"model": model, **load_predictor(registry, cache, model, tenant=tenant).score(head, relation, tail)}
 
 
-def load_predictor(registry: ModelRegistry, cache: PredictorCache, model_id: str) -> LinkPredictor:
-    """The model's predictor; a registered bundle that cannot be read is the server's fault (500), not the client's."""
-    record = registry.get(model_id)
+def load_predictor(registry: ModelRegistry, cache: PredictorCache, model_id: str, *,
+                   tenant: str | None) -> LinkPredictor:
+    """The model's predictor (404 when it is another `tenant`'s); a registered bundle that cannot be read is the
+    server's fault (500), not the client's."""
+    record = registry.get(model_id, tenant=tenant)
     try:
         return cache.get(record, registry.bundle_path(record))
     except (BundleError, FileNotFoundError) as exc:

@@ -1,5 +1,5 @@
 """The `earl` command: its parser and dispatch, `train`, `evaluate` and `worker`; the other verbs live beside it
-(bundle: export, info, extend; answers: predict, score; compress; imports: import) and plugins add `serve`."""
+(bundle: export, info, extend; answers: predict, score; compress; imports: import; keys) and plugins add `serve`."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from earl_service.cli.answers import add_answer_commands
+from earl_service.cli.home import add_service_options
 from earl_service.errors import ConfigError, EarlError
 
 if TYPE_CHECKING:
@@ -252,6 +253,12 @@ def _add_import_command(sub) -> None:
     add_import_command(sub)
 
 
+def _add_keys_command(sub) -> None:
+    from earl_service.cli.keys import add_keys_command
+
+    add_keys_command(sub)
+
+
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     """`earl`'s parser with every command, or with only the group of `command` when it is a built-in one: the
     other groups' options import the config, precision and compress modules, a third of what an answer from the
@@ -276,7 +283,7 @@ def _command_groups() -> dict[str, Callable[[argparse._SubParsersAction], None]]
     return {"train": add_train_command, "evaluate": add_evaluate_command, "export": _add_bundle_commands,
             "info": _add_bundle_commands, "extend": _add_bundle_commands, "predict": add_answer_commands,
             "score": add_answer_commands, "compress": _add_compress_command, "import": _add_import_command,
-            "worker": add_worker_command}
+            "keys": _add_keys_command, "worker": add_worker_command}
 
 
 def _command_of(argv: list[str]) -> str | None:
@@ -304,14 +311,6 @@ def add_plugin_commands(sub) -> list[str]:
 
 # ---------------------------------------------------------------- service: `earl worker` (api/serve.py: `earl serve`)
 # The command line is the service's edge: EARL_HOME / EARL_STORE give the defaults, as for the API.
-
-
-def add_service_options(p: argparse.ArgumentParser) -> None:
-    """--home and --store, shared by `earl worker` and `earl serve`."""
-    p.add_argument("--home", default=os.environ.get("EARL_HOME", "artifacts"),
-                   help="service home: uploads/, runs/, models/, earl.sqlite3 (default $EARL_HOME or ./artifacts)")
-    p.add_argument("--store", default=os.environ.get("EARL_STORE", "sqlite"),
-                   help="'sqlite' (HOME/earl.sqlite3), a SQLite path or a redis:// URL (default $EARL_STORE or sqlite)")
 
 
 def add_worker_command(sub) -> None:

@@ -16,7 +16,7 @@ from earl_service.compress.state import PICK, STATE
 from earl_service.config import ModelKind, TrainConfig
 from earl_service.errors import ConfigError
 from earl_service.service.home import ServiceHome
-from earl_service.service.records import Job
+from earl_service.service.records import Job, tenant_of
 from earl_service.service.registry import ModelRegistry
 
 log = logging.getLogger(__name__)
@@ -71,7 +71,7 @@ def publish_pick(registry: ModelRegistry, job: Job, pick: Path, *, worker_id: st
     staged = pick.parent / f".pick.{worker_id}.tmp"  # hidden .tmp: swept if a crash leaves it
     try:
         shutil.copyfile(pick, staged)
-        registry.publish(job.id, staged, job_id=job.id)
+        registry.publish(job.id, staged, job_id=job.id, owner=tenant_of(job))
     finally:
         staged.unlink(missing_ok=True)
     for kind, name in (("json", REPORT_JSON), ("md", REPORT_MD), ("png", FRONTIER_PNG)):

@@ -25,7 +25,7 @@ DAY_S = 86_400.0
 
 def sweep(home: ServiceHome, store: JobStore, *, keep_days: float, now: float | None = None) -> list[Path]:
     """The sweeps below; returns what was removed."""
-    return (sweep_staging(home, now=now) + sweep_unrecorded(home, store)
+    return (sweep_staging(home, now=now) + sweep_unrecorded(home, store) + sweep_cancelled_uploads(home, store)
             + expire_runs(home, store, keep_days=keep_days, now=now))
 
 
@@ -114,6 +114,20 @@ def expire_runs(home: ServiceHome, store: JobStore, *, keep_days: float, now: fl
     return removed
 
 
+def sweep_cancelled_uploads(home: ServiceHome, store: JobStore) -> list[Path]:
+    """Remove uploads/<job>/ of cancelled jobs at any age: the cancel route and the worker remove them at once,
+    this catches a process that died in between. Their runs stay for the retention days (a curve to look at)."""
+    removed = []
+    for name in job_names(home):
+        folder = home.upload_dir(name)
+        if folder.is_dir() and (job := store.get_job(name)) is not None and job.state == "cancelled":
+            remove(folder)
+            removed.append(folder)
+    if removed:
+        log.info("removed the uploads of %d cancelled job(s)", len(removed))
+    return removed
+
+
 def job_names(home: ServiceHome) -> list[str]:
     """The job ids that have a folder in uploads/ or runs/ (or both), each once: one store lookup per job."""
     tops = [home.uploads, home.runs]
@@ -132,4 +146,5 @@ def remove(path: Path) -> None:
         log.error("cannot remove %s: %s", path, exc)
 
 
-__all__ = ["DAY_S", "STALE_AFTER_S", "expire_runs", "remove", "sweep", "sweep_staging", "sweep_unrecorded"]
+__all__ = ["DAY_S", "STALE_AFTER_S", "expire_runs", "remove", "sweep", "sweep_cancelled_uploads", "sweep_staging",
+           "sweep_unrecorded"]

@@ -7,6 +7,7 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from earl_service.bundle.precision import DEFAULT
+from earl_service.service.tenants import DEFAULT_TENANT
 
 STATES = ("queued", "running", "succeeded", "failed", "cancelled")
 TERMINAL = ("succeeded", "failed", "cancelled")
@@ -19,7 +20,8 @@ def new_id() -> str:
 
 @dataclass
 class Job:
-    """One training request. `files` maps split names to paths relative to the service home."""
+    """One training request. `files` maps split names to paths relative to the service home; params["tenant"] names
+    its owner (`tenant_of`) and params["client"] the holder its queue quota counts."""
 
     id: str
     state: str = "queued"
@@ -62,6 +64,8 @@ class ModelRecord:
     entities: int = 0
     relations: int = 0
     job_id: str | None = None
+    owner: str = DEFAULT_TENANT  # the tenant that made it (tenants.py); records from before tenants: the default
+    stored: int = 0  # bytes of every version's file on disk, for the tenant's quota (0 in records from before)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -71,10 +75,15 @@ class ModelRecord:
         return cls(**_known_fields(cls, values))
 
 
+def tenant_of(job: Job) -> str:
+    """The tenant a job belongs to: params["tenant"], the default tenant for jobs from before tenants."""
+    return str(job.params.get("tenant") or DEFAULT_TENANT)
+
+
 def _known_fields(cls: Any, values: dict[str, Any]) -> dict[str, Any]:
     """The entries of `values` that name a field of the dataclass `cls`: a stored row may carry others."""
     names = {f.name for f in fields(cls)}
     return {k: v for k, v in values.items() if k in names}
 
 
-__all__ = ["STATES", "TERMINAL", "UNFINISHED", "Job", "ModelRecord", "new_id"]
+__all__ = ["STATES", "TERMINAL", "UNFINISHED", "Job", "ModelRecord", "new_id", "tenant_of"]

@@ -12,8 +12,11 @@ from collections import Counter
 from importlib import resources
 from typing import Any
 
-from earl_service.errors import QuotaError, StoreError
-from earl_service.service.records import STATES, TERMINAL, UNFINISHED, Job, ModelRecord, new_id
+from earl_service.errors import QuotaError, StoreError, TenantQuotaError
+from earl_service.service.audit import AuditEntry
+from earl_service.service.keys import ApiKey
+from earl_service.service.records import STATES, TERMINAL, UNFINISHED, Job, ModelRecord, new_id, tenant_of
+from earl_service.service.tenants import Quota, Usage
 
 
 def _script(name: str) -> str:
@@ -34,6 +37,8 @@ class RedisStore:
         self._errors: tuple[type[Exception], ...] = (redis.RedisError,)
         self._keys = [f"{prefix}:jobs", f"{prefix}:queue", f"{prefix}:running"]
         self._models = f"{prefix}:models"
+        self._api_keys, self._audit = f"{prefix}:keys", f"{prefix}:audit"
+        self._add_model = self._redis.register_script(_script("add_model"))
         self._create = self._redis.register_script(_script("create"))
         self._claim = self._redis.register_script(_script("claim"))
         self._update = self._redis.register_script(_script("update_owned"))
@@ -78,8 +83,9 @@ class RedisStore:
     def _all_jobs(self) -> list[Job]:
         return [self._decode(v) for v in self._call(self._redis.hvals, self._keys[0])]
 
-    def list_jobs(self, *, state: str | None = None, limit: int = 100) -> list[Job]:
-        jobs = [j for j in self._all_jobs() if state is None or j.state == state]
+    def list_jobs(self, *, state: str | None = None, limit: int = 100, tenant: str | None = None) -> list[Job]:
+        jobs = [j for j in self._all_jobs() if (state is None or j.state == state)
+                and (tenant is None or tenant_of(j) == tenant)]
         return sorted(jobs, key=lambda j: j.created, reverse=True)[:limit]
 
     def count_jobs(self) -> dict[str, int]:
@@ -113,21 +119,59 @@ class RedisStore:
     def request_cancel(self, job_id: str) -> Job | None:
         return self._job(self._call(self._cancel, keys=self._keys[:2], args=[job_id, repr(time.time())]))
 
-    def add_model(self, record: ModelRecord) -> None:
-        self._call(self._redis.hset, self._models, record.id, json.dumps(record.to_dict(), default=str))
+    def add_model(self, record: ModelRecord, *, quota: Quota | None = None) -> None:
+        bounds = [-1, -1] if quota is None else [-1 if q is None else q for q in (quota.max_models, quota.max_bytes)]
+        code, *held = self._call(self._add_model, keys=[self._models], args=[
+            record.id, json.dumps(record.to_dict(), default=str), record.owner, *bounds, record.stored])
+        if code == 1:
+            raise TenantQuotaError(record.owner, "models", held[0], 1, bounds[0])
+        if code == 2:
+            raise TenantQuotaError(record.owner, "bytes", held[0], record.stored, bounds[1])
+
+    def tenant_usage(self, tenant: str) -> Usage:
+        mine = [m for m in self.list_models() if m.owner == tenant]
+        return Usage(models=len(mine), bytes=sum(m.stored for m in mine))
 
     def get_model(self, model_id: str) -> ModelRecord | None:
         text = self._call(self._redis.hget, self._models, model_id)
         return None if text is None else ModelRecord.from_dict(json.loads(text))
 
-    def list_models(self) -> list[ModelRecord]:
-        """Every record, newest first, without its config and metrics (as SqliteStore.list_models)."""
+    def list_models(self, *, owner: str | None = None) -> list[ModelRecord]:
+        """Every record (of `owner`), newest first, without its config and metrics (as SqliteStore.list_models)."""
         records = [ModelRecord.from_dict(json.loads(v) | {"config": {}, "metrics": {}})
                    for v in self._call(self._redis.hvals, self._models)]
+        records = [r for r in records if owner is None or r.owner == owner]
         return sorted(records, key=lambda r: r.created, reverse=True)
 
     def delete_model(self, model_id: str) -> bool:
         return bool(self._call(self._delete_model, keys=[self._keys[0], self._models], args=[model_id]))
+
+    def add_key(self, key: ApiKey) -> None:
+        self._call(self._redis.hset, self._api_keys, key.id, json.dumps(key.to_dict()))
+
+    def list_keys(self) -> list[ApiKey]:
+        keys = [ApiKey.from_dict(json.loads(v)) for v in self._call(self._redis.hvals, self._api_keys)]
+        return sorted(keys, key=lambda k: k.created)
+
+    def revoke_key(self, key_id: str) -> ApiKey | None:
+        """Revoked once: a second revoke keeps the first time (HSET of the same document is idempotent enough)."""
+        text = self._call(self._redis.hget, self._api_keys, key_id)
+        if text is None:
+            return None
+        values = json.loads(text)
+        values["revoked"] = values.get("revoked") or time.time()
+        self._call(self._redis.hset, self._api_keys, key_id, json.dumps(values))
+        return ApiKey.from_dict(values)
+
+    def append_audit(self, entry: AuditEntry, *, keep: int) -> None:
+        pipe = self._redis.pipeline(transaction=True)  # MULTI: the append and the trim together
+        pipe.rpush(self._audit, json.dumps(entry.to_dict()))
+        pipe.ltrim(self._audit, -keep, -1)
+        self._call(pipe.execute)
+
+    def list_audit(self, *, limit: int = 100, tenant: str | None = None) -> list[AuditEntry]:
+        entries = [AuditEntry.from_dict(json.loads(v)) for v in self._call(self._redis.lrange, self._audit, 0, -1)]
+        return [e for e in reversed(entries) if tenant is None or e.tenant == tenant][:limit]
 
     def ping(self) -> None:
         self._call(self._redis.ping)

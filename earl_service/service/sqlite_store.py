@@ -13,12 +13,18 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
-from earl_service.errors import QuotaError, StoreError
+from earl_service.errors import QuotaError, StoreError, TenantQuotaError
+from earl_service.service.audit import AuditEntry
+from earl_service.service.keys import ApiKey
 from earl_service.service.records import STATES, TERMINAL, Job, ModelRecord, new_id
+from earl_service.service.tenants import Quota, Usage
 
 _JOB_COLUMNS = [f.name for f in fields(Job)]
 _JSON_COLUMNS = ("params", "files", "progress", "config", "metrics")
-_LISTED_COLUMNS = "id, path, sha256, bytes, created, parameters, precision, entities, relations, job_id"
+_LISTED_COLUMNS = "id, path, sha256, bytes, created, parameters, precision, entities, relations, job_id, owner, stored"
+# Columns added after the first release, with their definitions: a store made before them gains them at open.
+_ADDED_COLUMNS = {"models": {"owner": "TEXT NOT NULL DEFAULT 'default'", "stored": "INTEGER NOT NULL DEFAULT 0"}}
+_AUDIT_COLUMNS = [f.name for f in fields(AuditEntry)]
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS jobs (
     id TEXT PRIMARY KEY, state TEXT NOT NULL, params TEXT NOT NULL, files TEXT NOT NULL,
@@ -30,6 +36,14 @@ CREATE TABLE IF NOT EXISTS models (
     id TEXT PRIMARY KEY, path TEXT NOT NULL, sha256 TEXT NOT NULL, bytes INTEGER NOT NULL, config TEXT NOT NULL,
     metrics TEXT NOT NULL, created REAL NOT NULL, parameters INTEGER NOT NULL, precision TEXT NOT NULL,
     entities INTEGER NOT NULL, relations INTEGER NOT NULL, job_id TEXT
+);
+CREATE TABLE IF NOT EXISTS api_keys (
+    id TEXT PRIMARY KEY, name TEXT NOT NULL, tenant TEXT NOT NULL, scopes TEXT NOT NULL, salt TEXT NOT NULL,
+    digest TEXT NOT NULL, created REAL NOT NULL, revoked REAL
+);
+CREATE TABLE IF NOT EXISTS audit (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT, time REAL NOT NULL, tenant TEXT NOT NULL, key TEXT NOT NULL,
+    method TEXT NOT NULL, path TEXT NOT NULL, status INTEGER NOT NULL, target TEXT, key_id TEXT
 );
 """
 
@@ -65,8 +79,22 @@ class SqliteStore:
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute("PRAGMA synchronous=NORMAL")
             self._db.executescript(_SCHEMA)  # IF NOT EXISTS: safe when several processes open the store at once
+            self._add_columns()
         except sqlite3.Error as exc:
             raise StoreError(f"cannot open the job store {self.path}: {exc}") from exc
+
+    def _add_columns(self) -> None:
+        """The columns of _ADDED_COLUMNS a store made before them lacks; another process adding one at the same
+        time is no error."""
+        for table, columns in _ADDED_COLUMNS.items():
+            present = {row[1] for row in self._db.execute(f"PRAGMA table_info({table})")}
+            for name, definition in columns.items():
+                if name not in present:
+                    try:
+                        self._db.execute(f"ALTER TABLE {table} ADD COLUMN {name} {definition}")
+                    except sqlite3.OperationalError as exc:
+                        if "duplicate column" not in str(exc):
+                            raise
 
     @contextmanager
     def _locked(self) -> Iterator[None]:
@@ -102,13 +130,15 @@ class SqliteStore:
             row = self._one("SELECT * FROM jobs WHERE id = ?", (job_id,))
         return None if row is None else Job.from_dict(row)
 
-    def list_jobs(self, *, state: str | None = None, limit: int = 100) -> list[Job]:
+    def list_jobs(self, *, state: str | None = None, limit: int = 100, tenant: str | None = None) -> list[Job]:
+        where, args = ["1"], list[str]()
+        if state is not None:
+            where, args = [*where, "state = ?"], [*args, state]
+        if tenant is not None:  # jobs from before tenants have none: the default tenant's
+            where, args = [*where, "COALESCE(json_extract(params, '$.tenant'), 'default') = ?"], [*args, tenant]
         with self._locked():
-            if state is None:
-                rows = self._db.execute("SELECT * FROM jobs ORDER BY created DESC LIMIT ?", (limit,)).fetchall()
-            else:
-                rows = self._db.execute("SELECT * FROM jobs WHERE state = ? ORDER BY created DESC LIMIT ?",
-                                        (state, limit)).fetchall()
+            rows = self._db.execute(f"SELECT * FROM jobs WHERE {' AND '.join(where)} ORDER BY created DESC LIMIT ?",
+                                    (*args, limit)).fetchall()
         return [Job.from_dict(_decode_row(r)) for r in rows]
 
     def count_jobs(self) -> dict[str, int]:
@@ -177,23 +207,46 @@ class SqliteStore:
             row = self._one("SELECT * FROM jobs WHERE id = ?", (job_id,))
         return None if row is None else Job.from_dict(row)
 
-    def add_model(self, record: ModelRecord) -> None:
+    def add_model(self, record: ModelRecord, *, quota: Quota | None = None) -> None:
         values = _encode_row(record.to_dict())
         columns = list(values)
-        with self._locked():
+        with self._locked(), self._tx():  # BEGIN IMMEDIATE: the tenant's usage and the insert in one step
+            if quota is not None:
+                self._check_quota(record, quota)
             self._db.execute(f"INSERT OR REPLACE INTO models ({', '.join(columns)}) VALUES "
                              f"({', '.join(':' + c for c in columns)})", values)
+
+    def _check_quota(self, record: ModelRecord, quota: Quota) -> None:
+        """TenantQuotaError when `record` (a new model, or a model's next version) takes its owner past `quota`."""
+        others = self._usage(record.owner, besides=record.id)
+        is_new = self._db.execute("SELECT 1 FROM models WHERE id = ?", (record.id,)).fetchone() is None
+        if is_new and quota.max_models is not None and others.models >= quota.max_models:
+            raise TenantQuotaError(record.owner, "models", others.models, 1, quota.max_models)
+        if quota.max_bytes is not None and others.bytes + record.stored > quota.max_bytes:
+            raise TenantQuotaError(record.owner, "bytes", others.bytes, record.stored, quota.max_bytes)
+
+    def _usage(self, tenant: str, *, besides: str = "") -> Usage:
+        models, stored = self._db.execute("SELECT COUNT(*), COALESCE(SUM(stored), 0) FROM models WHERE owner = ? "
+                                          "AND id != ?", (tenant, besides)).fetchone()
+        return Usage(models=models, bytes=stored)
+
+    def tenant_usage(self, tenant: str) -> Usage:
+        with self._locked():
+            return self._usage(tenant)
 
     def get_model(self, model_id: str) -> ModelRecord | None:
         with self._locked():
             row = self._one("SELECT * FROM models WHERE id = ?", (model_id,))
         return None if row is None else ModelRecord.from_dict(row)
 
-    def list_models(self) -> list[ModelRecord]:
-        """Every record, newest first, without its config and metrics: a listing (or a 404's suggestions) shows
-        neither, and decoding them for every model made each listing cost the sum of all models' metadata."""
+    def list_models(self, *, owner: str | None = None) -> list[ModelRecord]:
+        """Every record (of `owner`), newest first, without its config and metrics: a listing (or a 404's
+        suggestions) shows neither, and decoding them for every model made each listing cost the sum of all
+        models' metadata."""
+        where, args = ("WHERE owner = ?", (owner,)) if owner is not None else ("", ())
         with self._locked():
-            rows = self._db.execute(f"SELECT {_LISTED_COLUMNS} FROM models ORDER BY created DESC").fetchall()
+            rows = self._db.execute(f"SELECT {_LISTED_COLUMNS} FROM models {where} ORDER BY created DESC",
+                                    args).fetchall()
         return [ModelRecord.from_dict(dict(r)) for r in rows]
 
     def delete_model(self, model_id: str) -> bool:
@@ -201,6 +254,36 @@ class SqliteStore:
             deleted = self._db.execute("DELETE FROM models WHERE id = ?", (model_id,)).rowcount > 0
             self._db.execute("UPDATE jobs SET model_id = NULL WHERE model_id = ?", (model_id,))
         return deleted
+
+    def add_key(self, key: ApiKey) -> None:
+        values = {**key.to_dict(), "scopes": json.dumps(list(key.scopes))}
+        with self._locked():
+            self._db.execute(f"INSERT INTO api_keys ({', '.join(values)}) VALUES ({', '.join(':' + c for c in values)})",
+                             values)
+
+    def list_keys(self) -> list[ApiKey]:
+        with self._locked():
+            rows = self._db.execute("SELECT * FROM api_keys ORDER BY created").fetchall()
+        return [ApiKey.from_dict({**dict(r), "scopes": json.loads(r["scopes"])}) for r in rows]
+
+    def revoke_key(self, key_id: str) -> ApiKey | None:
+        with self._locked():
+            rows = self._db.execute("UPDATE api_keys SET revoked = COALESCE(revoked, ?) WHERE id = ? RETURNING *",
+                                    (time.time(), key_id)).fetchall()  # all: the update commits once stepped through
+        row = rows[0] if rows else None
+        return None if row is None else ApiKey.from_dict({**dict(row), "scopes": json.loads(row["scopes"])})
+
+    def append_audit(self, entry: AuditEntry, *, keep: int) -> None:
+        with self._locked(), self._tx():
+            seq = self._db.execute(f"INSERT INTO audit ({', '.join(_AUDIT_COLUMNS)}) VALUES "
+                                   f"({', '.join(':' + c for c in _AUDIT_COLUMNS)})", entry.to_dict()).lastrowid
+            self._db.execute("DELETE FROM audit WHERE seq <= ?", ((seq or 0) - keep,))
+
+    def list_audit(self, *, limit: int = 100, tenant: str | None = None) -> list[AuditEntry]:
+        where, args = ("WHERE tenant = ?", (tenant,)) if tenant is not None else ("", ())
+        with self._locked():
+            rows = self._db.execute(f"SELECT * FROM audit {where} ORDER BY seq DESC LIMIT ?", (*args, limit)).fetchall()
+        return [AuditEntry.from_dict(dict(r)) for r in rows]
 
     def ping(self) -> None:
         with self._locked():

@@ -14,9 +14,12 @@ import os
 from typing import Any, Protocol
 
 from earl_service.errors import StoreError
+from earl_service.service.audit import AuditEntry
+from earl_service.service.keys import ApiKey
 from earl_service.service.records import Job, ModelRecord
 from earl_service.service.redis_store import RedisStore
 from earl_service.service.sqlite_store import SqliteStore
+from earl_service.service.tenants import Quota, Usage
 
 
 class JobStore(Protocol):
@@ -30,7 +33,9 @@ class JobStore(Protocol):
 
     def get_job(self, job_id: str) -> Job | None: ...
 
-    def list_jobs(self, *, state: str | None = None, limit: int = 100) -> list[Job]: ...
+    def list_jobs(self, *, state: str | None = None, limit: int = 100, tenant: str | None = None) -> list[Job]:
+        """The newest `limit` jobs (in `state`, of `tenant`: records.tenant_of), newest first."""
+        ...
 
     def count_jobs(self) -> dict[str, int]: ...
 
@@ -57,14 +62,39 @@ class JobStore(Protocol):
         """Cancel a queued job now; flag a running one for its worker. None when the job does not exist."""
         ...
 
-    def add_model(self, record: ModelRecord) -> None: ...
+    def add_model(self, record: ModelRecord, *, quota: Quota | None = None) -> None:
+        """Record (or replace) a model. With `quota`, TenantQuotaError instead when the record would take its owner
+        past it: the owner's usage and the insert are one step, so concurrent registrations cannot all pass."""
+        ...
 
     def get_model(self, model_id: str) -> ModelRecord | None: ...
 
-    def list_models(self) -> list[ModelRecord]: ...
+    def list_models(self, *, owner: str | None = None) -> list[ModelRecord]: ...
+
+    def tenant_usage(self, tenant: str) -> Usage:
+        """The models `tenant` owns and the bytes their versions take (ModelRecord.stored)."""
+        ...
 
     def delete_model(self, model_id: str) -> bool:
         """Unregister the model and clear the model_id of the job that produced it, in one step; False if unknown."""
+        ...
+
+    def add_key(self, key: ApiKey) -> None: ...
+
+    def list_keys(self) -> list[ApiKey]:
+        """Every key, revoked ones too, oldest first."""
+        ...
+
+    def revoke_key(self, key_id: str) -> ApiKey | None:
+        """Mark the key revoked (it matches nothing from then on); None when there is no such key."""
+        ...
+
+    def append_audit(self, entry: AuditEntry, *, keep: int) -> None:
+        """Append `entry`, keeping the latest `keep` entries: the log's only change besides that trim."""
+        ...
+
+    def list_audit(self, *, limit: int = 100, tenant: str | None = None) -> list[AuditEntry]:
+        """The latest `limit` entries (of `tenant`), newest first."""
         ...
 
     def ping(self) -> None: ...

@@ -29,8 +29,8 @@ from earl_service.config.options import (
 )
 from earl_service.errors import DatasetError, EarlError
 from earl_service.service.home import ServiceHome
-from earl_service.service.housekeeping import sweep_staging, sweep_unrecorded
-from earl_service.service.records import Job
+from earl_service.service.housekeeping import remove, sweep_staging, sweep_unrecorded
+from earl_service.service.records import Job, tenant_of
 from earl_service.service.registry import ModelRegistry
 from earl_service.service.store import JobStore
 
@@ -220,6 +220,8 @@ class Worker:
         if error:
             log.warning("job %s failed: %s", job.id, error)
         finished = self.store.finish_job(job.id, cfg.worker_id, state, error=error, model_id=model_id)
+        if state == "cancelled":  # its uploads are of no more use: they go now, not after the retention days
+            remove(self.home.upload_dir(job.id))
         return finished or job
 
     def _work(self, job: Job, beat: _Heartbeat) -> str | None:
@@ -291,7 +293,7 @@ class Worker:
         staged = run_dir / f".export.{self.config.worker_id}.tmp"  # hidden .tmp: swept if a crash leaves it
         try:
             export_bundle(run_dir, staged, precision=job.params.get("precision", DEFAULT.name))
-            self.registry.publish(job.id, staged, job_id=job.id)
+            self.registry.publish(job.id, staged, job_id=job.id, owner=tenant_of(job))
         finally:
             staged.unlink(missing_ok=True)
 

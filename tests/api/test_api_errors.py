@@ -26,7 +26,7 @@ def test_the_openapi_schema_documents_each_404(client):
                           ("GET", "/models/{model_id}/versions"), ("POST", "/models/{model_id}/triples"),
                           ("GET", "/models/{model_id}/report"), ("GET", "/models/{model_id}/frontier.png"),
                           ("GET", "/models/{model_id}/relations"), ("GET", "/models/{model_id}/entities"),
-                          ("GET", "/predict"), ("POST", "/predict"), ("GET", "/score")}
+                          ("GET", "/predict"), ("POST", "/predict"), ("GET", "/score"), ("DELETE", "/keys/{key_id}")}
 
 
 @pytest.mark.parametrize(("method", "path", "kind"), [

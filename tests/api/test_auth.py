@@ -1,5 +1,5 @@
 """The token: every write operation needs it, reads need it only with EARL_PROTECT_READS; compared in constant time.
-POST /predict (a batch of queries) is a read.
+POST /predict (a batch of queries) is a read. Keys and the audit log (admin operations) always need it.
 
 Operations are enumerated from the OpenAPI schema, so a route added later is checked without editing this file.
 """
@@ -17,8 +17,9 @@ READ_METHODS = {"GET", "HEAD", "OPTIONS"}
 OPEN = {"/healthz", "/readyz"}
 OPERATIONS = api_operations()
 READ_POSTS = {("POST", "/predict")}
-WRITES = [(m, p) for m, p in OPERATIONS if m not in READ_METHODS and (m, p) not in READ_POSTS]
-READS = [(m, p) for m, p in OPERATIONS if m in READ_METHODS or (m, p) in READ_POSTS]
+ADMIN = [(m, p) for m, p in OPERATIONS if p.startswith(("/keys", "/audit"))]
+WRITES = [(m, p) for m, p in OPERATIONS if m not in READ_METHODS and (m, p) not in READ_POSTS and (m, p) not in ADMIN]
+READS = [(m, p) for m, p in OPERATIONS if (m in READ_METHODS or (m, p) in READ_POSTS) and (m, p) not in ADMIN]
 BAD_HEADERS = {
     "missing": {},
     "wrong": {"Authorization": "Bearer not-the-token"},
@@ -32,7 +33,7 @@ BAD_HEADERS = {
 
 
 def url(path: str) -> str:
-    return path.replace("{job_id}", "0" * 32).replace("{model_id}", "0" * 32)
+    return path.replace("{job_id}", "0" * 32).replace("{model_id}", "0" * 32).replace("{key_id}", "0" * 12)
 
 
 @pytest.fixture(scope="module")
@@ -68,6 +69,14 @@ def test_writes_pass_with_the_token(client, method, path):
     assert r.status_code in (404, 422), r.text
 
 
+@pytest.mark.parametrize("method,path", ADMIN)
+def test_admin_operations_always_need_the_token(client, method, path):
+    assert client.request(method, url(path)).status_code == 401
+    assert client.request(method, url(path), headers=BAD_HEADERS["wrong"]).status_code == 401
+    assert client.request(method, url(path), headers={"Authorization": f"Bearer {TOKEN}"}).status_code in (
+        200, 404, 422)
+
+
 @pytest.mark.parametrize("method,path", READS)
 def test_reads_are_open_by_default(client, method, path):
     assert client.request(method, url(path)).status_code != 401
@@ -88,7 +97,7 @@ def test_protected_reads_need_the_token(protected, method, path):
 def test_the_comparison_is_constant_time(client, monkeypatch):
     import hmac
 
-    import api.deps
+    import api.principal
 
     calls, compare = [], hmac.compare_digest
 
@@ -96,7 +105,7 @@ def test_the_comparison_is_constant_time(client, monkeypatch):
         calls.append((type(a), type(b)))
         return compare(a, b)
 
-    monkeypatch.setattr(api.deps.hmac, "compare_digest", spy)
+    monkeypatch.setattr(api.principal.hmac, "compare_digest", spy)
     assert client.post("/jobs", headers=BAD_HEADERS["wrong"]).status_code == 401
     assert calls == [(bytes, bytes)]
 

@@ -409,7 +409,7 @@ def test_every_id_route_is_covered():
 @pytest.mark.parametrize("method,path", id_routes())
 @pytest.mark.parametrize("bad_id,status", BAD_IDS.items(), ids=list(BAD_IDS))
 def test_malicious_ids(ctx, method, path, bad_id, status):
-    url = path.replace("{job_id}", bad_id).replace("{model_id}", bad_id)
+    url = path.replace("{job_id}", bad_id).replace("{model_id}", bad_id).replace("{key_id}", bad_id)
     files = {"triples": ("t.txt", GOOD)} if url.endswith("/triples") else None
     r = ctx.client.request(method, url, headers=AUTH, files=files)
     assert r.status_code == status, r.text
@@ -419,7 +419,7 @@ def test_malicious_ids(ctx, method, path, bad_id, status):
 
 @pytest.mark.parametrize("method,path", id_routes())
 def test_unknown_well_formed_id_is_404(ctx, method, path):
-    url = path.replace("{job_id}", "0" * 32).replace("{model_id}", "0" * 32)
+    url = path.replace("{job_id}", "0" * 32).replace("{model_id}", "0" * 32).replace("{key_id}", "0" * 32)
     files = {"triples": ("t.txt", GOOD)} if url.endswith("/triples") else None
     params = {"q": "x"} if url.endswith("/entities") else None  # a valid query: the unknown id is what is wrong
     r = ctx.client.request(method, url, headers=AUTH, files=files, params=params)

@@ -175,7 +175,7 @@ models = registry.ModelRegistry(home, store)
 source = Path(sys.argv[3])
 model_id = models.upload(io.BytesIO(source.read_bytes()), shown_name="b").id if sys.argv[4] == "extend" else None
 
-def killed_here(record):  # the bundle is in models/ now; the kill comes before the store records it
+def killed_here(record, **_):  # the bundle is in models/ now; the kill comes before the store records it
     Path(sys.argv[2]).write_text(record.path)
     time.sleep(600)
 

@@ -12,25 +12,6 @@ from earl_service.service.records import STATES, ModelRecord
 from earl_service.service.store import open_store
 
 
-@pytest.fixture(params=["sqlite", "redis"])
-def store_url(request, tmp_path):
-    if request.param == "sqlite":
-        return str(tmp_path / "jobs.sqlite3")
-    import redis
-
-    url = request.getfixturevalue("redis_url")
-    db = 1 + len(request.node.name) % 14  # a fresh, flushed database per test
-    redis.Redis.from_url(f"{url}/{db}").flushdb()
-    return f"{url}/{db}"
-
-
-@pytest.fixture
-def store(store_url):
-    s = open_store(store_url)
-    yield s
-    s.close()
-
-
 def test_create_get_list_count(store):
     a = store.create_job({"dim": 8, "lr": 0.001, "no_knn": True}, {"train": "uploads/x/train.txt"})
     b = store.create_job({}, {}, job_id="fixed-id")
@@ -267,6 +248,6 @@ def test_redis_scripts_ship_as_package_data():
     root = package.parent
     patterns = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]
     scripts = [p.relative_to(package).as_posix() for p in (package / "service" / "lua").glob("*.lua")]
-    assert sorted(scripts) == ["service/lua/cancel.lua", "service/lua/claim.lua", "service/lua/create.lua",
+    assert sorted(scripts) == ["service/lua/add_model.lua", "service/lua/cancel.lua", "service/lua/claim.lua", "service/lua/create.lua",
                               "service/lua/delete_model.lua", "service/lua/update_owned.lua"]
     assert all(any(fnmatch.fnmatch(s, pat) for pat in patterns["earl_service"]) for s in scripts)
