@@ -1,13 +1,14 @@
 """Latency of top-10 predictions from a bundle: in the library, and over HTTP through uvicorn on 127.0.0.1.
 
-    python bench/predict_latency.py BUNDLE [--queries 300] [--concurrency 32 --requests 3000]
-    # writes bench/results/predict_latency.{json,md}
+    python bench/predict_latency.py BUNDLE [--queries 300] [--concurrency 32 --requests 3000] [--name predict_latency]
+    # writes bench/results/<name>.{json,md}
 
 The API runs as `uvicorn api.main:app` in a subprocess (1 torch/FAISS thread, as deployed) with a throwaway
 EARL_HOME; the bundle is registered through POST /models. Queries are (head, relation) and (tail, relation)
 pairs drawn from the bundle's own triples: first sent one after another (one client), then by `--concurrency`
-client threads at once for `--requests` requests (throughput). The library's top-10 is also checked against
-exact brute force (recall@10).
+client threads at once for `--requests` requests (throughput), then in POST /predict batches of BATCH (queries/s).
+The library's top-10 is also checked against exact brute force (recall@10). The API's VmRSS is read once the
+model is loaded; an int8 or pq RotatE bundle is served from its codes (earl_service/serve/codes.py).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import httpx
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from harness import api_server, percentiles, write_results
+from harness import api_server, percentiles, rss_mib, write_results
 
 from earl_service.bundle.model_io import load_bundle
 from earl_service.serve.predictor import LinkPredictor, configure_threads
@@ -67,14 +68,18 @@ def http_latency(base: str, bundle: Path, queries: list) -> tuple[str, float, li
 
 def markdown(result: dict) -> str:
     lib, web, con = result["library"], result["http"], result["concurrent"]
-    md = (f"# Top-10 prediction latency ({result['entities']} entities, dim {result['dim']}, {result['index']} "
-          f"index)\n\n{result['queries']} sequential queries (tails and heads) from one client, then {con['requests']} "
+    md = (f"# Top-10 prediction latency ({result['entities']} entities, dim {result['dim']}, "
+          f"{result['precision']}, {result['index']} index)\n\n{result['queries']} sequential queries (tails and heads) from one client, then {con['requests']} "
           f"requests from {con['concurrency']} concurrent clients; API with 1 thread.\n\n"
           "| path | p50 ms | p95 ms | p99 ms | requests/s |\n|---|---:|---:|---:|---:|\n"
           f"| library (LinkPredictor) | {lib['p50_ms']} | {lib['p95_ms']} | {lib['p99_ms']} | |\n"
           f"| HTTP GET /predict, 1 client | {web['p50_ms']} | {web['p95_ms']} | {web['p99_ms']} | |\n"
           f"| HTTP GET /predict, {con['concurrency']} clients | {con['p50_ms']} | {con['p95_ms']} | {con['p99_ms']} | "
-          f"{con['requests_per_s']:.1f} |\n\n"
+          f"{con['requests_per_s']:.1f} |\n"
+          f"| HTTP POST /predict, batches of {result['batched']['batch']} | | | | "
+          f"{result['batched']['queries_per_s']} queries/s |\n\n"
+          f"Bundle {result['bundle_bytes'] / 2**20:.2f} MiB; the predictor holds {result['resident_bytes'] / 2**20:.1f} "
+          f"MiB (LinkPredictor.resident_bytes); API VmRSS with it loaded {result['api_rss_mib']} MiB.\n\n"
           f"One client: the server's own mean time per request (ASGI middleware to last byte, from its "
           f"/metrics histogram) was {result['server_mean_ms']} ms; the rest of the HTTP figure is the client "
           "(httpx) and the loopback socket.\n\n"
@@ -91,6 +96,7 @@ def main() -> None:
     parser.add_argument("--queries", type=int, default=300)
     parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument("--requests", type=int, default=3000)
+    parser.add_argument("--name", default="predict_latency", help="results file stem under bench/results/")
     args = parser.parse_args()
     configure_threads(1)
     bundle = load_bundle(args.bundle)
@@ -102,17 +108,36 @@ def main() -> None:
     picked = bundle.triples[rng.choice(len(bundle.triples), args.queries, replace=len(bundle.triples) < args.queries)]
     queries = [(names[h], rels[r], names[t]) for h, r, t in picked]
     library, recall = library_latency(predictor, queries)
-    with api_server(Path(tempfile.mkdtemp())) as (base, _):  # the API's default SQLite store, 1 thread
+    with api_server(Path(tempfile.mkdtemp())) as (base, proc):  # the API's default SQLite store, 1 thread
         model, first_s, http_ms, server_ms = http_latency(base, args.bundle, queries)
+        rss = rss_mib(proc.pid)
+        batch = batched(base, model, queries)
         load = concurrent_load(base, model, queries, args.concurrency, args.requests)
     result = {"bundle": args.bundle.name, "entities": len(names), "dim": bundle.config.dim,
-              "index": predictor.index_kind, "queries": len(library), "arch": platform.machine(),
+              "index": predictor.index_kind, "precision": bundle.precision, "bundle_bytes": args.bundle.stat().st_size,
+              "api_rss_mib": round(rss, 1), "resident_bytes": predictor.resident_bytes, "batched": batch,
+              "queries": len(library), "arch": platform.machine(),
               "library": percentiles(library), "http": percentiles(http_ms),
               "server_mean_ms": round(server_ms, 3), "recall_at_10": recall,
               "predictor_build_s": round(load_s, 3), "first_http_query_s": round(first_s, 3), "concurrent": load}
     md = markdown(result)
-    write_results("predict_latency", result, md)
+    write_results(args.name, result, md)
     print(md)
+
+
+BATCH = 100  # queries per POST /predict
+
+
+def batched(base: str, model: str, queries: list) -> dict:
+    """Both directions of every query in POST /predict batches of BATCH: queries per second."""
+    items = [{"relation": rel, side: anchor, "k": 10} for head, rel, tail in queries
+             for side, anchor in (("head", head), ("tail", tail))]
+    with httpx.Client(base_url=base, timeout=600) as http:
+        t0 = time.perf_counter()
+        for start in range(0, len(items), BATCH):
+            http.post("/predict", json={"model": model, "queries": items[start : start + BATCH]}).raise_for_status()
+        wall = time.perf_counter() - t0
+    return {"batch": BATCH, "queries": len(items), "seconds": round(wall, 3), "queries_per_s": round(len(items) / wall, 1)}
 
 
 def server_seconds(http: httpx.Client) -> tuple[float, float]:

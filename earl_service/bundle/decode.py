@@ -47,6 +47,9 @@ class DecodedBundle:
     precision: str  # as stored: a Precision's name (fp32, fp16, int8, pq:M)
     coding: str  # how the file stored the weights (bundle_format.CODINGS)
     sha256: str  # of the tensor payload
+    # The entity table of a RotatE bundle as the file stores it, for serving from its codes (serve/tables.py): pq's
+    # {"codes", "codebooks"}, int8's {"values", "scale"}; empty for a float table or another model.
+    stored: dict[str, np.ndarray] = dataclasses.field(default_factory=dict)
 
 
 def decode(meta: dict[str, str], tensors: dict[str, np.ndarray], *, source: str = "bundle",
@@ -76,9 +79,10 @@ def decode(meta: dict[str, str], tensors: dict[str, np.ndarray], *, source: str 
     if isinstance(precision, ProductQuantized):
         cfg = bundle.config
         precision.check_plan(layouts, cfg.model, cfg.dim, expected_shapes(cfg, n, num_rel, len(reserved)), source)
-    params = _weights(tensors, manifest, precision) | decode_tables(tensors, layouts)
+    tensors = _unpacked(tensors, manifest)
+    params = _weights(tensors, precision) | decode_tables(tensors, layouts)
     _check_values(bundle.config, params, source)
-    return dataclasses.replace(bundle, params=params)
+    return dataclasses.replace(bundle, params=params, stored=_stored_entities(bundle.config, tensors))
 
 
 def _parse(meta: dict[str, str], tensors: dict[str, np.ndarray], source: str,
@@ -226,11 +230,27 @@ def _stored_as_quantize_writes(name: str, dtype: np.dtype, shape: tuple[int, ...
     return dtype in (np.float32, np.float16) and name + ".scale" not in stored
 
 
-def _weights(tensors: dict[str, np.ndarray], manifest: Manifest | None, precision: Precision) -> dict[str, np.ndarray]:
-    """The float32 trainable tensors by state_dict name: coded weights decoded (their shapes already checked)."""
-    if manifest is not None:
-        decoded = unpack_weights(tensors["weights.packed"], manifest)
-        tensors = {name: t for name, t in tensors.items() if name != "weights.packed"} | decoded
+def _unpacked(tensors: dict[str, np.ndarray], manifest: Manifest | None) -> dict[str, np.ndarray]:
+    """The tensors with coded weights unpacked to the `param.*` tensors they stand for (shapes already checked)."""
+    if manifest is None:
+        return tensors
+    decoded = unpack_weights(tensors["weights.packed"], manifest)
+    return {name: t for name, t in tensors.items() if name != "weights.packed"} | decoded
+
+
+def _stored_entities(config: ModelConfig, tensors: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """A RotatE entity table as stored when it is coded (DecodedBundle.stored), copied out of the file's buffer."""
+    if config.model != "rotate":
+        return {}
+    if "pq.entities.codes" in tensors:
+        return {"codes": tensors["pq.entities.codes"].copy(), "codebooks": tensors["pq.entities.codebooks"].copy()}
+    if tensors["param.entities"].dtype == np.int8:
+        return {"values": tensors["param.entities"].copy(), "scale": tensors["param.entities.scale"].copy()}
+    return {}
+
+
+def _weights(tensors: dict[str, np.ndarray], precision: Precision) -> dict[str, np.ndarray]:
+    """The float32 trainable tensors by state_dict name (coded weights already unpacked)."""
     return {name[len("param.") :]: precision.decode(tensors, name) for name in tensors
             if name.startswith("param.") and not name.endswith(".scale")}
 

@@ -56,6 +56,7 @@ class Bundle:
     num_bytes: int = 0
     path: Path | None = None
     coding: str = "plain"  # how the file stored the weights (bundle_format.CODINGS)
+    stored: dict[str, np.ndarray] = field(default_factory=dict, repr=False)  # DecodedBundle.stored
     _cache: dict[str, Any] = field(default_factory=dict, repr=False)
 
     @property

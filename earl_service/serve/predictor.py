@@ -7,6 +7,7 @@ imported model's scorer (core/scorers.py) has no proxy yet, so its predictor sco
 from __future__ import annotations
 
 from functools import cached_property
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
@@ -15,13 +16,16 @@ from earl_service.core import rotate, scorers
 from earl_service.core.known import KnownAnswers, Side
 from earl_service.data.vocab import Vocab
 from earl_service.errors import ConfigError
+from earl_service.serve.codes import CodesIndex
 from earl_service.serve.index import CALIBRATION_QUERIES, HNSW_THRESHOLD, ProxyIndex, SampleQuery
+from earl_service.serve.ivf import IVF_THRESHOLD, CodesIVF, cache_file
 from earl_service.serve.names import NameSearch, Page
+from earl_service.serve.tables import DenseTable, EntityTable, entity_table
 
 if TYPE_CHECKING:
     from earl_service.bundle.model_io import Bundle
 
-IndexKind = Literal["auto", "flat", "hnsw", "exact"]
+IndexKind = Literal["auto", "flat", "hnsw", "ivf", "exact"]
 Prediction = tuple[str, float]
 
 
@@ -44,20 +48,22 @@ STR_OVERHEAD = 49 + 8  # bytes of an empty CPython str, and its pointer in a lis
 class LinkPredictor:
     """Answer (h, r, ?) and (?, r, t) queries with entity names, best first.
 
-    entity_embeddings (N, 2d) float32 [re | im]; relation_embeddings (R, d) raw relation values, mapped to
-    phases by value * pi / ((gamma + epsilon) / d) as in training; known_triples (E, 3) int64 ids whose
-    answers `exclude_known` drops, or their KnownAnswers already built. `model` names the scorer: earl and rotate
-    score with RotatE, an imported model with its own (core/scorers.py; its tables laid out as that says). `index`
-    is "auto" (flat / HNSW by size, GPU when available), "flat", "hnsw" or "exact" (no index: score every entity;
-    always, for an imported model). `faiss_threads` and `flat_rotations` go to the ProxyIndex
-    (earl_service/serve/index.py): FAISS's OpenMP threads per querying thread, and a forced flat proxy.
+    entity_embeddings (N, 2d) float32 [re | im], or an EntityTable (serve/tables.py) decoding them by the row from
+    a bundle's int8 rows or pq codes; relation_embeddings (R, d) raw relation values, mapped to phases by
+    value * pi / ((gamma + epsilon) / d) as in training; known_triples (E, 3) int64 ids whose answers `exclude_known`
+    drops, or their KnownAnswers already built. `model` names the scorer: earl and rotate score with RotatE, an
+    imported model with its own (core/scorers.py; its tables laid out as that says). `index` is "auto", "flat",
+    "hnsw", "ivf" or "exact" (no index: score every entity; always, for an imported model). A float table: "auto" is
+    flat / HNSW by size, GPU when available (serve/index.py's ProxyIndex; `faiss_threads` and `flat_rotations` go to
+    it). A coded table: the flat ADC scan (serve/codes.py), or from IVF_THRESHOLD entities ("auto") or "ivf" the
+    lists of serve/ivf.py, cached in `index_file` (from_bundle: beside the bundle, by its sha256).
     Entities and relations are named by id, or by a label that names exactly one (`entity_labels`,
     `relation_labels`: {id: label}); `labelled` adds the labels to predictions.
     """
 
     def __init__(
         self,
-        entity_embeddings: np.ndarray,
+        entity_embeddings: np.ndarray | EntityTable,
         relation_embeddings: np.ndarray,
         entities: Vocab,
         relations: Vocab,
@@ -72,13 +78,16 @@ class LinkPredictor:
         entity_labels: dict[str, str] | None = None,
         faiss_threads: int | None = 1,
         flat_rotations: int | None = None,
+        index_file: Path | None = None,
     ) -> None:
-        self.entity_embeddings = np.ascontiguousarray(entity_embeddings, dtype=np.float32)  # (N, 2d)
+        self.table = entity_embeddings if isinstance(entity_embeddings, EntityTable) else DenseTable(entity_embeddings)
+        # (N, 2d): the float32 array itself, or the table read like one (rows decoded when indexed)
+        self.entity_embeddings: Any = self.table.dense() if isinstance(self.table, DenseTable) else self.table
         self.relation_embeddings = np.ascontiguousarray(relation_embeddings, dtype=np.float32)  # (R, d) for RotatE
         self.model = model
         self.dim, self.gamma = self.entity_embeddings.shape[1] // 2, float(gamma)
         self.scorer = scorers.scorer(model, gamma=gamma, epsilon=epsilon, dim=self.dim)
-        _check_shapes(self.entity_embeddings, self.relation_embeddings, entities, relations, self.scorer)
+        _check_shapes(self.table, self.relation_embeddings, entities, relations, self.scorer)
         self.entities, self.relations = entities, relations
         self.phase_scale = rotate.phase_scale(gamma=gamma, epsilon=epsilon, dim=self.dim)
         self.relation_labels = _plain_labels(relation_labels or {})
@@ -89,17 +98,26 @@ class LinkPredictor:
         else:
             triples = np.asarray(known_triples, dtype=np.int64).reshape(-1, 3)
             self.known = KnownAnswers(triples, len(relations))
-        self.index: ProxyIndex | None = None
-        if index != "exact" and self.scorer.indexable:
+        self.index: ProxyIndex | CodesIndex | CodesIVF | None = None
+        coded = not isinstance(self.table, DenseTable)
+        if index != "exact" and self.scorer.indexable and coded:
+            big = index == "ivf" or (index == "auto" and self.num_entities >= IVF_THRESHOLD)
+            self.index = (CodesIVF.build(self.table, cache=index_file, faiss_threads=faiss_threads) if big
+                          else CodesIndex.build(self.table, faiss_threads=faiss_threads))
+        elif index != "exact" and self.scorer.indexable:
             graph = self.known.triples() if triples is None else triples
-            self.index = ProxyIndex.build(self.entity_embeddings, kind=index, hnsw_threshold=hnsw_threshold,
-                                          faiss_threads=faiss_threads, flat_rotations=flat_rotations,
-                                          sample=lambda: self._calibration_sample(graph))
+            self.index = ProxyIndex.build(self.table.dense(), kind="auto" if index == "ivf" else index,
+                                          hnsw_threshold=hnsw_threshold, faiss_threads=faiss_threads,
+                                          flat_rotations=flat_rotations, sample=lambda: self._calibration_sample(graph))
 
     @classmethod
-    def from_bundle(cls, bundle: Bundle, **kwargs: Any) -> LinkPredictor:
-        """A predictor over a bundle's rebuilt embeddings and its graph's triples as the known answers."""
-        return cls(bundle.entity_embeddings().numpy(), bundle.relation_embeddings().numpy(), bundle.entities,
+    def from_bundle(cls, bundle: Bundle, *, from_codes: bool = True, **kwargs: Any) -> LinkPredictor:
+        """A predictor over a bundle's rebuilt embeddings and its graph's triples as the known answers; a RotatE
+        bundle's int8 or pq entity table is served from what the file stores unless `from_codes` is False."""
+        table = entity_table(bundle.entity_embeddings().numpy(), bundle.stored, from_codes=from_codes)
+        if bundle.path is not None and bundle.sha256:
+            kwargs.setdefault("index_file", cache_file(bundle.path, bundle.sha256))
+        return cls(table, bundle.relation_embeddings().numpy(), bundle.entities,
                    bundle.relations, bundle.triples, gamma=bundle.config.gamma, epsilon=bundle.config.epsilon,
                    model=bundle.config.model, relation_labels=bundle.relation_labels,
                    entity_labels=bundle.entity_labels, **kwargs)
@@ -115,12 +133,12 @@ class LinkPredictor:
         names = sum(len(n) + STR_OVERHEAD for n in (*self.entities.names, *self.relations.names))
         labels = sum(len(v) + STR_OVERHEAD for v in (*self.entity_labels.values(), *self.relation_labels.values()))
         index = self.index.index_bytes if self.index is not None else 0
-        return (self.entity_embeddings.nbytes + self.relation_embeddings.nbytes + self.known.nbytes + index
+        return (self.table.nbytes + self.relation_embeddings.nbytes + self.known.nbytes + index
                 + names + labels)
 
     @property
     def index_kind(self) -> str:
-        """"exact" (no index), "flat", "hnsw" or "gpu-flat"."""
+        """"exact" (no index), "flat", "hnsw", "gpu-flat" or "codes-flat" (the ADC scan on a table's codes)."""
         return self.index.kind if self.index else "exact"
 
     @property
@@ -271,7 +289,7 @@ def _plain_labels(labels: dict[str, Any]) -> dict[str, str]:
     return {name: label for name, label in plain.items() if isinstance(label, str) and label}
 
 
-def _check_shapes(entity_embeddings: np.ndarray, relation_embeddings: np.ndarray, entities: Vocab,
+def _check_shapes(entity_embeddings: EntityTable, relation_embeddings: np.ndarray, entities: Vocab,
                   relations: Vocab, scorer: scorers.Scorer) -> None:
     """Refuse embeddings that do not fit each other or the vocabularies, naming what to fix."""
     n, width = entity_embeddings.shape

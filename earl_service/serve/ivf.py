@@ -1,0 +1,178 @@
+"""An inverted file over an entity table's codes for big graphs, cached on disk beside its bundle.
+
+From IVF_THRESHOLD entities a flat scan of every code costs more than a query may (19 ms for 1M x 32 codes), so the
+rows are split into ~N / LIST_SIZE lists by k-means over the decoded rows (L2, faiss.Kmeans on a sample). A query
+scans the codes of the NPROBE lists whose centroids lie nearest it (the ADC scan of serve/codes.py, through FAISS's
+IndexIVFPQ with one-number sub-vectors and by_residual off, so one lookup table serves every list), then re-ranks
+exactly the candidates whose L1 could beat the k-th exact distance found. Lists are a heuristic: no certificate,
+recall@10 against brute force is measured instead (bench/serve_scale.py, tests/earl_service/serve/test_ivf.py).
+
+Building takes seconds to tens of seconds at 1M entities, so the built index is written beside the bundle as
+`<bundle file>.ivf-<sha256[:16]>.npz` (atomic write) and read back on the next load; a bundle replaced at the same
+path has another sha256, so its stale index files are removed and a new one is built.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from earl_service.atomic import replacing
+from earl_service.serve.codes import MARGIN, PROBE, WIDEN, load_table, lookup_table
+from earl_service.serve.index import proxy_bounds, set_faiss_threads, shortlist_size
+from earl_service.serve.tables import EntityTable, ProxyCodes
+
+log = logging.getLogger(__name__)
+
+IVF_THRESHOLD = 100_000  # entities from which "auto" builds the IVF over a coded table (the flat scan below)
+LIST_SIZE = 1024  # entities per list on average (nlist = N / LIST_SIZE): 977 lists at 1M
+NPROBE = 24  # lists scanned per query: recall@10 >= 0.99 on the 1M synthetic bundle (bench/results/serve_scale.md)
+TRAIN_PER_LIST = 64  # k-means sample: this many rows per list
+KMEANS_ITERATIONS = 10
+
+
+def cache_file(bundle_path: Path, sha256: str) -> Path:
+    """Where the IVF of the bundle at `bundle_path` with payload `sha256` is kept."""
+    return bundle_path.with_name(f"{bundle_path.name}.ivf-{sha256[:16]}.npz")
+
+
+class CodesIVF:
+    """Lists of an entity table's proxy codes (module doc); kind "codes-ivf"."""
+
+    kind = "codes-ivf"
+    rotations = 1
+
+    def __init__(self, table: EntityTable, ivf: Any, coarse: np.ndarray, slack: np.ndarray | None, *,
+                 nprobe: int = NPROBE, faiss_threads: int | None = 1) -> None:
+        import faiss
+
+        self.table, self.ivf, self.slack = table, ivf, slack
+        self.coarse = faiss.IndexFlatL2(coarse.shape[1])  # the lists' centroids in the table's 2d reals
+        self.coarse.add(np.ascontiguousarray(coarse, dtype=np.float32))
+        self.slack_max = float(slack.max(initial=0.0)) if slack is not None else 0.0
+        self.codebooks: np.ndarray | None = None  # set by build / load
+        self.nprobe, self.faiss_threads = nprobe, faiss_threads
+        g_min, g_max = proxy_bounds(1)
+        self.ratio = g_max / g_min
+        self.calibration_ms: dict[int, float] = {}
+        self._lock = threading.Lock()
+
+    @classmethod
+    def build(cls, table: EntityTable, *, cache: Path | None = None, faiss_threads: int | None = 1) -> CodesIVF:
+        """The IVF of `table`, read from `cache` when it is there (and readable), else built (and written there)."""
+        proxy = table.proxy_codes()
+        assert proxy is not None, "an IVF over codes needs a coded table"
+        set_faiss_threads(faiss_threads)
+        if cache is not None and cache.exists():
+            try:
+                return cls._read(table, proxy, cache, faiss_threads)
+            except (OSError, ValueError, KeyError, RuntimeError) as exc:
+                log.warning("rebuilding the IVF index: %s is unreadable (%s)", cache, exc)
+        ivf, coarse = _build_lists(table, proxy.codes)
+        index = cls(table, ivf, coarse, proxy.slack, faiss_threads=faiss_threads)
+        index.codebooks = proxy.codebooks
+        if cache is not None:
+            index._write(cache)
+        return index
+
+    @classmethod
+    def _read(cls, table: EntityTable, proxy: ProxyCodes, path: Path, faiss_threads: int | None) -> CodesIVF:
+        import faiss
+
+        with np.load(path) as stored:
+            ivf: Any = faiss.deserialize_index(stored["ivf"])
+            coarse = stored["coarse"]
+        if ivf.ntotal != len(table) or proxy.codes.shape[1] != ivf.pq.M:
+            raise ValueError(f"it holds {ivf.ntotal} entities of {ivf.pq.M} codes, the table {proxy.codes.shape}")
+        index = cls(table, ivf, coarse, proxy.slack, faiss_threads=faiss_threads)
+        index.codebooks = proxy.codebooks
+        return index
+
+    def _write(self, path: Path) -> None:
+        import faiss
+
+        for stale in path.parent.glob(f"{path.name.split('.ivf-')[0]}.ivf-*.npz"):
+            stale.unlink(missing_ok=True)  # an index of what the bundle held before it was replaced
+        coarse = self.coarse.reconstruct_n(0, self.coarse.ntotal)
+        try:
+            with replacing(path) as tmp, open(tmp, "wb") as f:
+                np.savez(f, ivf=faiss.serialize_index(self.ivf), coarse=coarse)
+        except OSError as exc:  # a read-only models folder: serve anyway, rebuild next time
+            log.warning("cannot cache the IVF index at %s (%s)", path, exc)
+
+    @property
+    def num_entities(self) -> int:
+        return len(self.table)
+
+    @property
+    def index_bytes(self) -> int:
+        """The lists' codes and ids, the centroids and the slack."""
+        per_row = int(self.ivf.pq.M) + 8
+        slack = 0 if self.slack is None else self.slack.nbytes
+        return self.num_entities * per_row + self.coarse.ntotal * self.coarse.d * 4 + slack
+
+    def scan(self, query: np.ndarray, size: int) -> tuple[np.ndarray, np.ndarray]:
+        """The `size` entities of smallest ADC distance A among the NPROBE nearest lists: (A ascending, ids)."""
+        assert self.codebooks is not None
+        table = lookup_table(query, self.codebooks)
+        set_faiss_threads(self.faiss_threads)
+        centroid_dist, lists = self.coarse.search(np.ascontiguousarray(query, dtype=np.float32)[None], self.nprobe)
+        zero = np.zeros((1, int(self.ivf.pq.M)), dtype=np.float32)
+        with self._lock:
+            load_table(self.ivf, table)
+            self.ivf.nprobe = self.nprobe  # faiss's wrapper checks the lists given against it
+            proxy, ids = self.ivf.search_preassigned(zero, size, lists, centroid_dist)
+        found = ids[0] >= 0
+        return proxy[0][found], ids[0][found].astype(np.int64)
+
+    def certified_shortlist(self, query: np.ndarray, k: int, excluded: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Candidate ids and exact distances from the probed lists (best effort: module doc): the first ids by A
+        bound the k-th exact distance, and only those whose A - slack could beat it are re-ranked."""
+        proxy, ids = self.scan(query, WIDEN * shortlist_size(k, len(excluded)))
+        first = ids[: PROBE * k + len(excluded)]
+        dist = self.distances(query, first)
+        kept = dist[~np.isin(first, excluded)] if len(excluded) else dist
+        if len(kept) >= k:
+            kth = float(np.partition(kept, k - 1)[k - 1])
+            lower = proxy - self.slack[ids] if self.slack is not None else proxy
+            ids = ids[lower <= kth * self.ratio * (1 + MARGIN)]
+        return ids, self.distances(query, ids)
+
+    def distances(self, query: np.ndarray, ids: np.ndarray | None) -> np.ndarray:
+        from earl_service.core import rotate
+
+        return rotate.distances(query, self.table, ids)  # type: ignore[arg-type]  # the table reads like an array
+
+
+def _build_lists(table: EntityTable, codes: np.ndarray) -> tuple[Any, np.ndarray]:
+    """k-means centroids (nlist, 2d) over a sample of the decoded rows, every row assigned to its nearest, and an
+    IndexIVFPQ holding each list's codes: (ivf, centroids)."""
+    import faiss
+
+    n, m = codes.shape
+    nlist = max(1, n // LIST_SIZE)
+    rng = np.random.default_rng(0)
+    sample = np.sort(rng.choice(n, min(n, nlist * TRAIN_PER_LIST), replace=False))
+    kmeans = faiss.Kmeans(table.shape[1], nlist, niter=KMEANS_ITERATIONS, seed=0, verbose=False)
+    kmeans.train(np.ascontiguousarray(table[sample]))
+    assign = np.empty(n, dtype=np.int64)
+    for start in range(0, n, 65_536):  # decode a block at a time: no (N, 2d) float table at once
+        assign[start : start + 65_536] = kmeans.index.search(table[slice(start, start + 65_536)], 1)[1][:, 0]
+    ivf: Any = faiss.IndexIVFPQ(faiss.IndexFlatL2(m), m, nlist, m, 8)
+    ivf.by_residual, ivf.is_trained = False, True
+    order = np.argsort(assign, kind="stable")
+    bounds = np.searchsorted(assign[order], np.arange(nlist + 1))
+    for lst in range(nlist):
+        ids = np.ascontiguousarray(order[bounds[lst] : bounds[lst + 1]])
+        if len(ids):
+            block = np.ascontiguousarray(codes[ids])
+            ivf.invlists.add_entries(lst, len(ids), faiss.swig_ptr(ids), faiss.swig_ptr(block))
+    ivf.ntotal = n
+    return ivf, np.asarray(kmeans.centroids)
+
+
+__all__ = ["IVF_THRESHOLD", "NPROBE", "CodesIVF", "cache_file"]
