@@ -12,6 +12,10 @@ from earl_service.model.kernels import rotate_distance_all
 from earl_service.model.modules import RotatE
 
 HITS_AT = (1, 3, 10)
+# Most (query, candidate) scores one ranking batch holds: its distances, the filter mask and the comparisons are
+# each (batch, N). At 256 queries a 1M-entity graph held 1 GB of distances per batch and peaked past 6 GB; capped,
+# a batch keeps about 64 MB of distances whatever N is (256 queries up to 65,536 entities).
+MAX_BATCH_SCORES = 1 << 24
 
 
 @dataclass(frozen=True)
@@ -74,9 +78,11 @@ def rank_triples(
 ) -> dict[str, np.ndarray]:
     """Filtered realistic ranks of every triple for tail prediction and head prediction.
 
-    entities (N, 2d) and relations (R, d) are the final embeddings; every entity is a candidate.
+    entities (N, 2d) and relations (R, d) are the final embeddings; every entity is a candidate. Batches hold at
+    most `batch_size` triples and MAX_BATCH_SCORES scores.
     """
     n = entities.shape[0]
+    batch_size = max(1, min(batch_size, MAX_BATCH_SCORES // max(n, 1)))
     ranks: dict[str, list[torch.Tensor]] = {"tail": [], "head": []}
     device = entities.device
     for start in range(0, len(triples), batch_size):
