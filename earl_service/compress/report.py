@@ -65,19 +65,21 @@ def _fmt(x: Any) -> str:
 def markdown(report: dict[str, Any]) -> str:
     key, pick, test = report["metric_key"], report["pick"], report["test"]
     on_frontier = {tuple(f) for f in report["frontier"]}
-    rivals = [r for r in report["exports"] if not r.get("valid_subset") and (r["candidate"], r["precision"]) !=
+    rivals = [r for r in report["exports"] if r.get("valid_subset") == pick.get("valid_subset") and
+              (r["candidate"], r["precision"]) !=
               (pick["candidate"], pick["precision"])]
-    subset = max((r.get("valid_subset") or 0 for r in report["exports"]), default=0)
+    subset = min((r["valid_subset"] for r in report["exports"] if r.get("valid_subset")), default=0)  # early rungs
     runner = max(rivals, key=lambda r: r[key], default=None)
     lines = [
         "# Compress report", "",
         f"**Pick: {pick['candidate']} at {pick['precision']}**, {pick['bytes']:,} bytes of a {report['max_bytes']:,}-byte "
-        f"budget; valid {report['metric']} {pick[key]:.4f}" + (f", test MRR {test['mrr']:.4f}" if test else "") + ".",
+        f"budget; valid {report['metric']} {pick[key]:.4f}" + (f", test MRR {test['mrr']:.4f}" if test else "")
+        + (f" (on {test['test_subset']:,} test triples drawn at random)" if test and test.get("test_subset") else "") + ".",
         "",
         f"Why: the best validation {report['metric']} of the {len(report['exports'])} exports that fit (every "
         f"candidate at every precision that fits its dim)"
-        + (f", among the last rung's, validated on the whole split (earlier rungs ranked on a fixed subset of "
-           f"{subset:,} valid triples, marked below)" if subset else "")
+        + (f", among the last rung's, validated on {_final_split(report)} (earlier rungs ranked on a fixed subset "
+           f"of {subset:,} valid triples, marked below)" if subset else "")
         + (f"; next best {runner['candidate']} {runner['precision']} at {runner[key]:.4f}" if runner else "") + ". "
         f"{len(report['candidates'])} candidates shared {report['spent_seconds'] / 60:.1f} of "
         f"{report['time_limit_minutes']:g} minutes through {len(report['rungs'])} rungs of successive halving "
@@ -104,6 +106,11 @@ def markdown(report: dict[str, Any]) -> str:
         lines += ["", f"Peak memory (RSS) of the process: {report['peak_rss_mb']:,.0f} MB."]
     lines += ["", f"![valid {report['metric']} against bytes]({FRONTIER_PNG})", ""]
     return "\n".join(lines)
+
+
+def _final_split(report: dict[str, Any]) -> str:
+    final = report["pick"].get("valid_subset")
+    return f"{final:,} valid triples drawn at random (a whole pass costs too much here)" if final else "the whole split"
 
 
 def _graphless(report: dict[str, Any]) -> str:

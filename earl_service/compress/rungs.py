@@ -35,6 +35,11 @@ FINE_TUNE_SHARE, FINE_TUNE_STEPS = 0.25, 300
 # more than rung 0's minutes and left nothing for training. At 2,000, FB15k-237's 5-minute 2 MB search still spent
 # 35% of its time validating and 11% training (2 cores); 500 is what issue 53 asks of an early rung.
 EARLY_VALID_TRIPLES = 500
+# The last rung validates (all of a survivor's exports together) and the pick is tested on the whole split while a
+# pass over it costs at most this share of the time limit; beyond, on a fixed random subset of the size that does,
+# never under EARLY_VALID_TRIPLES. At 1M entities one pass over 5,000 valid triples takes about 490 s (2 cores,
+# every entity scored for each of 10,000 queries): 14% of an hour per export, and as much again for the test.
+FINAL_EVAL_SHARE = 0.05
 # k-means rounds of a candidate's pq codebooks: from random rows at its first rung, from its codebooks of the
 # rung before at later ones. faiss's 25 rounds took 7.8 s for FB15k-237's RotatE d292 pq:73 entity table (2 cores),
 # and its search spent 38% of 5 minutes exporting; 10 rounds cost 3.1 s at 1.8% more relative error (0.2164 vs
@@ -61,13 +66,18 @@ def run_rung(run: CompressRun) -> bool:
         rung.budget_seconds = max(run.time_left - test_reserve(run), 0.0) / rungs_left
     if rung.slice_seconds is None:
         rung.slice_seconds = rung.budget_seconds / len(rung.survivors)
-    limit = 0 if rungs_left == 1 else EARLY_VALID_TRIPLES  # the last rung chooses the pick: the whole split
-    for name in rung.survivors:
+    limit = final_limit(run) if rungs_left == 1 else EARLY_VALID_TRIPLES  # the last rung chooses the pick
+    # The last rung runs its leader last, on whatever time the others left: estimates made before the search are
+    # on the safe side, and on CoDEx-S at 1 MB in 10 minutes the rest of the rungs' slices went unused (51 s).
+    order = rung.survivors[::-1] if rungs_left == 1 else rung.survivors
+    for name in order:
         if name in rung.results:
             continue  # done before a restart
         if run.should_stop is not None and run.should_stop():
             return False
-        result = carried_over(run, rung, name, limit) or run_slice(run, rung, name, limit)
+        share = (max(run.time_left - test_reserve(run), rung.slice_seconds)
+                 if rungs_left == 1 and name == rung.survivors[0] else rung.slice_seconds)
+        result = carried_over(run, rung, name, limit) or run_slice(run, rung, name, limit, share)
         if result is None:
             return False
         rung.results[name] = result
@@ -92,11 +102,11 @@ def carried_over(run: CompressRun, rung: Rung, name: str, limit: int) -> RungRes
     return run.state.rungs[rung.index - 1].results[name]
 
 
-def run_slice(run: CompressRun, rung: Rung, name: str, limit: int) -> RungResult | None:
-    """Candidate `name`'s slice of `rung`: train, export, validate on at most `limit` triples (0: all), and
-    measure the rest of its overhead for its next slice; None if stopped."""
+def run_slice(run: CompressRun, rung: Rung, name: str, limit: int, share: float | None = None) -> RungResult | None:
+    """Candidate `name`'s slice of `rung` (`share` wall seconds; default the rung's slice): train, export, validate
+    on at most `limit` triples (0: all), and measure the rest of its overhead for its next slice; None if stopped."""
     assert rung.slice_seconds is not None
-    seconds = slice_training(run, name, rung.slice_seconds, limit)
+    seconds = slice_training(run, name, rung.slice_seconds if share is None else share, limit)
     started = run.clock()
     run.emit("train", name, seconds=seconds)
     if train_slice(run, name, seconds) is None:
@@ -142,15 +152,31 @@ def slice_training(run: CompressRun, name: str, share: float, limit: int) -> flo
     return max(rest, 0.0) / (1 + tuning)
 
 
+def final_limit(run: CompressRun, split: str = "valid") -> int:
+    """The triples of `split` the last rung validates on ("valid") or the pick is tested on ("test"): 0 (all) while
+    a pass costs at most FINAL_EVAL_SHARE of the time limit at the current rung's slowest survivor, else the
+    subset that does (at least EARLY_VALID_TRIPLES). A validation counts every export of the survivor."""
+    triples = len(run.dataset.split(split))
+    survivors = [run.candidate(n) for n in run.state.rungs[-1].survivors]
+    per_triple = max(c.validation_pass(run.state.validation_seconds) * (len(c.bytes) if split == "valid" else 1)
+                     for c in survivors) / max(len(run.dataset.split("valid")), 1)
+    share = FINAL_EVAL_SHARE * run.config.time_limit_minutes * 60
+    if per_triple * triples <= share:
+        return 0
+    subset = max(int(share / per_triple), EARLY_VALID_TRIPLES)
+    return 0 if subset >= triples else subset
+
+
 def test_reserve(run: CompressRun) -> float:
     """Seconds to keep back for the pick's test evaluation after the last rung, at the slowest survivor's: a
-    whole pass over the test split at its validation speed, and loading its run (its other overhead, as measured
-    at its last rung)."""
+    pass over the test split (or the subset final_limit allows) at its validation speed, and loading its run (its
+    other overhead, as measured at its last rung)."""
     test, valid = run.dataset.test, run.dataset.split("valid")
     if test is None or not len(test):
         return 0.0
+    tested = final_limit(run, "test") or len(test)
     survivors = [run.candidate(n) for n in run.state.rungs[-1].survivors]
-    return max(c.validation_pass(run.state.validation_seconds) * len(test) / max(len(valid), 1) + c.other_seconds
+    return max(c.validation_pass(run.state.validation_seconds) * tested / max(len(valid), 1) + c.other_seconds
                for c in survivors)
 
 
@@ -166,7 +192,9 @@ def train_slice(run: CompressRun, name: str, seconds: float) -> dict[str, Any] |
     # second pass would take time from training (best.pt is then the slice's last weights).
     # A decaying schedule decays over what a candidate surviving every rung would train, not over each slice: a
     # slice's time limit grows rung by rung, and decaying to each slice's end would restart the rate every rung.
-    config = replace(run.train_config(name), time_limit_minutes=limit, schedule_minutes=survivor_seconds(run) / 60,
+    # Never shorter than the training: the last rung's leader takes the time the others left, past the plan.
+    schedule = max(survivor_seconds(run), candidate.train_seconds + seconds)
+    config = replace(run.train_config(name), time_limit_minutes=limit, schedule_minutes=schedule / 60,
                      seed=run.config.seed, progress=False, eval_every=0)
 
     def forward(progress: dict[str, Any]) -> None:
@@ -236,4 +264,4 @@ def evaluate_bundle(run: Run, path: Path, split: str, *, batch_size: int = 256, 
     return {k: result[k] for k in SUMMARY_KEYS}
 
 
-__all__ = ["EARLY_VALID_TRIPLES", "early_fraction", "evaluate_bundle", "run_rung"]
+__all__ = ["EARLY_VALID_TRIPLES", "FINAL_EVAL_SHARE", "early_fraction", "evaluate_bundle", "final_limit", "run_rung"]

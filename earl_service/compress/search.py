@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -14,7 +15,7 @@ from earl_service.bundle.sizes import save_exact
 from earl_service.compress.candidates import plan
 from earl_service.compress.config import METRICS, CompressConfig
 from earl_service.compress.report import build_report, write_report
-from earl_service.compress.rungs import early_fraction, evaluate_bundle, run_rung
+from earl_service.compress.rungs import early_fraction, evaluate_bundle, final_limit, run_rung
 from earl_service.compress.state import PICK, CompressRun, ProgressCallback, Rung, load_state, rung_sizes
 from earl_service.config import ModelKind, TrainConfig
 from earl_service.config.options import train_configs_from_options
@@ -128,8 +129,10 @@ def finish(run: CompressRun) -> dict[str, Any]:
     if run.dataset.test is not None and len(run.dataset.test):
         train_config = run.train_config(name)
         model_run = load_run(run.run_dir(name), run.dataset, device=train_config.device, graphs=run.graphs)
+        limit = final_limit(run, "test")
         test = evaluate_bundle(model_run, run.export_path(name, precision), "test",
-                               batch_size=train_config.eval_batch_size)
+                               batch_size=train_config.eval_batch_size, limit=limit)
+        test["test_subset"] = limit if 0 < limit < len(run.dataset.test) else 0
     seconds["test"] = round(run.clock() - started, 3)
     report = build_report(run, rows, pick, test, seconds={"search": round(search_seconds, 3), **seconds})
     source = run.shipped(load_bundle(run.run_dir(name) / BUNDLE))
@@ -155,11 +158,16 @@ def exports_table(run: CompressRun) -> list[dict[str, Any]]:
 
 
 def choose(rows: list[dict[str, Any]], metric: str) -> dict[str, Any]:
-    """The best row validated on the whole split (the last rung's: rows from earlier rungs were ranked on a subset,
-    against other candidates with less training); among equals, the smaller file."""
+    """The best row validated on the most triples: the last rung's, on the whole split or final_limit's subset
+    (rows from earlier rungs were ranked on a smaller subset, against candidates with less training); among equals,
+    the smaller file."""
     key = METRICS[metric]
-    whole = [r for r in rows if not r.get("valid_subset")] or rows
-    return max(whole, key=lambda r: (r[key], -r["bytes"]))
+
+    def triples(row: dict[str, Any]) -> float:
+        return row.get("valid_subset") or math.inf  # 0: the whole split
+
+    most = max(map(triples, rows))
+    return max((r for r in rows if triples(r) == most), key=lambda r: (r[key], -r["bytes"]))
 
 
 def pick_metrics(report: dict[str, Any]) -> dict[str, Any]:

@@ -240,6 +240,7 @@ def test_the_last_rung_and_the_pick_test_end_within_the_time_limit(tmp_path, mon
     say, search and test end at the limit. Carrying the overhead measured on rung 0's subset into the last rung
     overran it (FB15k-237 at 8 MB: 61.2 of 60 minutes)."""
     monkeypatch.setattr(rungs_module, "EARLY_VALID_TRIPLES", 2)  # of the tiny graph's 20 valid triples
+    monkeypatch.setattr(rungs_module, "FINAL_EVAL_SHARE", 1.0)  # the whole split however long it takes
     clock = {"now": 0.0}
     units = [candidate("rotate", 20, {"fp32": 1, "int8": 1}, validation_seconds=30.0),
              candidate("rotate", 10, {"fp32": 1, "pq:4": 1}, validation_seconds=20.0)]
@@ -269,6 +270,30 @@ def test_the_last_rung_and_the_pick_test_end_within_the_time_limit(tmp_path, mon
     assert job.spent + test_seconds == pytest.approx(600.0)
 
 
+def test_a_final_pass_costing_more_than_its_share_runs_on_a_subset(tmp_path, monkeypatch):
+    """The last rung's validation (every export of a survivor) and the pick's test run on the whole split while a
+    pass costs at most FINAL_EVAL_SHARE of the limit, else on the subset that does, never under
+    EARLY_VALID_TRIPLES (a 1M-entity graph's 5,000 valid triples took about 490 s a pass)."""
+    dataset = tiny_dataset()  # 20 valid and 20 test triples
+    units = [candidate("rotate", 20, {"fp32": 1, "int8": 1}, validation_seconds=1.0)]
+    state = search_state(units, rung_count=1, validation_seconds={"rotate": 1.0}, rungs=[Rung(0, ["rotate-d20"])])
+    job = CompressRun(dataset, tmp_path, CompressConfig(max_bytes=10**6, time_limit_minutes=1), TINY, state)
+    assert rungs_module.final_limit(job) == 0 and rungs_module.final_limit(job, "test") == 0  # 2 s, 1 s of 3 s
+    units[0].validation_seconds = 10.0  # a validation 20 s (2 exports), a test 10 s: 3 and 6 triples fit in 3 s
+    assert rungs_module.final_limit(job) == 0  # the early subset (500) already holds the whole split
+    monkeypatch.setattr(rungs_module, "EARLY_VALID_TRIPLES", 2)
+    assert rungs_module.final_limit(job) == 3 and rungs_module.final_limit(job, "test") == 6
+    assert rungs_module.test_reserve(job) == pytest.approx(10.0 * 6 / 20)
+
+
+def test_choose_compares_rows_validated_on_the_most_triples():
+    rows = [{"candidate": "a", "precision": "int8", "bytes": 5, "mrr": 0.9, "valid_subset": 500},
+            {"candidate": "b", "precision": "int8", "bytes": 5, "mrr": 0.3, "valid_subset": 1800},
+            {"candidate": "c", "precision": "int8", "bytes": 4, "mrr": 0.3, "valid_subset": 1800}]
+    assert compress_module.choose(rows, "mrr")["candidate"] == "c"  # a ranked on fewer; c smaller than b
+    assert compress_module.choose([*rows, {**rows[0], "valid_subset": 0}], "mrr")["valid_subset"] == 0
+
+
 def test_a_slice_without_time_to_train_keeps_its_last_result(tmp_path, monkeypatch):
     """At a later rung a candidate whose slice its validations and overhead already fill is not re-exported or
     re-validated (its weights did not change): its result from the rung before stands. The rung's leader always
@@ -285,7 +310,7 @@ def test_a_slice_without_time_to_train_keeps_its_last_result(tmp_path, monkeypat
     job = CompressRun(tiny_dataset(), tmp_path, config, TINY, state)
     ran = []
 
-    def run_slice(job, rung, name, limit):
+    def run_slice(job, rung, name, limit, share):
         ran.append(name)
         return leader
 
@@ -294,7 +319,33 @@ def test_a_slice_without_time_to_train_keeps_its_last_result(tmp_path, monkeypat
     assert ran == ["rotate-d20"] and job.state.rungs[1].results["rotate-d10"] is earlier
     job.state.rungs[1].results.clear()
     job.candidate("rotate-d10").other_seconds = 0.0  # now its slice has time to train: it runs
-    assert rungs_module.run_rung(job) and ran == ["rotate-d20", "rotate-d20", "rotate-d10"]
+    assert rungs_module.run_rung(job) and ran == ["rotate-d20", "rotate-d10", "rotate-d20"]  # the leader last
+
+
+def test_the_last_rungs_leader_runs_last_on_the_time_the_others_left(tmp_path):
+    """Estimates made before the search are on the safe side: the time a slice leaves unused goes to the leader of
+    the last rung, which runs after the others, not to nobody."""
+    clock = {"now": 0.0}
+    units = [candidate("rotate", 20, {"int8": 1}, validation_seconds=1.0),
+             candidate("rotate", 10, {"int8": 1}, validation_seconds=1.0)]
+    state = search_state(units, rung_count=1, validation_seconds={"rotate": 1.0},
+                         rungs=[Rung(index=0, survivors=["rotate-d20", "rotate-d10"])])
+    job = CompressRun(tiny_dataset(), tmp_path, CompressConfig(max_bytes=10**6, time_limit_minutes=10), TINY, state,
+                      clock=lambda: clock["now"])
+    shares = []
+
+    def run_slice(job, rung, name, limit, share):
+        shares.append((name, share, job.time_left - rungs_module.test_reserve(job)))
+        clock["now"] += share / 2  # used half of it
+        return RungResult(exports={"int8": {"mrr": 0.1}}, train_seconds=1.0, steps=1, score=0.1)
+
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(rungs_module, "run_slice", run_slice)
+        assert rungs_module.run_rung(job)
+    (first, first_share, _), (last, last_share, left) = shares
+    assert (first, last) == ("rotate-d10", "rotate-d20")  # the leader last
+    assert first_share == pytest.approx(job.state.rungs[0].slice_seconds)
+    assert last_share == pytest.approx(left) and last_share > first_share * 1.4  # its slice and half the other's
 
 
 def test_each_candidate_is_charged_the_validations_of_its_own_dim(tmp_path):
@@ -317,6 +368,7 @@ def test_each_candidate_is_charged_the_validations_of_its_own_dim(tmp_path):
 
 def test_early_rungs_rank_on_a_valid_subset_and_the_pick_on_the_whole_split(tmp_path, monkeypatch):
     monkeypatch.setattr(rungs_module, "EARLY_VALID_TRIPLES", 8)  # of the tiny graph's 20 valid triples
+    monkeypatch.setattr(rungs_module, "FINAL_EVAL_SHARE", 1.0)  # a 3-s search: 5% would be a subset too
     monkeypatch.setattr(candidates_module, "MIN_FIRST_STEPS", 0)  # keep candidates to drop before the last rung
     monkeypatch.setattr(rungs_module, "carried_over", _never_carried)  # 3 s: every last rung would carry some
     dataset = tiny_dataset()
