@@ -109,6 +109,13 @@ def race_small_jobs(base: str, token: str) -> dict:
     return race_jobs(base, token, files=TRAIN)
 
 
+def race_probes(base: str, token: str, clients: int = 60) -> dict:
+    """`clients` concurrent GET /healthz, the cheapest route: what 60 requests at once cost the probe by themselves."""
+    with ThreadPoolExecutor(clients) as pool:
+        statuses = list(pool.map(lambda _: httpx.get(f"{base}/healthz", timeout=300).status_code, range(clients)))
+    return {"statuses": [f"{statuses.count(200)} x 200"]}
+
+
 def race_streams(base: str, token: str, clients: int = 300) -> dict:
     """`clients` concurrent event streams of one job (cap 64 per process), each one that opens held until every
     client has its answer: the 200s were all open at once."""
@@ -184,6 +191,7 @@ ATTACKS = [("none: the /healthz probe alone for 5 s (baseline)", quiet, "token")
            ("1,000 slow-header sockets", slow_headers, "token"),
            ("60 concurrent POST /jobs, one token (quota 10)", race_jobs, "token"),
            ("60 concurrent POST /jobs of 2 triples, one token (quota 10)", race_small_jobs, "token"),
+           ("60 concurrent GET /healthz (a control)", race_probes, "token"),
            ("300 concurrent event streams (cap 64)", race_streams, "token"),
            ("fanout of 5,000 digits", long_fanout, "token"),
            ("security headers on a 404; /docs from a CDN", response_headers, "token"),
