@@ -6,6 +6,7 @@ dependency per request, and these only read app state or compare a token."""
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from typing import Annotated
 
 from fastapi import Depends, HTTPException, Path, Request
@@ -57,6 +58,15 @@ async def get_stream_slots(request: Request) -> StreamSlots:
     return request.app.state.stream_slots
 
 
+async def upload_slot(request: Request) -> AsyncIterator[None]:
+    """Holds one of EARL_MAX_CONCURRENT_UPLOADS slots around a route that checks and stores an upload: the others
+    wait here, on the event loop, holding no thread. Its form is parsed already (to disk past 1 MiB a file);
+    the check that reads it, in a thread, takes the GIL and memory, and 60 at once held /healthz for 1 s."""
+    async with request.app.state.upload_slots:
+        yield
+
+
+UPLOAD_SLOT = Depends(upload_slot, scope="function")  # released when the route returns, before the answer is sent
 SettingsDep = Annotated[Settings, Depends(get_settings)]
 HomeDep = Annotated[ServiceHome, Depends(get_home)]
 StoreDep = Annotated[JobStore, Depends(get_store)]

@@ -101,9 +101,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.settings = settings
     app.state.metrics = Metrics()
     app.state.keyring = KeyRing(lambda: app.state.store.list_keys())  # the store opens in the lifespan
-    # Bounds on work in flight: predictions computed at once, and threads of their own for the readiness checks.
+    # Bounds on work in flight: predictions computed and uploads checked at once, and threads of their own for the readiness checks.
     app.state.predict_slots = PredictSlots(settings.max_concurrent_predicts, wait=settings.predict_queue_seconds)
     app.state.stream_slots = StreamSlots(settings.max_event_streams)
+    app.state.upload_slots = anyio.Semaphore(settings.max_concurrent_uploads)
     app.state.probe_threads = anyio.CapacityLimiter(health.PROBE_THREADS)
     add_error_handlers(app)
     for module in ROUTERS:

@@ -157,7 +157,8 @@ def measure(tree: Path, sources: Sources, cases: list[Case]) -> list[dict]:
         for case in cases:
             before = reset_peak(server.pid)
             try:
-                answers, seconds = run_case(http, case, sources)
+                with HealthProbe(base) as probe:
+                    answers, seconds = run_case(http, case, sources)
             except httpx.HTTPError as exc:  # the server died or hung: that is a result too
                 answers, seconds = [], []
                 print(f"{case.name}: {type(exc).__name__}: {exc}", flush=True)
@@ -167,6 +168,7 @@ def measure(tree: Path, sources: Sources, cases: list[Case]) -> list[dict]:
             rows.append({"item": case.item, "case": case.name, "statuses": [a.status_code for a in answers],
                          "seconds": [round(s, 3) for s in seconds], "peak_rss_growth_mib": grown,
                          "models_registered": models, "alive": alive,
+                         "healthz_slowest_s": round(probe.slowest, 3),
                          "detail": [_detail(a) for a in answers]})
             print(json.dumps(rows[-1])[:300], flush=True)
             for model in http.get("/models").json() if alive else []:  # the next case starts from the good one
@@ -288,13 +290,14 @@ def report(results: dict[str, list[dict]], args: argparse.Namespace) -> str:
     rows = []
     for before, after in zip(results["before"], results["after"], strict=True):
         rows.append([before["item"], before["case"], *_cells(before), *_cells(after)])
-    table = md_table(["item", "case", "before: status", "s", "peak RSS MiB", "models kept", "after: status", "s",
-                      "peak RSS MiB", "models kept"], rows)
+    table = md_table(["item", "case", "before: status", "s", "peak RSS MiB", "slowest /healthz ms", "models kept",
+                      "after: status", "s", "peak RSS MiB", "slowest /healthz ms", "models kept"], rows)
     load = os.getloadavg()[1]
     return (f"# Hostile requests against a live API server (issue 34)\n\n"
             f"One `uvicorn api.main:app` per code over a fresh home; 'before' is commit `{args.before}`, 'after' "
             f"this tree. Peak RSS growth: the server's VmHWM after the case minus its VmRSS before (the peak is "
-            f"reset before each case). Status and seconds list every request of a case (upload, then the predict, "
+            f"reset before each case). Slowest /healthz: the longest answer of a probe every 50 ms while the case ran. "
+            f"Status and seconds list every request of a case (upload, then the predict, "
             f"repeat or listings it names); 'models kept' counts the models the case left registered. The item-1 bomb decodes to {args.weights_mib} MiB. The machine was "
             f"shared with other work (load average {load:.1f}): times are upper bounds.\n\n" + table)
 
@@ -305,7 +308,8 @@ def _cells(row: dict) -> list:
         status += " (server died)"
     seconds = " ".join(f"{s:.2f}" for s in row["seconds"])
     grown = None if row["peak_rss_growth_mib"] is None else round(row["peak_rss_growth_mib"])
-    return [status, seconds, grown, row["models_registered"]]
+    slowest = row.get("healthz_slowest_s")
+    return [status, seconds, grown, None if slowest is None else round(slowest * 1000), row["models_registered"]]
 
 
 if __name__ == "__main__":

@@ -15,7 +15,7 @@ from earl_service.service.store import JobStore
 
 from ..audit import TARGET
 from ..compress_jobs import check_uploads, job_params, trained_params
-from ..deps import HomeDep, JobId, PrincipalDep, SettingsDep, StoreDep
+from ..deps import UPLOAD_SLOT, HomeDep, JobId, PrincipalDep, SettingsDep, StoreDep
 from ..errors import NOT_FOUND
 from ..limits import bounded_job_params, client_key, unfinished_jobs
 from ..principal import Principal, presented_token
@@ -49,7 +49,7 @@ def visible_job(store: JobStore, job_id: str, who: Principal) -> Job:
 
 
 @router.post("", status_code=202, response_model=JobCreated,
-             dependencies=[Depends(reject_unknown_fields)])
+             dependencies=[Depends(reject_unknown_fields), UPLOAD_SLOT])
 def create_job(request: Request, response: Response, settings: SettingsDep, home: HomeDep, store: StoreDep,
                who: PrincipalDep, form: Annotated[JobForm, Form()], train: UploadFile,
                valid: UploadFile | None = None,

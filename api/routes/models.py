@@ -10,7 +10,7 @@ from earl_service.service.registry import version_number
 from earl_service.service.tenants import Quota
 
 from ..audit import TARGET
-from ..deps import CacheDep, ModelId, PrincipalDep, RegistryDep, SettingsDep, StoreDep
+from ..deps import UPLOAD_SLOT, CacheDep, ModelId, PrincipalDep, RegistryDep, SettingsDep, StoreDep
 from ..errors import NOT_FOUND
 from ..limits import room_headers
 from ..principal import Principal
@@ -74,7 +74,7 @@ def delete_model(model_id: ModelId, registry: RegistryDep, cache: CacheDep, who:
     return Response(status_code=204)
 
 
-@router.post("", status_code=201, response_model=ModelDetail)
+@router.post("", status_code=201, response_model=ModelDetail, dependencies=[UPLOAD_SLOT])
 def upload_model(bundle: UploadFile, request: Request, response: Response, settings: SettingsDep,
                  registry: RegistryDep, who: PrincipalDep) -> ModelDetail:
     """Register an existing bundle file as the sender's tenant's; it is verified by load_bundle (422 with the
@@ -89,7 +89,7 @@ def upload_model(bundle: UploadFile, request: Request, response: Response, setti
     return detail(record)
 
 
-@router.post("/{model_id}/triples", response_model=ModelDetail, responses=NOT_FOUND)
+@router.post("/{model_id}/triples", response_model=ModelDetail, responses=NOT_FOUND, dependencies=[UPLOAD_SLOT])
 def extend_model(model_id: ModelId, triples: UploadFile, response: Response, settings: SettingsDep,
                  registry: RegistryDep, cache: CacheDep, who: PrincipalDep) -> ModelDetail:
     """Add triples (new entities allowed) to a model's graph without retraining: the id stays, the result is the

@@ -1,7 +1,9 @@
-// Talking to the API: the token (in this tab's memory only), JSON requests, the service's errors, event streams.
+// Talking to the API: the key or token (in this tab's memory only), JSON requests, the service's errors, event
+// streams.
 
 let token = null;
-let asking = null; // the open token prompt, shared by every request that met a 401
+let asking = null; // the open key prompt, shared by every request that met a 401
+const keyListeners = [];
 
 export class ApiError extends Error {
   constructor(status, detail) {
@@ -25,20 +27,44 @@ export function hasToken() {
   return token !== null;
 }
 
-/** Show the token dialog; resolves true with a token set, false when the visitor cancels. */
+/** What the tab sends, as it may be shown: null (nothing), "key earl_<id>" (a key's public id), or "token". */
+export function keyName() {
+  if (token === null) return null;
+  const key = /^earl_([0-9a-f]{12})_/.exec(token);
+  return key ? `key earl_${key[1]}` : "token";
+}
+
+/** Call `listener()` whenever the key or token is set or forgotten. */
+export function onKeyChange(listener) {
+  keyListeners.push(listener);
+}
+
+function setToken(value) {
+  token = value;
+  for (const listener of keyListeners) listener();
+}
+
+/**
+ * Show the key dialog; resolves true with a key set, false when the visitor cancels or forgets the key ("Forget
+ * key" sends nothing from then on).
+ */
 export function askToken(message = "") {
   if (asking) return asking;
   const dialog = document.getElementById("token-dialog");
   const input = document.getElementById("token-input");
   document.getElementById("token-error").textContent = message;
   input.value = "";
+  dialog.returnValue = ""; // Escape closes without setting it: the last close's value must not count again
   asking = new Promise((resolve) => {
     dialog.addEventListener("close", () => {
       asking = null;
       if (dialog.returnValue === "ok" && input.value) {
-        token = input.value;
+        setToken(input.value.trim());
         resolve(true);
-      } else resolve(false);
+      } else {
+        if (dialog.returnValue === "forget") setToken(null);
+        resolve(false);
+      }
     }, { once: true });
   });
   dialog.showModal();
@@ -55,18 +81,28 @@ async function detailOf(response) {
   }
 }
 
-/** fetch with the token; a 401 asks for the token and tries again. Throws ApiError for an error status. */
+/**
+ * fetch with the key; a 401 asks for one and tries again. Throws ApiError for an error status; a 403 for a scope
+ * the key lacks keeps the server's reason and says where to use another key.
+ */
 export async function request(path, { method = "GET", body, signal } = {}) {
   for (let attempt = 0; ; attempt++) {
     const response = await fetch(path, { method, body, signal, headers: authHeaders() });
     if (response.status === 401 && attempt < 3) {
       const detail = await detailOf(response);
-      if (await askToken(attempt ? "That token was refused." : "")) continue;
+      if (await askToken(attempt ? "That key was refused." : "")) continue;
       throw new ApiError(401, detail);
     }
+    if (response.status === 403 && token !== null) throw new ApiError(403, scopeHint(await detailOf(response)));
     if (!response.ok) throw new ApiError(response.status, await detailOf(response));
     return response;
   }
+}
+
+/** A 403 for a key without a scope says which scope is missing; the console adds where to use another key. */
+function scopeHint(detail) {
+  return typeof detail === "string" && detail.includes("scope")
+    ? `${detail} (or use such a key: the "API key" button at the top)` : detail;
 }
 
 export async function getJSON(path, options) {

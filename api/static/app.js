@@ -1,6 +1,6 @@
 // The console's router: #/ (models), #/models/ID, #/upload, #/jobs, #/jobs/ID, #/query?model=ID.
 
-import { ApiError } from "./api.js";
+import { ApiError, askToken, keyName, onKeyChange } from "./api.js";
 import { renderJob, renderJobs } from "./jobs.js";
 import { renderModel, renderModels } from "./models.js";
 import { renderQuery } from "./query.js";
@@ -46,5 +46,19 @@ async function show() {
 window.addEventListener("hashchange", () => {
   show();
   document.getElementById("main").focus({ preventScroll: true });
+});
+
+// The header's key button: says what the tab sends (a key's public id, never the key) and changes or forgets it;
+// the view is shown again with the new key (another key may be of another tenant, or have other scopes).
+const keyButton = document.getElementById("key-button");
+let keyChanged = false;
+onKeyChange(() => {
+  keyChanged = true;
+  keyButton.textContent = `API key: ${keyName() ?? "none"}`;
+});
+keyButton.addEventListener("click", async () => {
+  keyChanged = false;
+  await askToken();
+  if (keyChanged) show();
 });
 show();

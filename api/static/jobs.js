@@ -34,19 +34,21 @@ export async function renderJob(main, { id }) {
   const facts = h("p", { id: "job-facts" });
   const live = h("span", { id: "job-live", class: "muted", role: "status" });
   const error = h("div", { id: "job-error" });
+  const cancelError = h("div", { id: "cancel-error" }); // kept while events update the job (a 403's reason)
   const after = h("div", { id: "job-after" });
   const cancel = h("button", { type: "button", class: "danger", id: "cancel-job", hidden: true, onclick: async () => {
     cancel.disabled = true;
+    cancelError.replaceChildren();
     try {
       await request(`/jobs/${id}/cancel`, { method: "POST" });
     } catch (e) {
-      error.replaceChildren(note(e.message, "error"));
+      cancelError.replaceChildren(note(e.status ? `${e.status}: ${e.message}` : e.message, "error"));
       cancel.disabled = false;
     }
   } }, "Cancel job");
   const lossCanvas = h("canvas", { id: "loss-chart", class: "chart" });
   const mrrCanvas = h("canvas", { id: "mrr-chart", class: "chart" });
-  main.append(h("h2", {}, `Job ${shortId(id)} `, state), h("p", {}, bar, " ", facts, " ", live), cancel, error,
+  main.append(h("h2", {}, `Job ${shortId(id)} `, state), h("p", {}, bar, " ", facts, " ", live), cancel, cancelError, error,
     h("div", { class: "charts" }, lossCanvas, mrrCanvas), after);
   const loss = new LineChart(lossCanvas, { label: "training loss", digits: 4 });
   const mrr = new LineChart(mrrCanvas, { label: "validation MRR", color: "#16a34a" });

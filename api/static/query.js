@@ -1,7 +1,7 @@
 // Query: top-k tails of (head, relation, ?) or heads of (?, relation, tail), with entity autocomplete, relation
 // labels, known answers marked and the same query as a curl line.
 
-import { ApiError, getJSON, hasToken } from "./api.js";
+import { ApiError, getJSON, keyName } from "./api.js";
 import { h, metric, note, shortId } from "./ui.js";
 
 const SUGGESTIONS = 8;
@@ -74,7 +74,8 @@ function entityCombobox(getModel) {
 }
 
 function curlLine(params) {
-  const auth = hasToken() ? " -H \"Authorization: Bearer $EARL_API_TOKEN\"" : "";
+  const sent = keyName(); // the key itself never goes into the page's text: a variable stands for it
+  const auth = sent ? ` -H "Authorization: Bearer $${sent === "token" ? "EARL_API_TOKEN" : "EARL_KEY"}"` : "";
   const url = `${location.origin}/predict?${params}`;
   return `curl -s${auth} '${url.replaceAll("'", "'\\''")}'`;
 }

@@ -82,11 +82,17 @@ def slow_headers(base: str, token: str, sockets: int = 1000, hold: float = 15.0)
     return {"statuses": [f"{closed} of {sockets} closed after {hold:g} s"], "closed": closed}
 
 
-def race_jobs(base: str, token: str, clients: int = 60) -> dict:
+def quiet(base: str, token: str, seconds: float = 5.0) -> dict:
+    """No attack: the /healthz probe alone for `seconds`, what the machine's load alone makes of it (a baseline)."""
+    time.sleep(seconds)
+    return {"statuses": [f"nothing for {seconds:g} s"]}
+
+
+def race_jobs(base: str, token: str, clients: int = 60, files: dict | None = None) -> dict:
     """`clients` concurrent POST /jobs with one token (quota EARL_MAX_QUEUED_JOBS=10), then the client name shown."""
     auth = {"Authorization": f"Bearer {token}"}
     with ThreadPoolExecutor(clients) as pool:
-        statuses = list(pool.map(lambda _: httpx.post(f"{base}/jobs", files=LARGER, headers=auth, timeout=300)
+        statuses = list(pool.map(lambda _: httpx.post(f"{base}/jobs", files=files or LARGER, headers=auth, timeout=300)
                                  .status_code, range(clients)))
     jobs = httpx.get(f"{base}/jobs", headers=auth).json()
     shown = jobs[0]["params"]["client"] if jobs else None
@@ -96,6 +102,18 @@ def race_jobs(base: str, token: str, clients: int = 60) -> dict:
     shown_as = "sha256 of the token: guessable offline" if guessable else "an HMAC"
     return {"statuses": [f"{statuses.count(202)} accepted; client shown as {shown_as}"], "accepted": statuses.count(202),
             "client_guessable_offline": guessable, "job": jobs[0]["id"] if jobs else None}
+
+
+def race_small_jobs(base: str, token: str) -> dict:
+    """race_jobs with a 2-triple file: what 60 concurrent requests cost apart from their bodies' size."""
+    return race_jobs(base, token, files=TRAIN)
+
+
+def race_probes(base: str, token: str, clients: int = 60) -> dict:
+    """`clients` concurrent GET /healthz, the cheapest route: what 60 requests at once cost the probe by themselves."""
+    with ThreadPoolExecutor(clients) as pool:
+        statuses = list(pool.map(lambda _: httpx.get(f"{base}/healthz", timeout=300).status_code, range(clients)))
+    return {"statuses": [f"{statuses.count(200)} x 200"]}
 
 
 def race_streams(base: str, token: str, clients: int = 300) -> dict:
@@ -166,11 +184,14 @@ def forwarded_for(base: str, token: str, clients: int = 30) -> dict:
 
 
 # (name, function, server): "token" servers have EARL_API_TOKEN, "open" ones none and a quota of 1 job.
-ATTACKS = [("POST /predict, 10 MiB of empty queries", predict_flood, "token"),
+ATTACKS = [("none: the /healthz probe alone for 5 s (baseline)", quiet, "token"),
+           ("POST /predict, 10 MiB of empty queries", predict_flood, "token"),
            ("4 requests, one 64 MiB header each", big_headers, "token"),
            ("100,000 header fields", many_headers, "token"),
            ("1,000 slow-header sockets", slow_headers, "token"),
            ("60 concurrent POST /jobs, one token (quota 10)", race_jobs, "token"),
+           ("60 concurrent POST /jobs of 2 triples, one token (quota 10)", race_small_jobs, "token"),
+           ("60 concurrent GET /healthz (a control)", race_probes, "token"),
            ("300 concurrent event streams (cap 64)", race_streams, "token"),
            ("fanout of 5,000 digits", long_fanout, "token"),
            ("security headers on a 404; /docs from a CDN", response_headers, "token"),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -114,3 +115,31 @@ def test_concurrent_submits_never_pass_the_quota(tmp_path, monkeypatch):
     assert statuses.count(202) == 10 and statuses.count(429) == 20 and len(listed) == 10
     kept = {p.name for p in (tmp_path / "uploads").iterdir() if not p.name.startswith(".")}
     assert kept == {job["id"] for job in listed}  # a refused request's files went with it
+
+
+def test_uploads_are_checked_a_few_at_a_time(tmp_path, monkeypatch):
+    """Issue 56: 60 concurrent POST /jobs of 0.8 MB grew the server by 109 MiB and held /healthz for 1 s, every
+    upload checked at once in its own thread (up to 40), all contending for the GIL with the event loop. At most
+    EARL_MAX_CONCURRENT_UPLOADS are checked at once; the others wait on the event loop, holding no thread."""
+    from api.routes import jobs
+
+    lock, active, peak = threading.Lock(), [0], [0]
+
+    def tracked_save(*args, **kwargs):
+        with lock:
+            active[0] += 1
+            peak[0] = max(peak[0], active[0])
+        try:
+            time.sleep(0.2)  # long enough that, unbounded, the requests' checks overlap
+            return save(*args, **kwargs)
+        finally:
+            with lock:
+                active[0] -= 1
+
+    save = jobs.save_job_files
+    monkeypatch.setattr(jobs, "save_job_files", tracked_save)
+    settings = Settings(home=tmp_path, api_token=TOKEN, max_queued_jobs=100, max_concurrent_uploads=2)
+    with live(create_app(settings)) as base, ThreadPoolExecutor(12) as pool:
+        statuses = [r.status_code for r in pool.map(lambda _: submit(base), range(12))]
+        assert httpx.get(f"{base}/healthz").status_code == 200
+    assert statuses == [202] * 12 and 1 <= peak[0] <= 2
