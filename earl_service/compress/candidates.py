@@ -50,7 +50,10 @@ def plan(dataset: Dataset, config: CompressConfig, train_configs: Mapping[ModelK
     measured = measure_costs(dataset, sizes, candidates, train_configs)
     candidates, seconds = with_estimates(candidates, measured), largest_validation_seconds(measured)
     candidates = fit_to_time(config, candidates, seconds, early_fraction)
-    return SearchState(settings=search_settings(config, dataset), graph_bytes=sizes.fixed_bytes(),
+    # What the candidates carry: a graphless search's RotatE packs no graph (xz over a 10M-triple graph took minutes
+    # of a 1M-entity search's planning for this one figure).
+    fixed = max(sizes.fixed_bytes(model) for model in {c.model for c in candidates})
+    return SearchState(settings=search_settings(config, dataset), graph_bytes=fixed,
                        validation_seconds=seconds, candidates=candidates,
                        rung_count=len(rung_sizes(len(candidates), config.eta)),
                        spent_seconds=time.monotonic() - started)
