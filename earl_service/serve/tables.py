@@ -8,6 +8,7 @@ number. `proxy_codes()` gives the codes the ADC scan (serve/codes.py) ranks cand
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -161,14 +162,15 @@ class Int8Table(EntityTable):
         return ProxyCodes(codes, np.ascontiguousarray(books), slack)
 
 
-def entity_table(entities: np.ndarray, stored: dict[str, Any], *, from_codes: bool = True) -> EntityTable:
+def entity_table(stored: dict[str, Any], entities: Callable[[], np.ndarray], *, from_codes: bool = True,
+                 ) -> EntityTable:
     """The table to serve: from the bundle's stored codes (Bundle.stored) when it holds some and `from_codes`,
-    else the float rows `entities` (N, 2d)."""
+    else the float rows (N, 2d) `entities()` gives (called only then)."""
     if from_codes and "codes" in stored:
         return PQTable(stored["codes"], stored["codebooks"])
     if from_codes and "values" in stored:
         return Int8Table(stored["values"], stored["scale"])
-    return DenseTable(entities)
+    return DenseTable(entities())
 
 
 __all__ = ["DenseTable", "EntityTable", "Int8Table", "PQTable", "ProxyCodes", "entity_table"]
