@@ -2,10 +2,12 @@
 
 From IVF_THRESHOLD entities a flat scan of every code costs more than a query may (19 ms for 1M x 32 codes), so the
 rows are split into ~N / LIST_SIZE lists by k-means over the decoded rows (L2, faiss.Kmeans on a sample). A query
-scans the codes of the NPROBE lists whose centroids lie nearest it (the ADC scan of serve/codes.py over those rows'
-codes, gathered from the table's one codes array: a list holds only ids, 4 bytes an entity), then re-ranks
+scans the codes of the NPROBE lists whose centroids lie nearest it (the ADC scan of serve/codes.py), then re-ranks
 exactly the candidates whose L1 could beat the k-th exact distance found. Lists are a heuristic: no certificate,
 recall@10 against brute force is measured instead (bench/serve_scale.py, tests/earl_service/serve/test_ivf.py).
+
+One copy of the codes: the table keeps them list by list (tables.PQTable.order_codes), reading a row by id through
+an inverse permutation, and the lists are runs of that array with the ids they hold (4 + 4 bytes an entity).
 
 Building takes seconds to tens of seconds at 1M entities, so the built index is written beside the bundle as
 `<bundle file>.ivf-<sha256[:16]>.npz` (atomic write) and read back on the next load; a bundle replaced at the same
@@ -48,7 +50,8 @@ class CodesIVF:
                  members: np.ndarray, *, nprobe: int = NPROBE, faiss_threads: int | None = 1) -> None:
         import faiss
 
-        self.table, self.codes, self.codebooks, self.slack = table, proxy.codes, proxy.codebooks, proxy.slack
+        self.table, self.codebooks, self.slack = table, proxy.codebooks, proxy.slack
+        self.codes = table.order_codes(members)  # list by list: list l's codes are codes[starts[l]:starts[l + 1]]
         self.coarse = faiss.IndexFlatL2(coarse.shape[1])  # the lists' centroids in the table's 2d reals
         self.coarse.add(np.ascontiguousarray(coarse, dtype=np.float32))
         self.starts, self.members = starts, members  # list l holds the ids members[starts[l]:starts[l + 1]]
@@ -108,7 +111,8 @@ class CodesIVF:
 
     @property
     def index_bytes(self) -> int:
-        """The lists' ids and bounds, the centroids, the slack (the codes are the table's own, or its proxy's)."""
+        """The lists' ids and bounds, the centroids, the slack, an int8 table's proxy codes (a pq table's codes are
+        its own, counted in its nbytes with the inverse permutation)."""
         slack = 0 if self.slack is None else self.slack.nbytes
         codes = 0 if self.codes is getattr(self.table, "codes", None) else self.codes.nbytes
         return int(self.members.nbytes + self.starts.nbytes + self.coarse.ntotal * self.coarse.d * 4 + slack + codes)
@@ -117,9 +121,10 @@ class CodesIVF:
         """The `size` entities of smallest ADC distance A among the NPROBE nearest lists: (A ascending, ids)."""
         set_faiss_threads(self.faiss_threads)
         lists = self.coarse.search(np.ascontiguousarray(query, dtype=np.float32)[None], self.nprobe)[1][0]
-        starts = self.starts
-        ids = np.concatenate([self.members[starts[lst] : starts[lst + 1]] for lst in lists.tolist() if lst >= 0])
-        proxy, at = self.adc.search(lookup_table(query, self.codebooks), self.codes[ids], size)
+        runs = [slice(self.starts[lst], self.starts[lst + 1]) for lst in lists.tolist() if lst >= 0]
+        ids = np.concatenate([self.members[run] for run in runs])  # contiguous runs: no gather of random rows
+        block = np.concatenate([self.codes[run] for run in runs])
+        proxy, at = self.adc.search(lookup_table(query, self.codebooks), block, size)
         return proxy, ids[at].astype(np.int64)
 
     def certified_shortlist(self, query: np.ndarray, k: int, excluded: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

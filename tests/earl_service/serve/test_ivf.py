@@ -35,6 +35,8 @@ def test_recall_at_10_against_brute_force(clustered, small_lists):
     table, decoded, queries = clustered
     index = CodesIVF.build(table)
     assert index.nlist == 100
+    assert table.position is not None and index.codes is table.codes  # one copy, list by list
+    np.testing.assert_array_equal(table.dense(), decoded)  # rows still decode by id
     hits = 0
     for query in queries:
         ids, dist = index.certified_shortlist(query, 10, NONE)
