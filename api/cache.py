@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import os
 import threading
 from collections import OrderedDict
@@ -108,9 +109,24 @@ def _bytes(predictor: LinkPredictor) -> int:
 
 
 def load_predictor(path: Path) -> LinkPredictor:
+    """The bundle's predictor, its entity table left coded (load_bundle's keep_codes); the heap the load freed
+    (the file's bytes, the graph, the names before packing) is handed back to the system (release_heap)."""
     from earl_service.bundle.model_io import load_bundle
 
-    return LinkPredictor.from_bundle(load_bundle(path))
+    try:
+        return LinkPredictor.from_bundle(load_bundle(path, keep_codes=True))
+    finally:
+        release_heap()
+
+
+def release_heap() -> None:
+    """glibc's malloc_trim(0): return free heap pages to the system. A load frees ~10^6 small objects; without it
+    their pages stay in the process (64 MiB of RSS after the old 1M-entity load). A no-op without glibc."""
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+    except OSError:
+        return
+    libc.malloc_trim(0)
 
 
 def _file_signature(path: Path) -> Signature | None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable, Coroutine
 from contextlib import suppress
 from typing import Annotated, Any
@@ -21,6 +22,7 @@ from ..deps import ID_PATTERN, CacheDep, PredictSlotsDep, PrincipalDep, Registry
 from ..errors import NOT_FOUND
 from ..gate import BODY_LIMIT_KEY
 from ..limits import PredictSlots
+from ..principal import needed_scope, refusal
 from ..schemas import (
     MAX_BATCH_QUERIES,
     MAX_K,
@@ -54,12 +56,53 @@ class OffLoopJSONRoute(APIRoute):
         return parsed_off_loop
 
 
+class LeanGetRoute(OffLoopJSONRoute):
+    """GET /predict without FastAPI's dependency solving and query validation for a request that plainly passes
+    them (`plain_query`): the same access rule as deps.check_access, then the same work in the same slot. Anything
+    else (a missing or malformed parameter, one given twice, an unknown one, a refused sender) goes through
+    FastAPI's handler, which answers exactly as it always has. Saves ~0.3 ms a request (docs/results.md#serving)."""
+
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        handler = super().get_route_handler()
+
+        async def lean(request: Request) -> Response:
+            query = plain_query(request) if request.method == "GET" else None
+            who = request.scope.get("state", {}).get("principal")
+            if query is None or who is None or refusal(who, needed_scope("GET", "/predict")) is not None:
+                return await handler(request)
+            state = request.app.state
+            return await in_slot(state.predict_slots, answer, state.registry, state.cache, **query, tenant=who.owner)
+
+        return lean
+
+
 router = APIRouter(tags=["predict"], route_class=OffLoopJSONRoute)
 
 Name = Annotated[str, Query(min_length=1, max_length=MAX_NAME_CHARS)]
+QUERY_KEYS = frozenset({"model", "relation", "head", "tail", "k", "exclude_known"})
+BOOLEANS = {"true": True, "false": False, "1": True, "0": False}  # some of what FastAPI reads as a bool
+MODEL_ID = re.compile(ID_PATTERN.removeprefix("^").removesuffix("$"))  # fullmatch: no trailing newline either
 
 
-@router.get("/predict", response_model=PredictionOut, responses=NOT_FOUND)
+def plain_query(request: Request) -> dict[str, Any] | None:
+    """GET /predict's arguments when its query string plainly satisfies the route's declaration (each known key
+    once, a model id, names of 1..MAX_NAME_CHARS characters, exactly one of head and tail, k a plain number in
+    1..MAX_K, exclude_known true/false/1/0), else None: LeanGetRoute then hands it to FastAPI."""
+    items = request.query_params.multi_items()
+    query = dict(items)
+    if len(query) != len(items) or not query.keys() <= QUERY_KEYS or ("head" in query) == ("tail" in query):
+        return None
+    names = [query.get("relation"), query.get("head") or query.get("tail")]
+    if not all(name and len(name) <= MAX_NAME_CHARS for name in names) or not MODEL_ID.fullmatch(
+            query.get("model", "")):
+        return None
+    k, exclude = query.get("k", "10"), BOOLEANS.get(query.get("exclude_known", "true"))
+    if not (k.isascii() and k.isdigit() and 1 <= int(k) <= MAX_K) or exclude is None:
+        return None
+    return {"model": query["model"], "relation": query["relation"], "head": query.get("head"),
+            "tail": query.get("tail"), "k": int(k), "exclude_known": exclude}
+
+
 async def predict(
     registry: RegistryDep,
     cache: CacheDep,
@@ -78,6 +121,10 @@ async def predict(
         raise HTTPException(422, "give exactly one of 'head' (to predict tails) or 'tail' (to predict heads)")
     return await in_slot(slots, answer, registry, cache, model=model, relation=relation, head=head, tail=tail, k=k,
                          exclude_known=exclude_known, tenant=who.owner)
+
+
+router.add_api_route("/predict", predict, methods=["GET"], response_model=PredictionOut, responses=NOT_FOUND,
+                     route_class_override=LeanGetRoute)
 
 
 @router.post("/predict", response_model=BatchPredictionOut, responses=NOT_FOUND, max_body_size=MAX_PREDICT_BODY_BYTES,

@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from earl_service.bundle.codebooks import declared_shapes, decode_tables, read_layouts
+from earl_service.bundle.codebooks import declared_shapes, decode_table, decode_tables, read_layouts
 from earl_service.bundle.format import (
     CODINGS,
     BundleLimits,
@@ -53,14 +53,18 @@ class DecodedBundle:
 
 
 def decode(meta: dict[str, str], tensors: dict[str, np.ndarray], *, source: str = "bundle",
-           limits: BundleLimits | None = None) -> DecodedBundle:
+           limits: BundleLimits | None = None, keep_codes: bool = False) -> DecodedBundle:
     """The parts of a bundle (bundle_format.read_safetensors' metadata and tensors), checked: content present and
     well-formed, vocabularies valid, graph and reserved ids within them, every tensor the config implies present
     with its shape and no other, then every weight finite (and RotatE's scores finite in float32).
 
     Sizes come before contents: every declared weight shape is held against the config before any coded weight is
     decoded, so what a small file can make this function allocate is bounded by what its config implies; `limits`
-    bounds the vocabularies and the graph while they decompress."""
+    bounds the vocabularies and the graph while they decompress.
+
+    keep_codes: a RotatE entity table stored as int8 rows or pq codes is left coded (in `stored` only, params
+    without "entities"; decode_stored rebuilds the floats): a server scans the codes, and a 1M x 128 table would
+    take 512 MB as floats. Its values are checked on the codes (stored_extent): the same refusals."""
     bundle = _parse(meta, tensors, source, limits)
     n, num_rel = len(bundle.entities), len(bundle.relations)
     triples, reserved = bundle.triples, bundle.reserved
@@ -80,9 +84,12 @@ def decode(meta: dict[str, str], tensors: dict[str, np.ndarray], *, source: str 
         cfg = bundle.config
         precision.check_plan(layouts, cfg.model, cfg.dim, expected_shapes(cfg, n, num_rel, len(reserved)), source)
     tensors = _unpacked(tensors, manifest)
-    params = _weights(tensors, precision) | decode_tables(tensors, layouts)
-    _check_values(bundle.config, params, source)
-    return dataclasses.replace(bundle, params=params, stored=_stored_entities(bundle.config, tensors))
+    coded = _stored_entities(bundle.config, tensors)
+    lazy = keep_codes and bool(coded)
+    params = (_weights(tensors, precision, skip={"param.entities"} if lazy else set())
+              | decode_tables(tensors, {name: lay for name, lay in layouts.items() if not (lazy and name == "entities")}))
+    _check_values(bundle.config, params, source, entities=stored_extent(coded, source) if lazy else None)
+    return dataclasses.replace(bundle, params=params, stored=coded)
 
 
 def _parse(meta: dict[str, str], tensors: dict[str, np.ndarray], source: str,
@@ -249,21 +256,51 @@ def _stored_entities(config: ModelConfig, tensors: dict[str, np.ndarray]) -> dic
     return {}
 
 
-def _weights(tensors: dict[str, np.ndarray], precision: Precision) -> dict[str, np.ndarray]:
-    """The float32 trainable tensors by state_dict name (coded weights already unpacked)."""
+def _weights(tensors: dict[str, np.ndarray], precision: Precision, skip: set[str]) -> dict[str, np.ndarray]:
+    """The float32 trainable tensors by state_dict name (coded weights already unpacked), but those in `skip`."""
     return {name[len("param.") :]: precision.decode(tensors, name) for name in tensors
-            if name.startswith("param.") and not name.endswith(".scale")}
+            if name.startswith("param.") and not name.endswith(".scale") and name not in skip}
 
 
-def _check_values(config: ModelConfig, params: dict[str, np.ndarray], source: str) -> None:
+def decode_stored(stored: dict[str, np.ndarray]) -> np.ndarray:
+    """(N, 2d) float32: the entity table `stored` codes (DecodedBundle.stored), as decode would have decoded it."""
+    if "codes" in stored:
+        return decode_table(stored["codes"], stored["codebooks"])
+    return stored["values"].astype(np.float32) * stored["scale"][:, None]
+
+
+def stored_extent(stored: dict[str, np.ndarray], source: str, block: int = 65_536) -> np.ndarray:
+    """A (1, 2d) stand-in for the table `stored` codes, every entry its largest magnitude, for _check_values; the
+    table's values are checked finite here without decoding it: pq's are the codebook entries its codes use,
+    int8's each row's values times its scale."""
+    if "codes" in stored:
+        codes, books = stored["codes"], stored["codebooks"]  # (N, M), (M, 256, s)
+        used = np.zeros(books.shape[:2], dtype=bool)
+        for m in range(books.shape[0]):
+            used[m, np.flatnonzero(np.bincount(codes[:, m], minlength=books.shape[1]))] = True
+        values = books[used].astype(np.float64)
+        width = books.shape[0] * books.shape[2]
+    else:
+        scale, rows = stored["scale"].astype(np.float64), stored["values"]
+        peaks = np.concatenate([np.abs(rows[i : i + block].astype(np.int16)).max(1, initial=0)
+                                for i in range(0, len(rows), block)] or [np.zeros(0, np.int16)])
+        values, width = scale * peaks, rows.shape[1]
+    if not np.isfinite(values).all():
+        raise BundleError(f"bundle tensor 'entities' is not finite: the rebuilt embeddings hold NaN or infinite "
+                          f"values ({source})")
+    return np.full((1, width), np.abs(values).max(initial=0.0))
+
+
+def _check_values(config: ModelConfig, params: dict[str, np.ndarray], source: str, *,
+                  entities: np.ndarray | None = None) -> None:
     """Every weight finite; RotatE's and an imported model's, which are its embeddings, small enough that its scores
-    stay finite in float32."""
+    stay finite in float32 (`entities`: the entity table's stand-in when it is left coded, stored_extent)."""
     for name, value in params.items():
         if not np.isfinite(value).all():
             raise BundleError(f"bundle tensor {name!r} is not finite: the rebuilt embeddings hold NaN or infinite "
                               "values")
     if config.model != "earl":  # finite, as just checked: only their range is left to check
-        _check_score_range(config, params["entities"], params["relations"], source)
+        _check_score_range(config, params["entities"] if entities is None else entities, params["relations"], source)
 
 
 def check_embeddings(config: ModelConfig, entities: np.ndarray, relations: np.ndarray, *,

@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from earl_service.bundle.codebooks import PQTables
-from earl_service.bundle.decode import decode
+from earl_service.bundle.decode import decode, decode_stored
 from earl_service.bundle.format import (
     FORMAT,
     FORMAT_VERSION,
@@ -93,7 +93,8 @@ class Bundle:
     @torch.no_grad()
     def _embed(self) -> tuple[torch.Tensor, torch.Tensor]:
         if "emb" not in self._cache and self.config.model != "earl":  # RotatE, an imported model: its tables
-            self._cache["emb"] = (torch.from_numpy(self.params["entities"]), torch.from_numpy(self.params["relations"]))
+            entities = self.params["entities"] if "entities" in self.params else decode_stored(self.stored)
+            self._cache["emb"] = (torch.from_numpy(entities), torch.from_numpy(self.params["relations"]))
         if "emb" not in self._cache:
             ent, rel = self.model()(self._graph())
             self._cache["emb"] = (ent.float().contiguous(), rel.float().contiguous())
@@ -106,6 +107,8 @@ class Bundle:
     def relation_embeddings(self) -> torch.Tensor:
         """(R, dim) float32 relation values (phases are value * pi / embedding_range); an imported model's relation
         table as its scorer lays it out (core/scorers.py)."""
+        if self.config.model != "earl":  # a stored table: no need to decode the entities for it
+            return torch.from_numpy(self.params["relations"])
         return self._embed()[1]
 
     def to_tensors(self, precision: str | Precision | None = None, coding: str | None = None, *,
@@ -199,11 +202,13 @@ class Bundle:
         return replace(self, entities=entities, triples=triples, sha256="", num_bytes=0, path=None, _cache={})
 
 
-def load_bundle(path: str | os.PathLike, *, limits: BundleLimits | None = None) -> Bundle:
+def load_bundle(path: str | os.PathLike, *, limits: BundleLimits | None = None, keep_codes: bool = False) -> Bundle:
     """Read and verify a bundle: format and version, checksum, then every check of core.decode (vocabularies,
-    graph and reserved ids, tensor shapes against the config; sizes within `limits`)."""
+    graph and reserved ids, tensor shapes against the config; sizes within `limits`). keep_codes (a server's
+    load): a RotatE entity table stored as int8 or pq stays coded in `stored` (decode's keep_codes), its floats
+    decoded only if entity_embeddings() is asked for; such a bundle is read, not saved again."""
     meta, tensors, size = read_safetensors(path)
-    decoded = decode(meta, tensors, source=str(path), limits=limits)
+    decoded = decode(meta, tensors, source=str(path), limits=limits, keep_codes=keep_codes)
     return Bundle(**vars(decoded), num_bytes=size, path=Path(path))  # every DecodedBundle field is a Bundle field
 
 

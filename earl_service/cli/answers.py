@@ -75,7 +75,7 @@ def load_predictor(path: str | Path, reader: str = "edge", *, cache_dir: Path | 
         from earl_service.bundle.model_io import load_bundle
         from earl_service.serve.predictor import LinkPredictor
 
-        return LinkPredictor.from_bundle(load_bundle(bundle_file(path)))
+        return LinkPredictor.from_bundle(load_bundle(bundle_file(path), keep_codes=True))
     if cache_dir is not None:
         from earl_service.device.cache import CacheConfig, TableCache
 

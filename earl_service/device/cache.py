@@ -246,7 +246,7 @@ def _write_entry(folder: Path, model: EdgeModel, key: BundleKey) -> None:
               "head_keys": pairs["head"][0], "head_answers": pairs["head"][1]}
     for stem, array in arrays.items():
         np.save(folder / f"{stem}.npy", np.ascontiguousarray(array, dtype=ARRAYS[stem][0]), allow_pickle=False)
-    strings = {"entities": model.entities.names, "relations": model.relations.names,
+    strings = {"entities": list(model.entities.names), "relations": list(model.relations.names),
                "entity_labels": model.entity_labels, "relation_labels": model.relation_labels}
     (folder / STRINGS).write_text(json.dumps(strings, ensure_ascii=False), encoding="utf-8")
     files = {p.name: {"bytes": p.stat().st_size, "crc32": _crc(p)} for p in sorted(folder.iterdir())}

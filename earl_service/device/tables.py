@@ -31,7 +31,7 @@ def export_tables(model: EdgeModel, out_dir: str | os.PathLike, *, fmt: str) -> 
     if fmt not in FORMATS:
         raise ConfigError(f"--format must be one of {', '.join(FORMATS)}, not {fmt!r}")
     out = Path(out_dir)
-    entities, relations = model.entities.names, model.relations.names
+    entities, relations = list(model.entities.names), list(model.relations.names)
     scorer = model.scorer
     phases = scorer.relation_table(model.relation_embeddings)  # (R, d) radians, or an imported model's (R, 2d)
     kind = "phase" if scorer.phases else "embedding"

@@ -13,8 +13,9 @@ certificate subtracts the slack (CodesIndex.certified_shortlist).
 The scan runs in FAISS: faiss has no L1 ADC (IndexPQ with METRIC_L1 returns other numbers), but its L2 ADC sums
 table[m, c] = (x_m - y[m, c])^2 for a query x. With sub-vectors of one number, the query x = 0 and centroids
 y = sqrt(table) it sums our table exactly (to float32 rounding), with FAISS's SIMD loop and heap: 0.5 ms for FB15k-237's
-14,505 x 84 codes on one core against 1.1 ms for numpy's per-column gather. The centroids change per query, so a
-lock keeps one query at a time on an index.
+14,505 x 84 codes on one core against 1.1 ms for numpy's per-column gather. ProductQuantizer.search scans a codes
+array given by pointer, so the table's own codes are scanned in place (no copy inside FAISS). The centroids change
+per query, so a lock keeps one query at a time on a scanner.
 """
 
 from __future__ import annotations
@@ -44,31 +45,40 @@ def lookup_table(query: np.ndarray, codebooks: np.ndarray) -> np.ndarray:
     return torch.cdist(q, torch.from_numpy(codebooks), p=1)[:, 0].numpy()  # (M, 256)
 
 
-def load_table(index: Any, table: np.ndarray) -> None:
-    """Make `index`'s product quantizer (1-number sub-vectors) sum `table` (M, 256) for the query 0."""
+def load_table(pq: Any, table: np.ndarray) -> None:
+    """Make `pq` (a ProductQuantizer of one-number sub-vectors) sum `table` (M, 256) for the query 0."""
     import faiss
 
-    faiss.copy_array_to_vector(np.sqrt(np.maximum(table, 0), dtype=np.float32).ravel(), index.pq.centroids)
+    faiss.copy_array_to_vector(np.sqrt(np.maximum(table, 0), dtype=np.float32).ravel(), pq.centroids)
 
 
-def pq_index(codes: np.ndarray) -> Any:
-    """A faiss IndexPQ holding codes (N, M) uint8 as M one-number sub-vectors (searched after load_table)."""
-    import faiss
+class ADC:
+    """FAISS's L2 ADC loop and heap (ProductQuantizer.search) over any (n, M) uint8 codes array, summing one
+    query's L1 lookup table (module doc): the codes stay where they are (a table's own array, or a gathered block
+    of them), so nothing holds a second copy. One query at a time loads its table into the quantizer (a lock)."""
 
-    n, m = codes.shape
-    index = faiss.IndexPQ(m, m, 8, faiss.METRIC_L2)
-    index.is_trained = True
-    faiss.copy_array_to_vector(np.ascontiguousarray(codes, dtype=np.uint8).ravel(), index.codes)
-    index.ntotal = n
-    return index
+    def __init__(self, m: int) -> None:
+        import faiss
 
+        self.pq = faiss.ProductQuantizer(m, m, 8)
+        self._zero = np.zeros((1, m), dtype=np.float32)
+        self._lock = threading.Lock()
 
-def codes_view(index: Any) -> np.ndarray:
-    """The (N, M) uint8 codes an IndexPQ holds, as a numpy view of faiss's own memory (alive while `index` is)."""
-    import faiss
+    def search(self, table: np.ndarray, codes: np.ndarray, size: int) -> tuple[np.ndarray, np.ndarray]:
+        """The `size` rows of `codes` (n, M) whose codes sum the least in `table` (M, 256): (sums ascending,
+        row positions int64)."""
+        import faiss
 
-    n, m = int(index.ntotal), int(index.pq.M)
-    return faiss.rev_swig_ptr(index.codes.data(), n * m).reshape(n, m)
+        size = min(size, len(codes))
+        codes = np.ascontiguousarray(codes, dtype=np.uint8)
+        dist, ids = np.empty((1, size), dtype=np.float32), np.empty((1, size), dtype=np.int64)
+        heap = faiss.float_maxheap_array_t()
+        heap.nh, heap.k, heap.val, heap.ids = 1, size, faiss.swig_ptr(dist), faiss.swig_ptr(ids)
+        with self._lock:
+            load_table(self.pq, table)
+            self.pq.search(faiss.swig_ptr(self._zero), 1, faiss.swig_ptr(codes), len(codes), heap, True)
+        found = ids[0] >= 0
+        return dist[0][found], ids[0][found]
 
 
 class CodesIndex:
@@ -83,14 +93,12 @@ class CodesIndex:
         self.codebooks = proxy.codebooks  # (M, 256, s)
         self.slack = proxy.slack  # (N,) or None
         self.slack_max = float(proxy.slack.max(initial=0.0)) if proxy.slack is not None else 0.0
-        self.index = pq_index(proxy.codes)
-        if isinstance(table, PQTable):  # the table reads faiss's copy of its codes: one copy in memory
-            table.codes = codes_view(self.index)
+        self.codes = proxy.codes  # (N, M): a pq table's own codes, scanned in place
+        self.adc = ADC(self.codes.shape[1])
         g_min, g_max = proxy_bounds(1)
         self.ratio = g_max / g_min
         self.faiss_threads = faiss_threads
         self.calibration_ms: dict[int, float] = {}
-        self._lock = threading.Lock()
 
     @classmethod
     def build(cls, table: EntityTable, *, faiss_threads: int | None = 1) -> CodesIndex:
@@ -104,20 +112,14 @@ class CodesIndex:
 
     @property
     def index_bytes(self) -> int:
-        """Bytes beyond the table's own: the codes faiss holds when they are not the table's, and the slack."""
-        codes = 0 if isinstance(self.table, PQTable) else int(self.index.ntotal) * int(self.index.pq.M)
+        """Bytes beyond the table's own: the proxy codes when they are not the table's, and the slack."""
+        codes = 0 if isinstance(self.table, PQTable) else int(self.codes.nbytes)
         return codes + self.codebooks.nbytes + (0 if self.slack is None else self.slack.nbytes)
 
     def scan(self, query: np.ndarray, size: int) -> tuple[np.ndarray, np.ndarray]:
         """The `size` entities of smallest ADC distance A to query (2d,): (A ascending, ids)."""
-        table = lookup_table(query, self.codebooks)
-        zero = np.zeros((1, self.codebooks.shape[0]), dtype=np.float32)
         set_faiss_threads(self.faiss_threads)
-        with self._lock:
-            load_table(self.index, table)
-            proxy, ids = self.index.search(zero, size)
-        found = ids[0] >= 0
-        return proxy[0][found], ids[0][found].astype(np.int64)
+        return self.adc.search(lookup_table(query, self.codebooks), self.codes, size)
 
     def certified_shortlist(self, query: np.ndarray, k: int, excluded: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Candidate ids and their exact distances to query (2d,), a provable superset of the top-k once the
@@ -152,4 +154,4 @@ def _kth_kept(ids: np.ndarray, dist: np.ndarray, k: int, excluded: np.ndarray) -
     return float(np.partition(kept, k - 1)[k - 1]) if len(kept) >= k else None
 
 
-__all__ = ["CodesIndex", "codes_view", "load_table", "lookup_table", "pq_index"]
+__all__ = ["ADC", "CodesIndex", "load_table", "lookup_table"]

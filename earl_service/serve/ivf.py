@@ -2,10 +2,12 @@
 
 From IVF_THRESHOLD entities a flat scan of every code costs more than a query may (19 ms for 1M x 32 codes), so the
 rows are split into ~N / LIST_SIZE lists by k-means over the decoded rows (L2, faiss.Kmeans on a sample). A query
-scans the codes of the NPROBE lists whose centroids lie nearest it (the ADC scan of serve/codes.py, through FAISS's
-IndexIVFPQ with one-number sub-vectors and by_residual off, so one lookup table serves every list), then re-ranks
+scans the codes of the NPROBE lists whose centroids lie nearest it (the ADC scan of serve/codes.py), then re-ranks
 exactly the candidates whose L1 could beat the k-th exact distance found. Lists are a heuristic: no certificate,
 recall@10 against brute force is measured instead (bench/serve_scale.py, tests/earl_service/serve/test_ivf.py).
+
+One copy of the codes: the table keeps them list by list (tables.PQTable.order_codes), reading a row by id through
+an inverse permutation, and the lists are runs of that array with the ids they hold (4 + 4 bytes an entity).
 
 Building takes seconds to tens of seconds at 1M entities, so the built index is written beside the bundle as
 `<bundle file>.ivf-<sha256[:16]>.npz` (atomic write) and read back on the next load; a bundle replaced at the same
@@ -15,14 +17,12 @@ path has another sha256, so its stale index files are removed and a new one is b
 from __future__ import annotations
 
 import logging
-import threading
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
 from earl_service.atomic import replacing
-from earl_service.serve.codes import MARGIN, PROBE, WIDEN, load_table, lookup_table
+from earl_service.serve.codes import ADC, MARGIN, PROBE, WIDEN, lookup_table
 from earl_service.serve.index import proxy_bounds, set_faiss_threads, shortlist_size
 from earl_service.serve.tables import EntityTable, ProxyCodes
 
@@ -41,25 +41,26 @@ def cache_file(bundle_path: Path, sha256: str) -> Path:
 
 
 class CodesIVF:
-    """Lists of an entity table's proxy codes (module doc); kind "codes-ivf"."""
+    """Lists of an entity table's ids over its proxy codes (module doc); kind "codes-ivf"."""
 
     kind = "codes-ivf"
     rotations = 1
 
-    def __init__(self, table: EntityTable, ivf: Any, coarse: np.ndarray, slack: np.ndarray | None, *,
-                 nprobe: int = NPROBE, faiss_threads: int | None = 1) -> None:
+    def __init__(self, table: EntityTable, proxy: ProxyCodes, coarse: np.ndarray, starts: np.ndarray,
+                 members: np.ndarray, *, nprobe: int = NPROBE, faiss_threads: int | None = 1) -> None:
         import faiss
 
-        self.table, self.ivf, self.slack = table, ivf, slack
+        self.table, self.codebooks, self.slack = table, proxy.codebooks, proxy.slack
+        self.codes = table.order_codes(members)  # list by list: list l's codes are codes[starts[l]:starts[l + 1]]
         self.coarse = faiss.IndexFlatL2(coarse.shape[1])  # the lists' centroids in the table's 2d reals
         self.coarse.add(np.ascontiguousarray(coarse, dtype=np.float32))
-        self.slack_max = float(slack.max(initial=0.0)) if slack is not None else 0.0
-        self.codebooks: np.ndarray | None = None  # set by build / load
+        self.starts, self.members = starts, members  # list l holds the ids members[starts[l]:starts[l + 1]]
+        self.slack_max = float(self.slack.max(initial=0.0)) if self.slack is not None else 0.0
+        self.adc = ADC(self.codes.shape[1])
         self.nprobe, self.faiss_threads = nprobe, faiss_threads
         g_min, g_max = proxy_bounds(1)
         self.ratio = g_max / g_min
         self.calibration_ms: dict[int, float] = {}
-        self._lock = threading.Lock()
 
     @classmethod
     def build(cls, table: EntityTable, *, cache: Path | None = None, faiss_threads: int | None = 1) -> CodesIVF:
@@ -72,35 +73,31 @@ class CodesIVF:
                 return cls._read(table, proxy, cache, faiss_threads)
             except (OSError, ValueError, KeyError, RuntimeError) as exc:
                 log.warning("rebuilding the IVF index: %s is unreadable (%s)", cache, exc)
-        ivf, coarse = _build_lists(table, proxy.codes)
-        index = cls(table, ivf, coarse, proxy.slack, faiss_threads=faiss_threads)
-        index.codebooks = proxy.codebooks
+        index = cls(table, proxy, *_build_lists(table), faiss_threads=faiss_threads)
         if cache is not None:
             index._write(cache)
         return index
 
     @classmethod
     def _read(cls, table: EntityTable, proxy: ProxyCodes, path: Path, faiss_threads: int | None) -> CodesIVF:
-        import faiss
-
         with np.load(path) as stored:
-            ivf: Any = faiss.deserialize_index(stored["ivf"])
-            coarse = stored["coarse"]
-        if ivf.ntotal != len(table) or proxy.codes.shape[1] != ivf.pq.M:
-            raise ValueError(f"it holds {ivf.ntotal} entities of {ivf.pq.M} codes, the table {proxy.codes.shape}")
-        index = cls(table, ivf, coarse, proxy.slack, faiss_threads=faiss_threads)
-        index.codebooks = proxy.codebooks
-        return index
+            coarse, starts, members = stored["coarse"], stored["starts"], stored["members"]
+        n = len(table)
+        if (len(members) != n or coarse.ndim != 2 or coarse.shape[1] != table.shape[1] or len(starts) != len(coarse) + 1
+                or starts[0] != 0 or starts[-1] != n or np.any(np.diff(starts) < 0) or members.min(initial=0) < 0
+                or members.max(initial=0) >= n):
+            raise ValueError(f"its lists hold {len(members)} ids of rows {coarse.shape[1:]} wide, the table "
+                             f"{table.shape}")
+        return cls(table, proxy, coarse, starts.astype(np.int64), members.astype(_id_dtype(n)),
+                   faiss_threads=faiss_threads)
 
     def _write(self, path: Path) -> None:
-        import faiss
-
         for stale in path.parent.glob(f"{path.name.split('.ivf-')[0]}.ivf-*.npz"):
             stale.unlink(missing_ok=True)  # an index of what the bundle held before it was replaced
         coarse = self.coarse.reconstruct_n(0, self.coarse.ntotal)
         try:
             with replacing(path) as tmp, open(tmp, "wb") as f:
-                np.savez(f, ivf=faiss.serialize_index(self.ivf), coarse=coarse)
+                np.savez(f, coarse=coarse, starts=self.starts, members=self.members)
         except OSError as exc:  # a read-only models folder: serve anyway, rebuild next time
             log.warning("cannot cache the IVF index at %s (%s)", path, exc)
 
@@ -109,25 +106,26 @@ class CodesIVF:
         return len(self.table)
 
     @property
+    def nlist(self) -> int:
+        return len(self.starts) - 1
+
+    @property
     def index_bytes(self) -> int:
-        """The lists' codes and ids, the centroids and the slack."""
-        per_row = int(self.ivf.pq.M) + 8
+        """The lists' ids and bounds, the centroids, the slack, an int8 table's proxy codes (a pq table's codes are
+        its own, counted in its nbytes with the inverse permutation)."""
         slack = 0 if self.slack is None else self.slack.nbytes
-        return self.num_entities * per_row + self.coarse.ntotal * self.coarse.d * 4 + slack
+        codes = 0 if self.codes is getattr(self.table, "codes", None) else self.codes.nbytes
+        return int(self.members.nbytes + self.starts.nbytes + self.coarse.ntotal * self.coarse.d * 4 + slack + codes)
 
     def scan(self, query: np.ndarray, size: int) -> tuple[np.ndarray, np.ndarray]:
         """The `size` entities of smallest ADC distance A among the NPROBE nearest lists: (A ascending, ids)."""
-        assert self.codebooks is not None
-        table = lookup_table(query, self.codebooks)
         set_faiss_threads(self.faiss_threads)
-        centroid_dist, lists = self.coarse.search(np.ascontiguousarray(query, dtype=np.float32)[None], self.nprobe)
-        zero = np.zeros((1, int(self.ivf.pq.M)), dtype=np.float32)
-        with self._lock:
-            load_table(self.ivf, table)
-            self.ivf.nprobe = self.nprobe  # faiss's wrapper checks the lists given against it
-            proxy, ids = self.ivf.search_preassigned(zero, size, lists, centroid_dist)
-        found = ids[0] >= 0
-        return proxy[0][found], ids[0][found].astype(np.int64)
+        lists = self.coarse.search(np.ascontiguousarray(query, dtype=np.float32)[None], self.nprobe)[1][0]
+        runs = [slice(self.starts[lst], self.starts[lst + 1]) for lst in lists.tolist() if lst >= 0]
+        ids = np.concatenate([self.members[run] for run in runs])  # contiguous runs: no gather of random rows
+        block = np.concatenate([self.codes[run] for run in runs])
+        proxy, at = self.adc.search(lookup_table(query, self.codebooks), block, size)
+        return proxy, ids[at].astype(np.int64)
 
     def certified_shortlist(self, query: np.ndarray, k: int, excluded: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Candidate ids and exact distances from the probed lists (best effort: module doc): the first ids by A
@@ -148,12 +146,16 @@ class CodesIVF:
         return rotate.distances(query, self.table, ids)  # type: ignore[arg-type]  # the table reads like an array
 
 
-def _build_lists(table: EntityTable, codes: np.ndarray) -> tuple[Any, np.ndarray]:
-    """k-means centroids (nlist, 2d) over a sample of the decoded rows, every row assigned to its nearest, and an
-    IndexIVFPQ holding each list's codes: (ivf, centroids)."""
+def _id_dtype(n: int) -> type[np.integer]:
+    return np.int32 if n < 2**31 else np.int64
+
+
+def _build_lists(table: EntityTable) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """k-means centroids (nlist, 2d) over a sample of the decoded rows and every row assigned to its nearest:
+    (centroids, starts (nlist + 1,) int64, the ids list by list (N,) int32)."""
     import faiss
 
-    n, m = codes.shape
+    n = len(table)
     nlist = max(1, n // LIST_SIZE)
     rng = np.random.default_rng(0)
     sample = np.sort(rng.choice(n, min(n, nlist * TRAIN_PER_LIST), replace=False))
@@ -162,17 +164,9 @@ def _build_lists(table: EntityTable, codes: np.ndarray) -> tuple[Any, np.ndarray
     assign = np.empty(n, dtype=np.int64)
     for start in range(0, n, 65_536):  # decode a block at a time: no (N, 2d) float table at once
         assign[start : start + 65_536] = kmeans.index.search(table[slice(start, start + 65_536)], 1)[1][:, 0]
-    ivf: Any = faiss.IndexIVFPQ(faiss.IndexFlatL2(m), m, nlist, m, 8)
-    ivf.by_residual, ivf.is_trained = False, True
-    order = np.argsort(assign, kind="stable")
-    bounds = np.searchsorted(assign[order], np.arange(nlist + 1))
-    for lst in range(nlist):
-        ids = np.ascontiguousarray(order[bounds[lst] : bounds[lst + 1]])
-        if len(ids):
-            block = np.ascontiguousarray(codes[ids])
-            ivf.invlists.add_entries(lst, len(ids), faiss.swig_ptr(ids), faiss.swig_ptr(block))
-    ivf.ntotal = n
-    return ivf, np.asarray(kmeans.centroids)
+    members = np.argsort(assign, kind="stable").astype(_id_dtype(n))
+    starts = np.searchsorted(assign[members], np.arange(nlist + 1)).astype(np.int64)
+    return np.asarray(kmeans.centroids), starts, members
 
 
 __all__ = ["IVF_THRESHOLD", "NPROBE", "CodesIVF", "cache_file"]

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from earl_service.data.vocab import Vocab
+from earl_service.data.packed import AnyVocab
 from earl_service.errors import AmbiguousNameError, UnknownEntityError, UnknownRelationError
 
 # Scores: an exact match 1; a prefix match in (0.5, 1), higher the more of the string the query covers; a fuzzy
@@ -53,7 +53,7 @@ class _Trigrams:
 class NameSearch:
     """Search over a vocabulary's ids and their labels, casefolded; every id and every label is one string."""
 
-    def __init__(self, vocab: Vocab, labels: Mapping[str, str]) -> None:
+    def __init__(self, vocab: AnyVocab, labels: Mapping[str, str]) -> None:
         self.vocab, self.labels = vocab, labels
         names = vocab.names
         strings = [n.casefold() for n in names]

@@ -14,6 +14,7 @@ import numpy as np
 
 from earl_service.core import rotate, scorers
 from earl_service.core.known import KnownAnswers, Side
+from earl_service.data.packed import AnyVocab, PackedVocab
 from earl_service.data.vocab import Vocab
 from earl_service.errors import ConfigError
 from earl_service.serve.codes import CodesIndex
@@ -65,7 +66,7 @@ class LinkPredictor:
         self,
         entity_embeddings: np.ndarray | EntityTable,
         relation_embeddings: np.ndarray,
-        entities: Vocab,
+        entities: AnyVocab,
         relations: Vocab,
         known_triples: np.ndarray | KnownAnswers,
         *,
@@ -88,7 +89,7 @@ class LinkPredictor:
         self.dim, self.gamma = self.entity_embeddings.shape[1] // 2, float(gamma)
         self.scorer = scorers.scorer(model, gamma=gamma, epsilon=epsilon, dim=self.dim)
         _check_shapes(self.table, self.relation_embeddings, entities, relations, self.scorer)
-        self.entities, self.relations = entities, relations
+        self.entities, self.relations = PackedVocab.of(entities), relations  # names in one buffer (data/packed.py)
         self.phase_scale = rotate.phase_scale(gamma=gamma, epsilon=epsilon, dim=self.dim)
         self.relation_labels = _plain_labels(relation_labels or {})
         self.entity_labels = dict(entity_labels or {})
@@ -97,7 +98,7 @@ class LinkPredictor:
             self.known = known_triples
         else:
             triples = np.asarray(known_triples, dtype=np.int64).reshape(-1, 3)
-            self.known = KnownAnswers(triples, len(relations))
+            self.known = KnownAnswers(triples, len(relations)).compact(len(entities))
         self.index: ProxyIndex | CodesIndex | CodesIVF | None = None
         coded = not isinstance(self.table, DenseTable)
         if index != "exact" and self.scorer.indexable and coded:
@@ -114,7 +115,7 @@ class LinkPredictor:
     def from_bundle(cls, bundle: Bundle, *, from_codes: bool = True, **kwargs: Any) -> LinkPredictor:
         """A predictor over a bundle's rebuilt embeddings and its graph's triples as the known answers; a RotatE
         bundle's int8 or pq entity table is served from what the file stores unless `from_codes` is False."""
-        table = entity_table(bundle.entity_embeddings().numpy(), bundle.stored, from_codes=from_codes)
+        table = entity_table(bundle.stored, lambda: bundle.entity_embeddings().numpy(), from_codes=from_codes)
         if bundle.path is not None and bundle.sha256:
             kwargs.setdefault("index_file", cache_file(bundle.path, bundle.sha256))
         return cls(table, bundle.relation_embeddings().numpy(), bundle.entities,
@@ -128,9 +129,10 @@ class LinkPredictor:
 
     @property
     def resident_bytes(self) -> int:
-        """About what this predictor keeps in memory: its tables, known answers, index and names (each name at
-        CPython's str overhead). The API's model cache budgets memory by it."""
-        names = sum(len(n) + STR_OVERHEAD for n in (*self.entities.names, *self.relations.names))
+        """About what this predictor keeps in memory: its tables, known answers, index and names (the packed entity
+        names' buffer and index; relation names and labels at CPython's str overhead each). The API's model cache
+        budgets memory by it."""
+        names = self.entities.nbytes + sum(len(n) + STR_OVERHEAD for n in self.relations.names)
         labels = sum(len(v) + STR_OVERHEAD for v in (*self.entity_labels.values(), *self.relation_labels.values()))
         index = self.index.index_bytes if self.index is not None else 0
         return (self.table.nbytes + self.relation_embeddings.nbytes + self.known.nbytes + index
@@ -289,7 +291,7 @@ def _plain_labels(labels: dict[str, Any]) -> dict[str, str]:
     return {name: label for name, label in plain.items() if isinstance(label, str) and label}
 
 
-def _check_shapes(entity_embeddings: EntityTable, relation_embeddings: np.ndarray, entities: Vocab,
+def _check_shapes(entity_embeddings: EntityTable, relation_embeddings: np.ndarray, entities: AnyVocab,
                   relations: Vocab, scorer: scorers.Scorer) -> None:
     """Refuse embeddings that do not fit each other or the vocabularies, naming what to fix."""
     n, width = entity_embeddings.shape

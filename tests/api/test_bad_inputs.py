@@ -348,7 +348,8 @@ def test_a_failed_load_is_remembered_until_the_file_changes(ctx, monkeypatch):
     path.write_bytes(ctx.bundle[: len(ctx.bundle) // 2])
     loads = []
     real_load = earl_service.bundle.model_io.load_bundle
-    monkeypatch.setattr(earl_service.bundle.model_io, "load_bundle", lambda p: loads.append(p) or real_load(p))
+    monkeypatch.setattr(earl_service.bundle.model_io, "load_bundle",
+                        lambda p, **kw: loads.append(p) or real_load(p, **kw))
     query = {"model": model, "relation": ctx.relation, "head": ctx.head}
     for _ in range(3):
         r = ctx.client.get("/predict", params=query)

@@ -114,7 +114,7 @@ def test_concurrent_misses_load_a_model_once(monkeypatch, tmp_path):
 
     loads, release = [], threading.Event()
 
-    def slow_load(path):
+    def slow_load(path, **kwargs):
         loads.append(path)
         assert release.wait(60), "never released"
         return object()
@@ -140,7 +140,7 @@ def test_a_failed_load_reaches_every_waiter_and_is_not_kept(monkeypatch):
 
     calls, release = [], threading.Event()
 
-    def failing_load(path):
+    def failing_load(path, **kwargs):
         calls.append(path)
         release.wait(60)
         raise BundleError(f"{path}: broken")

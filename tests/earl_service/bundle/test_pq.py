@@ -7,6 +7,7 @@ import re
 import subprocess
 import sys
 from dataclasses import replace
+from functools import partial
 
 import numpy as np
 import pytest
@@ -259,7 +260,8 @@ def damaged(pq_bundle, tmp_path_factory):
     return paths
 
 
-@pytest.mark.parametrize("reader", [load_bundle, edge.load], ids=["load_bundle", "edge.load"])
+@pytest.mark.parametrize("reader", [load_bundle, partial(load_bundle, keep_codes=True), edge.load],
+                         ids=["load_bundle", "load_bundle-keep-codes", "edge.load"])
 @pytest.mark.parametrize("case", DAMAGED)
 def test_damaged_pq_bundles_are_refused_by_both_readers(damaged, case, reader):
     with pytest.raises(BundleError, match=re.escape(DAMAGED[case][1])):

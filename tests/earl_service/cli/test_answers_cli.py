@@ -12,6 +12,7 @@ from conftest import REPO, codex_s_path
 from earl_service.bundle.model_io import load_bundle
 from earl_service.cli.answers import predictions_table
 from earl_service.cli.main import main
+from earl_service.data.packed import PackedVocab
 from earl_service.device import reader as edge
 from earl_service.device.tables import export_tables
 from earl_service.errors import ConfigError
@@ -173,7 +174,7 @@ def test_export_parquet_without_pyarrow_says_what_to_install(model, tmp_path, mo
 
 def test_ids_with_tabs_need_parquet(model, tmp_path, monkeypatch):
     names = list(model.entities.names)
-    monkeypatch.setattr(model.entities, "_names", [names[0] + "\tx", *names[1:]])
+    monkeypatch.setattr(model, "entities", PackedVocab([names[0] + "\tx", *names[1:]]))
     with pytest.raises(ConfigError, match="holds a tab or line break; use --format parquet"):
         export_tables(model, tmp_path, fmt="tsv")
 

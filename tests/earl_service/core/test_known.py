@@ -53,3 +53,20 @@ def test_rebuilt_from_its_pairs_it_answers_the_same():
                 assert again.answers(side, anchor, relation).tolist() == known.answers(side, anchor, relation).tolist()
     assert again.triples().tolist() == [list(row) for row in sorted({tuple(row) for row in triples.tolist()})]
     assert KnownAnswers(np.zeros((0, 3), dtype=np.int64), 2).triples().shape == (0, 3)
+
+
+def test_compact_answers_equal_the_int64_ones_in_narrower_dtypes():
+    triples = _random_graph(seed=3)
+    known = KnownAnswers(triples, 4)
+    compact = known.compact(30)
+    assert {a.dtype for side in compact.pairs().values() for a in side} == {np.dtype(np.uint16)}
+    assert compact.nbytes == known.nbytes // 4
+    for anchor in range(30):
+        for relation in range(4):
+            for side in ("tail", "head"):
+                assert compact.answers(side, anchor, relation).tolist() == known.answers(side, anchor, relation).tolist()
+    np.testing.assert_array_equal(compact.triples(), known.triples())
+    assert compact.triples().dtype == np.int64
+    wide = KnownAnswers(np.array([[70_000, 1, 3]]), 2).compact(70_001)
+    assert [a.dtype for a in wide.pairs()["tail"]] == [np.uint32, np.uint32]
+    assert wide.answers("head", 3, 1).tolist() == [70_000]

@@ -109,3 +109,36 @@ def test_a_coded_predictor_holds_about_its_bundles_bytes(rotate_bundles):
     sizes = {p: LinkPredictor.from_bundle(b).table.nbytes for p, b in rotate_bundles.items()}
     n, width = rotate_bundles["fp32"].params["entities"].shape
     assert sizes == {"fp32": n * width * 4, "int8": n * width + n * 4, "pq:8": n * 8 + 8 * 256 * 4 * 4}
+
+
+@pytest.mark.parametrize("precision", ["int8", "pq:8"])
+def test_a_bundle_loaded_keeping_its_codes_serves_the_same(rotate_bundles, precision):
+    """load_bundle(keep_codes=True) decodes no entity floats; the predictor, its answers and (on demand) the floats
+    are those of the full load."""
+    full = rotate_bundles[precision]
+    kept = load_bundle(full.path, keep_codes=True)
+    assert "entities" not in kept.params and kept.stored.keys() == full.stored.keys()
+    a, b = LinkPredictor.from_bundle(full), LinkPredictor.from_bundle(kept)
+    np.testing.assert_array_equal(a.table.dense(), b.table.dense())
+    names, rels = full.entities.names, full.relations.names
+    for h, r, t in full.triples[:20]:
+        assert a.answer(rels[r], head=names[h]) == b.answer(rels[r], head=names[h])
+        assert a.answer(rels[r], tail=names[t]) == b.answer(rels[r], tail=names[t])
+    np.testing.assert_array_equal(kept.entity_embeddings().numpy(), full.params["entities"])
+
+
+def test_an_int8_table_past_float32_is_refused_keeping_its_codes(rotate_bundles, tmp_path):
+    """The range check runs on the codes: a scale that makes scores overflow, or an infinite one, is refused."""
+    from earl_service.bundle.format import write_safetensors
+    from earl_service.errors import BundleError
+
+    tensors, meta = rotate_bundles["int8"].to_tensors("int8", "plain")
+    for scale, message in ((1e30, "scores stay finite"), (np.inf, "not finite")):
+        edited = dict(tensors)
+        edited["param.entities.scale"] = np.where(np.arange(len(tensors["param.entities.scale"])) == 3, scale,
+                                                  tensors["param.entities.scale"]).astype(np.float32)
+        path = tmp_path / f"{scale}.safetensors"
+        write_safetensors(path, edited, meta)
+        for keep in (False, True):
+            with pytest.raises(BundleError, match=message):
+                load_bundle(path, keep_codes=keep)

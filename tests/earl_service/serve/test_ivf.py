@@ -34,7 +34,9 @@ def small_lists(monkeypatch):
 def test_recall_at_10_against_brute_force(clustered, small_lists):
     table, decoded, queries = clustered
     index = CodesIVF.build(table)
-    assert index.ivf.nlist == 100
+    assert index.nlist == 100
+    assert table.position is not None and index.codes is table.codes  # one copy, list by list
+    np.testing.assert_array_equal(table.dense(), decoded)  # rows still decode by id
     hits = 0
     for query in queries:
         ids, dist = index.certified_shortlist(query, 10, NONE)
@@ -71,4 +73,4 @@ def test_an_unreadable_or_mismatched_cache_is_rebuilt(clustered, small_lists, tm
     path.write_bytes(b"not an index")
     assert CodesIVF.build(table, cache=path).num_entities == len(table)
     other = PQTable(table.codes[:5000], table.codebooks.astype(np.float16))
-    assert CodesIVF.build(other, cache=path).ivf.ntotal == 5000  # the 20,000-row index on disk does not fit it
+    assert CodesIVF.build(other, cache=path).num_entities == 5000  # the 20,000-row index on disk does not fit it
