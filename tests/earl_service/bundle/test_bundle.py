@@ -437,7 +437,7 @@ def test_every_decoded_field_is_a_bundle_field():
 
 @pytest.mark.parametrize("precision", ["fp32", "int8", "pq:8"])
 def test_the_written_file_is_what_safetensors_writes(trained_run, tmp_path, precision):
-    """write_safetensors serialises once and writes the header itself: the same bytes as safetensors' own file but
+    """write_safetensors writes the file itself, block by block: the same bytes as safetensors' own file but
     for the metadata's order (a hash map's in safetensors, so not even fixed from one process to the next; sorted
     here), which sets no size (bundle.sizes predicts sizes to the byte)."""
     from safetensors.numpy import load as st_load
@@ -452,5 +452,8 @@ def test_the_written_file_is_what_safetensors_writes(trained_run, tmp_path, prec
     theirs = st_save(tensors, metadata=written_meta)
     ours = path.read_bytes()
     assert len(ours) == len(theirs) and ours[-10_000:] == theirs[-10_000:]
+    layout = [[(k, v) for k, v in json.loads(b[8 : 8 + int.from_bytes(b[:8], "little")]).items()
+               if k != "__metadata__"] for b in (ours, theirs)]
+    assert layout[0] == layout[1]  # the tensors in safetensors' order at its offsets
     assert written_meta["note"] == 'a "quoted" é\n\x01' and list(written_meta) == sorted(written_meta)
     assert all(np.array_equal(read[k], v) for k, v in st_load(theirs).items())
