@@ -236,3 +236,32 @@ def api_operations(**settings) -> list[tuple[str, str]]:
 
     app = create_app(Settings(**{"home": Path("/nonexistent"), **settings}))
     return sorted((method.upper(), path) for path, ops in app.openapi()["paths"].items() for method in ops)
+
+
+# ---------------------------------------------------------------- imported models against their library's formula
+
+def assert_source_scores(bundle_path: Path, score, test: np.ndarray, known: np.ndarray, *, rtol: float = 1e-5) -> None:
+    """A bundle imported from another library answers as that library's formula, written out in the test:
+    `score(heads, relation, tails)` -> (B,) scores (numpy broadcasting over index arrays). For each test triple our
+    tail and head distances are minus those scores (within rtol of the query's largest), and the filtered realistic
+    ranks of scorers.filtered_ranks equal those of the formula's scores, known answers (`known`) left out."""
+    from earl_service.core import rotate, scorers
+    from earl_service.core.known import KnownAnswers
+    from earl_service.device import load
+
+    edge = load(bundle_path)
+    n = len(edge.entities)
+    every = np.arange(n)
+    answers = KnownAnswers(known, len(edge.relations))
+    for side in ("tail", "head"):
+        want_ranks = []
+        for h, r, t in test:
+            anchor, target = (h, t) if side == "tail" else (t, h)
+            ref = score(np.full(n, h), np.full(n, r), every) if side == "tail" else score(every, np.full(n, r),
+                                                                                          np.full(n, t))
+            ours = -edge.distances(edge.query_vector(side, anchor, r))
+            np.testing.assert_allclose(ours, ref, rtol=rtol, atol=rtol * np.abs(ref).max())
+            want_ranks.append(rotate.realistic_rank(-ref, int(target), excluded=answers.answers(side, anchor, r)))
+        got = scorers.filtered_ranks(edge.scorer, edge.entity_embeddings, edge.relation_embeddings, test, answers,
+                                     side=side)
+        np.testing.assert_array_equal(got, want_ranks)

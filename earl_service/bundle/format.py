@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from earl_service.atomic import write_bytes
+from earl_service.bundle.writer import write_safetensors as write_safetensors  # where readers have imported it
 from earl_service.data.labels import MAX_LABEL_BYTES, MAX_LABEL_CHARS
 from earl_service.errors import BundleError
 from earl_service.safe_json import parse_json
@@ -279,7 +279,7 @@ def encode_weights(tensors: dict[str, np.ndarray], metadata: dict[str, str], cod
                                               "weights_manifest": manifest}
 
 
-def payload_digest(data: bytes) -> str:
+def payload_digest(data: bytes | memoryview) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
@@ -342,17 +342,6 @@ def _metadata(header: bytes, path: Path) -> dict[str, str]:
             raise BundleError(f"{path}: its {key!r} metadata takes {size:,} bytes, more than a bundle's {key!r} "
                               f"may ({limit:,}, bundle_format.METADATA_LIMITS)")
     return meta
-
-
-def write_safetensors(path: str | os.PathLike, tensors: dict[str, np.ndarray], metadata: dict[str, str]) -> Path:
-    """Write atomically (temp file + fsync + rename) with the payload checksum in the metadata."""
-    from safetensors.numpy import save as st_save
-
-    # The payload bytes do not depend on the metadata, so serialise once without, hash, then with.
-    probe = st_save(tensors, metadata={})
-    (hl,) = struct.unpack("<Q", probe[:8])
-    metadata = {**metadata, "payload_sha256": payload_digest(probe[8 + hl :])}
-    return write_bytes(path, st_save(tensors, metadata=metadata), fsync=True)
 
 
 # The metrics entry that pads a bundle's metrics field to a fixed size (bundle.sizes), never shown.

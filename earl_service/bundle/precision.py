@@ -19,7 +19,8 @@ from earl_service.bundle.codebooks import Layout, PQTables
 from earl_service.config import ModelConfig
 from earl_service.errors import BundleError
 
-_REGISTRY: dict[str, type[Precision]] = {}  # family name -> class, in registration order
+_REGISTRY: dict[str, type[Precision]] = {}
+BLOCK_ROWS = 65_536  # rows int8 encodes at a time  # family name -> class, in registration order
 
 
 def register(cls: type[Precision]) -> type[Precision]:
@@ -136,7 +137,7 @@ class _Float(Precision):
         return width * np.dtype(self.dtype).itemsize
 
     def encode(self, name: str, value: np.ndarray) -> dict[str, np.ndarray]:
-        return {name: np.ascontiguousarray(value, dtype=np.float32).astype(self.dtype)}
+        return {name: np.ascontiguousarray(value, dtype=np.float32).astype(self.dtype, copy=False)}  # fp32: as is
 
 
 @register
@@ -174,9 +175,14 @@ class Int8(Precision):
         value = np.ascontiguousarray(value, dtype=np.float32)
         if value.ndim < 2:
             return {name: value.astype(np.float16)}
-        scale = np.abs(value).max(axis=1, keepdims=True) / 127.0
-        scale[scale == 0] = 1.0
-        return {name: np.round(value / scale).astype(np.int8), name + ".scale": scale.astype(np.float32).ravel()}
+        codes, scales = np.empty(value.shape, dtype=np.int8), np.empty(len(value), dtype=np.float32)
+        for start in range(0, len(value), BLOCK_ROWS):  # in blocks: no float copy of a (memory-mapped) table
+            block = value[start : start + BLOCK_ROWS]
+            scale = np.abs(block).max(axis=1, keepdims=True) / 127.0
+            scale[scale == 0] = 1.0
+            codes[start : start + BLOCK_ROWS] = np.round(block / scale).astype(np.int8)
+            scales[start : start + BLOCK_ROWS] = scale.ravel()
+        return {name: codes, name + ".scale": scales}
 
 
 @register

@@ -10,11 +10,29 @@ from typing import Any
 
 from earl_service.compress.options import add_compress_options, compress_config_from_options
 from earl_service.config.options import add_data_options, add_recipe_option, data_config_from_options
+from earl_service.errors import ConfigError
+
+
+class _FromBundle(argparse.Action):
+    """--from BUNDLE: a search over an imported model's sizes needs no --time-limit (default 10 minutes)."""
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        setattr(namespace, self.dest, values)
+        for action in parser._actions:  # argparse checks required options after every argument is read
+            if action.dest == "time_limit":
+                action.required = False
 
 
 def add_compress_command(sub) -> None:
     p = sub.add_parser("compress", help="find the most accurate bundle under a byte budget (models, dims, precisions)")
-    p.add_argument("data", help="folder with train, valid and optional test files (any format earl train reads)")
+    p.add_argument("data", nargs="?", default=None,
+                   help="folder with train, valid and optional test files (any format earl train reads); not with "
+                        "--from")
+    p.add_argument("--from", dest="from_bundle", default=None, metavar="BUNDLE", action=_FromBundle,
+                   help="an imported bundle (`earl import`): search its precisions (fp32, fp16, int8, pq:M) under "
+                        "--max-bytes instead of training; --graph DATA scores each size on DATA's valid split and "
+                        "fine-tunes pq codebooks on its train split (docs/import.md)")
+    p.add_argument("--graph", default=None, metavar="DATA", help="with --from: a dataset folder over the bundle's names")
     p.add_argument("--out", required=True,
                    help="job folder: the pick (bundle.safetensors), report.json/.md, frontier.png, candidates/; "
                         "run again with the same folder to continue a stopped job")
@@ -37,6 +55,10 @@ def _show(progress: dict[str, Any]) -> None:
 
 
 def cmd_compress(a: argparse.Namespace) -> int:
+    if a.from_bundle is not None or a.graph is not None:
+        return _compress_imported(a)
+    if a.data is None:
+        raise ConfigError("earl compress needs a DATA folder to train on, or --from an imported bundle")
     from earl_service.compress.search import compress, pick_metrics
     from earl_service.compress.state import PICK
     from earl_service.config.options import train_configs_from_options
@@ -50,3 +72,21 @@ def cmd_compress(a: argparse.Namespace) -> int:
     assert report is not None  # nothing stops the command line's job but a signal, which ends the process
     print(json.dumps({"bundle": str(Path(a.out) / PICK), **pick_metrics(report)}, indent=2))
     return 0
+
+
+def _compress_imported(a: argparse.Namespace) -> int:
+    from earl_service.compress.config import parse_size
+    from earl_service.imports.compress import ImportedSearch, compress_imported
+
+    if a.from_bundle is None or a.data is not None:
+        raise ConfigError("earl compress --from BUNDLE [--graph DATA] takes no DATA argument, and --graph goes with "
+                          "--from")
+    search = ImportedSearch(max_bytes=parse_size(a.max_bytes),
+                            time_limit_minutes=float(getattr(a, "time_limit", None) or 10.0), seed=a.seed
+                            if getattr(a, "seed", None) is not None else 0)
+    report = compress_imported(a.from_bundle, a.out, search, graph=a.graph)
+    print(json.dumps({"bundle": str(Path(a.out) / "bundle.safetensors") if report["pick"] else None,
+                      "pick": report["pick"], "original": report["original"],
+                      "sizes": [{k: r.get(k) for k in ("precision", "bytes", "fits", "mrr")}
+                                for r in report["candidates"]]}, indent=2))
+    return 0 if report["pick"] else 1

@@ -1,4 +1,4 @@
-"""`earl import`: a model trained elsewhere (a PyKEEN folder, plain arrays) as a bundle, at any precision."""
+"""`earl import`: a model trained elsewhere (PyKEEN, DGL-KE, PBG, GraphVite, LibKGE, plain arrays) as a bundle."""
 
 from __future__ import annotations
 
@@ -12,15 +12,20 @@ from earl_service.cli.bundle import add_coding_option, precision_argument
 def add_import_command(sub) -> None:
     from earl_service.imports import FORMATS, KINDS
 
-    p = sub.add_parser("import", help="a model trained elsewhere (PyKEEN, plain arrays) as a bundle "
+    p = sub.add_parser("import", help="a model trained elsewhere (PyKEEN, DGL-KE, PyTorch-BigGraph, GraphVite, LibKGE, "
+                                      "plain arrays) as a bundle "
                                       "(docs/import.md)")
-    p.add_argument("source", help="a PyKEEN save_to_directory folder, or a folder of arrays and name files")
+    p.add_argument("source", help="a PyKEEN, DGL-KE or PBG checkpoint folder, a GraphVite .pkl, a LibKGE .pt (or its "
+                                  "folder), or a folder of arrays and name files")
     p.add_argument("--out", required=True, help="the bundle file to write")
     p.add_argument("--format", choices=FORMATS, default=None,
-                   help="pykeen or arrays (default: pykeen when SOURCE holds trained_model.pkl, else arrays)")
+                   help="default: told by SOURCE (trained_model.pkl: pykeen; config.json and *_entity.npy: dglke; "
+                        "model.vN.h5: pbg; a .pkl file: graphvite; a .pt file or checkpoint_best.pt: libkge; "
+                        "else arrays)")
     p.add_argument("--scorer", choices=KINDS, default=None,
                    help="the arrays' score function (complex tables as [re | im] halves; rotate: the sum of complex "
-                        "moduli, rotate-l2: PyKEEN's L2 norm)")
+                        "moduli, rotate-l2: PyKEEN's L2 norm); a GraphVite pickle saved without its model's name "
+                        "takes transe-l1, distmult, complex or rotate")
     graph = p.add_mutually_exclusive_group()
     graph.add_argument("--graph", default=None, metavar="DATA",
                        help="a triple file, or a dataset folder's train file, whose triples are the known answers "

@@ -51,7 +51,7 @@ def _tables(folder: Path) -> dict[str, tuple[np.ndarray, str]]:
     for part, names in TABLES.items():
         path = next((folder / n for n in names if (folder / n).is_file()), None)
         if path is not None:
-            found[part] = (_npy(path), str(path))
+            found[part] = (npy(path), str(path))
     if len(found) == len(TABLES):
         return found
     path = folder / SAFETENSORS
@@ -67,7 +67,7 @@ def _tables(folder: Path) -> dict[str, tuple[np.ndarray, str]]:
     return found
 
 
-def _npy(path: Path) -> np.ndarray:
+def npy(path: Path) -> np.ndarray:
     try:
         return np.load(path, mmap_mode="r", allow_pickle=False)
     except (OSError, ValueError) as exc:
@@ -103,4 +103,4 @@ def read_names(path: Path) -> list[str]:
     return [names[i] for i in range(len(names))]
 
 
-__all__ = ["NAMES", "SAFETENSORS", "TABLES", "read_arrays", "read_names"]
+__all__ = ["NAMES", "npy", "SAFETENSORS", "TABLES", "read_arrays", "read_names"]

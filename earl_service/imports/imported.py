@@ -24,7 +24,8 @@ if TYPE_CHECKING:  # torch comes with it: reading a model stays numpy only, so `
     from earl_service.bundle.model_io import Bundle
 
 
-KINDS = (*IMPORTED, "rotate")  # what an import may hold: an imported scorer, or RotatE as trained here
+KINDS = (*IMPORTED, "rotate")
+CHECK_ROWS = 65_536  # rows a check or a layout change reads at a time from a (memory-mapped) table  # what an import may hold: an imported scorer, or RotatE as trained here
 
 
 @dataclass(frozen=True)
@@ -85,10 +86,22 @@ def _table(value: Any, path: str) -> np.ndarray:
         raise ModelImportError(f"{path}: expected a 2-D table (rows, floats), got shape {array.shape}")
     if not np.issubdtype(array.dtype, np.floating):
         raise ModelImportError(f"{path}: expected floats, got {array.dtype}")
-    array = np.ascontiguousarray(array, dtype=np.float32)
-    if not np.isfinite(array).all():
-        raise ModelImportError(f"{path}: holds NaN or infinite values")
+    array = np.ascontiguousarray(array, dtype=np.float32)  # a float32 memory map stays one: no copy
+    for start in range(0, len(array), CHECK_ROWS):  # in blocks: a whole-table mask would take N * w bytes more
+        if not np.isfinite(array[start : start + CHECK_ROWS]).all():
+            raise ModelImportError(f"{path}: holds NaN or infinite values")
     return array
+
+
+def halves(interleaved: np.ndarray) -> np.ndarray:
+    """(rows, 2d) complex numbers stored re_0, im_0, re_1, im_1, ... as [re | im] halves (rows, 2d) float32."""
+    table = np.asarray(interleaved)
+    out = np.empty(table.shape, dtype=np.float32)
+    dim = table.shape[-1] // 2
+    for start in range(0, len(table), CHECK_ROWS):
+        block = np.asarray(table[start : start + CHECK_ROWS], dtype=np.float32)
+        out[start : start + CHECK_ROWS, :dim], out[start : start + CHECK_ROWS, dim:] = block[:, 0::2], block[:, 1::2]
+    return out
 
 
 def _check_rows(table: np.ndarray, names: list[str], table_path: str, names_path: str, kind: str) -> None:
@@ -153,4 +166,4 @@ def graph_triples(path: str | os.PathLike, entities: Vocab, relations: Vocab) ->
     return triples
 
 
-__all__ = ["KINDS", "Imported", "graph_triples", "to_bundle"]
+__all__ = ["KINDS", "Imported", "graph_triples", "halves", "to_bundle"]

@@ -433,3 +433,27 @@ def test_every_decoded_field_is_a_bundle_field():
     bundle_types = {f.name: f.type for f in dataclasses.fields(Bundle)}
     for f in dataclasses.fields(DecodedBundle):
         assert bundle_types.get(f.name) == f.type, f.name
+
+
+@pytest.mark.parametrize("precision", ["fp32", "int8", "pq:8"])
+def test_the_written_file_is_what_safetensors_writes(trained_run, tmp_path, precision):
+    """write_safetensors writes the file itself, block by block: the same bytes as safetensors' own file but
+    for the metadata's order (a hash map's in safetensors, so not even fixed from one process to the next; sorted
+    here), which sets no size (bundle.sizes predicts sizes to the byte)."""
+    from safetensors.numpy import load as st_load
+    from safetensors.numpy import save as st_save
+
+    from earl_service.bundle.format import read_safetensors
+
+    bundle = load_bundle(trained_run[0] / BUNDLE)
+    tensors, meta = bundle.to_tensors(precision)
+    path = write_safetensors(tmp_path / "b.safetensors", tensors, {**meta, "note": 'a "quoted" é\n\x01'})
+    written_meta, read, _ = read_safetensors(path)
+    theirs = st_save(tensors, metadata=written_meta)
+    ours = path.read_bytes()
+    assert len(ours) == len(theirs) and ours[-10_000:] == theirs[-10_000:]
+    layout = [[(k, v) for k, v in json.loads(b[8 : 8 + int.from_bytes(b[:8], "little")]).items()
+               if k != "__metadata__"] for b in (ours, theirs)]
+    assert layout[0] == layout[1]  # the tensors in safetensors' order at its offsets
+    assert written_meta["note"] == 'a "quoted" é\n\x01' and list(written_meta) == sorted(written_meta)
+    assert all(np.array_equal(read[k], v) for k, v in st_load(theirs).items())

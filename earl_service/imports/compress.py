@@ -1,0 +1,234 @@
+"""`earl compress --from BUNDLE`: an imported model (no dims to retrain) at every precision that fits a byte budget
+(fp32, fp16, int8, pq:M for several M), pq codebooks fine-tuned against its scorer when a graph is given, each
+size's filtered MRR beside the original's; the most accurate one that fits is the pick.
+
+Every candidate is written with plain weights (no xz), so its bytes follow from its tensors' shapes: a size
+estimated from them (the graph and vocabularies as packed, plus the tables as the precision stores them) rules a
+candidate out before any codebook is trained, and the written file is checked against the budget.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from earl_service.bundle.codebooks import Layout, decode_table
+from earl_service.bundle.model_io import Bundle, load_bundle
+from earl_service.bundle.precision import Precision, ProductQuantized
+from earl_service.core import scorers
+from earl_service.core.known import KnownAnswers
+from earl_service.data.dataset import SPLIT_SUFFIXES, load_triples_file
+from earl_service.errors import ModelImportError
+from earl_service.imports import tune
+
+CODING = "plain"
+HEADER_ROOM = 16_384  # header bytes a candidate may take beyond its tensors (names, shapes, metadata)
+NUMBERS_PER_CODE = (1, 2, 4, 8, 16)  # pq:M candidates: M = width / n for each n dividing the row width
+PICK = "bundle.safetensors"
+
+
+@dataclass(frozen=True)
+class ImportedSearch:
+    """The settings of a search: the byte budget, minutes for it all, how many valid triples score each size
+    (0: all), and fine-tuning."""
+
+    max_bytes: int
+    time_limit_minutes: float = 10.0
+    eval_triples: int = 2000
+    fine_tune: bool = True
+    seed: int = 0
+    precisions: tuple[str, ...] = ()  # () : fp32, fp16, int8 and pq:M for NUMBERS_PER_CODE
+
+
+@dataclass
+class Graph:
+    """The graph's splits as ids over the bundle's names (rows naming an entity the model lacks are dropped)."""
+
+    splits: dict[str, np.ndarray]
+    dropped: dict[str, int] = field(default_factory=dict)
+
+    def known(self, num_relations: int) -> KnownAnswers:
+        return KnownAnswers(np.concatenate(list(self.splits.values())), num_relations)
+
+
+def read_graph(folder: str | Path, bundle: Bundle) -> Graph:
+    """train / valid / test of a dataset folder mapped onto the bundle's vocabularies."""
+    folder = Path(folder)
+    splits, dropped = {}, {}
+    for split in ("train", "valid", "test"):
+        path = next((p for p in (folder / f"{split}{s}" for s in SPLIT_SUFFIXES) if p.is_file()), None)
+        if path is None:
+            continue
+        triples, _ = load_triples_file(path, bundle.entities, bundle.relations, allow_new_entities=True)
+        keep = (triples[:, [0, 2]] < len(bundle.entities)).all(axis=1)
+        splits[split], dropped[split] = triples[keep], int((~keep).sum())
+    if "valid" not in splits:
+        raise ModelImportError(f"--graph {folder}: a dataset folder with a valid file (valid.txt, ...) scores sizes")
+    return Graph(splits, dropped)
+
+
+def filtered_mrr(bundle: Bundle, triples: np.ndarray, known: KnownAnswers, *, params: dict | None = None) -> float:
+    """Mean reciprocal filtered realistic rank over tails and heads of `triples`, by the bundle's scorer."""
+    params = params or bundle.params
+    config = bundle.config
+    scorer = scorers.scorer(config.model, gamma=config.gamma, epsilon=config.epsilon, dim=config.dim)
+    ranks = [scorers.filtered_ranks(scorer, params["entities"], params["relations"], triples, known, side=side)
+             for side in ("tail", "head")]
+    return float(np.mean(1.0 / np.concatenate(ranks)))
+
+
+def candidates(bundle: Bundle, search: ImportedSearch) -> list[Precision]:
+    if search.precisions:
+        return [Precision.parse(p).resolve(bundle.config.dim) for p in search.precisions]
+    width = 2 * bundle.config.dim
+    found: list[Precision] = [Precision.parse(p) for p in ("fp32", "fp16", "int8")]
+    for n in NUMBERS_PER_CODE:
+        if width % n == 0:
+            pq = ProductQuantized(width // n)
+            if pq.plan(bundle.config.model, bundle.config.dim, _shapes(bundle)):
+                found.append(pq)
+    return found
+
+
+def estimate(bundle: Bundle, precision: Precision) -> int:
+    """Bytes of the file without its header: the packed fixed parts and each table as `precision` stores it."""
+    fixed = sum(int(v.nbytes) for v in bundle.fixed_parts().values()) + 8 * max(len(bundle.reserved), 1)
+    layouts: dict[str, Layout] = {}
+    if isinstance(precision, ProductQuantized):
+        layouts = precision.plan(bundle.config.model, bundle.config.dim, _shapes(bundle))
+    store = ProductQuantized.FALLBACK if isinstance(precision, ProductQuantized) else precision
+    tables = sum(layouts[n].nbytes if n in layouts else len(v) * store.row_bytes(v.shape[1])
+                 for n, v in bundle.params.items())
+    return fixed + tables
+
+
+def _shapes(bundle: Bundle) -> dict[str, tuple[int, ...]]:
+    return {name: tuple(value.shape) for name, value in bundle.params.items()}
+
+
+class Search:
+    """One search's state: the bundle, its graph, the clock, and what each candidate gave."""
+
+    def __init__(self, bundle: Bundle, out: Path, search: ImportedSearch, graph: Graph | None) -> None:
+        self.bundle, self.out, self.search, self.graph = bundle, out, search, graph
+        self.deadline = time.monotonic() + search.time_limit_minutes * 60
+        self.known = graph.known(len(bundle.relations)) if graph else None
+        self.eval = self._eval_triples()
+        self.rows: list[dict[str, Any]] = []
+
+    def _eval_triples(self) -> np.ndarray | None:
+        if self.graph is None:
+            return None
+        valid = self.graph.splits["valid"]
+        limit = self.search.eval_triples
+        if limit and len(valid) > limit:
+            valid = valid[np.sort(np.random.default_rng(self.search.seed).choice(len(valid), limit, replace=False))]
+        return valid
+
+    def mrr(self, params: dict | None = None) -> float | None:
+        if self.eval is None or self.known is None:
+            return None
+        return filtered_mrr(self.bundle, self.eval, self.known, params=params)
+
+    def run(self, precision: Precision, tune_seconds: float) -> dict[str, Any]:
+        """Write one candidate (candidates/<name>.safetensors) and score it; its row for the report."""
+        row: dict[str, Any] = {"precision": precision.name, "estimate": estimate(self.bundle, precision)}
+        if row["estimate"] > self.search.max_bytes:
+            return {**row, "fits": False, "skipped": "estimate over the budget"}
+        if time.monotonic() > self.deadline:
+            return {**row, "fits": None, "skipped": "time limit"}
+        tables = None
+        if isinstance(precision, ProductQuantized):
+            tables = precision.encode_tables(self.bundle.config, self.bundle.params, seed=self.search.seed)
+            tables = self._tuned(tables, row, tune_seconds)
+        path = self.out / "candidates" / f"{precision.name.replace(':', '-')}.safetensors"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.bundle.save(path, precision=precision, coding=CODING, pq_tables=tables)
+        row.update(bytes=path.stat().st_size, path=str(path))
+        row["fits"] = row["bytes"] <= self.search.max_bytes
+        if row["fits"]:
+            row["mrr"] = self.mrr(load_bundle(path).params)
+        else:
+            path.unlink()
+        return row
+
+    def _tuned(self, tables: dict, row: dict[str, Any], seconds: float) -> dict:
+        """Fine-tuned entity codebooks where a graph is given and they score better on the valid triples."""
+        kind = self.bundle.config.model
+        if self.graph is None or not self.search.fine_tune or kind not in tune.TUNABLE or "entities" not in tables:
+            return tables
+        codes, books = tables["entities"]
+        relations = ProductQuantized.stored_values({"relations": self.bundle.params["relations"]}, {})["relations"]
+        budget = tune.Tuning(seconds=seconds, seed=self.search.seed)
+        tuned = tune.tune(kind, codes, books, relations, self.graph.splits["train"], budget)
+        before = self.mrr({"entities": decode_table(codes, books), "relations": relations})
+        after = self.mrr({"entities": decode_table(codes, tuned), "relations": relations})
+        row["fine_tune"] = {"steps": len(budget.losses), "seconds": round(seconds, 1), "mrr_before": before,
+                            "mrr_after": after, "kept": bool(after is not None and before is not None
+                                                             and after > before)}
+        return {**tables, "entities": (codes, tuned)} if row["fine_tune"]["kept"] else tables
+
+
+def compress_imported(source: str | Path, out: str | Path, search: ImportedSearch,
+                      graph: str | Path | None = None) -> dict[str, Any]:
+    """Search the precisions of the bundle `source` under search.max_bytes; writes out/report.json, report.md,
+    candidates/ and the pick as out/bundle.safetensors. Returns the report."""
+    start = time.monotonic()
+    bundle = load_bundle(source)
+    if set(bundle.params) != {"entities", "relations"}:
+        raise ModelImportError(f"{source}: a {bundle.config.model} bundle holds a trained encoder; `earl compress "
+                               "--from` searches the sizes of an imported model's tables (`earl import`)")
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    state = Search(bundle, out, search, read_graph(graph, bundle) if graph else None)
+    original = {"bytes": bundle.num_bytes, "precision": bundle.precision, "mrr": state.mrr()}
+    chosen = candidates(bundle, search)
+    pq_count = sum(isinstance(p, ProductQuantized) for p in chosen)
+    tune_seconds = search.time_limit_minutes * 60 / 2 / max(pq_count, 1)  # half the time, shared by pq sizes
+    for precision in chosen:
+        state.rows.append(state.run(precision, tune_seconds))
+    fitting = [r for r in state.rows if r.get("fits")]
+    scored = all(r.get("mrr") is not None for r in fitting)  # without a graph: the largest that fits
+    pick = max(fitting, key=lambda r: (r["mrr"], -r["bytes"]) if scored else (r["bytes"], 0)) if fitting else None
+    if pick is not None:
+        shutil.copyfile(pick["path"], out / PICK)
+    report = {"source": str(source), "model": bundle.config.model, "dim": bundle.config.dim,
+              "entities": len(bundle.entities), "relations": len(bundle.relations), "max_bytes": search.max_bytes,
+              "graph": str(graph) if graph else None, "eval_split": "valid" if graph else None,
+              "eval_triples": 0 if state.eval is None else len(state.eval),
+              "dropped": state.graph.dropped if state.graph else {}, "original": original, "candidates": state.rows,
+              "pick": pick and pick["precision"], "seconds": round(time.monotonic() - start, 1)}
+    (out / "report.json").write_text(json.dumps(report, indent=2) + "\n")
+    (out / "report.md").write_text(markdown(report))
+    return report
+
+
+def markdown(report: dict[str, Any]) -> str:
+    def mrr(value: float | None) -> str:
+        return "-" if value is None else f"{value:.4f}"
+
+    lines = [f"# `earl compress --from` {Path(report['source']).name}", "",
+             f"{report['model']} dim {report['dim']}, {report['entities']:,} entities; budget "
+             f"{report['max_bytes']:,} bytes; MRR: filtered, tails and heads, on {report['eval_triples']:,} "
+             f"{report['eval_split'] or '(no graph)'} triples.", "",
+             "| precision | bytes | of original | fits | MRR | fine-tuned (MRR before -> after) |", "|---|---|---|---|---|---|",
+             f"| original ({report['original']['precision']}) | {report['original']['bytes']:,} | 1 | - | "
+             f"{mrr(report['original']['mrr'])} | |"]
+    for row in report["candidates"]:
+        size = row.get("bytes", row["estimate"])
+        tuned = row.get("fine_tune")
+        note = (f"{mrr(tuned['mrr_before'])} -> {mrr(tuned['mrr_after'])}{'' if tuned['kept'] else ' (not kept)'}"
+                if tuned else row.get("skipped", ""))
+        lines.append(f"| {row['precision']}{' **pick**' if row['precision'] == report['pick'] else ''} | "
+                     f"{size:,}{'' if 'bytes' in row else ' (est.)'} | 1/{report['original']['bytes'] / size:.1f} | "
+                     f"{'yes' if row.get('fits') else 'no'} | {mrr(row.get('mrr'))} | {note} |")
+    return "\n".join(lines) + "\n"
+
+
+__all__ = ["ImportedSearch", "compress_imported", "estimate", "filtered_mrr", "markdown", "read_graph"]

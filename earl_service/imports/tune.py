@@ -1,0 +1,82 @@
+"""Fine-tuning an imported model's pq codebooks against its own scorer: the codes stay, the centroids train so that
+each training triple's true tail and head score highest among all entities (1-N cross-entropy), the relation table
+fixed at its stored (int8) values. Torch twins of core/scorers.py's queries and distances, held equal by a test.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+TUNABLE = ("transe-l1", "transe-l2", "distmult", "complex", "rotate-l2")  # rotate's sum of moduli has no cdist
+
+
+def query(kind: str, entity: torch.Tensor, relation: torch.Tensor, *, inverse: bool) -> torch.Tensor:
+    """(B, 2d) queries as core.scorers.SCORERS[kind].query forms them (entity (B, 2d), relation (B, w))."""
+    if kind.startswith("transe"):
+        return entity - relation if inverse else entity + relation
+    if kind == "distmult":
+        return entity * relation
+    dim = entity.shape[-1] // 2
+    re, im = entity[:, :dim], entity[:, dim:]
+    if kind == "rotate-l2":
+        r_re, r_im = torch.cos(relation), torch.sin(relation)  # phases in radians
+    else:
+        r_re, r_im = relation[:, :dim], relation[:, dim:]
+    if inverse:
+        r_im = -r_im
+    return torch.cat([re * r_re - im * r_im, re * r_im + im * r_re], dim=-1)
+
+
+def distances(kind: str, queries: torch.Tensor, entities: torch.Tensor) -> torch.Tensor:
+    """(B, N) distances as core.scorers.SCORERS[kind].distance computes them, lower is better."""
+    if kind in ("distmult", "complex"):
+        return -queries @ entities.T
+    return torch.cdist(queries, entities, p=1.0 if kind == "transe-l1" else 2.0)
+
+
+@dataclass
+class Tuning:
+    """How long fine-tuning may run, and what it did."""
+
+    seconds: float = 60.0
+    steps: int = 2000
+    batch_size: int = 256
+    lr: float = 1e-3
+    seed: int = 0
+    losses: list[float] = field(default_factory=list)
+
+
+def tune(kind: str, codes: np.ndarray, books: np.ndarray, relations: np.ndarray, triples: np.ndarray,
+         budget: Tuning) -> np.ndarray:
+    """Codebooks (M, 256, s) fp16 trained from `books` for the entity codes (N, M) over `triples` (E, 3), at most
+    budget.steps steps and budget.seconds; `relations` (R, w) float32 as the bundle stores them."""
+    if kind not in TUNABLE:
+        raise ValueError(f"{kind}: codebook fine-tuning reads {', '.join(TUNABLE)}")
+    gen = torch.Generator().manual_seed(budget.seed)
+    code_ids = torch.from_numpy(codes.astype(np.int64))  # (N, M)
+    centroids = torch.nn.Parameter(torch.from_numpy(books.astype(np.float32)))  # (M, 256, s)
+    rel = torch.from_numpy(np.asarray(relations, dtype=np.float32))
+    train = torch.from_numpy(np.asarray(triples, dtype=np.int64))
+    optimizer = torch.optim.Adam([centroids], lr=budget.lr)
+    m = centroids.shape[0]
+    start = time.perf_counter()
+    while len(budget.losses) < budget.steps and time.perf_counter() - start < budget.seconds:
+        batch = train[torch.randint(len(train), (min(budget.batch_size, len(train)),), generator=gen)]
+        table = centroids[torch.arange(m)[None, :], code_ids].reshape(len(code_ids), -1)  # (N, M * s)
+        h, r, t = batch[:, 0], batch[:, 1], batch[:, 2]
+        loss = torch.zeros(())
+        for anchor, target, inverse in ((h, t, False), (t, h, True)):
+            logits = -distances(kind, query(kind, table[anchor], rel[r], inverse=inverse), table)  # (B, N)
+            loss = loss + torch.nn.functional.cross_entropy(logits, target)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        budget.losses.append(float(loss.detach()))
+    return centroids.detach().numpy().astype(np.float16)
+
+
+__all__ = ["TUNABLE", "Tuning", "distances", "query", "tune"]

@@ -1,0 +1,101 @@
+"""`earl compress --from`: an imported bundle at every precision under a byte budget, each size's filtered MRR on
+the graph's valid split beside the original's, pq codebooks fine-tuned against the scorer and kept only when they
+score better. The model: random tables whose graph is their own top answers, so the original ranks it near 1."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from earl_service.bundle.model_io import load_bundle
+from earl_service.cli.main import main
+from earl_service.core import scorers
+from earl_service.device import load
+from earl_service.imports import tune
+from earl_service.imports.compress import ImportedSearch, compress_imported
+
+N, R, D = 2000, 3, 16
+
+
+def model_and_graph(root, kind="distmult", seed=0):
+    """Arrays for `kind` (phases for rotate-l2) and a dataset folder of each (h, r)'s best tail by the scorer."""
+    rng = np.random.default_rng(seed)
+    entities = rng.normal(size=(N, 2 * D)).astype(np.float32)
+    relations = (rng.uniform(-np.pi, np.pi, (R, D)) if kind == "rotate-l2" else rng.normal(size=(R, 2 * D)))
+    relations = relations.astype(np.float32)
+    (root / "src").mkdir(parents=True)
+    np.save(root / "src" / "entity_embeddings.npy", entities)
+    np.save(root / "src" / "relation_embeddings.npy", relations)
+    (root / "src" / "entities.tsv").write_text("".join(f"e{i}\n" for i in range(N)))
+    (root / "src" / "relations.tsv").write_text("".join(f"r{i}\n" for i in range(R)))
+    scorer = scorers.SCORERS[kind]
+    rows = []
+    for h in rng.choice(N, 200, replace=False):
+        r = int(rng.integers(R))
+        dist = scorer.distances(scorer.query(entities[h], relations[r]), entities)
+        dist[h] = np.inf
+        rows.append((h, r, int(np.argmin(dist))))
+    (root / "data").mkdir()
+    for split, part in (("train", rows[:150]), ("valid", rows[150:180]), ("test", rows[180:])):
+        (root / "data" / f"{split}.txt").write_text("".join(f"e{h}\tr{r}\te{t}\n" for h, r, t in part))
+    assert main(["import", str(root / "src"), "--scorer", kind, "--graph", str(root / "data"),
+                 "--out", str(root / "b.safetensors")]) == 0
+    return root / "b.safetensors"
+
+
+def test_sizes_under_the_budget_with_their_mrr(tmp_path, capsys):
+    bundle = model_and_graph(tmp_path)
+    capsys.readouterr()
+    fp32 = load_bundle(bundle).num_bytes
+    search = ImportedSearch(max_bytes=fp32 // 3, time_limit_minutes=1.0)
+    report = compress_imported(bundle, tmp_path / "out", search, graph=tmp_path / "data")
+    rows = {r["precision"]: r for r in report["candidates"]}
+    assert report["original"]["mrr"] > 0.5 and report["eval_triples"] == 30
+    assert not rows["fp32"]["fits"] and not rows["fp16"]["fits"] and "bytes" not in rows["fp32"]  # ruled out early
+    assert rows["int8"]["fits"] and abs(rows["int8"]["mrr"] - report["original"]["mrr"]) < 0.05
+    fitting = [r for r in rows.values() if r.get("fits")]
+    assert all(r["bytes"] <= search.max_bytes for r in fitting) and len(fitting) >= 3  # int8 and pq sizes
+    pick = max(fitting, key=lambda r: (r["mrr"], -r["bytes"]))
+    assert report["pick"] == pick["precision"]
+    for row in fitting:
+        if "fine_tune" in row:
+            tuned = row["fine_tune"]
+            assert tuned["steps"] > 0 and tuned["kept"] == (tuned["mrr_after"] > tuned["mrr_before"])
+            assert row["mrr"] == pytest.approx(max(tuned["mrr_before"], tuned["mrr_after"]))
+    served = load(tmp_path / "out" / "bundle.safetensors")  # the pick answers in the numpy-only reader
+    assert served.model == "distmult" and len(served.predict_tails("e0", "r1", 3)) == 3
+    assert (tmp_path / "out" / "bundle.safetensors").stat().st_size <= search.max_bytes
+    md = (tmp_path / "out" / "report.md").read_text()
+    assert "| original (fp32) |" in md and "**pick**" in md
+
+
+def test_the_command_line(tmp_path, capsys):
+    bundle = model_and_graph(tmp_path, kind="complex")
+    capsys.readouterr()
+    assert main(["compress", "--from", str(bundle), "--max-bytes", "1MB", "--time-limit", "0.5",
+                 "--out", str(tmp_path / "out")]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert printed["pick"] == "fp32" and printed["original"]["mrr"] is None  # no graph: sizes, no MRR
+    assert main(["compress", "--from", str(bundle), "--max-bytes", "2kB", "--out", str(tmp_path / "tiny")]) == 1
+    assert json.loads(capsys.readouterr().out)["pick"] is None
+    with pytest.raises(SystemExit):
+        main(["compress", "--from", str(bundle), "--out", str(tmp_path / "x")])
+    assert "required: --max-bytes" in capsys.readouterr().err
+    assert main(["compress", "--max-bytes", "1MB", "--time-limit", "1", "--out", str(tmp_path / "x")]) == 2
+    assert "needs a DATA folder" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("kind", tune.TUNABLE)
+def test_torch_twins_equal_the_numpy_scorers(kind):
+    rng = np.random.default_rng(3)
+    entities = rng.normal(size=(50, 2 * D)).astype(np.float32)
+    width = D if kind == "rotate-l2" else 2 * D
+    relations = rng.uniform(-np.pi, np.pi, (4, width)).astype(np.float32)
+    scorer = scorers.SCORERS[kind]
+    for inverse in (False, True):
+        q = tune.query(kind, torch.from_numpy(entities[:4]), torch.from_numpy(relations), inverse=inverse)
+        got = tune.distances(kind, q, torch.from_numpy(entities)).numpy()
+        for i in range(4):
+            want = scorer.distances(scorer.query(entities[i], relations[i], inverse=inverse), entities)
+            np.testing.assert_allclose(got[i], want, rtol=1e-4, atol=1e-4)
