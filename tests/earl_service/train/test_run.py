@@ -35,3 +35,15 @@ def test_another_reserved_set_or_k_is_another_graph():
     Run.build(ds, ModelConfig(dim=4, k=3, reserved_ratio=0.3), torch.device("cpu"), graphs=graphs)
     Run.build(ds, ModelConfig(dim=4, k=3, reserved_ratio=0.2, seed=1), torch.device("cpu"), graphs=graphs)
     assert graphs.builds == 4
+
+
+def test_runs_of_one_cache_share_its_known_answers_and_rank_as_a_fresh_run():
+    """Every compress slice loads its run again: the known answers (10M triples at 1M entities) are sorted once."""
+    ds = tiny_dataset()
+    graphs = GraphCache(ds)
+    runs = [Run.build(ds, ModelConfig(model=model, dim=4), torch.device("cpu"), graphs=graphs)
+            for model in ("rotate", "earl", "rotate")]
+    assert runs[0].known is runs[1].known is runs[2].known is graphs.known()
+    fresh = Run.build(ds, ModelConfig(model="rotate", dim=4), torch.device("cpu"))
+    fresh.model.load_state_dict(runs[0].model.state_dict())
+    assert fresh.known is None and fresh.evaluate("valid") == runs[0].evaluate("valid")
