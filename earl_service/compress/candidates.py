@@ -14,7 +14,7 @@ from earl_service.bundle.codebooks import NUMBERS_PER_CODE, codes_for
 from earl_service.bundle.precision import Precision, ProductQuantized
 from earl_service.bundle.sizes import MIN_DIM, BundleSizes
 from earl_service.compress.config import CompressConfig
-from earl_service.compress.state import Candidate, SearchState, rung_sizes, search_settings
+from earl_service.compress.state import Candidate, SearchState, rung_sizes, rung_weights, search_settings
 from earl_service.config import ModelKind, TrainConfig
 from earl_service.data.dataset import Dataset
 from earl_service.errors import ConfigError
@@ -221,11 +221,11 @@ def validation_cost(candidates: list[Candidate], seconds: Mapping[str, float], e
 
 def first_rung_trains(candidates: list[Candidate], config: CompressConfig, seconds: Mapping[str, float],
                       early_fraction: float = 1.0) -> bool:
-    """Whether rung 0's equal slices of the time limit leave every candidate at least as many seconds of training
-    as of validating, and MIN_FIRST_STEPS steps at its measured step time (before its other overheads, which
-    the rung measures)."""
+    """Whether rung 0's slices of the time limit (its rung_weights share, split equally) leave every candidate at
+    least as many seconds of training as of validating, and MIN_FIRST_STEPS steps at its measured step time
+    (before its other overheads, which the rung measures)."""
     sizes = rung_sizes(len(candidates), config.eta)
-    share = config.time_limit_minutes * 60 / len(sizes) / len(candidates)
+    share = config.time_limit_minutes * 60 * rung_weights(len(sizes))[0] / len(candidates)
     first = early_fraction if len(sizes) > 1 else 1.0
     for c in candidates:
         validate = c.validation_pass(seconds) * len(c.bytes) * first

@@ -17,7 +17,16 @@ from earl_service.bundle.precision import Precision, ProductQuantized
 from earl_service.bundle.sizes import save_exact
 from earl_service.compress.candidates import valid_fraction
 from earl_service.compress.config import METRICS
-from earl_service.compress.state import CompressRun, Export, Rung, RungResult, rung_sizes
+from earl_service.compress.state import (
+    Candidate,
+    CompressRun,
+    Export,
+    Rung,
+    RungResult,
+    rung_budget,
+    rung_sizes,
+    rung_weights,
+)
 from earl_service.data.dataset import Dataset
 from earl_service.train.evaluate import SUMMARY_KEYS
 from earl_service.train.finetune import FineTune, fine_tune
@@ -63,7 +72,8 @@ def run_rung(run: CompressRun) -> bool:
     rung = run.state.rungs[-1]
     rungs_left = run.state.rung_count - rung.index
     if rung.budget_seconds is None:
-        rung.budget_seconds = max(run.time_left - test_reserve(run), 0.0) / rungs_left
+        rung.budget_seconds = rung_budget(max(run.time_left - test_reserve(run), 0.0), rung.index,
+                                          run.state.rung_count)
     if rung.slice_seconds is None:
         rung.slice_seconds = rung.budget_seconds / len(rung.survivors)
     limit = final_limit(run) if rungs_left == 1 else EARLY_VALID_TRIPLES  # the last rung chooses the pick
@@ -111,7 +121,8 @@ def run_slice(run: CompressRun, rung: Rung, name: str, limit: int, share: float 
     run.emit("train", name, seconds=seconds)
     if train_slice(run, name, seconds) is None:
         return None
-    exports = evaluate_exports(run, name, tune_seconds=FINE_TUNE_SHARE * seconds, limit=limit)
+    tune_seconds = FINE_TUNE_SHARE * seconds if fine_tuned(run.candidate(name)) else 0.0
+    exports = evaluate_exports(run, name, tune_seconds=tune_seconds, limit=limit)
     tuned = sum(e.get("fine_tune_seconds", 0.0) for e in exports.values())
     candidate = run.candidate(name)
     candidate.other_seconds = max(run.clock() - started - seconds - tuned - validations(run, name, limit), 0.0)
@@ -123,17 +134,18 @@ def run_slice(run: CompressRun, rung: Rung, name: str, limit: int, share: float 
 
 
 def survivor_seconds(run: CompressRun) -> float:
-    """Training seconds planned for a candidate that survives every rung: each rung's equal share of the time
-    limit, split among that rung's candidates (validation and exports make the real figure somewhat smaller)."""
+    """Training seconds planned for a candidate that survives every rung: each rung's share of the time limit
+    (rung_weights), split among that rung's candidates (validation and exports make the real figure smaller)."""
     sizes = rung_sizes(len(run.state.candidates), run.config.eta)
-    return sum(run.config.time_limit_minutes * 60 / len(sizes) / n for n in sizes)
+    weights = rung_weights(len(sizes))
+    return sum(run.config.time_limit_minutes * 60 * w / n for w, n in zip(weights, sizes, strict=True))
 
 
 def validations(run: CompressRun, name: str, limit: int) -> float:
-    """Seconds of validating every export of candidate `name` on at most `limit` valid triples (0: all), from the
-    validation pass timed before the search at its dim."""
+    """Seconds of validating the current rung's exports of candidate `name` (rung_exports) on at most `limit`
+    valid triples (0: all), from the validation pass timed before the search at its dim."""
     candidate = run.candidate(name)
-    return (candidate.validation_pass(run.state.validation_seconds) * len(candidate.bytes)
+    return (candidate.validation_pass(run.state.validation_seconds) * len(rung_exports(run, name))
             * valid_fraction(run.dataset, limit))
 
 
@@ -147,7 +159,7 @@ def slice_training(run: CompressRun, name: str, share: float, limit: int) -> flo
     slice. Carrying the overhead measured at the previous rung over unchanged undercounted the last rung of
     FB15k-237's 8 MB search by about 95 s of validations, and the job overran its 60 minutes by 69 s."""
     candidate = run.candidate(name)
-    tuning = FINE_TUNE_SHARE if any(Precision.parse(p).codes_tables for p in candidate.bytes) else 0.0
+    tuning = FINE_TUNE_SHARE if fine_tuned(candidate) else 0.0
     rest = share - validations(run, name, limit) - candidate.other_seconds
     return max(rest, 0.0) / (1 + tuning)
 
@@ -178,6 +190,34 @@ def test_reserve(run: CompressRun) -> float:
     survivors = [run.candidate(n) for n in run.state.rungs[-1].survivors]
     return max(c.validation_pass(run.state.validation_seconds) * tested / max(len(valid), 1) + c.other_seconds
                for c in survivors)
+
+
+# ---------------------------------------------------------------- which exports a rung makes
+
+
+def dominated(candidate: Candidate) -> list[str]:
+    """The pq precisions of `candidate` that an export keeping its tables (int8, fp16, fp32) outranks: both fit
+    the budget and come from the same weights, the pq one coded more coarsely. They validated lower in every
+    search so far, fine-tuned or not (CoDEx-S at 1 MB: RotatE d230 int8 0.3926, its fine-tuned pq:230 0.3620)."""
+    coded = [p for p in candidate.bytes if Precision.parse(p).codes_tables]
+    return coded if len(coded) < len(candidate.bytes) else []
+
+
+def fine_tuned(candidate: Candidate) -> bool:
+    """Whether the candidate's pq exports get codebook fine-tuning: only those that may be the pick, the ones no
+    table-keeping export outranks (dominated). Fine-tuning dominated ones took 75 s (13%) of CoDEx-S's 1 MB
+    search in 10 minutes, which int8 then won."""
+    return any(Precision.parse(p).codes_tables for p in candidate.bytes) and not dominated(candidate)
+
+
+def rung_exports(run: CompressRun, name: str) -> list[str]:
+    """The precisions the current rung exports and validates for candidate `name`: every one at the last rung
+    (the report's frontier shows them all); before it, all but the dominated, which cannot change its rank."""
+    candidate = run.candidate(name)
+    if run.state.rungs and run.state.rungs[-1].index == run.state.rung_count - 1:
+        return list(candidate.bytes)
+    skipped = dominated(candidate)
+    return [p for p in candidate.bytes if p not in skipped]
 
 
 # ---------------------------------------------------------------- training and evaluating a candidate
@@ -214,29 +254,33 @@ def train_slice(run: CompressRun, name: str, seconds: float) -> dict[str, Any] |
 
 def evaluate_exports(run: CompressRun, name: str, split: str = "valid", *, tune_seconds: float = 0.0,
                      limit: int = 0) -> dict[str, Export]:
-    """Each precision's export of the candidate's best weights: its file bytes and `split` metrics of the
-    dequantized weights (on the fixed subset of at most `limit` triples; 0: all, recorded as `valid_subset`).
-    Quantized variants come from the same fp32 training, never a retraining; pq variants get faiss codebooks,
-    then up to `tune_seconds` (shared among them) of codebook fine-tuning."""
+    """The current rung's exports (rung_exports) of the candidate's best weights: each one's file bytes and `split`
+    metrics of the dequantized weights (on the fixed subset of at most `limit` triples; 0: all, recorded as
+    `valid_subset`). Quantized variants come from the same fp32 training, never a retraining; pq variants get
+    faiss codebooks, then (unless dominated) up to `tune_seconds` (shared among them) of codebook fine-tuning."""
     candidate, run_dir, train_config = run.candidate(name), run.run_dir(name), run.train_config(name)
     with run.timed("setup"):
         source = run.shipped(load_bundle(run_dir / BUNDLE))
         model_run = load_run(run_dir, run.dataset, device=train_config.device, graphs=run.graphs)
-    coded = [p for p in candidate.bytes if Precision.parse(p).codes_tables]
+    skipped = dominated(candidate)
+    tuned = [p for p in candidate.bytes if Precision.parse(p).codes_tables and p not in skipped]
     subset = limit if 0 < limit < len(model_run.ranked_triples(split)) else 0
     results = {}
-    for precision, expected in candidate.bytes.items():
+    for precision in rung_exports(run, name):
+        expected = candidate.bytes[precision]
         run.emit("evaluate", name, precision=precision)
         tables, tuning = None, {}
         if isinstance(chosen := Precision.parse(precision), ProductQuantized):
             with run.timed("codebooks"):
                 tables = chosen.encode_tables(source.config, source.params, seed=run.config.seed,
                                               **warm_start(run.export_path(name, precision)))
-            budget = FineTune(steps=FINE_TUNE_STEPS, seconds=tune_seconds / len(coded))
-            started = time.monotonic()
-            with run.timed("fine_tune"):
-                tables, budget = fine_tune(model_run, source.params, tables, train_config, budget)
-            tuning = {"fine_tune_steps": len(budget.losses), "fine_tune_seconds": time.monotonic() - started}
+            tuning = {"fine_tune_steps": 0, "fine_tune_seconds": 0.0}
+            if precision in tuned:
+                budget = FineTune(steps=FINE_TUNE_STEPS, seconds=tune_seconds / len(tuned))
+                started = time.monotonic()
+                with run.timed("fine_tune"):
+                    tables, budget = fine_tune(model_run, source.params, tables, train_config, budget)
+                tuning = {"fine_tune_steps": len(budget.losses), "fine_tune_seconds": time.monotonic() - started}
         with run.timed("export"):
             path = save_exact(source, run.export_path(name, precision), precision=precision,
                               metrics={"compress": {"candidate": name}}, expected=expected, pq_tables=tables)

@@ -24,7 +24,18 @@ from earl_service.compress import rungs as rungs_module
 from earl_service.compress import search as compress_module
 from earl_service.compress.config import CompressConfig, budget_floor, parse_size
 from earl_service.compress.search import compress
-from earl_service.compress.state import PICK, STATE, Candidate, CompressRun, Rung, RungResult, SearchState, rung_sizes
+from earl_service.compress.state import (
+    PICK,
+    STATE,
+    Candidate,
+    CompressRun,
+    Rung,
+    RungResult,
+    SearchState,
+    rung_budget,
+    rung_sizes,
+    rung_weights,
+)
 from earl_service.config import MODELS, ModelConfig, TrainConfig
 from earl_service.data.dataset import Dataset, load_dataset
 from earl_service.data.labels import Labels
@@ -229,7 +240,7 @@ def test_a_candidate_that_overruns_its_slice_takes_no_time_from_the_next(tmp_pat
     monkeypatch.setattr(rungs_module, "evaluate_exports", evaluate_exports)
     assert rungs_module.run_rung(job)
     reserve = 2.0 * len(job.dataset.test) / len(job.dataset.valid)  # the pick's test pass, kept back
-    slice_seconds = (600 - reserve) / 2 / 3  # half of 10 minutes for rung 0 of 2, among 3 candidates
+    slice_seconds = (600 - reserve) / 3 / 3  # a third of 10 minutes for rung 0 of 2, among 3 candidates
     assert trained == pytest.approx(dict.fromkeys(trained, slice_seconds - 2 * 2.0))
     assert all(job.candidate(n).other_seconds >= 0 for n in trained)
 
@@ -243,7 +254,7 @@ def test_the_last_rung_and_the_pick_test_end_within_the_time_limit(tmp_path, mon
     monkeypatch.setattr(rungs_module, "FINAL_EVAL_SHARE", 1.0)  # the whole split however long it takes
     clock = {"now": 0.0}
     units = [candidate("rotate", 20, {"fp32": 1, "int8": 1}, validation_seconds=30.0),
-             candidate("rotate", 10, {"fp32": 1, "pq:4": 1}, validation_seconds=20.0)]
+             candidate("rotate", 10, {"pq:4": 1, "pq:2": 1}, validation_seconds=20.0)]  # fine-tuned: fits only pq
     config = CompressConfig(max_bytes=10**6, time_limit_minutes=10)
     state = search_state(units, rung_count=len(rung_sizes(2, config.eta)), validation_seconds={"rotate": 30.0})
     dataset = tiny_dataset()
@@ -256,11 +267,12 @@ def test_the_last_rung_and_the_pick_test_end_within_the_time_limit(tmp_path, mon
         return {}
 
     def evaluate_exports(job, name, *, tune_seconds, limit):
-        unit = job.candidate(name)
-        validations = unit.validation_seconds * 2 * candidates_module.valid_fraction(job.dataset, limit)
+        unit, exports = job.candidate(name), rungs_module.rung_exports(job, name)
+        validations = unit.validation_seconds * len(exports) * candidates_module.valid_fraction(job.dataset, limit)
         clock["now"] += 5.0 + tune_seconds + validations  # load and export, fine-tune the pq export, validate
+        tuned = sum(p.startswith("pq") for p in exports)
         return {p: {"mrr": 0.2 if p.startswith("pq") else 0.1, "hits_at_10": 0.2,
-                    **({"fine_tune_seconds": tune_seconds} if p.startswith("pq") else {})} for p in unit.bytes}
+                    **({"fine_tune_seconds": tune_seconds / tuned} if p.startswith("pq") else {})} for p in exports}
 
     monkeypatch.setattr(rungs_module, "train_slice", train_slice)
     monkeypatch.setattr(rungs_module, "evaluate_exports", evaluate_exports)
@@ -617,6 +629,39 @@ def test_pq_candidates_buy_dims_that_int8_cannot_afford():
     assert all(set(u.bytes) == {"pq:16"} for u in candidates_module.plan_candidates(sizes, fixed))
     with pytest.raises(ConfigError, match="pq:M"):
         CompressConfig(max_bytes=100_000, time_limit_minutes=1, precisions=("pq:0",))
+
+
+def test_pq_exports_that_int8_outranks_are_made_at_the_last_rung_untuned(tmp_path):
+    """A candidate that fits at int8 has its pq exports (the same weights, coded more coarsely) validated only at
+    the last rung, for the frontier, and never fine-tuned: its slices train without the fine-tuning share. A
+    candidate that fits only as pq keeps both at every rung."""
+    both = candidate("rotate", 20, {"int8": 1, "pq:10": 1, "pq:5": 1})
+    coded = candidate("rotate", 40, {"pq:20": 1, "pq:10": 1})
+    state = search_state([both, coded], rung_count=2, validation_seconds={"rotate": 10.0})
+    job = CompressRun(tiny_dataset(), tmp_path, CompressConfig(max_bytes=10**6, time_limit_minutes=10), TINY, state)
+    state.rungs.append(Rung(index=0, survivors=[both.name, coded.name]))
+    assert rungs_module.dominated(both) == ["pq:10", "pq:5"] and rungs_module.dominated(coded) == []
+    assert not rungs_module.fine_tuned(both) and rungs_module.fine_tuned(coded)
+    assert rungs_module.rung_exports(job, both.name) == ["int8"]
+    assert rungs_module.rung_exports(job, coded.name) == ["pq:20", "pq:10"]
+    assert rungs_module.slice_training(job, both.name, 60.0, 0) == pytest.approx(60 - 10.0)
+    assert rungs_module.slice_training(job, coded.name, 60.0, 0) == pytest.approx(
+        (60 - 2 * 10.0) / (1 + rungs_module.FINE_TUNE_SHARE))
+    state.rungs.append(Rung(index=1, survivors=[both.name]))
+    assert rungs_module.rung_exports(job, both.name) == ["int8", "pq:10", "pq:5"]
+    assert rungs_module.slice_training(job, both.name, 60.0, 0) == pytest.approx(60 - 3 * 10.0)
+
+
+def test_rungs_take_growing_shares_of_the_time():
+    assert rung_weights(1) == [1.0]
+    assert rung_weights(4) == pytest.approx([0.1, 0.2, 0.3, 0.4])
+    # each rung's budget from the time left for it and the rungs after it: the planned split when nothing overruns
+    left = 600.0
+    for index, weight in enumerate(rung_weights(3)):
+        budget = rung_budget(left, index, 3)
+        assert budget == pytest.approx(600 * weight)
+        left -= budget
+    assert rung_budget(100.0, 2, 3) == pytest.approx(100.0)  # the last rung takes whatever is left
 
 
 def test_a_killed_job_with_pq_candidates_continues(tmp_path, monkeypatch):

@@ -52,7 +52,8 @@ def test_compress_candidates_decay_over_what_a_survivor_of_every_rung_trains():
     job = SimpleNamespace(state=SimpleNamespace(candidates=[{}] * 8),
                           config=SimpleNamespace(eta=2, time_limit_minutes=40))
     assert rung_sizes(8, 2) == [8, 4, 2, 1]
-    assert survivor_seconds(job) == pytest.approx(600 * (1 / 8 + 1 / 4 + 1 / 2 + 1))  # 2400 s in 4 equal rungs
+    # 2400 s in 4 rungs weighing 1, 2, 3, 4 (240, 480, 720, 960 s), among 8, 4, 2, 1 candidates
+    assert survivor_seconds(job) == pytest.approx(240 / 8 + 480 / 4 + 720 / 2 + 960)
 
 
 def test_bad_schedule_values_are_refused():
