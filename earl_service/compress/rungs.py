@@ -305,7 +305,7 @@ def evaluate_bundle(run: Run, path: Path, split: str, *, batch_size: int = 256, 
     params = {k: torch.from_numpy(v) for k, v in load_bundle(path).params.items()}
     run.model.load_state_dict(params, strict=False)  # every weight; the reserved ids are the run's own
     result = run.evaluate(split, batch_size=batch_size, limit=limit)
-    return {k: result[k] for k in SUMMARY_KEYS}
+    return {**{k: result[k] for k in SUMMARY_KEYS}, "standard_error": result["standard_error"]}
 
 
 __all__ = ["EARLY_VALID_TRIPLES", "FINAL_EVAL_SHARE", "early_fraction", "evaluate_bundle", "final_limit", "run_rung"]

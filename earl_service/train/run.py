@@ -19,7 +19,7 @@ from earl_service.errors import ConfigError, DatasetError, RunError
 from earl_service.model.graph import Graph, build_graph, choose_reserved
 from earl_service.model.modules import EARL, RotatE, build_model
 from earl_service.train.checkpoint import CHECKPOINT, load_best
-from earl_service.train.evaluate import rank_triples, summarize, summarize_per_relation
+from earl_service.train.evaluate import rank_triples, standard_errors, summarize, summarize_per_relation
 from earl_service.train.sampling import NeighborIndex, embed_all
 
 log = logging.getLogger(__name__)
@@ -205,7 +205,8 @@ class Run:
                              batch_size=batch_size)
         self.model.train()
         result = summarize(ranks)
-        out = {**result["both"], "protocol": protocol, "split": split, "tail": result["tail"], "head": result["head"]}
+        out = {**result["both"], "protocol": protocol, "split": split, "tail": result["tail"], "head": result["head"],
+               "standard_error": standard_errors(ranks)}
         if per_relation:
             out["per_relation"] = summarize_per_relation(ranks, triples[:, 1], self.dataset.relations.names)
         return out

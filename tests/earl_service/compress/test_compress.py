@@ -199,10 +199,46 @@ def test_successive_halving_keeps_the_best_half_and_each_models_best(tiny_job):
     rungs, models = report["rungs"], {u["name"]: u["model"] for u in report["candidates"]}
     sizes = rung_sizes(len(report["candidates"]), 2)
     assert len(rungs) == len(sizes)
-    for before, after, keep in zip(rungs, rungs[1:], sizes[1:], strict=False):
+    for before, after, keep in zip(rungs[:-2], rungs[1:-1], sizes[1:-1], strict=True):
         ranked = sorted(before["scores"], key=lambda n: -before["scores"][n])
-        assert after["survivors"] == compress_module.survivors(ranked, keep, models.__getitem__, before["scores"])
-        assert keep <= len(after["survivors"]) <= max(keep, len({models[n] for n in ranked}))
+        kept = compress_module.survivors(ranked, keep, models.__getitem__, before["scores"])
+        base = compress_module.baseline_name([Candidate.from_json(u) for u in report["candidates"]])
+        assert set(kept) <= set(after["survivors"]) <= set(kept) | {base}
+        assert keep <= len(after["survivors"])
+    assert len(rungs[-1]["survivors"]) == 1  # the last rung trains one
+
+
+def _cut(tmp_path, scores: dict[str, tuple[float, float]], rung_count: int) -> list[str]:
+    """The survivors next_rung keeps from a rung 0 whose candidates scored `scores` (name: (MRR, its standard
+    error)); the candidates' dims and precisions as their names say."""
+    units = [candidate(n.split("-d")[0], int(n.split("-d")[1]), {"int8": 1} if n.endswith("0") else {"pq:4": 1})
+             for n in scores]
+    state = search_state(units, rung_count=rung_count, validation_seconds={"rotate": 1.0, "earl": 1.0})
+    job = CompressRun(tiny_dataset(), tmp_path, CompressConfig(max_bytes=10**6, time_limit_minutes=10), TINY, state)
+    results = {n: RungResult(exports={"int8": {"mrr": mrr, "standard_error": {"mrr": se, "hits_at_10": se}}},
+                             train_seconds=1.0, steps=1, score=mrr) for n, (mrr, se) in scores.items()}
+    state.rungs.append(Rung(index=0, survivors=list(scores), results=results))
+    compress_module.next_rung(job)
+    return job.state.rungs[-1].survivors
+
+
+def test_the_search_leaves_its_baseline_only_on_evidence(tmp_path):
+    """The widest int8 RotatE is the baseline; the last rung trains one candidate: the best, unless the baseline
+    is within MARGIN_SE standard errors of it. Earlier cuts keep a tied baseline beside the usual survivors."""
+    assert compress_module.baseline_name([candidate("earl", 40, {"int8": 1}), candidate("rotate", 30, {"int8": 1}),
+                                          candidate("rotate", 60, {"pq:4": 1})]) == "rotate-d30"
+    assert compress_module.baseline_name([candidate("earl", 40, {"int8": 1}), candidate("earl", 20, {"int8": 1}),
+                                          candidate("rotate", 60, {"pq:4": 1})]) == "earl-d40"
+    assert compress_module.baseline_name([candidate("rotate", 60, {"pq:4": 1})]) is None
+    close = {"earl-d40": (0.3185, 0.012), "rotate-d30": (0.3152, 0.012)}
+    assert _cut(tmp_path / "a", close, rung_count=2) == ["rotate-d30"]
+    clear = {"earl-d40": (0.3600, 0.012), "rotate-d30": (0.3152, 0.012)}
+    assert _cut(tmp_path / "b", clear, rung_count=2) == ["earl-d40"]
+    # 4 candidates, 3 rungs: 2 go on (each model's leader), and the baseline too while within the margin of the best
+    many = {"earl-d40": (0.33, 0.01), "earl-d20": (0.32, 0.01), "rotate-d61": (0.315, 0.01), "rotate-d30": (0.31, 0.01)}
+    assert _cut(tmp_path / "c", many, rung_count=3) == ["earl-d40", "rotate-d61", "rotate-d30"]
+    far = {**many, "rotate-d30": (0.25, 0.01)}
+    assert _cut(tmp_path / "d", far, rung_count=3) == ["earl-d40", "rotate-d61"]
 
 
 def test_survivors_keep_each_models_leader_however_it_ranks():

@@ -41,3 +41,13 @@ def test_metrics():
     assert m.mrr == pytest.approx((1 + 0.5 + 0.25 + 0.05) / 4)
     assert m.mr == pytest.approx(27 / 4)
     assert (m.hits_at_1, m.hits_at_3, m.hits_at_10) == (0.25, 0.5, 0.75)
+
+
+def test_standard_errors_of_mrr_and_hits_pool_both_directions():
+    from earl_service.train.evaluate import standard_errors
+
+    ranks = {"tail": np.array([1.0, 2.0]), "head": np.array([4.0, 20.0])}
+    reciprocal, hits = np.array([1.0, 0.5, 0.25, 0.05]), np.array([1.0, 1.0, 1.0, 0.0])
+    assert standard_errors(ranks) == pytest.approx({"mrr": np.std(reciprocal, ddof=1) / 2,
+                                                    "hits_at_10": np.std(hits, ddof=1) / 2})
+    assert standard_errors({"tail": np.array([3.0]), "head": np.zeros(0)}) == {"mrr": 0.0, "hits_at_10": 0.0}
