@@ -20,7 +20,7 @@ from earl_service.data.dataset import Dataset
 from earl_service.errors import ConfigError
 from earl_service.train.distributed import Ranks
 from earl_service.train.loop import Learner, train_step
-from earl_service.train.run import Run, resolve_device
+from earl_service.train.run import GraphCache, Run, resolve_device
 from earl_service.train.schedule import build_optimizer
 from earl_service.train.state import TrainState
 
@@ -40,14 +40,15 @@ PQDim = Callable[[BundleSizes, ModelKind, int], int | None]
 
 
 def plan(dataset: Dataset, config: CompressConfig, train_configs: Mapping[ModelKind, TrainConfig], *,
-         early_fraction: float) -> SearchState:
+         early_fraction: float, graphs: GraphCache | None = None) -> SearchState:
     """A new search: the candidates that fit the budget, their validations timed here, as many kept as the time
     limit can validate (`early_fraction`: the share of a whole validation a rung before the last costs).
-    Timing the validations is part of the search: on one core it took 3 of FB15k-237's 60 minutes at 8 MB."""
+    Timing the validations is part of the search: on one core it took 3 of FB15k-237's 60 minutes at 8 MB.
+    `graphs`: the search's cache, so that the graphs and known answers built for the timings serve it too."""
     started = time.monotonic()
     sizes = BundleSizes(dataset, seed=config.seed, graphless=config.graphless)
     candidates = plan_candidates(sizes, config)
-    measured = measure_costs(dataset, sizes, candidates, train_configs)
+    measured = measure_costs(dataset, sizes, candidates, train_configs, graphs)
     candidates, seconds = with_estimates(candidates, measured), largest_validation_seconds(measured)
     candidates = fit_to_time(config, candidates, seconds, early_fraction)
     # What the candidates carry: a graphless search's RotatE packs no graph (xz over a 10M-triple graph took minutes
@@ -128,7 +129,8 @@ def pq_precisions(sizes: BundleSizes, config: CompressConfig, model: ModelKind, 
 
 
 def measure_costs(dataset: Dataset, sizes: BundleSizes, candidates: list[Candidate],
-                  train_configs: Mapping[ModelKind, TrainConfig]) -> dict[str, dict[int, tuple[float, float]]]:
+                  train_configs: Mapping[ModelKind, TrainConfig], graphs: GraphCache | None = None,
+                  ) -> dict[str, dict[int, tuple[float, float]]]:
     """Seconds of one validation pass (estimated from two timed subsets, pass_seconds) and of one training step
     (step_seconds) of each model's largest and smallest candidates, untrained: {model: {dim: (pass, step)}}."""
     measured: dict[str, dict[int, tuple[float, float]]] = {}
@@ -137,7 +139,7 @@ def measure_costs(dataset: Dataset, sizes: BundleSizes, candidates: list[Candida
         train_config = train_configs[model]
         measured[model] = {}
         for dim in sorted({max(dims), min(dims)}, reverse=True):
-            run = Run.build(dataset, sizes.config(model, dim), resolve_device(train_config.device))
+            run = Run.build(dataset, sizes.config(model, dim), resolve_device(train_config.device), graphs=graphs)
 
             def evaluate(limit: int, run: Run = run, batch_size: int = train_config.eval_batch_size) -> None:
                 run.evaluate("valid", batch_size=batch_size, limit=limit)

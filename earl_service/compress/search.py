@@ -56,13 +56,13 @@ def compress(dataset: Dataset, out_dir: str | os.PathLike, config: CompressConfi
         raise DatasetError("compress picks on validation metrics: the dataset needs a valid split")
     out = Path(out_dir)
     train_configs = train_configs or train_configs_from_options({"progress": False}, recipe=DEFAULT)
-    state = load_state(out, config, dataset)
+    state, graphs = load_state(out, config, dataset), GraphCache(dataset)
     if state is None:
-        state = plan(dataset, config, train_configs, early_fraction=early_fraction(dataset))
+        state = plan(dataset, config, train_configs, early_fraction=early_fraction(dataset), graphs=graphs)
         state.seconds["plan"] = state.spent_seconds  # planning counts its own seconds as spent
     out.mkdir(parents=True, exist_ok=True)
     run = CompressRun(dataset, out, config, train_configs, state, on_progress, should_stop,
-                      spent_before=state.spent_seconds, graphs=GraphCache(dataset))
+                      spent_before=state.spent_seconds, graphs=graphs)
     run.save()
     if not search(run):
         return None

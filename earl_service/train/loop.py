@@ -100,7 +100,11 @@ class Learner:
     ) -> Learner:
         """Wraps the model in DDP over several ranks (it broadcasts rank 0's weights once): after a resume."""
         ds = run.dataset
-        sampler = NegativeSampler(ds.train, ds.num_train_entities, ds.num_relations, device)
+
+        def sampler_here() -> NegativeSampler:
+            return NegativeSampler(ds.train, ds.num_train_entities, ds.num_relations, device)
+
+        sampler = sampler_here() if run.graphs is None else run.graphs.shared(("sampler", device), sampler_here)
         return cls(run, wrap(run.model, ranks, device), optimizer, sampler, torch.as_tensor(ds.train, dtype=torch.long),
                    cfg, ranks, device, bf16_autocast(cfg, device), cfg.fanout_for(run.model_config.gnn_layers))
 

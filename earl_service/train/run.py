@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -79,6 +80,7 @@ class GraphCache:
         self._graphs: dict[tuple, Graph] = {}
         self.builds = 0  # graphs built (the rest were reused)
         self._known: KnownAnswers | None = None
+        self._shared: dict[Any, Any] = {}
 
     def known(self) -> KnownAnswers:
         """The dataset's known answers, sorted once: at 1M entities and 10M triples every compress slice's run
@@ -86,6 +88,13 @@ class GraphCache:
         if self._known is None:
             self._known = KnownAnswers(_all_triples(self.dataset), self.dataset.num_relations)
         return self._known
+
+    def shared(self, key: Any, build: Callable[[], Any]) -> Any:
+        """What `build()` returns, built once per `key` for every run over this dataset (the training negative
+        sampler's sorted true pairs: two sorts of 10M keys per slice at 1M entities)."""
+        if key not in self._shared:
+            self._shared[key] = build()
+        return self._shared[key]
 
     def get(self, num_entities: int, reserved: torch.Tensor, options: dict[str, Any]) -> Graph:
         key = (num_entities, hashlib.sha256(reserved.cpu().numpy().tobytes()).hexdigest(),
@@ -122,6 +131,7 @@ class Run:
     known: KnownAnswers | None = None  # every true triple, for filtered ranking; built on first evaluation
     index: NeighborIndex | None = None  # sampled training: neighbourhoods and encoder inputs of every entity
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+    graphs: GraphCache | None = None  # the cache the run was built from, for what other runs can share
 
     @classmethod
     def build(cls, dataset: Dataset, model_config: ModelConfig, device: torch.device, *, sampled: bool = False,
@@ -148,7 +158,7 @@ class Run:
         else:
             graph = build_graph(dataset.train, n, num_rel, reserved, **cfg.graph_options)
         return cls(dataset, model_config, graph.to(device), model, RotatE(model_config), device=device,
-                   known=graphs.known() if graphs is not None else None)
+                   known=graphs.known() if graphs is not None else None, graphs=graphs)
 
     def _reserved(self) -> torch.Tensor:
         graph_or_index = self.graph if self.graph is not None else self.index

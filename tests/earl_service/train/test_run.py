@@ -47,3 +47,26 @@ def test_runs_of_one_cache_share_its_known_answers_and_rank_as_a_fresh_run():
     fresh = Run.build(ds, ModelConfig(model="rotate", dim=4), torch.device("cpu"))
     fresh.model.load_state_dict(runs[0].model.state_dict())
     assert fresh.known is None and fresh.evaluate("valid") == runs[0].evaluate("valid")
+
+
+def test_learners_of_one_cache_share_their_negative_sampler():
+    """Each compress slice builds a Learner: its sampler's sorted true pairs (two sorts of the training triples)
+    are built once per device and equal a fresh sampler's."""
+    from earl_service.config import TrainConfig
+    from earl_service.train.distributed import Ranks
+    from earl_service.train.loop import Learner
+    from earl_service.train.loss import NegativeSampler
+    from earl_service.train.schedule import build_optimizer
+
+    ds, cfg, cpu = tiny_dataset(), TrainConfig(batch_size=8, negatives=4, progress=False), torch.device("cpu")
+    graphs = GraphCache(ds)
+
+    def learner(run):
+        return Learner.build(run, build_optimizer(run.model, cfg), cfg, ranks=Ranks(), device=cpu)
+
+    runs = [Run.build(ds, ModelConfig(model=model, dim=4), cpu, graphs=graphs) for model in ("rotate", "earl")]
+    first, second = (learner(run).sampler for run in runs)
+    assert first is second
+    fresh = learner(Run.build(ds, ModelConfig(model="rotate", dim=4), cpu)).sampler
+    assert fresh is not first and isinstance(fresh, NegativeSampler)
+    assert torch.equal(fresh.tail_keys, first.tail_keys) and torch.equal(fresh.head_keys, first.head_keys)
