@@ -110,7 +110,7 @@ def model_job_params(form: dict[str, Any], *, given: Collection[str], record: Mo
     floor, precision = _smallest(record, bundle, precisions)
     if max_bytes < floor:
         raise ConfigError(f"max_bytes {max_bytes} is below the smallest size of model {record.id}: {precision} "
-                          f"takes {floor} bytes before its header; give more than {floor} bytes")
+                          f"takes {floor} bytes before its header; give at least that, with room for the header")
     return {"source_model": record.id, "source_version": version_number(record), "max_bytes": max_bytes,
             "time_limit": minutes, "precisions": ",".join(precisions) or None, "seed": form.get("seed") or 0}
 
@@ -131,7 +131,8 @@ def _smallest(record: ModelRecord, bundle: Path, precisions: tuple[str, ...]) ->
     stores them (from its header), its tables (entities (N, 2d), relations (R, d or 2d)) as each precision would."""
     config, dim = record.config, int(record.config["dim"])
     scorer = scorers.scorer(config["model"], gamma=config["gamma"], epsilon=config["epsilon"], dim=dim)
-    shapes: sizes.Shapes = {"entities": (record.entities, 2 * dim), "relations": (record.relations, scorer.relation_width(dim))}
+    shapes: sizes.Shapes = {"entities": (record.entities, 2 * dim),
+                            "relations": (record.relations, scorer.relation_width(dim))}
     try:
         return sizes.smallest(config["model"], dim, shapes, fixed_bytes=sizes.fixed_bytes(bundle),
                               precisions=precisions)
