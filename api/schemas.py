@@ -35,6 +35,10 @@ class JobForm(form_model(), CompressForm):  # type: ignore[misc]  # a derived ba
     precision: str = Field(DEFAULT.name, max_length=40, description=(
         f"precision of the exported bundle: {describe()} (GET /precisions lists them)"))
     nproc_per_node: int = Field(0, ge=0, le=64, description="> 0: the worker trains with this many DDP processes")
+    source_model: str | None = Field(None, pattern=ID_PATTERN, description=(
+        "compress job over a registered model (imported, or a RotatE trained here) instead of uploaded triples: "
+        "its sizes (fp32, fp16, int8, pq:M) are searched under max_bytes; time_limit (default 10 minutes), "
+        "precisions and seed apply, and train + valid files, when given, score each size and fine-tune pq codebooks"))
 
     @field_validator("precision")
     @classmethod

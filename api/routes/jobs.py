@@ -3,19 +3,21 @@
 from __future__ import annotations
 
 import shutil
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, Form, HTTPException, Query, Request, Response, UploadFile
 
+from earl_service.compress.config import CompressConfig
 from earl_service.config.options import data_config_from_options
-from earl_service.errors import QuotaError, UnknownJobError
+from earl_service.errors import DatasetError, QuotaError, UnknownJobError
 from earl_service.service.housekeeping import remove
 from earl_service.service.records import STATES, TERMINAL, Job, new_id, tenant_of
+from earl_service.service.registry import ModelRegistry
 from earl_service.service.store import JobStore
 
 from ..audit import TARGET
-from ..compress_jobs import check_uploads, job_params, trained_params
-from ..deps import UPLOAD_SLOT, HomeDep, JobId, PrincipalDep, SettingsDep, StoreDep
+from ..compress_jobs import check_model_job_files, check_uploads, job_params, model_job_params, trained_params
+from ..deps import UPLOAD_SLOT, HomeDep, JobId, PrincipalDep, RegistryDep, SettingsDep, StoreDep
 from ..errors import NOT_FOUND
 from ..limits import bounded_job_params, client_key, unfinished_jobs
 from ..principal import Principal, presented_token
@@ -51,12 +53,14 @@ def visible_job(store: JobStore, job_id: str, who: Principal) -> Job:
 @router.post("", status_code=202, response_model=JobCreated,
              dependencies=[Depends(reject_unknown_fields), UPLOAD_SLOT])
 def create_job(request: Request, response: Response, settings: SettingsDep, home: HomeDep, store: StoreDep,
-               who: PrincipalDep, form: Annotated[JobForm, Form()], train: UploadFile,
-               valid: UploadFile | None = None,
+               registry: RegistryDep, who: PrincipalDep, form: Annotated[JobForm, Form()],
+               train: UploadFile | None = None, valid: UploadFile | None = None,
                test: UploadFile | None = None, entity_labels: UploadFile | None = None,
                relation_labels: UploadFile | None = None) -> JobCreated:
-    """Queue a training job, or with `max_bytes` a compress job; the files are checked (format, encoding,
-    columns) before anything is queued, and a compress job's settings, valid file and budget too.
+    """Queue a training job, with `max_bytes` a compress job, or with `source_model` and `max_bytes` a compress
+    job over a registered model of the sender's tenant (its sizes searched, no training; train + valid, when
+    given, score them). The files are checked (format, encoding, columns) before anything is queued, and a
+    compress job's settings, valid file and budget too.
 
     `entity_labels` and `relation_labels` (optional) give readable labels: TSV lines `id<TAB>label[<TAB>description]`
     or a JSON object ({"P27": "country of citizenship"} or CoDEx's {"P27": {"label": ...}}); the bundle stores
@@ -68,18 +72,19 @@ def create_job(request: Request, response: Response, settings: SettingsDep, home
     client = client_key(request.app.state.secret, settings, token=presented_token(request.scope["headers"]),
                         address=request.client.host if request.client else None,
                         tenant=who.tenant if who.key_id is not None else None)
-    stored, compress = job_params(form.model_dump(), given=form.model_fields_set)
-    params = bounded_job_params(stored, settings, trained=trained_params(stored, compress)) | {
-        "client": client, "tenant": who.tenant}
+    uploads = {"train": train, "valid": valid, "test": test}
+    labels = {"entity_labels": entity_labels, "relation_labels": relation_labels}
+    params, compress = _job_params(form, registry, who, settings, given_files=[
+        name for name, upload in {**uploads, **labels}.items() if upload is not None])
+    params |= {"client": client, "tenant": who.tenant}
     if (unfinished := unfinished_jobs(store, client)) >= settings.max_queued_jobs:  # early: before any file
         raise queue_full(unfinished, settings)
     job_id = new_id()
-    files, counts, tables = save_job_files(home, job_id, {"train": train, "valid": valid, "test": test},
-                                           labels={"entity_labels": entity_labels, "relation_labels": relation_labels},
+    files, counts, tables = save_job_files(home, job_id, uploads, labels=labels,
                                            max_unpacked_bytes=settings.max_unpacked_bytes,
                                            max_triples=settings.max_upload_triples,
                                            whole=("train",) if compress is not None else (),
-                                           data=data_config_from_options(stored))
+                                           data=data_config_from_options(params))
     if compress is not None:
         check_uploads(home, job_id, files, compress, train=tables["train"])
     try:  # the quota again, counted with the insert in one step: concurrent requests all passed the early check
@@ -89,8 +94,23 @@ def create_job(request: Request, response: Response, settings: SettingsDep, home
         raise queue_full(exc.count, settings) from None
     setattr(request.state, TARGET, job.id)
     response.headers["X-Quota-Jobs-Left"] = str(max(0, settings.max_queued_jobs - store.count_unfinished(client)))
-    labels = {name: counts.pop(name)["labels"] for name in LABEL_FIELDS if name in counts}
-    return JobCreated(id=job.id, state=job.state, triples=counts, labels=labels)
+    read_labels = {name: counts.pop(name)["labels"] for name in LABEL_FIELDS if name in counts}
+    return JobCreated(id=job.id, state=job.state, triples=counts, labels=read_labels)
+
+
+def _job_params(form: JobForm, registry: ModelRegistry, who: Principal, settings: Settings, *,
+                given_files: list[str]) -> tuple[dict[str, Any], CompressConfig | None]:
+    """The params to store and, for a compress job over uploads, its search: a job over a registered model
+    (source_model; 404 when the sender's tenant has none of that id) is checked against the model's shapes."""
+    if form.source_model is not None:
+        record = registry.get(form.source_model, tenant=who.owner)
+        check_model_job_files(given_files)
+        return model_job_params(form.model_dump(), given=form.model_fields_set, record=record,
+                                bundle=registry.bundle_path(record), max_minutes=settings.max_job_minutes), None
+    if "train" not in given_files:
+        raise DatasetError("a job needs a train file (or source_model: a registered model to compress)")
+    stored, compress = job_params(form.model_dump(), given=form.model_fields_set)
+    return bounded_job_params(stored, settings, trained=trained_params(stored, compress)), compress
 
 
 def queue_full(unfinished: int, settings: Settings) -> HTTPException:

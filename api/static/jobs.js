@@ -57,9 +57,11 @@ export async function renderJob(main, { id }) {
     state.replaceChildren(stateBadge(job.state));
     const p = job.progress || {};
     bar.value = percent(p);
-    facts.textContent = p.step ? `step ${p.step} / ${p.total}, loss ${metric(p.loss, 4)}, valid MRR `
+    const sized = p.stage === "size"; // a compress job over a registered model: one step per size tried
+    facts.textContent = sized ? `size ${p.step} / ${p.total} (${p.precision}), ${Math.round(p.time_left)} s left`
+      : p.step ? `step ${p.step} / ${p.total}, loss ${metric(p.loss, 4)}, valid MRR `
       + `${metric(p.valid_mrr)}, ${Math.round(p.elapsed || 0)} s` : job.state === "queued" ? "waiting for a worker" : "";
-    if (p.step) loss.add(p.step, p.loss);
+    if (p.step && !sized) loss.add(p.step, p.loss);
     if (p.step && typeof p.valid_mrr === "number") mrr.add(p.step, p.valid_mrr);
     cancel.hidden = !UNFINISHED.includes(job.state) || job.cancel_requested;
     error.replaceChildren(job.error ? note(job.error, "error") : "");

@@ -26,6 +26,7 @@ export async function renderModels(main) {
 }
 
 function figures(m) {
+  const imported = m.metrics?.imported;
   const [split, scores] = ["test", "valid"].map((s) => [s, m.metrics?.[s]]).find(([, v]) => v) || ["test", {}];
   const rows = [
     ["id", h("code", {}, m.id)], ["version", m.version], ["bytes", `${bytes(m.bytes)} (${count(m.bytes)} B)`],
@@ -34,6 +35,8 @@ function figures(m) {
     [`${split} MRR`, metric(scores.mrr)], [`${split} Hits@10`, metric(scores.hits_at_10)],
     ["sha256 (tensor payload)", h("code", { id: "model-sha256", class: "wrap" }, m.sha256)],
     ["trained by job", m.job_id ? h("a", { href: `#/jobs/${m.job_id}` }, shortId(m.job_id)) : "–"],
+    ...(imported ? [["imported from", `${imported.library || imported.format}${imported["class"]
+      ? ` ${imported["class"]}` : ""} (scorer ${imported.scorer})`]] : []),
     ["created", when(m.created)],
   ];
   return h("dl", { class: "figures" }, rows.map(([k, v]) => [h("dt", {}, k), h("dd", {}, v)]));
@@ -43,7 +46,33 @@ export async function renderModel(main, { id }) {
   const m = await getJSON(`/models/${id}`);
   main.append(h("h2", {}, `Model ${shortId(id)}`), figures(m),
     h("p", {}, h("a", { class: "button", href: `#/query?model=${id}` }, "Query this model")),
-    downloadSection(m), extendSection(m), await reportSection(id), deleteSection(m));
+    downloadSection(m), m.config?.model === "earl" ? extendSection(m) : compressSection(m),
+    await reportSection(id, m), deleteSection(m));
+}
+
+/** A compress job over this model (POST /jobs with source_model): its sizes under a byte budget, no training. */
+function compressSection(m) {
+  const field = (name, label, attrs) => h("div", { class: "field" }, h("label", { for: `compress-${name}` }, label),
+    h("input", { id: `compress-${name}`, name, "aria-describedby": "compress-error", ...attrs }));
+  const error = h("p", { id: "compress-error", class: "field-error", role: "alert" });
+  const form = h("form", { id: "compress-form", onsubmit: async (event) => {
+    event.preventDefault();
+    error.textContent = "";
+    const body = new FormData(form);
+    body.append("source_model", m.id);
+    if (!body.get("time_limit")) body.delete("time_limit");
+    try {
+      const job = await getJSON("/jobs", { method: "POST", body });
+      location.hash = `#/jobs/${job.id}`;
+    } catch (e) {
+      error.textContent = e.message;
+    }
+  } }, h("div", { class: "grid" }, field("max_bytes", "Max bytes (e.g. 2MB)", { type: "text", required: true }),
+    field("time_limit", "Minutes (default 10)", { type: "number", min: 0, step: "any" })), error,
+  h("button", { type: "submit" }, "Compress"));
+  return h("section", { "aria-labelledby": "compress-title" }, h("h3", { id: "compress-title" }, "Compress"),
+    h("p", {}, `Searches this model's sizes (fp32, fp16, int8, pq) for the largest that fits the budget and `
+      + "publishes it as a new model with its report; this one stays."), form);
 }
 
 /** The bytes of a safetensors file's tensor payload: what the model's sha256 covers (its header names it). */
@@ -107,14 +136,15 @@ function extendSection(m) {
     h("p", {}, "Adds triples to the model's graph without retraining; the result is the model's next version."), form);
 }
 
-async function reportSection(id) {
+async function reportSection(id, m) {
   const section = h("section", { "aria-labelledby": "report-title" }, h("h3", { id: "report-title" }, "Compress report"));
   let report;
   try {
     report = await (await request(`/models/${id}/report?format=md`)).text();
   } catch (error) {
     if (error instanceof ApiError && error.status === 404) {
-      section.append(h("p", {}, "None: this model was trained directly, not picked by a compress job (max_bytes)."));
+      section.append(h("p", {}, `None: this model was ${m.metrics?.imported ? "imported" : "trained directly"}, `
+        + "not picked by a compress job (max_bytes)."));
       return section;
     }
     throw error;

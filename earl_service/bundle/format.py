@@ -303,6 +303,23 @@ def read_safetensors(path: str | os.PathLike) -> tuple[dict[str, str], dict[str,
     return meta, tensors, len(data)
 
 
+def tensor_bytes(path: str | os.PathLike) -> tuple[dict[str, str], dict[str, int]]:
+    """(metadata, bytes of each tensor) from a bundle's header alone: what a size check needs without reading,
+    verifying or decoding the weights (the API checks a compress job over a registered, already verified one)."""
+    path = Path(path)
+    with path.open("rb") as fh:
+        head = fh.read(8)
+        (header_len,) = struct.unpack("<Q", head) if len(head) == 8 else (0,)
+        data = head + fh.read(min(header_len, HEADER_LIMIT + 1))
+    meta, header_len = _header(data, path)
+    table = parse_json(data[8 : 8 + header_len], "the safetensors header")
+    try:
+        return meta, {name: int(entry["data_offsets"][1]) - int(entry["data_offsets"][0])
+                      for name, entry in table.items() if name != "__metadata__"}
+    except (KeyError, TypeError, ValueError, IndexError) as exc:
+        raise BundleError(f"{path}: malformed safetensors tensor table ({exc})") from exc
+
+
 def _header(data: bytes, path: Path) -> tuple[dict[str, str], int]:
     """The metadata of an EARL bundle of a version this library reads, and the header's length."""
     if len(data) < 8:

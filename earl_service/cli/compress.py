@@ -77,14 +77,16 @@ def cmd_compress(a: argparse.Namespace) -> int:
 def _compress_imported(a: argparse.Namespace) -> int:
     from earl_service.compress.config import parse_size
     from earl_service.imports.compress import ImportedSearch, compress_imported
+    from earl_service.imports.sizes import DEFAULT_MINUTES
 
     if a.from_bundle is None or a.data is not None:
         raise ConfigError("earl compress --from BUNDLE [--graph DATA] takes no DATA argument, and --graph goes with "
                           "--from")
     search = ImportedSearch(max_bytes=parse_size(a.max_bytes),
-                            time_limit_minutes=float(getattr(a, "time_limit", None) or 10.0), seed=a.seed
+                            time_limit_minutes=float(getattr(a, "time_limit", None) or DEFAULT_MINUTES), seed=a.seed
                             if getattr(a, "seed", None) is not None else 0)
     report = compress_imported(a.from_bundle, a.out, search, graph=a.graph)
+    assert report is not None  # only should_stop ends a search early, and the command line gives none
     print(json.dumps({"bundle": str(Path(a.out) / "bundle.safetensors") if report["pick"] else None,
                       "pick": report["pick"], "original": report["original"],
                       "sizes": [{k: r.get(k) for k in ("precision", "bytes", "fits", "mrr")}

@@ -1,4 +1,5 @@
-"""Compress jobs: a job with max_bytes runs compress() in its run folder instead of train(), and its model keeps
+"""Compress jobs: a job with max_bytes runs compress() in its run folder instead of train(), a job naming a
+registered model (source_model) the search over that model's sizes (imports/compress.py), and its model keeps
 the report. The settings are read here (by the option table of compress/options.py) for the API too (before
 queueing) and for the worker (when it runs)."""
 
@@ -10,7 +11,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from earl_service.compress.config import CompressConfig
+from earl_service.compress.config import CompressConfig, split_names
 from earl_service.compress.options import FORM_COMPRESS_OPTIONS, compress_config_from_options
 from earl_service.compress.state import PICK, STATE
 from earl_service.config import ModelKind, TrainConfig
@@ -63,6 +64,37 @@ def run_compress(home: ServiceHome, job: Job, *, search: CompressConfig,
     return None if report is None else run_dir / PICK
 
 
+def compress_model(registry: ModelRegistry, job: Job, *, on_progress: Callable[[dict[str, Any]], None],
+                   should_stop: Callable[[], bool]) -> Path | None:
+    """compress_imported over the version of model params["source_model"] the job was queued for, scored on and
+    fine-tuned against the job's uploads when it has them (train and valid); the pick's path, or None when
+    stopped. ConfigError when no size fits, naming the smallest; UnknownModelError when the model is gone. The
+    API checked who may read the model when it queued the job, so the registry is read here without a tenant."""
+    from earl_service.imports.compress import PICK as IMPORTED_PICK
+    from earl_service.imports.compress import ImportedSearch, compress_imported
+
+    params = job.params
+    source = registry.version(params["source_model"], params.get("source_version"))
+    search = ImportedSearch(max_bytes=int(params["max_bytes"]), time_limit_minutes=float(params["time_limit"]),
+                            seed=int(params.get("seed") or 0), precisions=split_names(params.get("precisions") or ""))
+    graph = registry.home.upload_dir(job.id) if job.files else None
+    shown = (f"model {params['source_model']} version {source.number}", "the job's uploads" if graph else None)
+
+    def forward(event: dict[str, Any]) -> None:
+        on_progress({"job": "compress", **event, "time_left": round(event["time_left"], 1)})
+
+    report = compress_imported(source.path, registry.home.run_dir(job.id), search, graph, shown=shown,
+                               on_progress=forward, should_stop=should_stop)
+    if report is None:
+        return None
+    if report["pick"] is None:
+        smallest = min(report["candidates"], key=lambda r: r.get("bytes", r["estimate"]))
+        raise ConfigError(f"no size of model {params['source_model']} fits in max_bytes {search.max_bytes}: the "
+                          f"smallest, {smallest['precision']}, takes {smallest.get('bytes', smallest['estimate'])} "
+                          "bytes; give more")
+    return registry.home.run_dir(job.id) / IMPORTED_PICK
+
+
 def publish_pick(registry: ModelRegistry, job: Job, pick: Path, *, worker_id: str) -> None:
     """Publish the pick as model `job.id` (a copy: the run folder keeps its own), then keep the report with the
     model, where a delete removes it. After the publish: a failure there never leaves files without a model."""
@@ -75,7 +107,8 @@ def publish_pick(registry: ModelRegistry, job: Job, pick: Path, *, worker_id: st
     finally:
         staged.unlink(missing_ok=True)
     for kind, name in (("json", REPORT_JSON), ("md", REPORT_MD), ("png", FRONTIER_PNG)):
-        keep(pick.parent / name, registry.home.report_path(job.id, kind))
+        if (pick.parent / name).is_file():  # a registered model's search draws no frontier
+            keep(pick.parent / name, registry.home.report_path(job.id, kind))
 
 
 def keep(source: Path, dest: Path) -> None:
@@ -86,4 +119,4 @@ def keep(source: Path, dest: Path) -> None:
         shutil.copyfile(source, tmp)
 
 
-__all__ = ["compress_settings", "job_progress", "publish_pick", "run_compress"]
+__all__ = ["compress_model", "compress_settings", "job_progress", "publish_pick", "run_compress"]

@@ -12,24 +12,24 @@ from __future__ import annotations
 import json
 import shutil
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from earl_service.bundle.codebooks import Layout, decode_table
+from earl_service.bundle.codebooks import decode_table
 from earl_service.bundle.model_io import Bundle, load_bundle
 from earl_service.bundle.precision import Precision, ProductQuantized
 from earl_service.core import scorers
 from earl_service.core.known import KnownAnswers
 from earl_service.data.dataset import SPLIT_SUFFIXES, load_triples_file
 from earl_service.errors import ModelImportError
-from earl_service.imports import tune
+from earl_service.imports import sizes, tune
 
 CODING = "plain"
 HEADER_ROOM = 16_384  # header bytes a candidate may take beyond its tensors (names, shapes, metadata)
-NUMBERS_PER_CODE = (1, 2, 4, 8, 16)  # pq:M candidates: M = width / n for each n dividing the row width
 PICK = "bundle.safetensors"
 
 
@@ -39,7 +39,7 @@ class ImportedSearch:
     (0: all), and fine-tuning."""
 
     max_bytes: int
-    time_limit_minutes: float = 10.0
+    time_limit_minutes: float = sizes.DEFAULT_MINUTES
     eval_triples: int = 2000
     fine_tune: bool = True
     seed: int = 0
@@ -84,31 +84,16 @@ def filtered_mrr(bundle: Bundle, triples: np.ndarray, known: KnownAnswers, *, pa
 
 
 def candidates(bundle: Bundle, search: ImportedSearch) -> list[Precision]:
-    if search.precisions:
-        return [Precision.parse(p).resolve(bundle.config.dim) for p in search.precisions]
-    width = 2 * bundle.config.dim
-    found: list[Precision] = [Precision.parse(p) for p in ("fp32", "fp16", "int8")]
-    for n in NUMBERS_PER_CODE:
-        if width % n == 0:
-            pq = ProductQuantized(width // n)
-            if pq.plan(bundle.config.model, bundle.config.dim, _shapes(bundle)):
-                found.append(pq)
-    return found
+    return sizes.searched(bundle.config.model, bundle.config.dim, _shapes(bundle), search.precisions)
 
 
 def estimate(bundle: Bundle, precision: Precision) -> int:
     """Bytes of the file without its header: the packed fixed parts and each table as `precision` stores it."""
     fixed = sum(int(v.nbytes) for v in bundle.fixed_parts().values()) + 8 * max(len(bundle.reserved), 1)
-    layouts: dict[str, Layout] = {}
-    if isinstance(precision, ProductQuantized):
-        layouts = precision.plan(bundle.config.model, bundle.config.dim, _shapes(bundle))
-    store = ProductQuantized.FALLBACK if isinstance(precision, ProductQuantized) else precision
-    tables = sum(layouts[n].nbytes if n in layouts else len(v) * store.row_bytes(v.shape[1])
-                 for n, v in bundle.params.items())
-    return fixed + tables
+    return fixed + sizes.table_bytes(bundle.config.model, bundle.config.dim, _shapes(bundle), precision)
 
 
-def _shapes(bundle: Bundle) -> dict[str, tuple[int, ...]]:
+def _shapes(bundle: Bundle) -> sizes.Shapes:
     return {name: tuple(value.shape) for name, value in bundle.params.items()}
 
 
@@ -150,7 +135,7 @@ class Search:
         path = self.out / "candidates" / f"{precision.name.replace(':', '-')}.safetensors"
         path.parent.mkdir(parents=True, exist_ok=True)
         self.bundle.save(path, precision=precision, coding=CODING, pq_tables=tables)
-        row.update(bytes=path.stat().st_size, path=str(path))
+        row.update(bytes=path.stat().st_size, path=str(path.relative_to(self.out)))  # no server path in a report
         row["fits"] = row["bytes"] <= self.search.max_bytes
         if row["fits"]:
             row["mrr"] = self.mrr(load_bundle(path).params)
@@ -175,10 +160,16 @@ class Search:
         return {**tables, "entities": (codes, tuned)} if row["fine_tune"]["kept"] else tables
 
 
-def compress_imported(source: str | Path, out: str | Path, search: ImportedSearch,
-                      graph: str | Path | None = None) -> dict[str, Any]:
+Progress = Callable[[dict[str, Any]], None]
+
+
+def compress_imported(source: str | Path, out: str | Path, search: ImportedSearch, graph: str | Path | None = None,
+                      *, on_progress: Progress | None = None, should_stop: Callable[[], bool] | None = None,
+                      shown: tuple[str, str | None] | None = None) -> dict[str, Any] | None:
     """Search the precisions of the bundle `source` under search.max_bytes; writes out/report.json, report.md,
-    candidates/ and the pick as out/bundle.safetensors. Returns the report."""
+    candidates/ and the pick as out/bundle.safetensors. Returns the report, or None when `should_stop` said so
+    between two sizes (a service job cancelled). `on_progress` gets {stage, precision, step, total, time_left}
+    after each size; `shown` names the source and the graph in the report (a job's model id, not its path)."""
     start = time.monotonic()
     bundle = load_bundle(source)
     if set(bundle.params) != {"entities", "relations"}:
@@ -191,16 +182,22 @@ def compress_imported(source: str | Path, out: str | Path, search: ImportedSearc
     chosen = candidates(bundle, search)
     pq_count = sum(isinstance(p, ProductQuantized) for p in chosen)
     tune_seconds = search.time_limit_minutes * 60 / 2 / max(pq_count, 1)  # half the time, shared by pq sizes
-    for precision in chosen:
+    for step, precision in enumerate(chosen, 1):
+        if should_stop is not None and should_stop():
+            return None
         state.rows.append(state.run(precision, tune_seconds))
+        if on_progress is not None:
+            on_progress({"stage": "size", "precision": precision.name, "step": step, "total": len(chosen),
+                         "time_left": max(0.0, state.deadline - time.monotonic())})
     fitting = [r for r in state.rows if r.get("fits")]
     scored = all(r.get("mrr") is not None for r in fitting)  # without a graph: the largest that fits
     pick = max(fitting, key=lambda r: (r["mrr"], -r["bytes"]) if scored else (r["bytes"], 0)) if fitting else None
     if pick is not None:
-        shutil.copyfile(pick["path"], out / PICK)
-    report = {"source": str(source), "model": bundle.config.model, "dim": bundle.config.dim,
+        shutil.copyfile(out / pick["path"], out / PICK)
+    source_name, graph_name = shown or (str(source), str(graph) if graph else None)
+    report = {"source": source_name, "model": bundle.config.model, "dim": bundle.config.dim,
               "entities": len(bundle.entities), "relations": len(bundle.relations), "max_bytes": search.max_bytes,
-              "graph": str(graph) if graph else None, "eval_split": "valid" if graph else None,
+              "graph": graph_name, "eval_split": "valid" if graph else None,
               "eval_triples": 0 if state.eval is None else len(state.eval),
               "dropped": state.graph.dropped if state.graph else {}, "original": original, "candidates": state.rows,
               "pick": pick and pick["precision"], "seconds": round(time.monotonic() - start, 1)}

@@ -225,7 +225,10 @@ class Worker:
         return finished or job
 
     def _work(self, job: Job, beat: _Heartbeat) -> str | None:
-        """A compress job (max_bytes) or a training job, as its params ask; the model id, None if it was cancelled."""
+        """A compress job over a registered model (source_model), one over uploads (max_bytes) or a training job,
+        as its params ask; the model id, None if it was cancelled."""
+        if job.params.get("source_model"):
+            return self._compress(job, None, beat)
         search = compress_settings(job.params)  # ConfigError for a bad size or a compress field without max_bytes
         if "train" not in job.files:
             raise DatasetError("the job has no train file")
@@ -266,18 +269,23 @@ class Worker:
         self._publish(job, run_dir)
         return job.id
 
-    def _compress(self, job: Job, search: CompressConfig, beat: _Heartbeat) -> str | None:
-        """A compress job (max_bytes): the search in the run folder, then its pick published with the report;
-        returns the model id, or None if the job was cancelled. A stop for shutdown requeues it (_Interrupted)."""
-        from earl_service.compress.job import publish_pick, run_compress
-
-        train_cfgs = train_configs_from_params(job.params, self.config)
+    def _compress(self, job: Job, search: CompressConfig | None, beat: _Heartbeat) -> str | None:
+        """A compress job: the search in the run folder (`search` over the uploads, or None: the sizes of the
+        registered model params["source_model"]), then its pick published with the report; returns the model id,
+        or None if the job was cancelled. A stop for shutdown requeues it (_Interrupted)."""
+        from earl_service.compress.job import compress_model, publish_pick, run_compress
 
         def forward(progress: dict[str, Any]) -> None:
             beat.progress = progress
 
-        pick = run_compress(self.home, job, search=search, train_configs=train_cfgs, on_progress=forward,
-                            should_stop=lambda: beat.cancelled or beat.lost or self._stop.is_set())
+        def should_stop() -> bool:
+            return beat.cancelled or beat.lost or self._stop.is_set()
+
+        if search is None:
+            pick = compress_model(self.registry, job, on_progress=forward, should_stop=should_stop)
+        else:
+            pick = run_compress(self.home, job, search=search, train_configs=train_configs_from_params(
+                job.params, self.config), on_progress=forward, should_stop=should_stop)
         if pick is None:
             if beat.cancelled or beat.lost:
                 return None

@@ -31,6 +31,7 @@ def another_tenants_operations(model: dict, job_id: str) -> list[tuple[str, str,
             ("GET", f"/score?model={m}&head={entity}&relation={relation}&tail={entity}", {}),
             ("POST", "/predict", {"json": {"model": m, "queries": [{"relation": relation, "head": entity}]}}),
             ("POST", f"/models/{m}/triples", {"files": {"triples": ("t.txt", b"a\tP27\tb\n")}}),
+            ("POST", "/jobs", {"data": {"source_model": m, "max_bytes": "1MB"}}),
             ("DELETE", f"/models/{m}", {}), ("GET", f"/jobs/{job_id}", {}), ("GET", f"/jobs/{job_id}/events", {}),
             ("POST", f"/jobs/{job_id}/cancel", {})]
 

@@ -19,7 +19,8 @@ from api.schemas import CompressForm, JobForm  # noqa: E402
 CLI_ONLY = {"temperature", "eval_batch_size", "eval_max_triples", "checkpoint_every", "compute", "schedule_minutes",
             "device", "threads", "progress"}  # the worker decides these (device, threads, progress) or keeps the defaults
 # How the service exports and launches a job, and a compress job's fields (`earl compress` options, below).
-SERVICE_ONLY = {"precision", "nproc_per_node"} | set(CompressForm.model_fields)
+# source_model names a registered model: the command line compresses a bundle file (`earl compress --from`).
+SERVICE_ONLY = {"precision", "nproc_per_node", "source_model"} | set(CompressForm.model_fields)
 WORKER = WorkerConfig(device="cpu", threads=3)
 # One non-default value for every form option, as a client would type it.
 CHANGED = {"model": "rotate", "dim": "32", "reserved_ratio": "0.2", "k": "5", "layers": "1", "gamma": "6.5",

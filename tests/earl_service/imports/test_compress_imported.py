@@ -12,8 +12,8 @@ from earl_service.bundle.model_io import load_bundle
 from earl_service.cli.main import main
 from earl_service.core import scorers
 from earl_service.device import load
-from earl_service.imports import tune
-from earl_service.imports.compress import ImportedSearch, compress_imported
+from earl_service.imports import sizes, tune
+from earl_service.imports.compress import ImportedSearch, candidates, compress_imported, estimate
 
 N, R, D = 2000, 3, 16
 
@@ -99,3 +99,22 @@ def test_torch_twins_equal_the_numpy_scorers(kind):
         for i in range(4):
             want = scorer.distances(scorer.query(entities[i], relations[i], inverse=inverse), entities)
             np.testing.assert_allclose(got[i], want, rtol=1e-4, atol=1e-4)
+
+
+def test_sizes_from_shapes_and_header_equal_the_searchs_estimates(tmp_path, capsys):
+    """What the API checks a job's budget by (imports/sizes.py on the file's header and the model's shapes) is the
+    estimate the search rules sizes out by; and a search reports each size and stops when asked."""
+    path = model_and_graph(tmp_path)
+    bundle = load_bundle(path)
+    shapes = {name: tuple(v.shape) for name, v in bundle.params.items()}
+    fixed = sizes.fixed_bytes(path)
+    assert fixed == sum(v.nbytes for v in bundle.fixed_parts().values())  # no reserved entities: 8 below
+    searched = candidates(bundle, ImportedSearch(max_bytes=1))
+    assert [p.name for p in searched] == ["fp32", "fp16", "int8", "pq:16", "pq:8", "pq:4", "pq:2"]  # pq:32 > int8
+    assert sizes.smallest("distmult", D, shapes, fixed_bytes=fixed) == min(
+        (estimate(bundle, p) - 8, p.name) for p in searched)
+    events: list[dict] = []
+    stopped = compress_imported(path, tmp_path / "out", ImportedSearch(max_bytes=10**9, fine_tune=False),
+                                on_progress=events.append, should_stop=lambda: len(events) == 2)
+    assert stopped is None and [(e["step"], e["total"], e["precision"]) for e in events] == [
+        (1, 7, "fp32"), (2, 7, "fp16")]
