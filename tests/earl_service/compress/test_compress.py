@@ -690,7 +690,7 @@ def test_pq_exports_that_int8_outranks_are_made_at_the_last_rung_untuned(tmp_pat
 
 def test_rungs_take_growing_shares_of_the_time():
     assert rung_weights(1) == [1.0]
-    assert rung_weights(4) == pytest.approx([0.1, 0.2, 0.3, 0.4])
+    assert rung_weights(4) == pytest.approx([1 / 15, 2 / 15, 4 / 15, 8 / 15])
     # each rung's budget from the time left for it and the rungs after it: the planned split when nothing overruns
     left = 600.0
     for index, weight in enumerate(rung_weights(3)):

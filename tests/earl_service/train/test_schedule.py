@@ -52,8 +52,8 @@ def test_compress_candidates_decay_over_what_a_survivor_of_every_rung_trains():
     job = SimpleNamespace(state=SimpleNamespace(candidates=[{}] * 8),
                           config=SimpleNamespace(eta=2, time_limit_minutes=40))
     assert rung_sizes(8, 2) == [8, 4, 2, 1]
-    # 2400 s in 4 rungs weighing 1, 2, 3, 4 (240, 480, 720, 960 s), among 8, 4, 2, 1 candidates
-    assert survivor_seconds(job) == pytest.approx(240 / 8 + 480 / 4 + 720 / 2 + 960)
+    # 2400 s in 4 rungs weighing 1, 2, 4, 8 (160, 320, 640, 1280 s), among 8, 4, 2, 1 candidates
+    assert survivor_seconds(job) == pytest.approx(160 / 8 + 320 / 4 + 640 / 2 + 1280)
 
 
 def test_bad_schedule_values_are_refused():
