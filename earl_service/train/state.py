@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import torch
+
+from earl_service.train.readout import StepRecord
 
 
 @dataclass
@@ -58,12 +61,14 @@ class TrainState:
         self.epoch_pos += batch_size
         return ids
 
-    def record_step(self, loss: float, step_seconds: float, since_start: float, *, lr_factor: float = 1.0) -> None:
-        self.history.step_times.append(step_seconds)
-        self.history.lr_factors.append(lr_factor)
-        self.history.steps.append(self.step)
-        self.history.losses.append(loss)
-        self.history.seconds.append(since_start)
+    def record_steps(self, records: Iterable[StepRecord]) -> None:
+        """Log steps whose losses have been read (LossReadout.read), in step order."""
+        for record in records:
+            self.history.step_times.append(record.seconds)
+            self.history.lr_factors.append(record.lr_factor)
+            self.history.steps.append(record.step)
+            self.history.losses.append(record.loss)
+            self.history.seconds.append(record.since_start)
 
     def record_validation(self, mrr: float, since_start: float) -> bool:
         """Log a validation of the current step; True if it is the best so far (it then resets the bad count)."""
@@ -82,6 +87,7 @@ class TrainState:
 
     def state_dict(self) -> dict[str, Any]:
         # torch's global RNG too, so that anything drawing from it (dropout, a layer's init) resumes exactly.
+        assert len(self.history.losses) == len(self.history.steps), "a step's loss is still unread"
         return {"generator": self.rng.get_state(), "torch_rng": torch.get_rng_state(),
                 "state": {name: getattr(self, name) for name in _SCALARS}, "history": asdict(self.history)}
 

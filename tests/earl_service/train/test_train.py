@@ -14,6 +14,7 @@ from earl_service.data.dataset import Dataset, load_dataset
 from earl_service.data.vocab import Vocab
 from earl_service.train.loop import CHECKPOINT, StopRules, train
 from earl_service.train.loss import NegativeSampler
+from earl_service.train.readout import StepRecord
 from earl_service.train.state import TrainState
 
 FAST = dict(batch_size=32, negatives=8, eval_every=5, eval_batch_size=16, progress=False, checkpoint_every=5)
@@ -262,7 +263,7 @@ def test_train_state_saves_and_loads_itself():
     state = TrainState.start(seed=5)
     state.next_rows(10, 4)
     state.step, state.best_mrr, state.stopped = 3, 0.25, "time_limit"
-    state.record_step(1.5, 0.1, 0.2)
+    state.record_steps([StepRecord(3, 1.5, 0.1, 0.2, 1.0)])
     saved = state.state_dict()
     again = TrainState.start(seed=99)
     again.load_state_dict(saved)
