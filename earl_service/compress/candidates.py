@@ -156,7 +156,7 @@ def step_seconds(run: Run, train_config: TrainConfig, steps: int = TIMING_STEPS)
     weights = {k: v.clone() for k, v in run.model.state_dict().items()}
     learner = Learner.build(run, build_optimizer(run.model, train_config), train_config, ranks=Ranks(),
                             device=run.device)
-    state = TrainState.start(train_config.seed)
+    state = TrainState.start(train_config.seed, run.device)
     losses = LossReadout(steps)  # read once a pass: the read waits for a GPU to finish the steps it queued
     run.model.train()
     losses.add(state.step, train_step(learner, state))

@@ -63,7 +63,7 @@ def fine_tune(run: Run, params: dict[str, np.ndarray], tables: PQTables, cfg: Tr
         parametrize.register_parametrization(model, name, gathers[name], unsafe=True)
     optimizer = torch.optim.Adam([g.codebooks for g in gathers.values()], lr=cfg.lr)
     learner = Learner.build(run, optimizer, cfg, ranks=Ranks(), device=run.device)
-    state, start = TrainState.start(cfg.seed), time.perf_counter()
+    state, start = TrainState.start(cfg.seed, run.device), time.perf_counter()
     losses = LossReadout(read_every(run.device))  # the losses stay on the device until a read
     model.train()
     while state.step < budget.steps and time.perf_counter() - start < budget.seconds:

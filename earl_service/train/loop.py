@@ -87,7 +87,7 @@ class Learner:
     net: torch.nn.Module  # run.model, DDP-wrapped when there are several ranks
     optimizer: torch.optim.Optimizer
     sampler: NegativeSampler
-    triples: torch.Tensor  # (T, 3) the training triples, on the CPU
+    triples: torch.Tensor  # (T, 3) the training triples, on the run's device (batches are gathered there)
     cfg: TrainConfig
     ranks: Ranks
     device: torch.device
@@ -105,17 +105,21 @@ class Learner:
             return NegativeSampler(ds.train, ds.num_train_entities, ds.num_relations, device)
 
         sampler = sampler_here() if run.graphs is None else run.graphs.shared(("sampler", device), sampler_here)
-        return cls(run, wrap(run.model, ranks, device), optimizer, sampler, torch.as_tensor(ds.train, dtype=torch.long),
-                   cfg, ranks, device, bf16_autocast(cfg, device), cfg.fanout_for(run.model_config.gnn_layers))
+        triples = torch.as_tensor(ds.train, dtype=torch.long).to(device)
+        return cls(run, wrap(run.model, ranks, device), optimizer, sampler, triples, cfg, ranks, device,
+                   bf16_autocast(cfg, device), cfg.fanout_for(run.model_config.gnn_layers))
 
 
 def train_step(learner: Learner, state: TrainState) -> torch.Tensor:
     """One optimisation step on the next global batch; returns this rank's share of the batch's mean loss, a 0-dim
     tensor left on the device: reading it here would be a host sync per step on CUDA (LossReadout reads a few
-    steps' losses at once and sums the ranks' shares)."""
+    steps' losses at once and sums the ranks' shares).
+
+    The full-graph path draws its batch and negatives where the run lives, from state.rng on that device, so a
+    CUDA step queues its work without waiting on the card; the sampled path samples neighbourhoods on the CPU."""
     cfg, ranks, run = learner.cfg, learner.ranks, learner.run
     ids = state.next_rows(len(learner.triples), cfg.batch_size)
-    batch = learner.triples[ids].to(learner.device)  # the global batch: the same rows on every rank
+    batch = learner.triples[ids]  # the global batch: the same rows on every rank
     rows, share = ranks.shard(len(batch))
     with torch.autocast(learner.device.type, dtype=torch.bfloat16, enabled=learner.autocast):
         if cfg.sampled:
@@ -124,11 +128,11 @@ def train_step(learner: Learner, state: TrainState) -> torch.Tensor:
                                           state.rng, rng)
             state.history.encoded.append(encoded)
         else:
-            neg_heads, neg_tails = learner.sampler.sample(batch[:, 0], batch[:, 1], batch[:, 2], cfg.negatives,
-                                                          state.rng)
+            neg = learner.sampler.sample(batch[:, 0], batch[:, 1], batch[:, 2], cfg.negatives, state.rng)
+            ignore = None if neg.known is None else (neg.known[0][rows], neg.known[1][rows])
             entities, relations = learner.net(run.graph)
-            loss = loss_fn(run.scorer, entities.float(), relations.float(), batch[rows], neg_heads[rows],
-                           neg_tails[rows], cfg.adversarial_temperature)
+            loss = loss_fn(run.scorer, entities.float(), relations.float(), batch[rows], neg.heads[rows],
+                           neg.tails[rows], cfg.adversarial_temperature, ignore=ignore)
     # DDP averages gradients over ranks: weigh each rank's mean by its share of the global batch.
     scaled = loss if ranks.world == 1 else loss * (share * ranks.world)
     learner.optimizer.zero_grad(set_to_none=True)
@@ -207,7 +211,7 @@ def train(
     _check_sampled(cfg, model_config)
     run, memory = _build(dataset, model_config, cfg, device, graphs)
     optimizer = build_optimizer(run.model, cfg)
-    state = TrainState.start(cfg.seed)
+    state = TrainState.start(cfg.seed, device)
     checkpoints = Checkpointer(out, run.model, optimizer, state, writes=ranks.is_main,
                                configs={"model_config": model_config.to_dict(), "train_config": cfg.to_dict(),
                                         "vocab": dataset.vocab_signature()})

@@ -35,9 +35,13 @@ _SCALARS = ("step", "epoch_order", "epoch_pos", "best_mrr", "best_step", "bad_ev
 @dataclass
 class TrainState:
     """Where training stands. Together with the weights and the optimizer it is all a resume needs to continue
-    exactly as an uninterrupted run would: the generator drives the batch order and the negatives."""
+    exactly as an uninterrupted run would: the generator drives the batch order and the negatives.
 
-    rng: torch.Generator  # batch order and negatives
+    The generator lives on the run's device, so that batches and negatives are drawn there without a transfer
+    (a host-to-device copy is a sync on CUDA); its state saves as a CPU tensor on any device. A CPU run and a
+    CUDA run draw different numbers from one seed; each resumes exactly on its own kind of device."""
+
+    rng: torch.Generator  # batch order and negatives, on the run's device
     step: int = 0
     epoch_order: torch.Tensor | None = None  # (T,) this epoch's permutation of the training rows
     epoch_pos: int = 0  # rows of epoch_order already used
@@ -49,13 +53,13 @@ class TrainState:
     history: History = field(default_factory=History)
 
     @classmethod
-    def start(cls, seed: int) -> TrainState:
-        return cls(rng=torch.Generator().manual_seed(seed))
+    def start(cls, seed: int, device: torch.device | str = "cpu") -> TrainState:
+        return cls(rng=torch.Generator(device=device).manual_seed(seed))
 
     def next_rows(self, num_rows: int, batch_size: int) -> torch.Tensor:
         """The next batch's row ids (the last batch of an epoch may be shorter); a new permutation per epoch."""
         if self.epoch_order is None or self.epoch_pos >= num_rows:
-            self.epoch_order = torch.randperm(num_rows, generator=self.rng)
+            self.epoch_order = torch.randperm(num_rows, generator=self.rng, device=self.rng.device)
             self.epoch_pos = 0
         ids = self.epoch_order[self.epoch_pos : self.epoch_pos + batch_size]
         self.epoch_pos += batch_size
@@ -96,6 +100,8 @@ class TrainState:
         torch.set_rng_state(values["torch_rng"])
         for name in _SCALARS:
             setattr(self, name, values["state"][name])
+        if self.epoch_order is not None:  # saved from (and loaded onto) the CPU: back where the rng draws
+            self.epoch_order = self.epoch_order.to(self.rng.device)
         self.stopped = "steps"  # why the previous attempt stopped is not this run's
         self.history = History(**values["history"])
 

@@ -5,6 +5,7 @@ On a CPU the loop reads every step (a read costs nothing there); these tests set
 odd one, off the validation and checkpoint cadences) so that the deferred reads run here, without a GPU.
 """
 
+import functools
 import math
 
 import pytest
@@ -14,6 +15,7 @@ from conftest import tiny_dataset
 from earl_service.config import ModelConfig, TrainConfig
 from earl_service.train import loop as loop_module
 from earl_service.train.loop import CHECKPOINT, train
+from earl_service.train.loss import NegativeSampler
 from earl_service.train.readout import LossReadout, read_every
 
 TINY = ModelConfig(dim=4, k=3, reserved_ratio=0.2)
@@ -79,10 +81,11 @@ def test_a_non_finite_loss_stops_the_run_at_the_next_read(tmp_path, monkeypatch)
 
 
 @pytest.mark.parametrize("sampled", [False, True])
-def test_a_deferred_run_resumes_exactly(tmp_path, monkeypatch, sampled):
-    """Reads every 4 steps, as on a GPU: cancelled after 7 steps and resumed, the run repeats the uninterrupted
-    run's losses, validations, generator and weights."""
+def test_a_deferred_run_with_fixed_shape_negatives_resumes_exactly(tmp_path, monkeypatch, sampled):
+    """The CUDA step's ways, on the CPU: reads every 4 steps and negatives redrawn through masks. Cancelled after
+    7 steps and resumed, the run repeats the uninterrupted run's losses, validations, generator and weights."""
     monkeypatch.setattr(loop_module, "read_every", lambda device: 4)
+    monkeypatch.setattr(loop_module, "NegativeSampler", functools.partial(NegativeSampler, fixed_shapes=True))
     ds = tiny_dataset()
     tcfg = TrainConfig(steps=12, eval_every=3, checkpoint_every=5, sampled=sampled, fanout=(3, 2), negative_chunk=8,
                        **FAST)
