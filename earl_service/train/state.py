@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -9,6 +10,8 @@ from typing import Any
 import torch
 
 from earl_service.train.readout import StepRecord
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -92,14 +95,21 @@ class TrainState:
     def state_dict(self) -> dict[str, Any]:
         # torch's global RNG too, so that anything drawing from it (dropout, a layer's init) resumes exactly.
         assert len(self.history.losses) == len(self.history.steps), "a step's loss is still unread"
-        return {"generator": self.rng.get_state(), "torch_rng": torch.get_rng_state(),
+        return {"generator": self.rng.get_state(), "generator_device": self.rng.device.type,
+                "torch_rng": torch.get_rng_state(),
                 "state": {name: getattr(self, name) for name in _SCALARS}, "history": asdict(self.history)}
 
     def load_state_dict(self, values: dict[str, Any]) -> None:
-        self.rng.set_state(values["generator"])
         torch.set_rng_state(values["torch_rng"])
         for name in _SCALARS:
             setattr(self, name, values["state"][name])
+        saved_on = values.get("generator_device", "cpu")  # checkpoints before the generator moved: the CPU's
+        if saved_on == self.rng.device.type:
+            self.rng.set_state(values["generator"])
+        else:  # another kind of generator (a CUDA run resumed on a CPU): go on with fresh draws, not exactly
+            log.warning("the checkpoint's batches and negatives were drawn on %s: this %s run continues with new "
+                        "draws, not the ones an uninterrupted run would have made", saved_on, self.rng.device.type)
+            self.rng.manual_seed(self.rng.initial_seed() + self.step)
         if self.epoch_order is not None:  # saved from (and loaded onto) the CPU: back where the rng draws
             self.epoch_order = self.epoch_order.to(self.rng.device)
         self.stopped = "steps"  # why the previous attempt stopped is not this run's

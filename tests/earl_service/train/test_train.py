@@ -274,6 +274,20 @@ def test_train_state_saves_and_loads_itself():
         assert torch.equal(again.next_rows(10, 4), state.next_rows(10, 4))
 
 
+def test_a_checkpoint_from_another_kind_of_device_resumes_with_new_draws(caplog):
+    """A CUDA run's generator state does not fit a CPU generator: the resumed run warns and draws afresh, from
+    where the saved epoch left off."""
+    state = TrainState.start(seed=5)
+    state.next_rows(10, 4)
+    saved = {**state.state_dict(), "generator": torch.zeros(16, dtype=torch.uint8), "generator_device": "cuda"}
+    again = TrainState.start(seed=5)
+    again.load_state_dict(saved)
+    assert "drawn on cuda" in caplog.text and again.epoch_pos == 4
+    for _ in range(2):  # the rest of the saved epoch: its rows, as saved
+        assert torch.equal(again.next_rows(10, 4), state.next_rows(10, 4))
+    assert sorted(again.next_rows(10, 10).tolist()) == list(range(10))  # a new epoch, from the new draws
+
+
 class _RankOne:
     """Rank 1 of 2: `agree` answers with rank 0's decision, whatever this rank proposes."""
 
