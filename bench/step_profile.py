@@ -56,12 +56,12 @@ def phase_step(learner: Learner, state: TrainState) -> dict[str, float]:
 
     batch = learner.triples[state.next_rows(len(learner.triples), cfg.batch_size)]
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=learner.autocast):
-        neg_heads, neg_tails = learner.sampler.sample(batch[:, 0], batch[:, 1], batch[:, 2], cfg.negatives, state.rng)
+        neg = learner.sampler.sample(batch[:, 0], batch[:, 1], batch[:, 2], cfg.negatives, state.rng)
         lap("sample")
         entities, relations = learner.net(run.graph)
         lap("encoder forward")
-        loss = loss_fn(run.scorer, entities.float(), relations.float(), batch, neg_heads, neg_tails,
-                       cfg.adversarial_temperature)
+        loss = loss_fn(run.scorer, entities.float(), relations.float(), batch, neg.heads, neg.tails,
+                       cfg.adversarial_temperature, ignore=neg.known)
         lap("loss")
     learner.optimizer.zero_grad(set_to_none=True)
     loss.backward()

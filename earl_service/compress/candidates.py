@@ -20,6 +20,7 @@ from earl_service.data.dataset import Dataset
 from earl_service.errors import ConfigError
 from earl_service.train.distributed import Ranks
 from earl_service.train.loop import Learner, train_step
+from earl_service.train.readout import LossReadout
 from earl_service.train.run import GraphCache, Run, resolve_device
 from earl_service.train.schedule import build_optimizer
 from earl_service.train.state import TrainState
@@ -155,12 +156,16 @@ def step_seconds(run: Run, train_config: TrainConfig, steps: int = TIMING_STEPS)
     weights = {k: v.clone() for k, v in run.model.state_dict().items()}
     learner = Learner.build(run, build_optimizer(run.model, train_config), train_config, ranks=Ranks(),
                             device=run.device)
-    state = TrainState.start(train_config.seed)
+    state = TrainState.start(train_config.seed, run.device)
+    losses = LossReadout(steps)  # read once a pass: the read waits for a GPU to finish the steps it queued
     run.model.train()
-    train_step(learner, state)
+    losses.add(state.step, train_step(learner, state))
+    losses.read()
     started = time.perf_counter()
     for _ in range(steps):
-        train_step(learner, state)
+        loss = train_step(learner, state)
+        losses.add(state.step, loss)
+    losses.read()
     seconds = (time.perf_counter() - started) / steps
     run.model.eval()
     run.model.load_state_dict(weights)

@@ -69,13 +69,13 @@ class Ranks:
         dist.broadcast(shared, 0)
         return float(shared.item())
 
-    def sum(self, value: torch.Tensor) -> float:
-        """The sum of a scalar over all ranks."""
+    def sum(self, values: torch.Tensor) -> list[float]:
+        """(n,) values -> their element-wise sums over all ranks, on the host (one transfer, one all-reduce)."""
         if self.world == 1:
-            return float(value)
-        total = value.detach().reshape(1).to(self.device, torch.float64)
+            return values.detach().tolist()
+        total = values.detach().reshape(-1).to(self.device, torch.float64)
         dist.all_reduce(total)
-        return float(total.item())
+        return total.tolist()
 
 
 def init_process_group(device: torch.device, *, timeout_minutes: float = 60.0) -> None:

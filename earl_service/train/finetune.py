@@ -15,6 +15,7 @@ from earl_service.bundle.precision import ProductQuantized
 from earl_service.config import TrainConfig
 from earl_service.train.distributed import Ranks
 from earl_service.train.loop import Learner, train_step
+from earl_service.train.readout import LossReadout, read_every
 from earl_service.train.run import Run
 from earl_service.train.state import TrainState
 
@@ -62,10 +63,15 @@ def fine_tune(run: Run, params: dict[str, np.ndarray], tables: PQTables, cfg: Tr
         parametrize.register_parametrization(model, name, gathers[name], unsafe=True)
     optimizer = torch.optim.Adam([g.codebooks for g in gathers.values()], lr=cfg.lr)
     learner = Learner.build(run, optimizer, cfg, ranks=Ranks(), device=run.device)
-    state, start = TrainState.start(cfg.seed), time.perf_counter()
+    state, start = TrainState.start(cfg.seed, run.device), time.perf_counter()
+    losses = LossReadout(read_every(run.device))  # the losses stay on the device until a read
     model.train()
-    while len(budget.losses) < budget.steps and time.perf_counter() - start < budget.seconds:
-        budget.losses.append(train_step(learner, state))
+    while state.step < budget.steps and time.perf_counter() - start < budget.seconds:
+        loss = train_step(learner, state)
+        losses.add(state.step, loss)
+        if losses.due:
+            budget.losses += [record.loss for record in losses.read()]
+    budget.losses += [record.loss for record in losses.read()]
     model.eval()
     out = {name: (codes, gathers[name].codebooks.detach().cpu().numpy().astype(np.float16))
            for name, (codes, _) in tables.items()}

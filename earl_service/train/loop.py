@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import math
 import os
 import statistics
 import time
@@ -28,6 +27,7 @@ from earl_service.train.distributed import Ranks, wrap
 from earl_service.train.loss import NegativeSampler, loss_fn, sampled_loss
 from earl_service.train.memory import MemoryUse, peak_rss_mb, reset_peak_rss
 from earl_service.train.outputs import BUNDLE, write_run_outputs
+from earl_service.train.readout import LossReadout, StepRecord, read_every
 from earl_service.train.run import GraphCache, Run, bf16_autocast, resolve_device
 from earl_service.train.schedule import build_optimizer, set_lr
 from earl_service.train.state import TrainState
@@ -87,7 +87,7 @@ class Learner:
     net: torch.nn.Module  # run.model, DDP-wrapped when there are several ranks
     optimizer: torch.optim.Optimizer
     sampler: NegativeSampler
-    triples: torch.Tensor  # (T, 3) the training triples, on the CPU
+    triples: torch.Tensor  # (T, 3) the training triples, on the run's device (batches are gathered there)
     cfg: TrainConfig
     ranks: Ranks
     device: torch.device
@@ -105,15 +105,21 @@ class Learner:
             return NegativeSampler(ds.train, ds.num_train_entities, ds.num_relations, device)
 
         sampler = sampler_here() if run.graphs is None else run.graphs.shared(("sampler", device), sampler_here)
-        return cls(run, wrap(run.model, ranks, device), optimizer, sampler, torch.as_tensor(ds.train, dtype=torch.long),
-                   cfg, ranks, device, bf16_autocast(cfg, device), cfg.fanout_for(run.model_config.gnn_layers))
+        triples = torch.as_tensor(ds.train, dtype=torch.long).to(device)
+        return cls(run, wrap(run.model, ranks, device), optimizer, sampler, triples, cfg, ranks, device,
+                   bf16_autocast(cfg, device), cfg.fanout_for(run.model_config.gnn_layers))
 
 
-def train_step(learner: Learner, state: TrainState) -> float:
-    """One optimisation step on the next global batch; returns the batch's mean loss over all ranks."""
+def train_step(learner: Learner, state: TrainState) -> torch.Tensor:
+    """One optimisation step on the next global batch; returns this rank's share of the batch's mean loss, a 0-dim
+    tensor left on the device: reading it here would be a host sync per step on CUDA (LossReadout reads a few
+    steps' losses at once and sums the ranks' shares).
+
+    The full-graph path draws its batch and negatives where the run lives, from state.rng on that device, so a
+    CUDA step queues its work without waiting on the card; the sampled path samples neighbourhoods on the CPU."""
     cfg, ranks, run = learner.cfg, learner.ranks, learner.run
     ids = state.next_rows(len(learner.triples), cfg.batch_size)
-    batch = learner.triples[ids].to(learner.device)  # the global batch: the same rows on every rank
+    batch = learner.triples[ids]  # the global batch: the same rows on every rank
     rows, share = ranks.shard(len(batch))
     with torch.autocast(learner.device.type, dtype=torch.bfloat16, enabled=learner.autocast):
         if cfg.sampled:
@@ -122,21 +128,18 @@ def train_step(learner: Learner, state: TrainState) -> float:
                                           state.rng, rng)
             state.history.encoded.append(encoded)
         else:
-            neg_heads, neg_tails = learner.sampler.sample(batch[:, 0], batch[:, 1], batch[:, 2], cfg.negatives,
-                                                          state.rng)
+            neg = learner.sampler.sample(batch[:, 0], batch[:, 1], batch[:, 2], cfg.negatives, state.rng)
+            ignore = None if neg.known is None else (neg.known[0][rows], neg.known[1][rows])
             entities, relations = learner.net(run.graph)
-            loss = loss_fn(run.scorer, entities.float(), relations.float(), batch[rows], neg_heads[rows],
-                           neg_tails[rows], cfg.adversarial_temperature)
+            loss = loss_fn(run.scorer, entities.float(), relations.float(), batch[rows], neg.heads[rows],
+                           neg.tails[rows], cfg.adversarial_temperature, ignore=ignore)
     # DDP averages gradients over ranks: weigh each rank's mean by its share of the global batch.
     scaled = loss if ranks.world == 1 else loss * (share * ranks.world)
     learner.optimizer.zero_grad(set_to_none=True)
     scaled.backward()
     learner.optimizer.step()
     state.step += 1
-    loss_value = float(loss.detach()) if ranks.world == 1 else ranks.sum(loss.detach() * share)
-    if not math.isfinite(loss_value):
-        raise FloatingPointError(f"loss became {loss_value} at step {state.step}; lower the learning rate")
-    return loss_value
+    return loss.detach() if ranks.world == 1 else loss.detach() * share
 
 
 def validate(learner: Learner, state: TrainState, checkpoints: Checkpointer, *, start: float) -> bool:
@@ -150,21 +153,30 @@ def validate(learner: Learner, state: TrainState, checkpoints: Checkpointer, *, 
 
 
 class Progress:
-    """Rank 0's report of each step: the progress bar (TrainConfig.progress) and the caller's callback."""
+    """Rank 0's report of each step: the progress bar (TrainConfig.progress) and the caller's callback.
+
+    Steps are reported when their losses are read (every step on a CPU, every few on a GPU), in step order."""
 
     def __init__(self, cfg: TrainConfig, initial: int, callback: ProgressCallback | None, *, enabled: bool) -> None:
         self.total = cfg.steps
         self.bar = _progress_bar(cfg, initial) if enabled else None
         self.callback = callback if enabled else None
 
-    def update(self, state: TrainState, loss: float) -> None:
+    def update(self, state: TrainState, records: Sequence[StepRecord]) -> None:
+        """Report `records`, just read; the last is the current step (its elapsed time counts its validation)."""
+        if not records:
+            return
         mrr = state.history.last_mrr
         if self.bar is not None:
-            self.bar.update(1)
-            self.bar.set_postfix(loss=f"{loss:.4f}", mrr="-" if mrr is None else f"{mrr:.4f}")
-        if self.callback is not None:
-            self.callback({"step": state.step, "total": self.total, "loss": loss, "elapsed": state.elapsed,
-                           "valid_mrr": mrr})
+            self.bar.update(len(records))
+            self.bar.set_postfix(loss=f"{records[-1].loss:.4f}", mrr="-" if mrr is None else f"{mrr:.4f}")
+        if self.callback is None:
+            return
+        for record in records:
+            last = record is records[-1]
+            self.callback({"step": record.step, "total": self.total, "loss": record.loss,
+                           "elapsed": state.elapsed if last else record.since_start,
+                           "valid_mrr": mrr if last else _mrr_at(state, record.step)})
 
     def close(self) -> None:
         if self.bar is not None:
@@ -199,7 +211,7 @@ def train(
     _check_sampled(cfg, model_config)
     run, memory = _build(dataset, model_config, cfg, device, graphs)
     optimizer = build_optimizer(run.model, cfg)
-    state = TrainState.start(cfg.seed)
+    state = TrainState.start(cfg.seed, device)
     checkpoints = Checkpointer(out, run.model, optimizer, state, writes=ranks.is_main,
                                configs={"model_config": model_config.to_dict(), "train_config": cfg.to_dict(),
                                         "vocab": dataset.vocab_signature()})
@@ -242,8 +254,13 @@ def _build(dataset: Dataset, model_config: ModelConfig, cfg: TrainConfig, device
 def _loop(
     learner: Learner, state: TrainState, stop: StopRules, checkpoints: Checkpointer, progress: Progress, start: float,
 ) -> None:
-    """Step until the step count or a stop rule ends the run; validate and checkpoint on their cadences."""
+    """Step until the step count or a stop rule ends the run; validate and checkpoint on their cadences.
+
+    The losses stay on the device until a read (LossReadout): on its cadence, and before a validation or a
+    checkpoint, so that neither runs on weights a non-finite loss spoiled and every checkpoint's history is
+    whole. Reads fall on step counts alone, the same on every rank (a read is collective)."""
     cfg = learner.cfg
+    losses = LossReadout(read_every(learner.device), learner.ranks)
     learner.run.model.train()
     while state.step < cfg.steps:
         if (reason := stop.before_step(time.perf_counter() - start)) is not None:
@@ -255,18 +272,31 @@ def _loop(
         factor = set_lr(learner.optimizer, cfg, state.step, clock)
         t0 = time.perf_counter()
         loss = train_step(learner, state)
-        state.record_step(loss, time.perf_counter() - t0, time.perf_counter() - start, lr_factor=factor)
-        validates = learner.ranks.is_main and _due(state.step, stop.eval_every)
-        if validates and not validate(learner, state, checkpoints, start=start):
+        now = time.perf_counter()
+        losses.add(state.step, loss, seconds=now - t0, since_start=now - start, lr_factor=factor)
+        evaluates, saves = _due(state.step, stop.eval_every), _due(state.step, cfg.checkpoint_every)
+        records = losses.read() if losses.due or evaluates or saves else []
+        state.record_steps(records)
+        if learner.ranks.is_main and evaluates and not validate(learner, state, checkpoints, start=start):
             state.bad_evals += 1
         state.elapsed = time.perf_counter() - start
-        progress.update(state, loss)
-        if _due(state.step, cfg.checkpoint_every):
+        progress.update(state, records)
+        if saves:
             checkpoints.save()
         if (reason := stop.after_step(state.step, state.bad_evals)) is not None:
             state.stopped = reason
             break
+    records = losses.read()
+    state.record_steps(records)
+    progress.update(state, records)
     progress.close()
+
+
+def _mrr_at(state: TrainState, step: int) -> float | None:
+    """The last valid MRR known at `step`."""
+    history = state.history
+    known = [mrr for at, mrr in zip(history.eval_steps, history.eval_mrr, strict=True) if at <= step]
+    return known[-1] if known else None
 
 
 def _load_kernel(memory: MemoryUse) -> str:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 import torch
 import torch.nn.functional as F
@@ -12,15 +14,36 @@ from earl_service.model.modules import RotatE
 from earl_service.train.run import Run
 
 
-class NegativeSampler:
-    """Uniform corruptions with replacement, resampled where they hit a known true answer from train."""
+class Negatives(NamedTuple):
+    """A batch's corruptions and where they still make a known true triple."""
 
-    def __init__(self, train: np.ndarray, num_entities: int, num_relations: int, device: torch.device):
+    heads: torch.Tensor  # (B, K) entity ids
+    tails: torch.Tensor  # (B, K)
+    known: tuple[torch.Tensor, torch.Tensor] | None  # (head mask, tail mask), (B, K) bool each: loss_fn's `ignore`
+
+
+class NegativeSampler:
+    """Uniform corruptions with replacement, redrawn for a few rounds where they hit a known true answer from
+    train; the hits left after the last round are flagged (Negatives.known) for the loss to ignore.
+
+    Two ways to redraw, the same distribution: on the CPU only the hits are redrawn (nonzero compacts them; the
+    CPU's work stays small and its draws are those of earlier versions); on a GPU the compacted shapes would be
+    host syncs, so every round redraws the whole (B, K) draw and keeps the new ids only where the old were hits
+    (torch.where), `FIXED_ROUNDS` times whatever happened. Queries with thousands of true answers (CoDEx-S's
+    gender or country) keep a few hits after those rounds; they are ignored, not trained as negatives.
+    """
+
+    COMPACT_ROUNDS = 20
+    FIXED_ROUNDS = 4  # each round is ~6 small kernels per side: enough to leave ~0.05% of CoDEx-S's head draws
+
+    def __init__(self, train: np.ndarray, num_entities: int, num_relations: int, device: torch.device, *,
+                 fixed_shapes: bool | None = None):
         self.n, self.r = num_entities, num_relations
         h, r, t = (torch.as_tensor(train[:, i], dtype=torch.long) for i in range(3))
         self.tail_keys = torch.unique((h * num_relations + r) * num_entities + t).to(device)  # sorted
         self.head_keys = torch.unique((t * num_relations + r) * num_entities + h).to(device)
         self.device = device
+        self.fixed_shapes = device.type != "cpu" if fixed_shapes is None else fixed_shapes
 
     def _known(self, keys: torch.Tensor, query: torch.Tensor, candidates: torch.Tensor) -> torch.Tensor:
         """Whether (query, candidate) is a true pair; query and candidates broadcast together."""
@@ -35,23 +58,47 @@ class NegativeSampler:
         return (self._known(self.head_keys, (t * self.r + r)[:, None], neg_heads),
                 self._known(self.tail_keys, (h * self.r + r)[:, None], neg_tails))
 
-    def sample(
-        self, h: torch.Tensor, r: torch.Tensor, t: torch.Tensor, k: int, gen: torch.Generator, max_rounds: int = 20
+    def sample(self, h: torch.Tensor, r: torch.Tensor, t: torch.Tensor, k: int, gen: torch.Generator) -> Negatives:
+        """(B,) positives -> K head and K tail corruptions each, drawn from `gen` (on the sampler's device)."""
+        redraw = self._fixed_rounds if self.fixed_shapes else self._compact_rounds
+        heads, head_hits = redraw(self.head_keys, t * self.r + r, k, gen)
+        tails, tail_hits = redraw(self.tail_keys, h * self.r + r, k, gen)
+        if head_hits is None and tail_hits is None:
+            return Negatives(heads, tails, None)
+        none_left = torch.zeros_like(heads, dtype=torch.bool)
+        return Negatives(heads, tails, (none_left if head_hits is None else head_hits,
+                                        none_left if tail_hits is None else tail_hits))
+
+    def _draw(self, shape: tuple[int, ...], gen: torch.Generator) -> torch.Tensor:
+        return torch.randint(0, self.n, shape, generator=gen, device=self.device)
+
+    def _compact_rounds(
+        self, keys: torch.Tensor, query: torch.Tensor, k: int, gen: torch.Generator
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(B,) queries -> (B, K) candidates, and the hits left after the rounds (None: none left)."""
+        cand = self._draw((query.numel(), k), gen)
+        flat = cand.view(-1)
+        bad = self._known(keys, query[:, None], cand).view(-1).nonzero().squeeze(1)  # (M,) flat positions
+        for _ in range(self.COMPACT_ROUNDS):
+            if bad.numel() == 0:
+                break
+            flat[bad] = self._draw((bad.numel(),), gen)
+            bad = bad[self._known(keys, query[bad // k], flat[bad])]
+        if bad.numel() == 0:
+            return cand, None
+        hits = torch.zeros(cand.numel(), dtype=torch.bool, device=cand.device)
+        return cand, hits.index_fill_(0, bad, True).view_as(cand)
+
+    def _fixed_rounds(
+        self, keys: torch.Tensor, query: torch.Tensor, k: int, gen: torch.Generator
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """(B,) positives -> (neg_heads (B, K), neg_tails (B, K)) entity ids."""
-        out = []
-        for keys, query in ((self.head_keys, t * self.r + r), (self.tail_keys, h * self.r + r)):
-            cand = torch.randint(0, self.n, (h.numel(), k), generator=gen).to(self.device)
-            flat = cand.view(-1)
-            bad = self._known(keys, query[:, None], cand).view(-1).nonzero().squeeze(1)  # (M,) flat positions
-            # Redraw only the hits, a few rounds (queries with thousands of true answers need more than one).
-            for _ in range(max_rounds):
-                if bad.numel() == 0:
-                    break
-                flat[bad] = torch.randint(0, self.n, (bad.numel(),), generator=gen).to(self.device)
-                bad = bad[self._known(keys, query[bad // k], flat[bad])]
-            out.append(cand)
-        return out[0], out[1]
+        """(B,) queries -> (B, K) candidates and (B, K) hits left, every shape known before the draws."""
+        cand = self._draw((query.numel(), k), gen)
+        hits = self._known(keys, query[:, None], cand)  # (B, K)
+        for _ in range(self.FIXED_ROUNDS):
+            cand = torch.where(hits, self._draw(tuple(cand.shape), gen), cand)
+            hits = hits & self._known(keys, query[:, None], cand)
+        return cand, hits
 
 
 def loss_fn(
@@ -101,7 +148,8 @@ def sampled_loss(
     size, k = len(batch), cfg.negatives
     chunk = cfg.negative_chunk or size
     chunks = -(-size // chunk)
-    negatives = torch.randint(0, run.index.num_entities, (2, chunks, k), generator=gen)  # heads, tails
+    # Drawn where the generator lives (the run's device), then to the host: this path samples on the CPU anyway.
+    negatives = torch.randint(0, run.index.num_entities, (2, chunks, k), generator=gen, device=gen.device).cpu()
     mine = batch[rows].cpu()  # (b, 3)
     b = len(mine)
     row_chunk = torch.arange(rows.start, rows.start + b) // chunk  # (b,) global chunk of each row
@@ -120,4 +168,4 @@ def sampled_loss(
     return loss, sub.nodes.numel()
 
 
-__all__ = ["NegativeSampler", "loss_fn", "sampled_loss"]
+__all__ = ["NegativeSampler", "Negatives", "loss_fn", "sampled_loss"]

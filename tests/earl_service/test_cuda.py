@@ -1,5 +1,6 @@
 """CUDA paths against the CPU ones: the same step gives the same loss and gradients, a run trained on the GPU
-evaluates the same on either device and exports a bundle that loads on a CPU-only machine.
+evaluates the same on either device and exports a bundle that loads on a CPU-only machine, and the training
+step queues its work without a host sync.
 
 Skipped where torch sees no CUDA device (CI and the development machines); run on a lent GPU machine with
 `python -m pytest tests/earl_service/test_cuda.py`.
@@ -18,10 +19,14 @@ from earl_service.compress.state import PICK
 from earl_service.config import ModelConfig, TrainConfig
 from earl_service.data.dataset import load_dataset
 from earl_service.model.kernels import rotate_distance, rotate_distance_all
+from earl_service.train.distributed import Ranks
 from earl_service.train.finetune import FineTune, fine_tune
-from earl_service.train.loop import BUNDLE, train
+from earl_service.train.loop import BUNDLE, Learner, train, train_step
 from earl_service.train.loss import NegativeSampler, loss_fn
+from earl_service.train.readout import LossReadout, read_every
 from earl_service.train.run import Run, load_run
+from earl_service.train.schedule import build_optimizer
+from earl_service.train.state import TrainState
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
 CUDA = torch.device("cuda")
@@ -47,7 +52,8 @@ def test_training_step_cuda_matches_cpu(model):
         assert torch.equal(a, b.cpu()), name  # the same seeded initial weights on both devices
     batch = torch.as_tensor(ds.train[:64], dtype=torch.long)
     sampler = NegativeSampler(ds.train, ds.num_train_entities, ds.num_relations, torch.device("cpu"))
-    neg_h, neg_t = sampler.sample(batch[:, 0], batch[:, 1], batch[:, 2], 16, torch.Generator().manual_seed(1))
+    neg = sampler.sample(batch[:, 0], batch[:, 1], batch[:, 2], 16, torch.Generator().manual_seed(1))
+    neg_h, neg_t = neg.heads, neg.tails
 
     def step(run, device):
         run.model.zero_grad(set_to_none=True)
@@ -78,16 +84,48 @@ def test_compact_inputs_on_cuda_give_the_full_graph_embeddings():
     torch.testing.assert_close(gpu_ent.cpu(), cpu_ent.detach(), rtol=1e-5, atol=1e-5)
 
 
-def test_negative_sampler_on_cuda_avoids_true_answers():
+def test_negative_sampler_on_cuda_avoids_true_answers_or_flags_them():
+    """On CUDA the sampler redraws through masks at fixed shapes (no host sync) from a generator on the card; a
+    candidate that still makes a true triple after its rounds is flagged for the loss to ignore."""
     ds = tiny_dataset()
     sampler = NegativeSampler(ds.train, 40, 3, CUDA)
+    assert sampler.fixed_shapes
     batch = torch.as_tensor(ds.train, dtype=torch.long, device=CUDA)
-    heads, tails = sampler.sample(batch[:, 0], batch[:, 1], batch[:, 2], 16, torch.Generator().manual_seed(0))
-    assert heads.device.type == tails.device.type == "cuda"
+    neg = sampler.sample(batch[:, 0], batch[:, 1], batch[:, 2], 16, torch.Generator(device=CUDA).manual_seed(0))
+    assert neg.heads.device.type == neg.tails.device.type == "cuda" and neg.known is not None
     true = {tuple(x) for x in ds.train.tolist()}
-    for (h, r, t), hs, ts in zip(ds.train.tolist(), heads.tolist(), tails.tolist(), strict=True):
-        assert all((x, r, t) not in true for x in hs)
-        assert all((h, r, x) not in true for x in ts)
+    rows = zip(ds.train.tolist(), neg.heads.tolist(), neg.tails.tolist(), neg.known[0].tolist(),
+               neg.known[1].tolist(), strict=True)
+    for (h, r, t), hs, ts, head_hits, tail_hits in rows:
+        assert [(x, r, t) in true for x in hs] == head_hits
+        assert [(h, r, x) in true for x in ts] == tail_hits
+
+
+@pytest.mark.parametrize("model", ["rotate", "earl"])
+def test_full_graph_steps_make_no_host_sync(model):
+    """Steps under torch.cuda.set_sync_debug_mode("error"): a host sync on the hot path (a float() of the loss, a
+    host-to-device copy of the batch or the negatives, nonzero's data-dependent shape) raises. 12 steps of 4,096
+    cross an epoch of CoDEx-S (a new permutation, drawn on the card); the losses are read after the block, as
+    the loop's LossReadout reads them, and are finite."""
+    ds, steps = load_dataset(codex_s_path()), 12
+    tcfg = TrainConfig(batch_size=4096, negatives=64, progress=False, device="cuda")
+    run = Run.build(ds, ModelConfig(model=model, dim=32), CUDA)
+    learner = Learner.build(run, build_optimizer(run.model, tcfg), tcfg, ranks=Ranks(), device=CUDA)
+    assert learner.sampler.fixed_shapes and learner.triples.device.type == "cuda"
+    state, losses = TrainState.start(tcfg.seed, CUDA), LossReadout(read_every(CUDA))
+    run.model.train()
+    losses.add(state.step, train_step(learner, state))  # the first step builds the optimizer's state
+    losses.read()
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for _ in range(steps):
+            losses.add(state.step, train_step(learner, state))
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    records = losses.read()
+    assert [r.step for r in records] == list(range(2, steps + 2))
+    assert all(np.isfinite(r.loss) for r in records)
 
 
 def test_cuda_run_evaluates_the_same_on_cpu_and_exports_a_cpu_bundle(tmp_path):
@@ -121,6 +159,7 @@ def test_a_cuda_run_resumes(tmp_path):
     train(ds, cfg, tcfg, tmp_path / "split", resume=True, final_eval=False, write_bundle=False)
     a, b = (torch.load(tmp_path / run / "checkpoint.pt", weights_only=True) for run in ("straight", "split"))
     assert len(b["history"]["losses"]) == 8
+    assert torch.equal(a["generator"], b["generator"])  # the card's generator, saved and restored
     # Approximately: CUDA's scatter-adds are not deterministic, so two straight runs differ in the last bits too.
     assert b["history"]["losses"] == pytest.approx(a["history"]["losses"], rel=1e-4)
 

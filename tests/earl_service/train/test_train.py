@@ -14,6 +14,7 @@ from earl_service.data.dataset import Dataset, load_dataset
 from earl_service.data.vocab import Vocab
 from earl_service.train.loop import CHECKPOINT, StopRules, train
 from earl_service.train.loss import NegativeSampler
+from earl_service.train.readout import StepRecord
 from earl_service.train.state import TrainState
 
 FAST = dict(batch_size=32, negatives=8, eval_every=5, eval_batch_size=16, progress=False, checkpoint_every=5)
@@ -23,9 +24,10 @@ def test_negative_sampler_avoids_true_answers():
     ds = tiny_dataset()
     sampler = NegativeSampler(ds.train, 40, 3, torch.device("cpu"))
     batch = torch.as_tensor(ds.train, dtype=torch.long)
-    heads, tails = sampler.sample(batch[:, 0], batch[:, 1], batch[:, 2], 16, torch.Generator().manual_seed(0))
+    neg = sampler.sample(batch[:, 0], batch[:, 1], batch[:, 2], 16, torch.Generator().manual_seed(0))
+    assert neg.known is None  # on the CPU every hit is redrawn within the rounds here
     true = {tuple(x) for x in ds.train.tolist()}
-    for (h, r, t), hs, ts in zip(ds.train.tolist(), heads.tolist(), tails.tolist(), strict=True):
+    for (h, r, t), hs, ts in zip(ds.train.tolist(), neg.heads.tolist(), neg.tails.tolist(), strict=True):
         assert all((x, r, t) not in true for x in hs)
         assert all((h, r, x) not in true for x in ts)
 
@@ -262,7 +264,7 @@ def test_train_state_saves_and_loads_itself():
     state = TrainState.start(seed=5)
     state.next_rows(10, 4)
     state.step, state.best_mrr, state.stopped = 3, 0.25, "time_limit"
-    state.record_step(1.5, 0.1, 0.2)
+    state.record_steps([StepRecord(3, 1.5, 0.1, 0.2, 1.0)])
     saved = state.state_dict()
     again = TrainState.start(seed=99)
     again.load_state_dict(saved)
@@ -270,6 +272,20 @@ def test_train_state_saves_and_loads_itself():
     assert again.stopped == "steps"  # why the previous attempt stopped is not the resumed run's
     for _ in range(3):  # the same batches from here on, into the next epoch's permutation
         assert torch.equal(again.next_rows(10, 4), state.next_rows(10, 4))
+
+
+def test_a_checkpoint_from_another_kind_of_device_resumes_with_new_draws(caplog):
+    """A CUDA run's generator state does not fit a CPU generator: the resumed run warns and draws afresh, from
+    where the saved epoch left off."""
+    state = TrainState.start(seed=5)
+    state.next_rows(10, 4)
+    saved = {**state.state_dict(), "generator": torch.zeros(16, dtype=torch.uint8), "generator_device": "cuda"}
+    again = TrainState.start(seed=5)
+    again.load_state_dict(saved)
+    assert "drawn on cuda" in caplog.text and again.epoch_pos == 4
+    for _ in range(2):  # the rest of the saved epoch: its rows, as saved
+        assert torch.equal(again.next_rows(10, 4), state.next_rows(10, 4))
+    assert sorted(again.next_rows(10, 10).tolist()) == list(range(10))  # a new epoch, from the new draws
 
 
 class _RankOne:
