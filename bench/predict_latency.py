@@ -24,7 +24,7 @@ import httpx
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from harness import api_server, percentiles, rss_mib, write_results
+from harness import LoadWatch, api_server, cpu_seconds, percentiles, rss_mib, write_results
 
 from earl_service.bundle.model_io import load_bundle
 from earl_service.serve.predictor import LinkPredictor, configure_threads
@@ -45,29 +45,30 @@ def library_latency(predictor: LinkPredictor, queries: list) -> tuple[list[float
     return library, hits / max(total, 1)
 
 
-def http_latency(base: str, bundle: Path, queries: list) -> tuple[str, float, list[float], float]:
-    """Register `bundle`, then one client's GET /predict calls: (model id, first query s, ms per call, the
-    server's own mean ms per call from its /metrics)."""
+def http_latency(base: str, pid: int, bundle: Path, queries: list) -> tuple[str, float, list[float], dict]:
+    """Register `bundle`, then one client's GET /predict calls: (model id, first query s, ms per call, the server's
+    own ms per call: `mean_ms` from its /metrics, `cpu_ms` the CPU time process `pid` used per call)."""
     http_ms = []
     with httpx.Client(base_url=base, timeout=30) as http:
         model = http.post("/models", files={"bundle": (bundle.name, bundle.read_bytes())}).json()["id"]
         t0 = time.perf_counter()
         http.get("/predict", params={"model": model, "head": queries[0][0], "relation": queries[0][1]})
         first_s = time.perf_counter() - t0  # includes loading the bundle and building the index
-        server_before = server_seconds(http)
+        server_before, cpu_before = server_seconds(http), cpu_seconds(pid)
         for head, rel, tail in queries:
             for side, anchor in (("head", head), ("tail", tail)):
                 t0 = time.perf_counter()
                 r = http.get("/predict", params={"model": model, side: anchor, "relation": rel, "k": 10})
                 http_ms.append((time.perf_counter() - t0) * 1e3)
                 r.raise_for_status()
+        cpu_ms = (cpu_seconds(pid) - cpu_before) / len(http_ms) * 1e3  # before /metrics renders its reply
         server_after = server_seconds(http)
     server_ms = (server_after[0] - server_before[0]) / (server_after[1] - server_before[1]) * 1e3
-    return model, first_s, http_ms, server_ms
+    return model, first_s, http_ms, {"mean_ms": round(server_ms, 3), "cpu_ms": round(cpu_ms, 3)}
 
 
 def markdown(result: dict) -> str:
-    lib, web, con = result["library"], result["http"], result["concurrent"]
+    lib, web, con, load = result["library"], result["http"], result["concurrent"], result["one_client_load"]
     md = (f"# Top-10 prediction latency ({result['entities']} entities, dim {result['dim']}, "
           f"{result['precision']}, {result['index']} index)\n\n{result['queries']} sequential queries (tails and heads) from one client, then {con['requests']} "
           f"requests from {con['concurrency']} concurrent clients; API with 1 thread.\n\n"
@@ -81,8 +82,11 @@ def markdown(result: dict) -> str:
           f"Bundle {result['bundle_bytes'] / 2**20:.2f} MiB; the predictor holds {result['resident_bytes'] / 2**20:.1f} "
           f"MiB (LinkPredictor.resident_bytes); API VmRSS with it loaded {result['api_rss_mib']} MiB.\n\n"
           f"One client: the server's own mean time per request (ASGI middleware to last byte, from its "
-          f"/metrics histogram) was {result['server_mean_ms']} ms; the rest of the HTTP figure is the client "
-          "(httpx) and the loopback socket.\n\n"
+          f"/metrics histogram) was {result['server_mean_ms']} ms, and the API process used {result['server_cpu_ms']} ms "
+          "of CPU per request (utime + stime over those requests, the figure a loaded machine inflates least); the rest "
+          f"of the HTTP figure is the client (httpx) and the loopback socket. Load average (1 min) during it: "
+          f"{load['load_average_1min']['start']} -> {load['load_average_1min']['end']}, CPU steal "
+          f"{load['cpu_steal_share']}.\n\n"
           f"Errors under load: {con['errors']}. Recall@10 of the library's top-10 against exact brute force: "
           f"{result['recall_at_10']:.4f}. Building the predictor (rebuild embeddings + index): "
           f"{result['predictor_build_s']} s; first HTTP query (cache miss, includes that): "
@@ -109,7 +113,9 @@ def main() -> None:
     queries = [(names[h], rels[r], names[t]) for h, r, t in picked]
     library, recall = library_latency(predictor, queries)
     with api_server(Path(tempfile.mkdtemp())) as (base, proc):  # the API's default SQLite store, 1 thread
-        model, first_s, http_ms, server_ms = http_latency(base, args.bundle, queries)
+        watch = LoadWatch()
+        model, first_s, http_ms, server = http_latency(base, proc.pid, args.bundle, queries)
+        load_during = watch.summary()
         rss = rss_mib(proc.pid)
         batch = batched(base, model, queries)
         load = concurrent_load(base, model, queries, args.concurrency, args.requests)
@@ -118,7 +124,8 @@ def main() -> None:
               "api_rss_mib": round(rss, 1), "resident_bytes": predictor.resident_bytes, "batched": batch,
               "queries": len(library), "arch": platform.machine(),
               "library": percentiles(library), "http": percentiles(http_ms),
-              "server_mean_ms": round(server_ms, 3), "recall_at_10": recall,
+              "server_mean_ms": server["mean_ms"], "server_cpu_ms": server["cpu_ms"], "one_client_load": load_during,
+              "recall_at_10": recall,
               "predictor_build_s": round(load_s, 3), "first_http_query_s": round(first_s, 3), "concurrent": load}
     md = markdown(result)
     write_results(args.name, result, md)

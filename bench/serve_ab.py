@@ -13,7 +13,6 @@ figure the machine's load inflates least).
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import tempfile
 import time
@@ -24,7 +23,7 @@ import httpx
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from harness import api_server
+from harness import api_server, cpu_seconds
 
 from earl_service.bundle.model_io import load_bundle
 
@@ -38,11 +37,6 @@ def queries(bundle_path: Path, n: int) -> list[dict[str, str]]:
     names, rels = bundle.entities.names, bundle.relations.names
     return [{side: names[a], "relation": rels[r], "k": "10"} for h, r, t in picked for side, a in (("head", h),
                                                                                                      ("tail", t))]
-
-
-def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def compare(bundle: Path, trees: list[Path], asked: list[dict[str, str]]) -> dict[str, dict[str, float]]:
