@@ -17,13 +17,14 @@ path has another sha256, so its stale index files are removed and a new one is b
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 
 from earl_service.atomic import replacing
-from earl_service.serve.codes import ADC, MARGIN, PROBE, WIDEN, lookup_table
-from earl_service.serve.index import proxy_bounds, set_faiss_threads, shortlist_size
+from earl_service.serve.codes import ADC, MARGIN, PROBE, first_scan, proxy_ratio, query_table
+from earl_service.serve.index import set_faiss_threads
 from earl_service.serve.tables import EntityTable, ProxyCodes
 
 log = logging.getLogger(__name__)
@@ -51,15 +52,15 @@ class CodesIVF:
         import faiss
 
         self.table, self.codebooks, self.slack = table, proxy.codebooks, proxy.slack
-        self.codes = table.order_codes(members)  # list by list: list l's codes are codes[starts[l]:starts[l + 1]]
+        self.codes = table.order_codes(members)
+        self.proxy = replace(proxy, codes=self.codes)  # not holding the by-id codes: one copy  # list by list: list l's codes are codes[starts[l]:starts[l + 1]]
         self.coarse = faiss.IndexFlatL2(coarse.shape[1])  # the lists' centroids in the table's 2d reals
         self.coarse.add(np.ascontiguousarray(coarse, dtype=np.float32))
         self.starts, self.members = starts, members  # list l holds the ids members[starts[l]:starts[l + 1]]
         self.slack_max = float(self.slack.max(initial=0.0)) if self.slack is not None else 0.0
         self.adc = ADC(self.codes.shape[1])
         self.nprobe, self.faiss_threads = nprobe, faiss_threads
-        g_min, g_max = proxy_bounds(1)
-        self.ratio = g_max / g_min
+        self.ratio = proxy_ratio(proxy)
         self.calibration_ms: dict[int, float] = {}
 
     @classmethod
@@ -124,13 +125,13 @@ class CodesIVF:
         runs = [slice(self.starts[lst], self.starts[lst + 1]) for lst in lists.tolist() if lst >= 0]
         ids = np.concatenate([self.members[run] for run in runs])  # contiguous runs: no gather of random rows
         block = np.concatenate([self.codes[run] for run in runs])
-        proxy, at = self.adc.search(lookup_table(query, self.codebooks), block, size)
+        proxy, at = self.adc.search(query_table(query, self.proxy), block, size)
         return proxy, ids[at].astype(np.int64)
 
     def certified_shortlist(self, query: np.ndarray, k: int, excluded: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Candidate ids and exact distances from the probed lists (best effort: module doc): the first ids by A
         bound the k-th exact distance, and only those whose A - slack could beat it are re-ranked."""
-        proxy, ids = self.scan(query, WIDEN * shortlist_size(k, len(excluded)))
+        proxy, ids = self.scan(query, first_scan(k, len(excluded), self.ratio))
         first = ids[: PROBE * k + len(excluded)]
         dist = self.distances(query, first)
         kept = dist[~np.isin(first, excluded)] if len(excluded) else dist

@@ -20,12 +20,19 @@ Rows = int | slice | np.ndarray
 
 @dataclass(frozen=True)
 class ProxyCodes:
-    """Codes (N, M) uint8 and codebooks (M, 256, s) float32 (rows decode to (N, M * s) = (N, 2d)); `slack` (N,)
-    float32: the L1 distance from each row to its codes' decoding (None where the codes are the row itself)."""
+    """Codes (N, M) uint8 over codebooks (M, 256, s) float32, and `slack` (N,) float32: how far each row may lie
+    from what its codes decode to (None where the codes are the row itself). Two layouts (serve/codes.py sums them):
+    - real sub-vectors (`pairs` False, a pq table): subspace j is s consecutive numbers of [re | im]; the ADC sum is
+      the L1 distance over the 2d reals, within sqrt 2 of RotatE's distance; slack in L1.
+    - complex pairs (`pairs` True, an int8 table): code j names the nearest of one shared codebook (1, 256, 2) of
+      complex numbers (re, im) to the row's complex coordinate j (M = d); the ADC sum of moduli |q_j - centroid|
+      lies within the slack, the sum of moduli |e_j - centroid|, of RotatE's distance itself (triangle inequality).
+    """
 
     codes: np.ndarray
     codebooks: np.ndarray
     slack: np.ndarray | None = None
+    pairs: bool = False
 
     @property
     def nbytes(self) -> int:
@@ -130,12 +137,14 @@ class PQTable(EntityTable):
 
 
 class Int8Table(EntityTable):
-    """Rows as int8 values (N, 2d) times a float32 scale each (bundle/precision.Int8). Their proxy codes put every
-    number on one grid of 256 levels over [-max, max] (a shared codebook, so one lookup table per query serves
-    every row); each row's slack is its L1 distance to that grid, the certificate's allowance (codes.py)."""
+    """Rows as int8 values (N, 2d) times a float32 scale each (bundle/precision.Int8). Their proxy codes name, for
+    each complex coordinate (re_j, im_j), the nearest of 256 complex centroids shared by every row and coordinate
+    (k-means over a sample of them), so one (d, 256) lookup table per query serves every row; each row's slack is
+    the sum of its coordinates' distances to their centroids, the certificate's allowance (ProxyCodes, codes.py)."""
 
     kind = "int8"
     BLOCK = 16_384  # rows re-coded at a time: bounds the float32 temporaries at load
+    SAMPLE = 256 * CENTROIDS  # complex coordinates the codebook is trained on (faiss's default cap)
 
     def __init__(self, values: np.ndarray, scale: np.ndarray) -> None:
         self.values = np.ascontiguousarray(values, dtype=np.int8)  # (N, 2d)
@@ -157,29 +166,53 @@ class Int8Table(EntityTable):
 
     def proxy_codes(self) -> ProxyCodes:
         if self._proxy is None:
-            self._proxy = self._grid_codes()
+            self._proxy = self._pair_codes()
         return self._proxy
 
     def order_codes(self, members: np.ndarray) -> np.ndarray:
         proxy = self.proxy_codes()  # the slack stays by id
         codes, self._position = _reordered(proxy.codes, self._position, members)
-        self._proxy = ProxyCodes(codes, proxy.codebooks, proxy.slack)
+        self._proxy = ProxyCodes(codes, proxy.codebooks, proxy.slack, pairs=True)
         return codes
 
-    def _grid_codes(self) -> ProxyCodes:
+    def _pair_codes(self) -> ProxyCodes:
+        """Each complex coordinate's nearest centroid (L2 in the plane: the modulus) and each row's slack."""
+        import faiss
+
         n, width = self.shape
-        top = float(np.abs(self.scale).max(initial=0.0)) * 127 or 1.0
-        step = 2 * top / (CENTROIDS - 1)
-        grid = (np.arange(CENTROIDS, dtype=np.float32) * step - top).astype(np.float32)  # (256,)
-        codes = np.empty((n, width), dtype=np.uint8)
+        dim = width // 2
+        centroids = self._centroids()  # (256, 2)
+        nearest = faiss.IndexFlatL2(2)
+        nearest.add(centroids)
+        codes = np.empty((n, dim), dtype=np.uint8)
         slack = np.empty(n, dtype=np.float32)
         for start in range(0, n, self.BLOCK):
             rows = self[slice(start, start + self.BLOCK)]  # (b, 2d)
-            picked = np.clip(np.rint((rows + top) / step), 0, CENTROIDS - 1).astype(np.uint8)
+            points = np.stack([rows[:, :dim], rows[:, dim:]], -1).reshape(-1, 2)  # (b * d, 2) (re, im)
+            picked = nearest.search(points, 1)[1].reshape(len(rows), dim)  # (b, d) centroid ids
             codes[start : start + self.BLOCK] = picked
-            slack[start : start + self.BLOCK] = np.abs(rows - grid[picked]).sum(1)
-        books = np.broadcast_to(grid[None, :, None], (width, CENTROIDS, 1))
-        return ProxyCodes(codes, np.ascontiguousarray(books), slack)
+            # The slack from the centroids themselves: FAISS's expanded squared distances lose digits near 0.
+            near = centroids[picked]  # (b, d, 2)
+            slack[start : start + self.BLOCK] = np.hypot(rows[:, :dim] - near[..., 0], rows[:, dim:] - near[..., 1]).sum(1)
+        return ProxyCodes(codes, centroids[None], slack, pairs=True)
+
+    def _centroids(self) -> np.ndarray:
+        """(256, 2) float32: k-means over SAMPLE of the table's complex coordinates (all of them when fewer, padded
+        by repeats when there are fewer than 256)."""
+        import faiss
+
+        n, width = self.shape
+        dim = width // 2
+        rng = np.random.default_rng(0)
+        flat = rng.choice(n * dim, min(n * dim, self.SAMPLE), replace=False) if n * dim > self.SAMPLE else np.arange(n * dim)
+        rows, cols = np.divmod(flat, dim)
+        points = np.stack([self.values[rows, cols], self.values[rows, cols + dim]], 1) * self.scale[rows, None]
+        points = np.ascontiguousarray(points, dtype=np.float32)  # (S, 2)
+        if len(points) <= CENTROIDS:
+            return np.resize(points, (CENTROIDS, 2)) if len(points) else np.zeros((CENTROIDS, 2), np.float32)
+        kmeans = faiss.Kmeans(2, CENTROIDS, niter=20, seed=0, min_points_per_centroid=1, verbose=False)
+        kmeans.train(points)
+        return np.asarray(kmeans.centroids, dtype=np.float32)
 
 
 def _reordered(codes: np.ndarray, position: np.ndarray | None, members: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

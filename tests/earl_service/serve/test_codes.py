@@ -11,7 +11,7 @@ from earl_service.config import ModelConfig, TrainConfig
 from earl_service.core import rotate
 from earl_service.data.dataset import load_dataset
 from earl_service.serve import codes as codes_module
-from earl_service.serve.codes import CodesIndex, lookup_table
+from earl_service.serve.codes import CodesIndex, lookup_table, modulus_table
 from earl_service.serve.predictor import LinkPredictor
 from earl_service.serve.tables import DenseTable, Int8Table, PQTable
 from earl_service.train.loop import BUNDLE, train
@@ -37,19 +37,40 @@ def _random_tables(n=3000, width=32, seed=0):
 
 
 def test_the_scan_sums_the_l1_table_of_the_decoded_rows():
-    """A from FAISS (the sqrt trick) equals the L1 distance to each decoded row; an int8 table's A lies within each
-    row's slack of it."""
+    """A from FAISS (the sqrt trick) equals a pq table's L1 distance to each decoded row; an int8 table's A (moduli to
+    its complex centroids) lies within each row's slack of RotatE's distance to the row itself."""
     rng = np.random.default_rng(3)
     for kind, table in _random_tables().items():
         index = CodesIndex.build(table)
         query = rng.standard_normal(table.shape[1]).astype(np.float32)
         proxy, ids = index.scan(query, len(table))
-        l1 = np.abs(table.dense()[ids] - query).sum(1)
         if kind == "pq":
-            np.testing.assert_allclose(proxy, l1, rtol=1e-5)
+            np.testing.assert_allclose(proxy, np.abs(table.dense()[ids] - query).sum(1), rtol=1e-5)
         else:
-            assert np.all(np.abs(proxy - l1) <= index.slack[ids] * (1 + 1e-5) + 1e-5)
+            assert index.ratio == 1 and index.codes.shape == (len(table), table.shape[1] // 2)
+            exact = rotate.distances(query, table.dense(), ids)
+            assert np.all(np.abs(proxy - exact) <= index.slack[ids] * (1 + 1e-5) + 1e-5)
         assert np.all(np.diff(proxy) >= 0)
+
+
+def test_an_int8_tables_slack_is_its_rows_distance_to_their_centroids():
+    """The slack the certificate subtracts is, row by row, RotatE's distance from the row to its codes' centroids:
+    an upper bound on |A - D| that is exact for the query at the row's own centroids."""
+    table = _random_tables()["int8"]
+    proxy = table.proxy_codes()
+    centroids = proxy.codebooks[0][proxy.codes]  # (N, d, 2)
+    decoded = np.concatenate([centroids[..., 0], centroids[..., 1]], 1)  # (N, 2d) [re | im]
+    rows = table.dense()
+    want = [rotate.distances(rows[i], decoded[i : i + 1])[0] for i in range(0, len(table), 97)]
+    np.testing.assert_allclose(proxy.slack[:: 97], want, rtol=1e-5, atol=1e-6)
+
+
+def test_the_modulus_table_is_the_distance_to_each_complex_centroid():
+    rng = np.random.default_rng(4)
+    centroids = rng.standard_normal((256, 2)).astype(np.float32)
+    query = rng.standard_normal(12).astype(np.float32)
+    expected = np.abs((query[:6] + 1j * query[6:])[:, None] - (centroids[:, 0] + 1j * centroids[:, 1])[None])
+    np.testing.assert_allclose(modulus_table(query, centroids), expected, rtol=1e-5, atol=1e-6)
 
 
 def test_the_lookup_table_is_the_l1_to_each_centroid():
