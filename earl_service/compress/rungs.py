@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -159,9 +160,25 @@ def slice_training(run: CompressRun, name: str, share: float, limit: int) -> flo
     slice. Carrying the overhead measured at the previous rung over unchanged undercounted the last rung of
     FB15k-237's 8 MB search by about 95 s of validations, and the job overran its 60 minutes by 69 s."""
     candidate = run.candidate(name)
-    tuning = FINE_TUNE_SHARE if fine_tuned(candidate) else 0.0
-    rest = share - validations(run, name, limit) - candidate.other_seconds
-    return max(rest, 0.0) / (1 + tuning)
+    rest = max(share - validations(run, name, limit) - candidate.other_seconds, 0.0)
+    if not fine_tuned(candidate):
+        return rest
+    return max(rest / (1 + FINE_TUNE_SHARE), rest - tuning_cap(run, name))
+
+
+def tuning_cap(run: CompressRun, name: str) -> float:
+    """The most seconds candidate `name`'s codebook fine-tuning can take in a slice: FINE_TUNE_STEPS per fine-tuned
+    export at the seconds per step its last rung measured (unbounded before its first). A long slice's share
+    outgrows it: the 1M-entity search's last slice (60 minutes, 8 MB) planned 25% of its training for
+    fine-tuning, the step cap used less, and the search ended 530 s before its limit."""
+    done = [rung.results[name] for rung in run.state.rungs if name in rung.results]
+    if not done:
+        return math.inf
+    rates = [e["fine_tune_seconds"] / e["fine_tune_steps"] for e in done[-1].exports.values()
+             if e.get("fine_tune_steps")]
+    tuned = [p for p in run.candidate(name).bytes if p not in dominated(run.candidate(name))
+             and Precision.parse(p).codes_tables]
+    return FINE_TUNE_STEPS * max(rates) * len(tuned) if rates else math.inf
 
 
 def final_limit(run: CompressRun, split: str = "valid") -> int:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -686,6 +687,26 @@ def test_pq_exports_that_int8_outranks_are_made_at_the_last_rung_untuned(tmp_pat
     state.rungs.append(Rung(index=1, survivors=[both.name]))
     assert rungs_module.rung_exports(job, both.name) == ["int8", "pq:10", "pq:5"]
     assert rungs_module.slice_training(job, both.name, 60.0, 0) == pytest.approx(60 - 3 * 10.0)
+
+
+def test_a_long_slice_charges_fine_tuning_no_more_than_its_step_cap(tmp_path):
+    """Fine-tuning stops at FINE_TUNE_STEPS per export: once a slice's share of it would outlast that (at the
+    seconds per step measured at the candidate's last rung), the slice trains on the rest."""
+    coded = candidate("rotate", 40, {"pq:20": 1, "pq:10": 1})
+    state = search_state([coded], rung_count=2, validation_seconds={"rotate": 10.0})
+    job = CompressRun(tiny_dataset(), tmp_path, CompressConfig(max_bytes=10**6, time_limit_minutes=10), TINY, state)
+    state.rungs.append(Rung(index=0, survivors=[coded.name]))
+    assert rungs_module.tuning_cap(job, coded.name) == math.inf  # nothing measured yet
+    assert rungs_module.slice_training(job, coded.name, 1000.0, 0) == pytest.approx(980 / 1.25)
+    steps = rungs_module.FINE_TUNE_STEPS
+    tuned = {"fine_tune_steps": steps, "fine_tune_seconds": 0.1 * steps}  # 0.1 s a step
+    state.rungs[0].results[coded.name] = RungResult(exports={p: {"mrr": 0.1, **tuned} for p in coded.bytes},
+                                                    train_seconds=1.0, steps=1, score=0.1)
+    state.rungs.append(Rung(index=1, survivors=[coded.name]))
+    cap = 2 * 0.1 * steps
+    assert rungs_module.tuning_cap(job, coded.name) == pytest.approx(cap)
+    assert rungs_module.slice_training(job, coded.name, 1000.0, 0) == pytest.approx(980 - cap)
+    assert rungs_module.slice_training(job, coded.name, 100.0, 0) == pytest.approx(80 / 1.25)  # a short slice
 
 
 def test_rungs_take_growing_shares_of_the_time():
