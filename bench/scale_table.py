@@ -84,7 +84,7 @@ def markdown(rows: list[dict]) -> str:
         cells.append([r["graph"], f"{r['entities']:,}", f"{r['train_triples']:,}", f"{r['max_bytes'] / 1e6:g} MB",
                       f"{r['minutes']:g}", r["cores"], f"{r['peak_rss_mb']:,.0f} MB", r["pick"],
                       f"{r['step_seconds']:.3f}", *shares, f"{r['search_seconds']:.0f}", tested,
-                      _mrr(r.get("untrained_test_mrr", "not run")) if "untrained_test_mrr" in r else "",
+                      _mrr(r["untrained_test_mrr"]) if "untrained_test_mrr" in r else "",
                       *(_mrr(r["baselines"].get(m)) if m in r["baselines"] else "not run"
                         for m in ("rotate_int8", "earl_int8"))])
     return ("# Compress at scale\n\n" + md_table(headers, cells) + "\n\n"

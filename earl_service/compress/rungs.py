@@ -176,9 +176,7 @@ def tuning_cap(run: CompressRun, name: str) -> float:
         return math.inf
     rates = [e["fine_tune_seconds"] / e["fine_tune_steps"] for e in done[-1].exports.values()
              if e.get("fine_tune_steps")]
-    tuned = [p for p in run.candidate(name).bytes if p not in dominated(run.candidate(name))
-             and Precision.parse(p).codes_tables]
-    return FINE_TUNE_STEPS * max(rates) * len(tuned) if rates else math.inf
+    return FINE_TUNE_STEPS * max(rates) * len(tuned_precisions(run.candidate(name))) if rates else math.inf
 
 
 def final_limit(run: CompressRun, split: str = "valid") -> int:
@@ -220,11 +218,17 @@ def dominated(candidate: Candidate) -> list[str]:
     return coded if len(coded) < len(candidate.bytes) else []
 
 
-def fine_tuned(candidate: Candidate) -> bool:
-    """Whether the candidate's pq exports get codebook fine-tuning: only those that may be the pick, the ones no
+def tuned_precisions(candidate: Candidate) -> list[str]:
+    """The candidate's pq precisions that get codebook fine-tuning: only those that may be the pick, the ones no
     table-keeping export outranks (dominated). Fine-tuning dominated ones took 75 s (13%) of CoDEx-S's 1 MB
     search in 10 minutes, which int8 then won."""
-    return any(Precision.parse(p).codes_tables for p in candidate.bytes) and not dominated(candidate)
+    skipped = dominated(candidate)
+    return [p for p in candidate.bytes if Precision.parse(p).codes_tables and p not in skipped]
+
+
+def fine_tuned(candidate: Candidate) -> bool:
+    """Whether any of the candidate's exports gets codebook fine-tuning (tuned_precisions)."""
+    return bool(tuned_precisions(candidate))
 
 
 def rung_exports(run: CompressRun, name: str) -> list[str]:
@@ -279,8 +283,7 @@ def evaluate_exports(run: CompressRun, name: str, split: str = "valid", *, tune_
     with run.timed("setup"):
         source = run.shipped(load_bundle(run_dir / BUNDLE))
         model_run = load_run(run_dir, run.dataset, device=train_config.device, graphs=run.graphs)
-    skipped = dominated(candidate)
-    tuned = [p for p in candidate.bytes if Precision.parse(p).codes_tables and p not in skipped]
+    tuned = tuned_precisions(candidate)
     subset = limit if 0 < limit < len(model_run.ranked_triples(split)) else 0
     results = {}
     for precision in rung_exports(run, name):
