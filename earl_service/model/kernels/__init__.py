@@ -1,4 +1,5 @@
-"""The C++ CPU kernels (fused RotatE distances, CSR x dense products), with pure-torch fallbacks."""
+"""The compiled kernels, with pure-torch fallbacks: C++ on the CPU (fused RotatE distances, CSR x dense products),
+Triton on CUDA (fused RotatE distances, kernels/gpu.py)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import platform
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -21,6 +23,7 @@ EPS = 1e-12  # keeps the modulus differentiable at 0; far below any distance tha
 _SOURCE = Path(__file__).with_name("cpu_kernels.cpp")
 _extension = None
 _extension_failed = False
+_gpu_kernels: Any = None  # the module kernels/gpu.py once imported; False where Triton is missing or fails to import
 DEFAULT_BUILD_WAIT_S = 600.0  # wait for another process's build: well past a first build (docs/training.md)
 # Settings, from configure(): whether to use the C++ kernel at all, and how long a process waits for another one's
 # build before it gives up on the kernel for its lifetime.
@@ -71,7 +74,8 @@ def _build_lock(build_dir: Path, timeout: float):
 
 
 def configure(*, enabled: bool = True, build_wait_s: float = DEFAULT_BUILD_WAIT_S, march: str = "native") -> None:
-    """How the C++ kernel loads: `enabled` False keeps the pure-torch path (at once, even after a load);
+    """How the compiled kernels load: `enabled` False keeps the pure-torch paths on CPU and CUDA (at once, even
+    after a load);
     `build_wait_s` bounds the wait for a build another process holds; `march` is the compiler's -march (each value
     builds in its own folder). Settings enter here from the edge: the `earl` command reads EARL_NO_EXTENSION,
     EARL_EXTENSION_WAIT_S and EARL_KERNEL_MARCH."""
@@ -173,6 +177,22 @@ def rotate_distance_torch(q: torch.Tensor, ent: torch.Tensor, idx: torch.Tensor,
     return torch.cat(parts) if parts else q.new_zeros(idx.shape)
 
 
+def _triton_kernels(q: torch.Tensor, ent: torch.Tensor):
+    """kernels/gpu.py where it applies (float32 CUDA tensors, kernels enabled, Triton importable), else None."""
+    global _gpu_kernels
+    if not (_enabled and q.is_cuda and ent.is_cuda and q.dtype == ent.dtype == torch.float32):
+        return None
+    if _gpu_kernels is None:
+        try:
+            from earl_service.model.kernels import gpu
+
+            _gpu_kernels = gpu
+        except Exception as exc:  # no Triton on this machine: the torch path, said once
+            log.warning("Triton GPU kernels unavailable (%s); using the slower pure-torch paths", exc)
+            _gpu_kernels = False
+    return _gpu_kernels or None
+
+
 def rotate_distance(q: torch.Tensor, ent: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
     """dist[b, k] = sum_i |q[b, i] - ent[idx[b, k], i]| over complex dims (re in [:d], im in [d:]).
 
@@ -181,6 +201,8 @@ def rotate_distance(q: torch.Tensor, ent: torch.Tensor, idx: torch.Tensor) -> to
     """
     if q.device.type == "cpu" and q.dtype in (torch.float32, torch.float64) and _load_extension() is not None:
         return _FusedDistance.apply(q, ent, idx)
+    if (gpu := _triton_kernels(q, ent)) is not None:
+        return gpu.rotate_distance(q, ent, idx, EPS)
     return rotate_distance_torch(q, ent, idx.to(torch.long))
 
 
@@ -232,6 +254,8 @@ def rotate_distance_all(q: torch.Tensor, ent: torch.Tensor, chunk: int = 16) -> 
     """dist[b, j] = sum_i |q[b, i] - ent[j, i]| for every query and entity: (B, 2d), (N, 2d) -> (B, N)."""
     if q.device.type == "cpu" and q.dtype in (torch.float32, torch.float64) and _load_extension() is not None:
         return _load_extension().all_pairs(q, ent, EPS)
+    if (gpu := _triton_kernels(q, ent)) is not None:
+        return gpu.rotate_distance_all(q, ent, EPS)
     d = q.shape[1] // 2
     parts = []
     for i in range(0, q.shape[0], chunk):
