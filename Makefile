@@ -67,21 +67,24 @@ wordnet-full: venv
 	$(BIN)/python -m earl_service.data.wordnet --wordnet-dir $(WORDNET_DIR) --out data/wordnet-full
 	$(BIN)/python -m earl_service.data.wordnet --wordnet-dir $(WORDNET_DIR) --out data/wordnet-full-noinv --no-inverses
 
-# The one prepared GPU check (bench/cuda_check.py): test_cuda.py, step speed, a short compress; ~8 minutes on one
-# GPU, figures in bench/results/cuda_check.*. The lent GPU machine has PyTorch but no package index and no
-# ../shared: `make cuda-wheels` (here) puts the wheels its Python 3.12 lacks in .cuda-wheels/ and FB15k-237,
-# gzipped, in .cuda-data/; carry both (docs/scaling.md#gpus). --no-deps: the machine's numpy and Pillow stay.
-CUDA_WHEELS := faiss-cpu==1.15.1 pytest pluggy iniconfig pygments pytest-timeout tqdm matplotlib contourpy cycler \
-	fonttools kiwisolver pyparsing python-dateutil
+# The one prepared GPU check (bench/cuda_check.py, then bench/cuda_profile.py): test_cuda.py, step speed, a short
+# compress, then synced step times per number type and the profiler's top ops; ~8 minutes on one GPU, figures in
+# bench/results/cuda_check.* and cuda_profile.*. The lent GPU machine has PyTorch, pytest, tqdm and matplotlib but
+# no package index and no ../shared: `make cuda-wheels` (here) puts FAISS for its Python 3.12 in .cuda-wheels/ and
+# FB15k-237, gzipped, in .cuda-data/; carry both (docs/scaling.md#gpus). --no-deps: the machine's numpy stays.
+CUDA_WHEELS := faiss-cpu==1.15.1
 cuda-wheels: venv
 	$(BIN)/pip download -q --no-deps -d .cuda-wheels --only-binary=:all: --python-version 3.12 --implementation cp \
 		--platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 $(CUDA_WHEELS)
 	mkdir -p .cuda-data/fb15k-237
 	for f in train valid test; do gzip -c $(DATASETS)/fb15k-237/$$f.txt > .cuda-data/fb15k-237/$$f.txt.gz; done
 
+CUDA_DATA = $(if $(wildcard .cuda-data),.cuda-data,$(DATASETS))
+CUDA_CHECK_ARGS ?=
 cuda-check:
 	if [ -d .cuda-wheels ]; then $(PY) -m pip install -q --no-index --no-deps .cuda-wheels/*.whl; fi
-	$(PY) bench/cuda_check.py --datasets $(if $(wildcard .cuda-data),.cuda-data,$(DATASETS))
+	PYTHONPATH=$(CURDIR) $(PY) bench/cuda_check.py --datasets $(CUDA_DATA) $(CUDA_CHECK_ARGS)
+	PYTHONPATH=$(CURDIR) timeout 240 $(PY) bench/cuda_profile.py --graph --datasets $(CUDA_DATA)
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache

@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from harness import REPO, add_datasets_argument, md_table, write_results
+from harness import REPO, RESULTS, add_datasets_argument, md_table, write_results
 
 EARL_PAPER = ["--dim", "150", "--recipe", "paper"]  # the paper's FB15k-237 settings: batch 1024 x 256
 ROTATE_500 = ["--model", "rotate", "--dim", "500", "--batch-size", "1024", "--negatives", "256", "--recipe", "paper"]
@@ -81,14 +81,18 @@ def device_facts(device: str) -> dict:
     return facts
 
 
-def run_tests() -> dict:
-    """test_cuda.py in a child pytest: passed / failed / skipped counts and the failing test ids."""
+CUDA_TESTS = ["tests/earl_service/test_cuda.py", "tests/earl_service/model/test_gpu_kernels.py"]
+
+
+def run_tests(log: Path) -> dict:
+    """The CUDA tests in a child pytest: counts, the failing test ids, and pytest's whole report in `log`."""
     started = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "pytest", "tests/earl_service/test_cuda.py", "-q", "-rfEs",
+    proc = subprocess.run([sys.executable, "-m", "pytest", *CUDA_TESTS, "-o", "addopts=", "-q", "-rfEs", "--tb=short",
                            "-p", "no:cacheprovider"], cwd=REPO, capture_output=True, text=True, check=False)
+    log.write_text(proc.stdout + proc.stderr)
     tail = proc.stdout.strip().splitlines()[-1:] or [""]
     failed = [line.split(" ", 1)[1] for line in proc.stdout.splitlines() if line.startswith(("FAILED", "ERROR"))]
-    return {"exit_code": proc.returncode, "summary": tail[0], "failed": failed,
+    return {"exit_code": proc.returncode, "summary": tail[0], "failed": failed, "log": log.name,
             "seconds": round(time.perf_counter() - started, 1)}
 
 
@@ -104,7 +108,10 @@ def time_steps(data: Path, label: str, extra: list[str], steps: int, device: str
         metrics = json.loads((Path(out) / "metrics.json").read_text())
     step = metrics["median_step_seconds"]
     batch = metrics["config"]["train"]["batch_size"]  # as the recipe and options resolved it
-    return {"label": label, "steps": steps, "median_step_ms": step * 1000, "triples_per_second": batch / step,
+    # On a GPU a step's own clock times its launches; the mean over the run (its losses read at the end) times the card.
+    mean = metrics["train_seconds"] / steps
+    return {"label": label, "steps": steps, "median_step_ms": step * 1000, "mean_step_ms": mean * 1000,
+            "triples_per_second": batch / mean,
             "train_seconds": metrics["train_seconds"], "process_seconds": round(wall, 1),
             "device": metrics["device"], "gpu_utilisation": gpu.summary()}
 
@@ -132,11 +139,14 @@ def markdown(result: dict) -> str:
     facts, tests, comp = result["facts"], result["tests"], result["compress"]
     md = [f"# cuda-check: {facts.get('gpu', facts['device'])}", "",
           f"torch {facts['torch']} (CUDA {facts['cuda']}), driver {facts.get('driver', '-')}; data {result['data']}.",
-          "", f"**test_cuda.py**: {tests['summary']} (exit {tests['exit_code']}, {tests['seconds']} s)."]
+          "", f"**CUDA tests** ({', '.join(CUDA_TESTS)}): {tests['summary']} (exit {tests['exit_code']}, {tests['seconds']} s)."]
     md += [f"- FAILED {name}" for name in tests["failed"]]
-    md += ["", md_table(["run", "steps", "ms/step", "positive triples/s", "GPU util mean %", "GPU util max %"],
-                        [[r["label"], r["steps"], r["median_step_ms"], r["triples_per_second"],
+    md += ["", md_table(["run", "steps", "ms/step (mean)", "ms/step (median)", "positive triples/s", "GPU util mean %",
+                         "GPU util max %"],
+                        [[r["label"], r["steps"], r["mean_step_ms"], r["median_step_ms"], r["triples_per_second"],
                           r["gpu_utilisation"].get("mean"), r["gpu_utilisation"].get("max")] for r in result["steps"]])]
+    if comp is None:
+        return "\n".join(md + ["", "**compress**: not run (--no-compress)."])
     test_mrr = (comp.get("test") or {}).get("mrr")
     spent = comp["spent_seconds"]
     md += ["", f"**compress** (`--max-bytes {comp['max_bytes']} --time-limit {comp['limit_seconds'] / 60:g}`): exit "
@@ -158,16 +168,19 @@ def main() -> None:
     parser.add_argument("--compress-minutes", type=float, default=3.0)
     parser.add_argument("--max-bytes", default="2MB")
     parser.add_argument("--quick", action="store_true", help="CoDEx-S, 20 steps, a 1-minute compress (a smoke test)")
+    parser.add_argument("--no-compress", action="store_true", help="tests and step speed only")
     args = parser.parse_args()
     data = args.datasets / args.dataset
     if args.quick:
         data, args.steps, args.compress_minutes, args.max_bytes = REPO / "earl_service/demo_data/codex-s", 20, 1, "1MB"
     result: dict = {"facts": device_facts(args.device), "data": str(data)}
-    result["tests"] = run_tests() if args.device.startswith("cuda") else {
+    folder = REPO / "runs" if args.quick or not args.device.startswith("cuda") else RESULTS
+    result["tests"] = run_tests(folder / "cuda_check_tests.log") if args.device.startswith("cuda") else {
         "exit_code": None, "summary": "not run (no CUDA device asked for)", "failed": [], "seconds": 0}
     result["steps"] = [time_steps(data, "EARL, paper settings", EARL_PAPER, args.steps, args.device),
                        time_steps(data, "RotatE dim 500, 1024 x 256", ROTATE_500, args.steps, args.device)]
-    result["compress"] = short_compress(data, args.compress_minutes, args.max_bytes, args.device)
+    result["compress"] = None if args.no_compress else short_compress(data, args.compress_minutes, args.max_bytes,
+                                                                       args.device)
     # Only a full run on a GPU is a result; a smoke run (--quick or a CPU) stays in runs/, out of bench/results.
     smoke = args.quick or not args.device.startswith("cuda")
     _, md_path = write_results("cuda_check", result, markdown(result), folder=REPO / "runs" if smoke else None)
