@@ -225,7 +225,8 @@ def _cut(tmp_path, scores: dict[str, tuple[float, float]], rung_count: int) -> l
 
 def test_the_search_leaves_its_baseline_only_on_evidence(tmp_path):
     """The widest int8 RotatE is the baseline; the last rung trains one candidate: the best, unless the baseline
-    is within MARGIN_SE standard errors of it. Earlier cuts keep a tied baseline beside the usual survivors."""
+    is within MARGIN_SE standard errors of it. Earlier cuts keep the baseline beside the usual survivors however
+    it scored."""
     assert compress_module.baseline_name([candidate("earl", 40, {"int8": 1}), candidate("rotate", 30, {"int8": 1}),
                                           candidate("rotate", 60, {"pq:4": 1})]) == "rotate-d30"
     assert compress_module.baseline_name([candidate("earl", 40, {"int8": 1}), candidate("earl", 20, {"int8": 1}),
@@ -235,11 +236,13 @@ def test_the_search_leaves_its_baseline_only_on_evidence(tmp_path):
     assert _cut(tmp_path / "a", close, rung_count=2) == ["rotate-d30"]
     clear = {"earl-d40": (0.3600, 0.012), "rotate-d30": (0.3152, 0.012)}
     assert _cut(tmp_path / "b", clear, rung_count=2) == ["earl-d40"]
-    # 4 candidates, 3 rungs: 2 go on (each model's leader), and the baseline too while within the margin of the best
+    # 4 candidates, 3 rungs: 2 go on (each model's leader), and the baseline too, however far behind
     many = {"earl-d40": (0.33, 0.01), "earl-d20": (0.32, 0.01), "rotate-d61": (0.315, 0.01), "rotate-d30": (0.31, 0.01)}
     assert _cut(tmp_path / "c", many, rung_count=3) == ["earl-d40", "rotate-d61", "rotate-d30"]
-    far = {**many, "rotate-d30": (0.25, 0.01)}
-    assert _cut(tmp_path / "d", far, rung_count=3) == ["earl-d40", "rotate-d61"]
+    far = {**many, "rotate-d30": (0.05, 0.01)}
+    assert _cut(tmp_path / "d", far, rung_count=3) == ["earl-d40", "rotate-d61", "rotate-d30"]
+    no_baseline = {"earl-d41": (0.33, 0.01), "earl-d21": (0.32, 0.01), "rotate-d61": (0.05, 0.01)}  # none at int8
+    assert _cut(tmp_path / "e", no_baseline, rung_count=3) == ["earl-d41", "earl-d21"]
 
 
 def test_survivors_keep_each_models_leader_however_it_ranks():
