@@ -7,8 +7,8 @@ For EARL at the paper's FB15k-237 settings and RotatE dim 500 (batch 1024 x 256 
    per step (each launch costs the host microseconds the card may wait for);
 3. a few steps under `torch.cuda.set_sync_debug_mode("warn")`: each distinct place a step waits on the card (a
    host sync), with the Python stack that asked for it;
-4. with `--graph`, one step captured in a CUDA graph and replayed (no launch costs left; a timing only: the
-   capture freezes the batch's rows, the negatives still vary through the registered generator);
+4. with `--graph`, the step as `earl train --cuda-graphs` takes it: captured once in a CUDA graph and replayed
+   (earl_service/train/graphed.py);
 5. with `--compile`, the same step with the model under `torch.compile` (compile time and s/step).
 
     python bench/cuda_profile.py                 # on the GPU machine, ~1 minute (make cuda-check runs it)
@@ -34,7 +34,8 @@ from harness import REPO, add_datasets_argument, md_table, write_results
 from earl_service.config import ModelConfig, TrainConfig
 from earl_service.data.dataset import load_dataset
 from earl_service.train.distributed import Ranks
-from earl_service.train.loop import Learner, train_step
+from earl_service.train.graphed import WARMUP_STEPS, GraphedStep
+from earl_service.train.loop import Learner, eager_step, step_on_batch, train_step
 from earl_service.train.run import Run
 from earl_service.train.schedule import build_optimizer
 from earl_service.train.state import TrainState
@@ -119,33 +120,13 @@ def sync_points(learner: Learner, state: TrainState, steps: int) -> list[dict]:
 
 
 def graphed_steps(ds, model: ModelConfig, device: torch.device, warmup: int, steps: int) -> dict:
-    """The fp32 step captured once in a CUDA graph, replayed `steps` times between two syncs."""
+    """The fp32 step as `--cuda-graphs` runs it (train/graphed.py: warm-up, capture, replays), between two syncs."""
     learner, state = learner_for(ds, model, "fp32", device)
-    for group in learner.optimizer.param_groups:
-        group["capturable"] = True  # Adam's step counts on the card, so that the replays advance them
+    learner.graphed = GraphedStep(learner, eager_step, step_on_batch)
     try:
-        side = torch.cuda.Stream(device)
-        side.wait_stream(torch.cuda.current_stream(device))
-        with torch.cuda.stream(side):  # warm-up off the capture stream, as torch.cuda.graph asks
-            for _ in range(max(warmup, 3)):
-                train_step(learner, state)
-        torch.cuda.current_stream(device).wait_stream(side)
-        state.epoch_pos = 0  # no new epoch order inside the capture
-        graph = torch.cuda.CUDAGraph()
-        graph.register_generator_state(state.rng)
-        with torch.cuda.graph(graph):
-            loss = train_step(learner, state)
-        graph.replay()
-        _sync(device)
-        started = time.perf_counter()
-        for _ in range(steps):
-            graph.replay()
-        _sync(device)
+        return timed_steps(learner, state, max(warmup, WARMUP_STEPS + 2), steps)
     except Exception as exc:  # a report of what failed is the result here
         return {"error": f"{type(exc).__name__}: {str(exc)[:300]}"}
-    seconds = (time.perf_counter() - started) / steps
-    return {"ms_per_step": seconds * 1000, "triples_per_second": learner.cfg.batch_size / seconds,
-            "last_loss": float(loss)}
 
 
 def compiled_steps(ds, model: ModelConfig, device: torch.device, warmup: int, steps: int) -> dict:

@@ -198,6 +198,8 @@ class TrainConfig:
                                    "weights and loss) or auto (bf16 where the CPU or GPU multiplies bf16 natively: "
                                    "AVX512-BF16, AMX, CUDA; else fp32)", choices=COMPUTE, cli_only=True)
     device: str = setting("auto", "auto | cpu | cuda | cuda:N", cli_only=True)
+    cuda_graphs: bool = setting(False, "capture the training step in a CUDA graph and replay it (one GPU, full-graph "
+                                       "fp32 steps; each epoch's last partial batch is skipped)", cli_only=True)
     threads: int = setting(0, "torch intra-op threads (0: leave torch's default)", bounds={"ge": 0}, cli_only=True)
     seed: int = setting(0, "seed of the reserved entities, the initial weights, the batches and the negatives",
                         bounds={"ge": 0}, limits={"le": 2**31 - 1})

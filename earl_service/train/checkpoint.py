@@ -30,6 +30,18 @@ def load_best(out: Path, model: torch.nn.Module) -> None:
     model.load_state_dict(torch.load(out / BEST, map_location=device, weights_only=True))
 
 
+def portable_optimizer_state(state_dict: dict) -> dict:
+    """An optimizer state_dict as an eager run can load it on any device: learning rates as floats, not
+    capturable (a graphed run's groups hold rate tensors and the flag; train/graphed.make_capturable sets them
+    again)."""
+    for group in state_dict["param_groups"]:
+        if isinstance(group.get("lr"), torch.Tensor):
+            group["lr"] = float(group["lr"])
+        if "capturable" in group:
+            group["capturable"] = False
+    return state_dict
+
+
 class Checkpointer:
     """Saves and restores one run's model, optimizer and loop state; only the writing rank (rank 0) writes.
 
@@ -57,7 +69,7 @@ class Checkpointer:
 
     def save(self) -> None:
         if self.writes:
-            save({"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+            save({"model": self.model.state_dict(), "optimizer": portable_optimizer_state(self.optimizer.state_dict()),
                   **self.state.state_dict(), **self.configs}, self.out / CHECKPOINT)
 
     def has_best(self) -> bool:
@@ -71,4 +83,4 @@ class Checkpointer:
         load_best(self.out, self.model)
 
 
-__all__ = ["BEST", "CHECKPOINT", "Checkpointer", "load_best", "save"]
+__all__ = ["BEST", "CHECKPOINT", "Checkpointer", "load_best", "portable_optimizer_state", "save"]

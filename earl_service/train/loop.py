@@ -24,6 +24,7 @@ from earl_service.model.modules import trainable_parameters
 from earl_service.provenance import provenance
 from earl_service.train.checkpoint import CHECKPOINT, Checkpointer
 from earl_service.train.distributed import Ranks, wrap
+from earl_service.train.graphed import GraphedStep
 from earl_service.train.loss import NegativeSampler, loss_fn, sampled_loss
 from earl_service.train.memory import MemoryUse, peak_rss_mb, reset_peak_rss
 from earl_service.train.outputs import BUNDLE, write_run_outputs
@@ -93,6 +94,7 @@ class Learner:
     device: torch.device
     autocast: bool  # bfloat16 autocast of the encoder's dense maps (TrainConfig.compute)
     fanout: list[int | None]  # sampled training: edges drawn per entity at each layer
+    graphed: GraphedStep | None = None  # the step as a CUDA graph (train() sets it for --cuda-graphs)
 
     @classmethod
     def build(
@@ -113,15 +115,30 @@ class Learner:
 def train_step(learner: Learner, state: TrainState) -> torch.Tensor:
     """One optimisation step on the next global batch; returns this rank's share of the batch's mean loss, a 0-dim
     tensor left on the device: reading it here would be a host sync per step on CUDA (LossReadout reads a few
-    steps' losses at once and sums the ranks' shares).
+    steps' losses at once and sums the ranks' shares). Replayed from a CUDA graph where the learner has one.
 
     The full-graph path draws its batch and negatives where the run lives, from state.rng on that device, so a
     CUDA step queues its work without waiting on the card; the sampled path samples neighbourhoods on the CPU."""
+    if learner.graphed is not None:
+        return learner.graphed.step(learner, state)
+    return eager_step(learner, state)
+
+
+def eager_step(learner: Learner, state: TrainState) -> torch.Tensor:
+    """train_step without a graph: the batch from the epoch's order, then step_on_batch."""
+    ids = state.next_rows(len(learner.triples), learner.cfg.batch_size)
+    loss = step_on_batch(learner, state, learner.triples[ids])  # the global batch: the same rows on every rank
+    state.step += 1
+    return loss
+
+
+def step_on_batch(learner: Learner, state: TrainState, batch: torch.Tensor) -> torch.Tensor:
+    """The forward, backward and optimizer step on `batch` (B, 3); leaves state.step to the caller."""
     cfg, ranks, run = learner.cfg, learner.ranks, learner.run
-    ids = state.next_rows(len(learner.triples), cfg.batch_size)
-    batch = learner.triples[ids]  # the global batch: the same rows on every rank
     rows, share = ranks.shard(len(batch))
-    with torch.autocast(learner.device.type, dtype=torch.bfloat16, enabled=learner.autocast):
+    # A graphed step must not cache its casts: the capture would keep the warm-up's cast weights (torch's rule).
+    with torch.autocast(learner.device.type, dtype=torch.bfloat16, enabled=learner.autocast,
+                        cache_enabled=learner.graphed is None):
         if cfg.sampled:
             rng = np.random.default_rng([cfg.seed, state.step, ranks.rank])
             loss, encoded = sampled_loss(learner.net, run, learner.sampler, batch, rows, cfg, learner.fanout,
@@ -138,7 +155,6 @@ def train_step(learner: Learner, state: TrainState) -> torch.Tensor:
     learner.optimizer.zero_grad(set_to_none=True)
     scaled.backward()
     learner.optimizer.step()
-    state.step += 1
     return loss.detach() if ranks.world == 1 else loss.detach() * share
 
 
@@ -219,6 +235,7 @@ def train(
         checkpoints.restore()
         log.info("resumed from step %d", state.step)
     learner = Learner.build(run, optimizer, cfg, ranks=ranks, device=device)
+    learner.graphed = GraphedStep.build(learner, eager_step, step_on_batch)
     if state.best_mrr < 0 and not checkpoints.has_best():
         checkpoints.save_best()  # best.pt exists however the run ends
     extension = _load_kernel(memory)

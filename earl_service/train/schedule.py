@@ -61,7 +61,10 @@ def set_lr(optimizer: torch.optim.Optimizer, cfg: TrainConfig, step: int, elapse
     """Set every group's rate for the coming step; returns the factor applied (for the history)."""
     factor = lr_factor(cfg, budget_used(cfg, step, elapsed))
     for group in optimizer.param_groups:
-        group["lr"] = group["base_lr"] * factor
+        if isinstance(group["lr"], torch.Tensor):  # a graphed step's rate (train/graphed.py): written in place
+            group["lr"].fill_(group["base_lr"] * factor)
+        else:
+            group["lr"] = group["base_lr"] * factor
     return factor
 
 

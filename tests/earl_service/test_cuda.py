@@ -21,7 +21,8 @@ from earl_service.data.dataset import load_dataset
 from earl_service.model.kernels import rotate_distance, rotate_distance_all
 from earl_service.train.distributed import Ranks
 from earl_service.train.finetune import FineTune, fine_tune
-from earl_service.train.loop import BUNDLE, Learner, train, train_step
+from earl_service.train.graphed import GraphedStep
+from earl_service.train.loop import BUNDLE, Learner, eager_step, step_on_batch, train, train_step
 from earl_service.train.loss import NegativeSampler, loss_fn
 from earl_service.train.readout import LossReadout, read_every
 from earl_service.train.run import Run, load_run
@@ -217,3 +218,47 @@ def test_compress_with_every_precision_runs_on_cuda(tmp_path):
     assert any(r["precision"].startswith("pq:") for r in exports)
     assert all(np.isfinite(r[report["metric_key"]]) for r in exports)
     assert (tmp_path / PICK).stat().st_size == report["pick"]["bytes"] <= config.max_bytes
+
+
+@pytest.mark.parametrize("model,compute", [("rotate", "fp32"), ("earl", "fp32"), ("earl", "bf16")])
+def test_a_graphed_step_trains_as_the_eager_step(model, compute):
+    """--cuda-graphs: 3 eager warm-up steps, a capture, then replays give the eager steps' losses from the same start
+    (the same batches while the epoch lasts, the same negatives from the registered generator), and no replay
+    waits on the card."""
+    ds = load_dataset(codex_s_path())  # 32,888 training rows: 12 steps of 1,024 stay in one epoch
+    tcfg = TrainConfig(batch_size=1024, negatives=32, progress=False, device="cuda", cuda_graphs=True,
+                       compute=compute)
+    losses = {}
+    for graphed in (False, True):
+        torch.manual_seed(0)
+        run = Run.build(ds, ModelConfig(model=model, dim=32), CUDA)
+        learner = Learner.build(run, build_optimizer(run.model, tcfg), tcfg, ranks=Ranks(), device=CUDA)
+        learner.graphed = GraphedStep.build(learner, eager_step, step_on_batch) if graphed else None
+        assert (learner.graphed is not None) == graphed
+        state = TrainState.start(tcfg.seed, CUDA)
+        out = [train_step(learner, state) for _ in range(5)]  # the warm-up and the capture
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            out += [train_step(learner, state) for _ in range(7)]
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+        assert state.step == 12
+        losses[graphed] = torch.stack(out).cpu()
+    tolerance = 1e-4 if compute == "fp32" else 2e-3  # bf16: the graph re-casts what the eager step cached
+    torch.testing.assert_close(losses[True], losses[False], rtol=tolerance, atol=tolerance / 10)
+
+
+def test_a_graphed_run_validates_checkpoints_and_resumes(tmp_path):
+    """`earl train --cuda-graphs`: validation and checkpoints between replays, a stop and a resume (which captures
+    again), the same number of steps as asked and finite losses."""
+    ds = load_dataset(codex_s_path())
+    tcfg = TrainConfig(steps=40, batch_size=1024, negatives=32, eval_every=10, eval_max_triples=200,
+                       checkpoint_every=10, progress=False, device="cuda", cuda_graphs=True)
+    calls = []
+    train(ds, ModelConfig(dim=16), tcfg, tmp_path, final_eval=False,
+          should_stop=lambda: calls.append(1) or len(calls) > 15)
+    metrics = train(ds, ModelConfig(dim=16), tcfg, tmp_path, resume=True)
+    assert metrics["steps"] == 40 and np.isfinite(metrics["test"]["mrr"])
+    ckpt = torch.load(tmp_path / "checkpoint.pt", weights_only=True)
+    assert len(ckpt["history"]["losses"]) == 40 and np.isfinite(ckpt["history"]["losses"]).all()
