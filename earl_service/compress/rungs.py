@@ -25,8 +25,6 @@ from earl_service.compress.state import (
     Rung,
     RungResult,
     rung_budget,
-    rung_sizes,
-    rung_weights,
 )
 from earl_service.data.dataset import Dataset
 from earl_service.train.evaluate import SUMMARY_KEYS
@@ -132,14 +130,6 @@ def run_slice(run: CompressRun, rung: Rung, name: str, limit: int, share: float 
 
 
 # ---------------------------------------------------------------- the time of a slice
-
-
-def survivor_seconds(run: CompressRun) -> float:
-    """Training seconds planned for a candidate that survives every rung: each rung's share of the time limit
-    (rung_weights), split among that rung's candidates (validation and exports make the real figure smaller)."""
-    sizes = rung_sizes(len(run.state.candidates), run.config.eta)
-    weights = rung_weights(len(sizes))
-    return sum(run.config.time_limit_minutes * 60 * w / n for w, n in zip(weights, sizes, strict=True))
 
 
 def validations(run: CompressRun, name: str, limit: int) -> float:
@@ -251,12 +241,14 @@ def train_slice(run: CompressRun, name: str, seconds: float) -> dict[str, Any] |
     limit = max(candidate.train_seconds + seconds, 1e-3) / 60
     # No validation inside train(): evaluate_exports validates every slice's weights, export by export, and a
     # second pass would take time from training (best.pt is then the slice's last weights).
-    # A decaying schedule decays over what a candidate surviving every rung would train, not over each slice: a
-    # slice's time limit grows rung by rung, and decaying to each slice's end would restart the rate every rung.
-    # Never shorter than the training: the last rung's leader takes the time the others left, past the plan.
-    schedule = max(survivor_seconds(run), candidate.train_seconds + seconds)
-    config = replace(run.train_config(name), time_limit_minutes=limit, schedule_minutes=schedule / 60,
-                     seed=run.config.seed, progress=False, eval_every=0)
+    # A decaying schedule decays over each slice, warming up again at the next (a restart per rung), so that a
+    # rung compares what each candidate reaches in its slice. Decaying once over what a survivor of every rung
+    # would train left rung 0 ranking at the peak rate: on CoDEx-S at 2 MB, RotatE d473 validated 0.2210 there
+    # against EARL d182's 0.2764 and was cut, though trained alone for the 10 minutes it tested 0.4218 to the
+    # pick's 0.3346.
+    config = replace(run.train_config(name), time_limit_minutes=limit, schedule_minutes=max(seconds, 1e-3) / 60,
+                     schedule_start_minutes=candidate.train_seconds / 60, seed=run.config.seed, progress=False,
+                     eval_every=0)
 
     def forward(progress: dict[str, Any]) -> None:
         run.emit("train", name, step=progress["step"], loss=progress["loss"], valid_mrr=progress["valid_mrr"])

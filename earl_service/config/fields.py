@@ -192,6 +192,9 @@ class TrainConfig:
                                         limits={"le": 7 * 24 * 60})
     schedule_minutes: float = setting(0.0, "the budget a decaying schedule decays over, in minutes (0: whichever of "
                                            "--steps and --time-limit ends first)", bounds={"ge": 0.0}, cli_only=True)
+    # Where in the run's training time that budget starts (compress: each slice of a candidate decays on its own).
+    schedule_start_minutes: float = setting(0.0, "training minutes before the schedule's budget starts", option=None,
+                                            bounds={"ge": 0.0})
     checkpoint_every: int = setting(100, "steps between resumable checkpoints (0: none)", bounds={"ge": 0},
                                     cli_only=True)
     compute: str = setting("fp32", "number type of the encoder's dense maps: fp32, bf16 (autocast; fp32 master "

@@ -19,12 +19,14 @@ SCHEDULES = ("constant", "cosine", "linear")
 
 def budget_used(cfg: TrainConfig, step: int, elapsed: float) -> float:
     """How much of the run's budget is spent, in [0, 1]: the larger of the step and time fractions; the time is
-    `schedule_minutes` where it is set (a run continued in slices: compress's halving rungs), else the time limit."""
+    `schedule_minutes` from `schedule_start_minutes` where it is set (a run continued in slices: compress's
+    halving rungs), else the time limit."""
     used = step / cfg.steps if cfg.steps else 0.0
     minutes = cfg.schedule_minutes or cfg.time_limit_minutes
     if minutes:
-        used = max(used, elapsed / (minutes * 60))
-    return min(used, 1.0)
+        start = cfg.schedule_start_minutes * 60 if cfg.schedule_minutes else 0.0
+        used = max(used, (elapsed - start) / (minutes * 60))
+    return min(max(used, 0.0), 1.0)
 
 
 def lr_factor(cfg: TrainConfig, used: float) -> float:

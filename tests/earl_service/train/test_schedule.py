@@ -43,17 +43,34 @@ def test_a_schedule_budget_of_its_own_outlasts_the_time_limit_of_one_slice():
     assert budget_used(TrainConfig(steps=0, time_limit_minutes=1), 50, 60.0) == 1.0
 
 
-def test_compress_candidates_decay_over_what_a_survivor_of_every_rung_trains():
+def test_a_slice_decays_its_own_budget_from_where_it_starts():
+    cfg = TrainConfig(steps=0, time_limit_minutes=3, schedule_minutes=2, schedule_start_minutes=1)  # a 2nd slice
+    assert budget_used(cfg, 50, 30.0) == 0.0  # before its start: the warm-up's beginning
+    assert budget_used(cfg, 50, 120.0) == pytest.approx(0.5)
+    assert budget_used(cfg, 50, 180.0) == 1.0
+
+
+def test_compress_slices_restart_the_schedule_at_each_rung(monkeypatch, tmp_path):
+    """Each slice of a candidate decays over that slice's training, from the training it had before."""
     from types import SimpleNamespace
 
-    from earl_service.compress.rungs import survivor_seconds
-    from earl_service.compress.state import rung_sizes
+    from earl_service.compress import rungs
 
-    job = SimpleNamespace(state=SimpleNamespace(candidates=[{}] * 8),
-                          config=SimpleNamespace(eta=2, time_limit_minutes=40))
-    assert rung_sizes(8, 2) == [8, 4, 2, 1]
-    # 2400 s in 4 rungs weighing 1, 2, 4, 8 (160, 320, 640, 1280 s), among 8, 4, 2, 1 candidates
-    assert survivor_seconds(job) == pytest.approx(160 / 8 + 320 / 4 + 640 / 2 + 1280)
+    seen = []
+
+    def fake_train(dataset, model_config, cfg, out, **kwargs):
+        seen.append(cfg)
+        return {"train_seconds": cfg.time_limit_minutes * 60, "steps": 10, "stopped": "time_limit"}
+
+    monkeypatch.setattr(rungs, "train", fake_train)
+    candidate = SimpleNamespace(config=None, train_seconds=90.0, steps=5)
+    job = SimpleNamespace(candidate=lambda name: candidate, config=SimpleNamespace(seed=0), dataset=None, graphs=None,
+                          train_config=lambda name: TrainConfig(lr_schedule="cosine"), run_dir=lambda name: tmp_path,
+                          clock=lambda: 0.0, charge=lambda *a: None, emit=lambda *a, **k: None, should_stop=None)
+    rungs.train_slice(job, "rotate-d10", 60.0)
+    assert seen[0].schedule_start_minutes == pytest.approx(1.5) and seen[0].schedule_minutes == pytest.approx(1.0)
+    assert seen[0].time_limit_minutes == pytest.approx(2.5)
+    assert candidate.train_seconds == pytest.approx(150.0)
 
 
 def test_bad_schedule_values_are_refused():
