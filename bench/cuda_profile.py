@@ -49,9 +49,12 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def allow_tf32(allowed: bool) -> None:
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = allowed
+
+
 def learner_for(ds, model: ModelConfig, compute: str, device: torch.device) -> tuple[Learner, TrainState]:
-    torch.backends.cuda.matmul.allow_tf32 = compute == "tf32"
-    torch.backends.cudnn.allow_tf32 = compute == "tf32"
+    allow_tf32(compute == "tf32")
     cfg = TrainConfig(device=str(device), compute="bf16" if compute == "bf16" else "fp32", eval_every=0)
     torch.manual_seed(cfg.seed)
     run = Run.build(ds, model, device)
@@ -104,18 +107,15 @@ def sync_points(learner: Learner, state: TrainState, steps: int) -> list[dict]:
         found.setdefault(key, {"message": str(message)[:200], "stack": stack[-12:], "count": 0})["count"] += 1
 
     state.epoch_pos = len(learner.triples)  # the first step draws a new epoch's order: that path is checked too
-    shown = warnings.showwarning
-    warnings.showwarning = record
     torch.cuda.set_sync_debug_mode("warn")
     try:
-        with warnings.catch_warnings():
+        with warnings.catch_warnings():  # restores warnings.showwarning on the way out
             warnings.simplefilter("always")
             warnings.showwarning = record
             for _ in range(steps):
                 train_step(learner, state)
     finally:
         torch.cuda.set_sync_debug_mode(0)
-        warnings.showwarning = shown
     return list(found.values())
 
 
@@ -191,16 +191,18 @@ def main() -> None:
         result["profiles"].append({"model": label, **profile_tables(learner, state, args.profile_steps, table, label)})
         result["sync_points"] = result.get("sync_points", []) + [
             {"model": label, **point} for point in sync_points(learner, state, 3)]
-    torch.backends.cuda.matmul.allow_tf32 = False
-    _, md_path = write_results("cuda_profile", result, markdown(result), folder=folder if smoke else None)
+    allow_tf32(False)
+    written = folder if smoke else None  # write_results' own folder (bench/results) for a GPU run
+    _, md_path = write_results("cuda_profile", result, markdown(result), folder=written)
+    # Each longer part below writes the results again: one that outlasts the caller's timeout leaves the rest.
     if args.graph and not smoke:
         result["graphed"] = [{"model": label, **graphed_steps(ds, model, device, args.warmup, args.steps)}
                              for label, model in MODELS.items()]
-        _, md_path = write_results("cuda_profile", result, markdown(result), folder=None)
-    if args.compile:  # written again with it: a compile that outlasts the caller's timeout leaves the rest
+        _, md_path = write_results("cuda_profile", result, markdown(result), folder=written)
+    if args.compile:
         result["compiled"] = [{"model": label, **compiled_steps(ds, model, device, args.warmup, args.steps)}
                               for label, model in MODELS.items()]
-        _, md_path = write_results("cuda_profile", result, markdown(result), folder=folder if smoke else None)
+        _, md_path = write_results("cuda_profile", result, markdown(result), folder=written)
     print(md_path.read_text())
 
 
