@@ -6,13 +6,13 @@ distance from q to the row that codes (c_1 .. c_M) decode to is sum_m table[m, c
 scan them, and the index's certificate (D <= L1 <= sqrt(2) D against RotatE's distance D on the decoded rows)
 carries over: results equal an exhaustive exact scan of the decoded table.
 
-An int8 table's proxy codes lie near its rows, not on them (tables.Int8Table): one code per complex coordinate, the
-nearest of 256 complex centroids, and table[j, c] = |q_j - centroid_c| (a modulus), so A_n = sum_j table[j, c_nj] is
-RotatE's distance to the row's centroids, and each row n carries a slack s_n >= sum_j |e_nj - centroid_{c_nj}|:
-D_n - s_n <= A_n <= D_n + s_n (triangle inequality). That proxy has ratio 1 where L1 has sqrt 2, so on FB15k-237 a
-shortlist of ~150 rows certifies the top-10 instead of ~800, and a row has d codes rather than 2d (168, not 336,
-for dim 168): the per-number grid it replaced scanned twice the codes and re-ranked five times the rows. The
-certificate subtracts the slack (CodesIndex.certified_shortlist).
+An int8 or float table's proxy codes lie near its rows, not on them (tables.PairCoded): one code per complex
+coordinate, the nearest of 256 complex centroids, and table[j, c] = |q_j - centroid_c| (a modulus), so A_n = sum_j
+table[j, c_nj] is RotatE's distance to the row's centroids, and each row n carries a slack s_n >= sum_j |e_nj -
+centroid_{c_nj}|: D_n - s_n <= A_n <= D_n + s_n (triangle inequality). That proxy has ratio 1 where L1 has sqrt 2,
+so on FB15k-237 a shortlist of ~150 rows certifies the top-10 instead of ~800, and a row has d codes rather than 2d
+(168, not 336, for dim 168): the per-number grid it replaced scanned twice the codes and re-ranked five times the
+rows. The certificate subtracts the slack (CodesIndex.certified_shortlist).
 
 The scan runs in FAISS: faiss has no L1 ADC (IndexPQ with METRIC_L1 returns other numbers), but its L2 ADC sums
 table[m, c] = (x_m - y[m, c])^2 for a query x. With sub-vectors of one number, the query x = 0 and centroids

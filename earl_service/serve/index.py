@@ -35,8 +35,8 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Sequence
-from typing import Any, Literal
+from collections.abc import Callable, Hashable, Mapping, Sequence
+from typing import Any, Literal, Protocol, TypeVar
 
 import numpy as np
 
@@ -65,6 +65,16 @@ IndexKind = Literal["auto", "flat", "hnsw"]
 SampleQuery = tuple[np.ndarray, np.ndarray]  # (query (2d,), known answer ids it drops), for calibration
 # The queries themselves, or what makes them when calibration needs them (most builds time nothing).
 Sample = Sequence[SampleQuery] | Callable[[], Sequence[SampleQuery]]
+K = TypeVar("K", bound=Hashable)
+
+
+class Shortlister(Protocol):
+    """What calibrate times: an index's certified shortlist (ProxyIndex here, serve/codes.py's CodesIndex)."""
+
+    @property
+    def num_entities(self) -> int: ...
+
+    def certified_shortlist(self, query: np.ndarray, k: int, excluded: np.ndarray) -> tuple[np.ndarray, np.ndarray]: ...
 
 
 def proxy_bounds(rotations: int) -> tuple[float, float]:
@@ -135,10 +145,9 @@ class ProxyIndex:
               sample: Sample = ()) -> ProxyIndex:
         """The index of `kind` ("auto": flat below `hnsw_threshold` entities or with a GPU, else HNSW); a flat
         index keeps the proxy that answers `sample` fastest, or `flat_rotations` when given."""
-        import faiss
 
         set_faiss_threads(faiss_threads)
-        gpus = _gpu_count(faiss)
+        gpus = gpu_count()
         if kind == "auto":
             kind = "flat" if gpus or len(entities) < hnsw_threshold else "hnsw"
         if kind == "hnsw":
@@ -210,29 +219,32 @@ class ProxyIndex:
         return ids.astype(np.int64)
 
 
-def calibrate(candidates: dict[int, ProxyIndex], sample: Sample) -> tuple[int, dict[int, float]]:
-    """The rotations P of the candidate index that answers `sample` fastest, and each one's mean ms per query.
+def calibrate(candidates: Mapping[K, Shortlister], sample: Sample) -> tuple[K, dict[K, float]]:
+    """The key of the candidate index that answers `sample` fastest, and each one's mean ms per query.
 
     Every candidate is exact, so the choice only moves latency. With one candidate, no sample, or a graph no
     larger than a shortlist (every query scans it all), nothing is timed and the first candidate is chosen;
     a callable `sample` is only called when something is timed.
     """
-    first = next(iter(candidates.values()))
+    first_key, first = next(iter(candidates.items()))
     if len(candidates) == 1 or first.num_entities <= shortlist_size(CALIBRATION_K):
-        return first.rotations, {}
+        return first_key, {}
     queries = sample() if callable(sample) else sample
     if not queries:
-        return first.rotations, {}
+        return first_key, {}
     timings = {}
-    for rotations, index in candidates.items():
+    for key, index in candidates.items():
         start = time.perf_counter()
         for query, excluded in queries:
             index.certified_shortlist(query, CALIBRATION_K, excluded)
-        timings[rotations] = (time.perf_counter() - start) * 1e3 / len(queries)
+        timings[key] = (time.perf_counter() - start) * 1e3 / len(queries)
     return min(timings, key=timings.__getitem__), timings
 
 
-def _gpu_count(faiss: Any) -> int:
+def gpu_count() -> int:
+    """The GPUs FAISS can use (0 on a CPU-only build)."""
+    import faiss
+
     try:
         return int(faiss.get_num_gpus())
     except Exception:  # noqa: BLE001 - a CPU-only build may lack the symbol

@@ -3,7 +3,8 @@
 Each table reads like the (N, 2d) float32 array it decodes to where the predictor needs rows (`table[ids]`, `len`,
 `shape`), so the exact scorers run on it unchanged, while memory stays what the file paid: 4, 1 or M/2d bytes a
 number. `proxy_codes()` gives the codes the ADC scan (serve/codes.py) ranks candidates by, and per row how far
-(in L1 over the 2d reals) what those codes decode to may lie from the row itself.
+what those codes decode to may lie from the row itself: a pq table's own codes; for float and int8 rows one byte
+per complex coordinate (PairCoded), coded when first asked for.
 """
 
 from __future__ import annotations
@@ -73,7 +74,77 @@ class EntityTable:
         raise NotImplementedError
 
 
-class DenseTable(EntityTable):
+class PairCoded(EntityTable):
+    """A table of float rows (as trained, or decoded from int8) whose proxy codes name, for each complex coordinate
+    (re_j, im_j), the nearest of 256 complex centroids shared by every row and coordinate (k-means over a sample of
+    them), so one (d, 256) lookup table per query serves every row; each row's slack is the sum of its coordinates'
+    distances to their centroids, the certificate's allowance (ProxyCodes, codes.py). Coded once, when first asked
+    for: one byte per complex coordinate and a float per row beside the table."""
+
+    BLOCK = 16_384  # rows coded at a time: bounds the float32 temporaries
+    SAMPLE = 256 * CENTROIDS  # complex coordinates the codebook is trained on (faiss's default cap)
+    _proxy: ProxyCodes | None = None
+    _position: np.ndarray | None = None  # after order_codes: row i's proxy codes are at _position[i]
+
+    def coordinates(self, rows: np.ndarray, cols: np.ndarray) -> np.ndarray:
+        """(S, 2) float32: complex coordinate cols[s] of row rows[s] as (re, im)."""
+        raise NotImplementedError
+
+    def proxy_codes(self) -> ProxyCodes:
+        if self._proxy is None:
+            self._proxy = self._pair_codes()
+        return self._proxy
+
+    def forget_codes(self) -> None:
+        """Drop the pair codes (a search that does not use them), to be coded again if asked for."""
+        self._proxy = self._position = None
+
+    def order_codes(self, members: np.ndarray) -> np.ndarray:
+        proxy = self.proxy_codes()  # the slack stays by id
+        codes, self._position = _reordered(proxy.codes, self._position, members)
+        self._proxy = ProxyCodes(codes, proxy.codebooks, proxy.slack, pairs=True)
+        return codes
+
+    def _pair_codes(self) -> ProxyCodes:
+        """Each complex coordinate's nearest centroid (L2 in the plane: the modulus) and each row's slack."""
+        import faiss
+
+        n, width = self.shape
+        dim = width // 2
+        centroids = self._centroids()  # (256, 2)
+        nearest = faiss.IndexFlatL2(2)
+        nearest.add(centroids)
+        codes = np.empty((n, dim), dtype=np.uint8)
+        slack = np.empty(n, dtype=np.float32)
+        for start in range(0, n, self.BLOCK):
+            rows = self[slice(start, start + self.BLOCK)]  # (b, 2d)
+            points = np.ascontiguousarray(np.stack([rows[:, :dim], rows[:, dim:]], -1).reshape(-1, 2))  # (b * d, 2)
+            picked = nearest.search(points, 1)[1].reshape(len(rows), dim)  # (b, d) centroid ids
+            codes[start : start + self.BLOCK] = picked
+            # The slack from the centroids themselves: FAISS's expanded squared distances lose digits near 0.
+            near = centroids[picked]  # (b, d, 2)
+            slack[start : start + self.BLOCK] = np.hypot(rows[:, :dim] - near[..., 0], rows[:, dim:] - near[..., 1]).sum(1)
+        return ProxyCodes(codes, centroids[None], slack, pairs=True)
+
+    def _centroids(self) -> np.ndarray:
+        """(256, 2) float32: k-means over SAMPLE of the table's complex coordinates (all of them when fewer, padded
+        by repeats when there are fewer than 256)."""
+        import faiss
+
+        n, width = self.shape
+        dim = width // 2
+        rng = np.random.default_rng(0)
+        flat = rng.choice(n * dim, min(n * dim, self.SAMPLE), replace=False) if n * dim > self.SAMPLE else np.arange(n * dim)
+        rows, cols = np.divmod(flat, dim)
+        points = np.ascontiguousarray(self.coordinates(rows, cols), dtype=np.float32)  # (S, 2)
+        if len(points) <= CENTROIDS:
+            return np.resize(points, (CENTROIDS, 2)) if len(points) else np.zeros((CENTROIDS, 2), np.float32)
+        kmeans = faiss.Kmeans(2, CENTROIDS, niter=20, seed=0, min_points_per_centroid=1, verbose=False)
+        kmeans.train(points)
+        return np.asarray(kmeans.centroids, dtype=np.float32)
+
+
+class DenseTable(PairCoded):
     """Rows as float32, as trained (fp32 and fp16 bundles, EARL's rebuilt entities)."""
 
     kind = "fp32"
@@ -94,6 +165,9 @@ class DenseTable(EntityTable):
 
     def dense(self) -> np.ndarray:
         return self.rows
+
+    def coordinates(self, rows: np.ndarray, cols: np.ndarray) -> np.ndarray:
+        return np.stack([self.rows[rows, cols], self.rows[rows, cols + self.shape[1] // 2]], 1)
 
 
 class PQTable(EntityTable):
@@ -136,21 +210,15 @@ class PQTable(EntityTable):
         return ProxyCodes(self.codes, self.codebooks)
 
 
-class Int8Table(EntityTable):
-    """Rows as int8 values (N, 2d) times a float32 scale each (bundle/precision.Int8). Their proxy codes name, for
-    each complex coordinate (re_j, im_j), the nearest of 256 complex centroids shared by every row and coordinate
-    (k-means over a sample of them), so one (d, 256) lookup table per query serves every row; each row's slack is
-    the sum of its coordinates' distances to their centroids, the certificate's allowance (ProxyCodes, codes.py)."""
+class Int8Table(PairCoded):
+    """Rows as int8 values (N, 2d) times a float32 scale each (bundle/precision.Int8), searched by their pair codes
+    (PairCoded)."""
 
     kind = "int8"
-    BLOCK = 16_384  # rows re-coded at a time: bounds the float32 temporaries at load
-    SAMPLE = 256 * CENTROIDS  # complex coordinates the codebook is trained on (faiss's default cap)
 
     def __init__(self, values: np.ndarray, scale: np.ndarray) -> None:
         self.values = np.ascontiguousarray(values, dtype=np.int8)  # (N, 2d)
         self.scale = np.ascontiguousarray(scale, dtype=np.float32).reshape(-1)  # (N,)
-        self._proxy: ProxyCodes | None = None
-        self._position: np.ndarray | None = None  # after order_codes: row i's proxy codes are at _position[i]
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -164,55 +232,9 @@ class Int8Table(EntityTable):
     def nbytes(self) -> int:
         return int(self.values.nbytes + self.scale.nbytes)
 
-    def proxy_codes(self) -> ProxyCodes:
-        if self._proxy is None:
-            self._proxy = self._pair_codes()
-        return self._proxy
-
-    def order_codes(self, members: np.ndarray) -> np.ndarray:
-        proxy = self.proxy_codes()  # the slack stays by id
-        codes, self._position = _reordered(proxy.codes, self._position, members)
-        self._proxy = ProxyCodes(codes, proxy.codebooks, proxy.slack, pairs=True)
-        return codes
-
-    def _pair_codes(self) -> ProxyCodes:
-        """Each complex coordinate's nearest centroid (L2 in the plane: the modulus) and each row's slack."""
-        import faiss
-
-        n, width = self.shape
-        dim = width // 2
-        centroids = self._centroids()  # (256, 2)
-        nearest = faiss.IndexFlatL2(2)
-        nearest.add(centroids)
-        codes = np.empty((n, dim), dtype=np.uint8)
-        slack = np.empty(n, dtype=np.float32)
-        for start in range(0, n, self.BLOCK):
-            rows = self[slice(start, start + self.BLOCK)]  # (b, 2d)
-            points = np.stack([rows[:, :dim], rows[:, dim:]], -1).reshape(-1, 2)  # (b * d, 2) (re, im)
-            picked = nearest.search(points, 1)[1].reshape(len(rows), dim)  # (b, d) centroid ids
-            codes[start : start + self.BLOCK] = picked
-            # The slack from the centroids themselves: FAISS's expanded squared distances lose digits near 0.
-            near = centroids[picked]  # (b, d, 2)
-            slack[start : start + self.BLOCK] = np.hypot(rows[:, :dim] - near[..., 0], rows[:, dim:] - near[..., 1]).sum(1)
-        return ProxyCodes(codes, centroids[None], slack, pairs=True)
-
-    def _centroids(self) -> np.ndarray:
-        """(256, 2) float32: k-means over SAMPLE of the table's complex coordinates (all of them when fewer, padded
-        by repeats when there are fewer than 256)."""
-        import faiss
-
-        n, width = self.shape
-        dim = width // 2
-        rng = np.random.default_rng(0)
-        flat = rng.choice(n * dim, min(n * dim, self.SAMPLE), replace=False) if n * dim > self.SAMPLE else np.arange(n * dim)
-        rows, cols = np.divmod(flat, dim)
-        points = np.stack([self.values[rows, cols], self.values[rows, cols + dim]], 1) * self.scale[rows, None]
-        points = np.ascontiguousarray(points, dtype=np.float32)  # (S, 2)
-        if len(points) <= CENTROIDS:
-            return np.resize(points, (CENTROIDS, 2)) if len(points) else np.zeros((CENTROIDS, 2), np.float32)
-        kmeans = faiss.Kmeans(2, CENTROIDS, niter=20, seed=0, min_points_per_centroid=1, verbose=False)
-        kmeans.train(points)
-        return np.asarray(kmeans.centroids, dtype=np.float32)
+    def coordinates(self, rows: np.ndarray, cols: np.ndarray) -> np.ndarray:
+        dim = self.shape[1] // 2
+        return np.stack([self.values[rows, cols], self.values[rows, cols + dim]], 1) * self.scale[rows, None]
 
 
 def _reordered(codes: np.ndarray, position: np.ndarray | None, members: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -234,4 +256,4 @@ def entity_table(stored: dict[str, Any], entities: Callable[[], np.ndarray], *, 
     return DenseTable(entities())
 
 
-__all__ = ["DenseTable", "EntityTable", "Int8Table", "PQTable", "ProxyCodes", "entity_table"]
+__all__ = ["DenseTable", "EntityTable", "Int8Table", "PQTable", "PairCoded", "ProxyCodes", "entity_table"]

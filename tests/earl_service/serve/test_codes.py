@@ -1,5 +1,6 @@
-"""Serving from codes: the ADC scan sums the L1 table exactly, and a predictor over a bundle's int8 rows or pq codes
-answers exactly what brute force over the decoded table answers, on trained and on random tables."""
+"""Serving from codes: the ADC scan sums the L1 table exactly, and a predictor over a bundle's fp32 or int8 rows
+(their pair codes) or pq codes answers exactly what brute force over the decoded table answers, on trained and on
+random tables."""
 
 import numpy as np
 import pytest
@@ -33,7 +34,7 @@ def _random_tables(n=3000, width=32, seed=0):
     pq = PQTable(rng.integers(0, 256, (n, 8), dtype=np.uint8), rng.standard_normal((8, 256, width // 8)).astype(np.float16))
     values = (rng.standard_normal((n, width)) * rng.random((n, 1))).astype(np.float32)
     stored = Int8().encode("x", values)
-    return {"pq": pq, "int8": Int8Table(stored["x"], stored["x.scale"])}
+    return {"pq": pq, "int8": Int8Table(stored["x"], stored["x.scale"]), "fp32": DenseTable(values)}
 
 
 def test_the_scan_sums_the_l1_table_of_the_decoded_rows():
@@ -46,17 +47,18 @@ def test_the_scan_sums_the_l1_table_of_the_decoded_rows():
         proxy, ids = index.scan(query, len(table))
         if kind == "pq":
             np.testing.assert_allclose(proxy, np.abs(table.dense()[ids] - query).sum(1), rtol=1e-5)
-        else:
+        else:  # pair codes: int8 and fp32 rows
             assert index.ratio == 1 and index.codes.shape == (len(table), table.shape[1] // 2)
             exact = rotate.distances(query, table.dense(), ids)
             assert np.all(np.abs(proxy - exact) <= index.slack[ids] * (1 + 1e-5) + 1e-5)
         assert np.all(np.diff(proxy) >= 0)
 
 
-def test_an_int8_tables_slack_is_its_rows_distance_to_their_centroids():
+@pytest.mark.parametrize("kind", ["int8", "fp32"])
+def test_a_pair_coded_tables_slack_is_its_rows_distance_to_their_centroids(kind):
     """The slack the certificate subtracts is, row by row, RotatE's distance from the row to its codes' centroids:
     an upper bound on |A - D| that is exact for the query at the row's own centroids."""
-    table = _random_tables()["int8"]
+    table = _random_tables()[kind]
     proxy = table.proxy_codes()
     centroids = proxy.codebooks[0][proxy.codes]  # (N, d, 2)
     decoded = np.concatenate([centroids[..., 0], centroids[..., 1]], 1)  # (N, 2d) [re | im]
@@ -81,7 +83,7 @@ def test_the_lookup_table_is_the_l1_to_each_centroid():
     np.testing.assert_allclose(lookup_table(query, books), expected, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("kind", ["pq", "int8"])
+@pytest.mark.parametrize("kind", ["pq", "int8", "fp32"])
 def test_random_tables_answer_as_brute_force_on_the_decoded_rows(kind, monkeypatch):
     """Random rows crowd their distances together, so the scan widens often (a shortlist of k + excluded
     here): the answer still equals the exhaustive scan of the decoded table."""
@@ -110,13 +112,33 @@ def test_tables_decode_as_the_bundle_reader_does(rotate_bundles):
         np.testing.assert_array_equal(predictor.table[np.array([5, 0, 5])], bundle.params["entities"][[5, 0, 5]])
         np.testing.assert_array_equal(predictor.table[7], bundle.params["entities"][7])
     assert isinstance(LinkPredictor.from_bundle(rotate_bundles["fp32"]).table, DenseTable)
+    assert LinkPredictor.from_bundle(rotate_bundles["fp32"], index="flat").index_kind == "flat"
     assert isinstance(LinkPredictor.from_bundle(rotate_bundles["pq:8"], from_codes=False).table, DenseTable)
 
 
-@pytest.mark.parametrize("precision", ["int8", "pq:8"])
-def test_trained_bundles_served_from_codes_answer_as_brute_force(rotate_bundles, precision):
+def _keeping(choice):
+    """serve/index.py's calibrate made to keep `choice` ("codes" or "flat") whatever the timings."""
+    from earl_service.serve import index
+
+    def calibrate(candidates, sample):
+        index.calibrate(candidates, sample)  # times them as it would
+        return choice, {}
+    return calibrate
+
+
+@pytest.mark.parametrize("precision,keep", [("fp32", "codes"), ("fp32", "flat"), ("int8", None), ("pq:8", None)])
+def test_trained_bundles_served_from_codes_answer_as_brute_force(rotate_bundles, precision, keep, monkeypatch):
+    """A float table (fp32 here) is served by its pair codes or by the flat index, whichever answered the graph's
+    own queries faster when it was built; the other one is not kept. Both answer as brute force."""
+    from earl_service.serve import predictor as predictor_module
+
+    if keep:
+        monkeypatch.setattr(predictor_module, "calibrate", _keeping(keep))
     bundle = rotate_bundles[precision]
     predictor = LinkPredictor.from_bundle(bundle)
+    if keep:
+        assert predictor.index_kind == {"codes": "codes-flat", "flat": "flat"}[keep]
+        assert (predictor.table._proxy is None) == (keep == "flat")
     rng = np.random.default_rng(0)
     names, rels = bundle.entities.names, bundle.relations.names
     for h, r, t in bundle.triples[rng.choice(len(bundle.triples), 100, replace=False)]:
@@ -125,11 +147,20 @@ def test_trained_bundles_served_from_codes_answer_as_brute_force(rotate_bundles,
             assert predictor.predict_heads(names[t], rels[r], k) == predictor.brute_force_heads(names[t], rels[r], k)
 
 
-def test_a_coded_predictor_holds_about_its_bundles_bytes(rotate_bundles):
-    """Resident table bytes: pq's codes and codebooks, int8's bytes and scales, fp32's floats."""
-    sizes = {p: LinkPredictor.from_bundle(b).table.nbytes for p, b in rotate_bundles.items()}
+def test_a_coded_predictor_holds_about_its_bundles_bytes(rotate_bundles, monkeypatch):
+    """Resident table bytes: pq's codes and codebooks, int8's bytes and scales, fp32's floats; an int8 or fp32 table's
+    index adds its pair codes (a byte per complex coordinate), their centroids and a float of slack per row (an fp32
+    table's when its pair codes are kept)."""
+    from earl_service.serve import predictor as predictor_module
+
+    monkeypatch.setattr(predictor_module, "calibrate", _keeping("codes"))
+    predictors = {p: LinkPredictor.from_bundle(b) for p, b in rotate_bundles.items()}
     n, width = rotate_bundles["fp32"].params["entities"].shape
+    sizes = {p: predictor.table.nbytes for p, predictor in predictors.items()}
     assert sizes == {"fp32": n * width * 4, "int8": n * width + n * 4, "pq:8": n * 8 + 8 * 256 * 4 * 4}
+    pairs = n * width // 2 + 256 * 2 * 4 + n * 4
+    indexes = {p: predictor.index.index_bytes for p, predictor in predictors.items()}
+    assert indexes == {"fp32": pairs, "int8": pairs, "pq:8": 8 * 256 * 4 * 4}  # pq: its codebooks as float32
 
 
 @pytest.mark.parametrize("precision", ["int8", "pq:8"])

@@ -110,7 +110,7 @@ def test_a_failing_gpu_index_falls_back_to_the_exact_cpu_index(monkeypatch, capl
     def no_gpu(resources, device, index):
         raise RuntimeError("no CUDA device")
 
-    monkeypatch.setattr(index_module, "_gpu_count", lambda faiss: 1)
+    monkeypatch.setattr(index_module, "gpu_count", lambda: 1)
     monkeypatch.setattr(faiss, "StandardGpuResources", object, raising=False)  # CPU builds lack both symbols
     monkeypatch.setattr(faiss, "index_cpu_to_gpu", no_gpu, raising=False)
     index = ProxyIndex.build(_clustered(n=500), kind="auto", hnsw_threshold=100)  # a GPU keeps "auto" flat
