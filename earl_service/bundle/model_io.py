@@ -218,7 +218,9 @@ def bundle_from_model(
 ) -> Bundle:
     state = model.state_dict()
     reserved = state.pop("reserved", torch.zeros(0, dtype=torch.long)).cpu().numpy().astype(np.int64)
-    params = {k: v.detach().float().cpu().numpy() for k, v in state.items()}
+    # Copies, never views of the model's parameters: a caller that loads other weights into the model afterwards
+    # (compress validating its quantized exports) must not change the bundle.
+    params = {k: v.detach().to("cpu", torch.float32, copy=True).numpy() for k, v in state.items()}
     labels = labels or Labels()
     return Bundle(config, params, reserved, entities, relations, np.asarray(triples, dtype=np.int64), metrics or {},
                   DEFAULT.name, relation_labels=labels.relations, entity_labels=labels.entities)

@@ -10,7 +10,6 @@ from typing import Any
 
 from earl_service.bundle.codebooks import stored_tables
 from earl_service.bundle.format import read_safetensors
-from earl_service.bundle.model_io import load_bundle
 from earl_service.bundle.sizes import save_exact
 from earl_service.compress.candidates import baseline_candidate, plan
 from earl_service.compress.config import METRICS, CompressConfig
@@ -23,7 +22,7 @@ from earl_service.config.recipes import DEFAULT
 from earl_service.data.dataset import Dataset
 from earl_service.errors import DatasetError
 from earl_service.train.evaluate import SUMMARY_KEYS
-from earl_service.train.loop import BUNDLE
+from earl_service.train.loop import run_bundle
 from earl_service.train.run import GraphCache, load_run
 
 # A model kind's best candidate goes on to the last rung whatever its rank while it scores at least this share of
@@ -166,16 +165,16 @@ def finish(run: CompressRun) -> dict[str, Any]:
     run.emit("export", name, precision=precision)
     test, search_seconds, seconds = None, run.spent, run.accounting()  # the search's, before the test
     started = run.clock()
+    train_config = run.train_config(name)
+    model_run = load_run(run.run_dir(name), run.dataset, device=train_config.device, graphs=run.graphs)
+    source = run.shipped(run_bundle(model_run))  # before the test loads the export's weights into model_run
     if run.dataset.test is not None and len(run.dataset.test):
-        train_config = run.train_config(name)
-        model_run = load_run(run.run_dir(name), run.dataset, device=train_config.device, graphs=run.graphs)
         limit = final_limit(run, "test")
         test = evaluate_bundle(model_run, run.export_path(name, precision), "test",
                                batch_size=train_config.eval_batch_size, limit=limit)
         test["test_subset"] = limit if 0 < limit < len(run.dataset.test) else 0
     seconds["test"] = round(run.clock() - started, 3)
     report = build_report(run, rows, pick, test, seconds={"search": round(search_seconds, 3), **seconds})
-    source = run.shipped(load_bundle(run.run_dir(name) / BUNDLE))
     # The pick is the export its metrics were measured on: a pq export's fine-tuned codebooks, not new ones.
     _, tested, _ = read_safetensors(run.export_path(name, precision))
     save_exact(source, run.out / PICK, precision=precision, metrics=pick_metrics(report),

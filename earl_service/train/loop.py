@@ -254,7 +254,7 @@ def train(
     metrics = _final_metrics(learner, state, checkpoints, memory=memory, extension=extension, protocol=protocol,
                              final_eval=final_eval, command=command)
     metrics["recipe"] = recipe
-    bundle = _bundle(run, metrics) if write_bundle else None
+    bundle = run_bundle(run, metrics) if write_bundle else None
     write_run_outputs(out, metrics, state.history, bundle=bundle, curves=curves)
     return metrics
 
@@ -364,7 +364,7 @@ def _final_metrics(
     return metrics
 
 
-def _bundle(run: Run, metrics: dict[str, Any]) -> Bundle:
+def run_bundle(run: Run, metrics: dict[str, Any] | None = None) -> Bundle:
     """The deployable bundle of the current (best) weights over the training entities, with the dataset's labels."""
     ds = run.dataset
     return bundle_from_model(run.model, run.model_config, Vocab(ds.entities.names[: ds.num_train_entities]),
@@ -389,4 +389,4 @@ def _progress_bar(cfg: TrainConfig, initial: int):
     return tqdm(total=cfg.steps, initial=initial, desc="train", unit="step", dynamic_ncols=True, mininterval=1.0)
 
 
-__all__ = ["BUNDLE", "CHECKPOINT", "WARMUP_STEPS", "Learner", "StopRules", "train", "train_step"]
+__all__ = ["BUNDLE", "CHECKPOINT", "WARMUP_STEPS", "Learner", "StopRules", "run_bundle", "train", "train_step"]
