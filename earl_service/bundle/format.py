@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 import lzma
 import math
@@ -11,10 +10,11 @@ import struct
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 
+from earl_service.bundle.reader import LayoutError, read_tensors, tensor_layout
 from earl_service.bundle.writer import write_safetensors as write_safetensors  # where readers have imported it
 from earl_service.data.labels import MAX_LABEL_BYTES, MAX_LABEL_CHARS
 from earl_service.errors import BundleError
@@ -43,9 +43,19 @@ def joined_strings(names: list[str]) -> bytes:
     return "\0".join(names).encode("utf-8")
 
 
+def xz(data: bytes, preset: int) -> bytes:
+    """`data` xz-compressed at `preset` with a dictionary no larger than the data needs (the next power of two, at
+    least 4 KiB): the same matches, and the compressor's memory follows the input, not the preset's 64 MiB
+    dictionary (xz -9 allocates ~674 MiB whatever it packs; packing a 1M-entity bundle's names peaked at hundreds
+    of MiB beside its table)."""
+    dictionary = min(max(1 << max(len(data) - 1, 1).bit_length(), 4096), 64 << 20)
+    return lzma.compress(data, format=lzma.FORMAT_XZ,
+                         filters=[{"id": lzma.FILTER_LZMA2, "preset": preset, "dict_size": dictionary}])
+
+
 def pack_strings(names: list[str]) -> np.ndarray:
     """joined_strings xz-compressed, as a uint8 array."""
-    return np.frombuffer(lzma.compress(joined_strings(names), preset=9), dtype=np.uint8)
+    return np.frombuffer(xz(joined_strings(names), 9), dtype=np.uint8)
 
 
 def _ratio_limit(blob: np.ndarray) -> int:
@@ -160,7 +170,7 @@ def graph_csr(triples: np.ndarray, num_entities: int, num_relations: int) -> byt
 def pack_graph(triples: np.ndarray, num_entities: int, num_relations: int) -> np.ndarray:
     """graph_csr xz-compressed, as a uint8 array."""
     raw = graph_csr(triples, num_entities, num_relations)
-    return np.frombuffer(lzma.compress(raw, preset=9 | lzma.PRESET_EXTREME), dtype=np.uint8)
+    return np.frombuffer(xz(raw, 9 | lzma.PRESET_EXTREME), dtype=np.uint8)
 
 
 def unpack_graph(blob: np.ndarray, limits: BundleLimits | None = None) -> np.ndarray:
@@ -225,7 +235,7 @@ def pack_weights(tensors: dict[str, np.ndarray]) -> tuple[np.ndarray, str]:
     width = max((r.shape[1] for r in raws), default=0)
     planes = b"".join(np.ascontiguousarray(r[:, b]).tobytes() for b in range(width) for r in raws if r.shape[1] > b)
     manifest = [[n, str(tensors[n].dtype), list(tensors[n].shape)] for n in names]
-    return np.frombuffer(lzma.compress(planes, preset=9), dtype=np.uint8), json.dumps(manifest)
+    return np.frombuffer(xz(planes, 9), dtype=np.uint8), json.dumps(manifest)
 
 
 def weights_manifest(manifest_json: str) -> list[tuple[str, np.dtype, tuple[int, ...]]]:
@@ -279,28 +289,26 @@ def encode_weights(tensors: dict[str, np.ndarray], metadata: dict[str, str], cod
                                               "weights_manifest": manifest}
 
 
-def payload_digest(data: bytes | memoryview) -> str:
-    return hashlib.sha256(data).hexdigest()
-
-
 def read_safetensors(path: str | os.PathLike) -> tuple[dict[str, str], dict[str, np.ndarray], int]:
     """Parse and verify a bundle file without trusting it: (metadata, tensors, size in bytes). Coded weights stay
-    coded ("weights.packed"): core.decode decodes them once their shapes agree with the config."""
-    from safetensors.numpy import load as st_load
-
+    coded ("weights.packed"): core.decode decodes them once their shapes agree with the config. The payload is read
+    once, block by block into the tensors' arrays, and hashed as it is read (bundle/reader.py)."""
     path = Path(path)
     try:
-        data = path.read_bytes()
+        with path.open("rb") as fh:
+            size = os.fstat(fh.fileno()).st_size
+            meta, header_len, data = _read_header(fh, path, size)
+            try:
+                layout = tensor_layout(parse_json(data[8 : 8 + header_len], "the safetensors header"),
+                                       size - 8 - header_len)
+                tensors, digest = read_tensors(fh, layout)
+            except (LayoutError, ValueError) as exc:
+                raise BundleError(f"{path} is corrupted or truncated: {exc}") from None
     except OSError as exc:
         raise BundleError(f"cannot read bundle {path}: {exc.strerror or exc}") from exc
-    meta, header_len = _header(data, path)
-    if payload_digest(data[8 + header_len :]) != meta.get("payload_sha256"):
+    if digest != meta.get("payload_sha256"):
         raise BundleError(f"{path} is corrupted or truncated: the tensor payload does not match its SHA-256")
-    try:
-        tensors = st_load(data)
-    except Exception as exc:  # safetensors raises its own error types for malformed files
-        raise BundleError(f"{path} is corrupted: {exc}") from exc
-    return meta, tensors, len(data)
+    return meta, tensors, size
 
 
 def tensor_bytes(path: str | os.PathLike) -> tuple[dict[str, str], dict[str, int]]:
@@ -308,10 +316,7 @@ def tensor_bytes(path: str | os.PathLike) -> tuple[dict[str, str], dict[str, int
     verifying or decoding the weights (the API checks a compress job over a registered, already verified one)."""
     path = Path(path)
     with path.open("rb") as fh:
-        head = fh.read(8)
-        (header_len,) = struct.unpack("<Q", head) if len(head) == 8 else (0,)
-        data = head + fh.read(min(header_len, HEADER_LIMIT + 1))
-    meta, header_len = _header(data, path)
+        meta, header_len, data = _read_header(fh, path, os.fstat(fh.fileno()).st_size)
     table = parse_json(data[8 : 8 + header_len], "the safetensors header")
     try:
         return meta, {name: int(entry["data_offsets"][1]) - int(entry["data_offsets"][0])
@@ -320,12 +325,22 @@ def tensor_bytes(path: str | os.PathLike) -> tuple[dict[str, str], dict[str, int
         raise BundleError(f"{path}: malformed safetensors tensor table ({exc})") from exc
 
 
-def _header(data: bytes, path: Path) -> tuple[dict[str, str], int]:
-    """The metadata of an EARL bundle of a version this library reads, and the header's length."""
-    if len(data) < 8:
-        raise BundleError(f"{path} is not an EARL bundle: {len(data)} bytes, too short for a safetensors header")
+def _read_header(fh: BinaryIO, path: Path, size: int) -> tuple[dict[str, str], int, bytes]:
+    """_header of the open file `fh` of `size` bytes, and the bytes read (the file's position: the payload)."""
+    head = fh.read(8)
+    (header_len,) = struct.unpack("<Q", head) if len(head) == 8 else (0,)
+    data = head + fh.read(min(header_len, HEADER_LIMIT + 1))
+    meta, header_len = _header(data, path, size)
+    return meta, header_len, data
+
+
+def _header(data: bytes, path: Path, size: int) -> tuple[dict[str, str], int]:
+    """The metadata of an EARL bundle of a version this library reads, and the header's length, from the file's
+    first bytes (`data`: its 8-byte length and at most HEADER_LIMIT + 1 bytes after) and its `size`."""
+    if size < 8:
+        raise BundleError(f"{path} is not an EARL bundle: {size} bytes, too short for a safetensors header")
     (header_len,) = struct.unpack("<Q", data[:8])
-    if header_len > len(data) - 8:
+    if header_len > size - 8:
         raise BundleError(f"{path} is not an EARL bundle (truncated, or not a safetensors file)")
     if header_len > HEADER_LIMIT:
         raise BundleError(f"{path}: its header takes {header_len:,} bytes, more than a bundle may "
