@@ -41,18 +41,31 @@ def make_table(folder: Path, rows: int, width: int) -> int:
     return rows * width * 4
 
 
+def child(cmd: list[str]) -> tuple[float, float]:
+    """Run `cmd` in a child process from the repository: (seconds, its peak RSS in MiB from its own rusage)."""
+    start = time.perf_counter()
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL)
+    _, status, usage = os.wait4(proc.pid, 0)  # this child's own rusage
+    if code := os.waitstatus_to_exitcode(status):
+        raise SystemExit(f"{' '.join(cmd)} exited {code}")
+    return round(time.perf_counter() - start, 1), round(usage.ru_maxrss / 1024, 1)
+
+
 def measure(folder: Path, out: Path, precision: str) -> dict:
     """One `earl import` in a child process: seconds, peak RSS, file bytes."""
-    start = time.perf_counter()
-    cmd = [sys.executable, "-m", "earl_service.cli.main", "import", str(folder), "--scorer", "distmult",
-           "--no-graph", "--precision", precision, "--coding", "plain", "--out", str(out)]
-    child = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL)
-    _, status, usage = os.wait4(child.pid, 0)  # this child's own rusage
-    child.returncode = os.waitstatus_to_exitcode(status)
-    if child.returncode:
-        raise SystemExit(f"{' '.join(cmd)} exited {child.returncode}")
-    return {"precision": precision, "seconds": round(time.perf_counter() - start, 1),
-            "peak_rss_mib": round(usage.ru_maxrss / 1024, 1), "bytes": out.stat().st_size}
+    seconds, rss = child([sys.executable, "-m", "earl_service.cli.main", "import", str(folder), "--scorer",
+                          "distmult", "--no-graph", "--precision", precision, "--coding", "plain", "--out", str(out)])
+    return {"step": f"import --precision {precision}", "precision": precision, "seconds": seconds,
+            "peak_rss_mib": rss, "bytes": out.stat().st_size}
+
+
+def measure_compress(bundle: Path, out: Path, max_bytes: str, minutes: float) -> dict:
+    """`earl compress --from` the fp32 import (no graph: the largest size that fits) in a child process."""
+    seconds, rss = child([sys.executable, "-m", "earl_service.cli.main", "compress", "--from", str(bundle),
+                          "--max-bytes", max_bytes, "--time-limit", f"{minutes:g}", "--out", str(out)])
+    pick = out / "bundle.safetensors"
+    return {"step": f"compress --from (fp32) --max-bytes {max_bytes}", "precision": "", "seconds": seconds,
+            "peak_rss_mib": rss, "bytes": pick.stat().st_size}
 
 
 def main() -> None:
@@ -60,20 +73,26 @@ def main() -> None:
     p.add_argument("--rows", type=int, default=1_000_000)
     p.add_argument("--width", type=int, default=256)
     p.add_argument("--precisions", default="fp32,int8")
+    p.add_argument("--compress", default="", help="then `earl compress --from` the fp32 import to this budget")
+    p.add_argument("--minutes", type=float, default=10, help="the compress search's time limit")
     a = p.parse_args()
+    precisions = a.precisions.split(",") + (["fp32"] if a.compress and "fp32" not in a.precisions.split(",") else [])
     with tempfile.TemporaryDirectory(dir=REPO / "runs") as tmp:
         folder = Path(tmp) / "src"
         folder.mkdir()
         table_bytes = make_table(folder, a.rows, a.width)
-        rows = [measure(folder, Path(tmp) / f"{prec}.safetensors", prec) for prec in a.precisions.split(",")]
+        rows = [measure(folder, Path(tmp) / f"{prec}.safetensors", prec) for prec in precisions]
+        if a.compress:
+            rows.append(measure_compress(Path(tmp) / "fp32.safetensors", Path(tmp) / "small", a.compress, a.minutes))
     for row in rows:
         row["rss_over_table"] = round(row["peak_rss_mib"] * 2**20 / table_bytes, 2)
     data = {"rows": a.rows, "width": a.width, "table_bytes": table_bytes, "imports": rows}
     md = (f"# `earl import` peak RSS: a {a.rows:,} x {a.width} float32 table ({table_bytes / 1e9:.2f} GB .npy)\n\n"
-          "DistMult, no graph, plain weights; each import its own process (peak RSS: its ru_maxrss, from "
-          "os.wait4). The npy file is memory-mapped: its pages count as they are read.\n\n"
-          + md_table(["precision", "seconds", "peak RSS MiB", "RSS / table bytes", "file bytes"],
-                     [[r["precision"], r["seconds"], r["peak_rss_mib"], r["rss_over_table"], r["bytes"]]
+          "DistMult, no graph, plain weights; each step its own process (peak RSS: its ru_maxrss, from "
+          "os.wait4). The npy file is memory-mapped: its pages count as they are read. `compress --from` reads "
+          "the fp32 import (no graph: it keeps the largest size that fits).\n\n"
+          + md_table(["step", "seconds", "peak RSS MiB", "RSS / table bytes", "file bytes"],
+                     [[r["step"], r["seconds"], r["peak_rss_mib"], r["rss_over_table"], r["bytes"]]
                       for r in rows]))
     write_results("import_memory", data, md)
     print(md)

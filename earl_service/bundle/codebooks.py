@@ -173,6 +173,9 @@ def stored_tables(tensors: dict[str, np.ndarray]) -> PQTables:
             for name in sorted(names)}
 
 
+CODE_BLOCK_BYTES = 64 << 20  # the most faiss's distance table may take while encode_table codes a block of rows
+
+
 def encode_table(table: np.ndarray, codes: int, *, seed: int = 0, iterations: int = ITERATIONS,
                  start: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """faiss ProductQuantizer over the rows of `table` (N, w), N >= 256: (codes (N, M) uint8, codebooks fp16).
@@ -194,7 +197,14 @@ def encode_table(table: np.ndarray, codes: int, *, seed: int = 0, iterations: in
     pq.train(x)
     books = faiss.vector_to_array(pq.centroids).reshape(codes, CENTROIDS, x.shape[1] // codes).astype(np.float16)
     faiss.copy_array_to_vector(books.astype(np.float32).ravel(), pq.centroids)
-    return pq.compute_codes(x).reshape(len(x), codes), books
+    # faiss codes up to 262,144 rows at once through a distance table of rows x 256 x M floats where a subspace
+    # has 16 numbers or more: 4.3 GB for pq:16 over 256 numbers a row, whatever the table's size. Rows go to it
+    # in blocks whose table takes at most CODE_BLOCK_BYTES.
+    step = max(1, CODE_BLOCK_BYTES // (CENTROIDS * codes * 4))
+    out = np.empty((len(x), codes), dtype=np.uint8)
+    for begin in range(0, len(x), step):
+        out[begin : begin + step] = pq.compute_codes(x[begin : begin + step]).reshape(-1, codes)
+    return out, books
 
 
 __all__ = ["CENTROIDS", "CODABLE", "NUMBERS_PER_CODE", "Layout", "PQTables", "codable", "codes_for", "decode_table",

@@ -296,7 +296,7 @@ def _check_values(config: ModelConfig, params: dict[str, np.ndarray], source: st
     """Every weight finite; RotatE's and an imported model's, which are its embeddings, small enough that its scores
     stay finite in float32 (`entities`: the entity table's stand-in when it is left coded, stored_extent)."""
     for name, value in params.items():
-        if not np.isfinite(value).all():
+        if not math.isfinite(scorers.largest_magnitude(value)):
             raise BundleError(f"bundle tensor {name!r} is not finite: the rebuilt embeddings hold NaN or infinite "
                               "values")
     if config.model != "earl":  # finite, as just checked: only their range is left to check
@@ -324,12 +324,12 @@ def _check_score_range(config: ModelConfig, entities: np.ndarray, relations: np.
             raise BundleError(f"{source}: the embeddings' magnitudes let {config.model} scores reach {bound:.3g}, "
                               "past float32's range")
         return
-    largest = float(np.abs(entities).max(initial=0.0))
+    largest = scorers.largest_magnitude(entities)
     limit = math.sqrt(F32_MAX / (9 * max(entities.shape[-1], 1)))  # where scorers.RotatE.largest reaches F32_MAX
     if not fits:
         raise BundleError(f"{source}: the entity embeddings reach {largest:.3g}; scores stay finite in float32 "
                           f"only up to {limit:.3g}")
-    phase = float(np.abs(relations).max(initial=0.0)) * config.phase_scale
+    phase = scorers.largest_magnitude(relations) * config.phase_scale
     if phase >= F32_MAX:
         raise BundleError(f"{source}: the relation embeddings give phases up to {phase:.3g}, past float32's range")
 

@@ -117,8 +117,10 @@ class Bundle:
         codes tables (pq) stores `pq_tables`, or codebooks faiss trains on the weights here when None."""
         chosen = Precision.parse(precision or self.precision).resolve(self.config.dim)
         tensors: dict[str, np.ndarray] = {}
+        coded = set(pq_tables or ())  # replaced by their codes in with_tables: not int8-encoded only to be dropped
         for name, value in self.params.items():
-            tensors.update(chosen.encode(f"param.{name}", value))
+            if name not in coded:
+                tensors.update(chosen.encode(f"param.{name}", value))
         tensors["buffer.reserved"] = self.reserved.astype(narrowest_uint(max(len(self.entities), 1)))
         tensors.update(self._packed())
         metadata = {

@@ -116,7 +116,7 @@ class Precision(ABC):
         value = tensors[name]
         if value.dtype == np.int8:
             return value.astype(np.float32) * tensors[name + ".scale"][:, None]
-        return value.astype(np.float32)
+        return value.astype(np.float32, copy=False)  # read_safetensors' own array: no second table
 
     def resolve(self, dim: int) -> Precision:
         """The precision a bundle of this dim is written at (pq picks its M); ValueError if it cannot be."""

@@ -217,12 +217,19 @@ def filtered_ranks(scorer: Scorer, entities: np.ndarray, relations: np.ndarray, 
     return out
 
 
+def largest_magnitude(x: np.ndarray, block: int = 65_536) -> float:
+    """max |x| (0 for an empty array; NaN or infinite when x holds such a value), `block` rows at a time: np.abs
+    of a whole table is a second table (1 GB beside a 1M x 256 float32 import)."""
+    rows = x.reshape(len(x), -1) if x.ndim else x.reshape(1, 1)
+    return max((float(np.abs(rows[i : i + block]).max(initial=0.0)) for i in range(0, len(rows), block)),
+               key=lambda v: (math.isnan(v), v), default=0.0)
+
+
 def fits_float32(scorer: Scorer, entities: np.ndarray, relations: np.ndarray) -> tuple[bool, float]:
     """(whether every number scoring these finite tables reaches stays finite in float32, that bound)."""
-    bound = scorer.largest(float(np.abs(entities).max(initial=0.0)), float(np.abs(relations).max(initial=0.0)),
-                           max(entities.shape[-1], 1))
+    bound = scorer.largest(largest_magnitude(entities), largest_magnitude(relations), max(entities.shape[-1], 1))
     return math.isfinite(bound) and bound < float(np.finfo(np.float32).max), bound
 
 
 __all__ = ["IMPORTED", "SCORERS", "ComplEx", "DistMult", "ImportedKind", "RotatE", "RotatEL2", "Scorer", "TransE",
-           "complex_product", "filtered_ranks", "fits_float32", "scorer"]
+           "complex_product", "filtered_ranks", "fits_float32", "largest_magnitude", "scorer"]

@@ -137,8 +137,8 @@ class Search:
         self.bundle.save(path, precision=precision, coding=CODING, pq_tables=tables)
         row.update(bytes=path.stat().st_size, path=str(path.relative_to(self.out)))  # no server path in a report
         row["fits"] = row["bytes"] <= self.search.max_bytes
-        if row["fits"]:
-            row["mrr"] = self.mrr(load_bundle(path).params)
+        if row["fits"]:  # scored when there is a graph: reading it back decodes its tables, a second table in memory
+            row["mrr"] = self.mrr(load_bundle(path).params) if self.eval is not None else None
         else:
             path.unlink()
         return row
