@@ -176,13 +176,14 @@ def main() -> None:
     result: dict = {"facts": device_facts(args.device), "data": str(data)}
     # Only a full run on a GPU is a result; a smoke run (--quick or a CPU) stays in runs/, out of bench/results.
     smoke = args.quick or not args.device.startswith("cuda")
-    result["tests"] = run_tests((REPO / "runs" if smoke else RESULTS) / "cuda_check_tests.log") if args.device.startswith("cuda") else {
-        "exit_code": None, "summary": "not run (no CUDA device asked for)", "failed": [], "seconds": 0}
+    folder = REPO / "runs" if smoke else RESULTS
+    result["tests"] = (run_tests(folder / "cuda_check_tests.log") if args.device.startswith("cuda") else
+                       {"exit_code": None, "summary": "not run (no CUDA device asked for)", "failed": [], "seconds": 0})
     result["steps"] = [time_steps(data, "EARL, paper settings", EARL_PAPER, args.steps, args.device),
                        time_steps(data, "RotatE dim 500, 1024 x 256", ROTATE_500, args.steps, args.device)]
     result["compress"] = None if args.no_compress else short_compress(data, args.compress_minutes, args.max_bytes,
                                                                        args.device)
-    _, md_path = write_results("cuda_check", result, markdown(result), folder=REPO / "runs" if smoke else None)
+    _, md_path = write_results("cuda_check", result, markdown(result), folder=folder if smoke else None)
     print(md_path.read_text())
 
 

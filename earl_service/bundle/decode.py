@@ -324,11 +324,10 @@ def _check_score_range(config: ModelConfig, entities: np.ndarray, relations: np.
             raise BundleError(f"{source}: the embeddings' magnitudes let {config.model} scores reach {bound:.3g}, "
                               "past float32's range")
         return
-    largest = scorers.largest_magnitude(entities)
-    limit = math.sqrt(F32_MAX / (9 * max(entities.shape[-1], 1)))  # where scorers.RotatE.largest reaches F32_MAX
     if not fits:
-        raise BundleError(f"{source}: the entity embeddings reach {largest:.3g}; scores stay finite in float32 "
-                          f"only up to {limit:.3g}")
+        limit = math.sqrt(F32_MAX / (9 * max(entities.shape[-1], 1)))  # where scorers.RotatE.largest reaches F32_MAX
+        raise BundleError(f"{source}: the entity embeddings reach {scorers.largest_magnitude(entities):.3g}; scores "
+                          f"stay finite in float32 only up to {limit:.3g}")
     phase = scorers.largest_magnitude(relations) * config.phase_scale
     if phase >= F32_MAX:
         raise BundleError(f"{source}: the relation embeddings give phases up to {phase:.3g}, past float32's range")

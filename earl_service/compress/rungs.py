@@ -13,7 +13,7 @@ import torch
 
 from earl_service.bundle.codebooks import stored_tables
 from earl_service.bundle.format import read_safetensors
-from earl_service.bundle.model_io import load_bundle
+from earl_service.bundle.model_io import Bundle, load_bundle
 from earl_service.bundle.precision import Precision, ProductQuantized
 from earl_service.bundle.sizes import save_exact
 from earl_service.compress.candidates import valid_fraction
@@ -274,10 +274,9 @@ def evaluate_exports(run: CompressRun, name: str, split: str = "valid", *, tune_
     metrics of the dequantized weights (on the fixed subset of at most `limit` triples; 0: all, recorded as
     `valid_subset`). Quantized variants come from the same fp32 training, never a retraining; pq variants get
     faiss codebooks, then (unless dominated) up to `tune_seconds` (shared among them) of codebook fine-tuning."""
-    candidate, run_dir, train_config = run.candidate(name), run.run_dir(name), run.train_config(name)
+    candidate, train_config = run.candidate(name), run.train_config(name)
     with run.timed("setup"):
-        model_run = load_run(run_dir, run.dataset, device=train_config.device, graphs=run.graphs)
-        source = run.shipped(run_bundle(model_run))  # before any export's weights are loaded into model_run
+        model_run, source = trained(run, name)
     tuned = tuned_precisions(candidate)
     subset = limit if 0 < limit < len(model_run.ranked_triples(split)) else 0
     results = {}
@@ -305,6 +304,13 @@ def evaluate_exports(run: CompressRun, name: str, split: str = "valid", *, tune_
     return results
 
 
+def trained(run: CompressRun, name: str) -> tuple[Run, Bundle]:
+    """Candidate `name`'s run rebuilt with its trained weights, and the bundle of those weights as the search ships
+    it: the source of its exports. Taken before any export's weights are loaded into the run (evaluate_bundle)."""
+    model_run = load_run(run.run_dir(name), run.dataset, device=run.train_config(name).device, graphs=run.graphs)
+    return model_run, run.shipped(run_bundle(model_run))
+
+
 def warm_start(previous: Path) -> dict[str, Any]:
     """encode_tables' k-means settings for a pq export whose file from the previous rung is `previous`: a few
     rounds from that export's (fine-tuned) codebooks when it exists, else COLD_ITERATIONS from random rows."""
@@ -323,4 +329,5 @@ def evaluate_bundle(run: Run, path: Path, split: str, *, batch_size: int = 256, 
     return {**{k: result[k] for k in SUMMARY_KEYS}, "standard_error": result["standard_error"]}
 
 
-__all__ = ["EARLY_VALID_TRIPLES", "FINAL_EVAL_SHARE", "early_fraction", "evaluate_bundle", "final_limit", "run_rung"]
+__all__ = ["EARLY_VALID_TRIPLES", "FINAL_EVAL_SHARE", "early_fraction", "evaluate_bundle", "final_limit", "run_rung",
+           "trained"]

@@ -14,7 +14,7 @@ from earl_service.bundle.sizes import save_exact
 from earl_service.compress.candidates import baseline_candidate, plan
 from earl_service.compress.config import METRICS, CompressConfig
 from earl_service.compress.report import build_report, write_report
-from earl_service.compress.rungs import early_fraction, evaluate_bundle, final_limit, run_rung
+from earl_service.compress.rungs import early_fraction, evaluate_bundle, final_limit, run_rung, trained
 from earl_service.compress.state import PICK, Candidate, CompressRun, ProgressCallback, Rung, load_state, rung_sizes
 from earl_service.config import ModelKind, TrainConfig
 from earl_service.config.options import train_configs_from_options
@@ -22,8 +22,7 @@ from earl_service.config.recipes import DEFAULT
 from earl_service.data.dataset import Dataset
 from earl_service.errors import DatasetError
 from earl_service.train.evaluate import SUMMARY_KEYS
-from earl_service.train.loop import run_bundle
-from earl_service.train.run import GraphCache, load_run
+from earl_service.train.run import GraphCache
 
 # A model kind's best candidate goes on to the last rung whatever its rank while it scores at least this share of
 # the best (survivors). Under the paper's RotatE recipe RotatE started slowly: on CoDEx-S it was at 5.3% of EARL at
@@ -165,13 +164,11 @@ def finish(run: CompressRun) -> dict[str, Any]:
     run.emit("export", name, precision=precision)
     test, search_seconds, seconds = None, run.spent, run.accounting()  # the search's, before the test
     started = run.clock()
-    train_config = run.train_config(name)
-    model_run = load_run(run.run_dir(name), run.dataset, device=train_config.device, graphs=run.graphs)
-    source = run.shipped(run_bundle(model_run))  # before the test loads the export's weights into model_run
+    model_run, source = trained(run, name)
     if run.dataset.test is not None and len(run.dataset.test):
         limit = final_limit(run, "test")
         test = evaluate_bundle(model_run, run.export_path(name, precision), "test",
-                               batch_size=train_config.eval_batch_size, limit=limit)
+                               batch_size=run.train_config(name).eval_batch_size, limit=limit)
         test["test_subset"] = limit if 0 < limit < len(run.dataset.test) else 0
     seconds["test"] = round(run.clock() - started, 3)
     report = build_report(run, rows, pick, test, seconds={"search": round(search_seconds, 3), **seconds})

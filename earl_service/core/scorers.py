@@ -220,9 +220,9 @@ def filtered_ranks(scorer: Scorer, entities: np.ndarray, relations: np.ndarray, 
 def largest_magnitude(x: np.ndarray, block: int = 65_536) -> float:
     """max |x| (0 for an empty array; NaN or infinite when x holds such a value), `block` rows at a time: np.abs
     of a whole table is a second table (1 GB beside a 1M x 256 float32 import)."""
-    rows = x.reshape(len(x), -1) if x.ndim else x.reshape(1, 1)
-    return max((float(np.abs(rows[i : i + block]).max(initial=0.0)) for i in range(0, len(rows), block)),
-               key=lambda v: (math.isnan(v), v), default=0.0)
+    rows = x.reshape(len(x), math.prod(x.shape[1:])) if x.ndim else x.reshape(1, 1)
+    peaks = [np.abs(rows[i : i + block]).max(initial=0.0) for i in range(0, len(rows), block)]
+    return float(np.max(peaks, initial=0.0))  # np.max keeps a NaN
 
 
 def fits_float32(scorer: Scorer, entities: np.ndarray, relations: np.ndarray) -> tuple[bool, float]:

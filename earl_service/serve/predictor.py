@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from functools import cached_property
+from functools import cache, cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -58,10 +58,11 @@ class LinkPredictor:
     value * pi / ((gamma + epsilon) / d) as in training; known_triples (E, 3) int64 ids whose answers `exclude_known`
     drops, or their KnownAnswers already built. `model` names the scorer: earl and rotate score with RotatE, an
     imported model with its own (core/scorers.py; its tables laid out as that says). `index` is "auto", "flat",
-    "hnsw", "ivf" or "exact" (no index: score every entity; always, for an imported model). A float table: serve/index.py's ProxyIndex
-    (`faiss_threads` and `flat_rotations` go to it): flat or HNSW by size, the GPU flat index when FAISS has a GPU;
-    where "auto" gives the CPU flat index, the scan of the table's pair codes (serve/tables.PairCoded) instead if
-    it answers the graph's own queries faster. A coded table: the flat ADC scan (serve/codes.py), or from IVF_THRESHOLD entities ("auto") or "ivf" the
+    "hnsw", "ivf" or "exact" (no index: score every entity; always, for an imported model). A float table:
+    serve/index.py's ProxyIndex (`faiss_threads` and `flat_rotations` go to it): flat or HNSW by size, the GPU flat
+    index when FAISS has a GPU; where "auto" gives the CPU flat index, the scan of the table's pair codes
+    (serve/tables.PairCoded) instead if it answers the graph's own queries faster. A coded table: the flat ADC scan
+    (serve/codes.py), or from IVF_THRESHOLD entities ("auto") or "ivf" the
     lists of serve/ivf.py, cached in `index_file` (from_bundle: beside the bundle, by its sha256).
     Entities and relations are named by id, or by a label that names exactly one (`entity_labels`,
     `relation_labels`: {id: label}); `labelled` adds the labels to predictions.
@@ -106,8 +107,10 @@ class LinkPredictor:
             self.known = KnownAnswers(triples, len(relations)).compact(len(entities))
         self.index: ProxyIndex | CodesIndex | CodesIVF | None = None
         if index != "exact" and self.scorer.indexable:
-            graph = self.known.triples() if triples is None else triples
-            self.index = self._build_index(index, lambda: self._calibration_sample(graph), index_file=index_file,
+            def sample() -> list[SampleQuery]:  # only a float table's build asks for it, at most once
+                return self._calibration_sample(self.known.triples() if triples is None else triples)
+
+            self.index = self._build_index(index, cache(sample), index_file=index_file,
                                            hnsw_threshold=hnsw_threshold, faiss_threads=faiss_threads,
                                            flat_rotations=flat_rotations)
 
@@ -123,15 +126,14 @@ class LinkPredictor:
             big = index == "ivf" or (index == "auto" and self.num_entities >= IVF_THRESHOLD)
             return (CodesIVF.build(self.table, cache=index_file, faiss_threads=faiss_threads) if big
                     else CodesIndex.build(self.table, faiss_threads=faiss_threads))
-        queries = _once(sample)
         kind: Literal["auto", "flat", "hnsw"] = "flat" if index == "flat" else "hnsw" if index == "hnsw" else "auto"
         floats = ProxyIndex.build(self.table.dense(), kind=kind,
                                   hnsw_threshold=hnsw_threshold, faiss_threads=faiss_threads,
-                                  flat_rotations=flat_rotations, sample=queries)
+                                  flat_rotations=flat_rotations, sample=sample)
         if index != "auto" or floats.kind != "flat":
             return floats
         codes = CodesIndex.build(self.table, faiss_threads=faiss_threads)
-        best, timings = calibrate({"codes": codes, "flat": floats}, queries)
+        best, timings = calibrate({"codes": codes, "flat": floats}, sample)
         log.info("float table: the codes scan took %s ms a query against the flat index's %s; keeping %s",
                  *(f"{timings[k]:.2f}" if k in timings else "-" for k in ("codes", "flat")), best)
         if best == "codes":
@@ -317,17 +319,6 @@ def _plain_labels(labels: dict[str, Any]) -> dict[str, str]:
     give their label."""
     plain = {name: value.get("label") if isinstance(value, dict) else value for name, value in labels.items()}
     return {name: label for name, label in plain.items() if isinstance(label, str) and label}
-
-
-def _once(make: Callable[[], list[SampleQuery]]) -> Callable[[], list[SampleQuery]]:
-    """`make`, called at most once: the calibration sample serves every choice timed on it."""
-    made: list[list[SampleQuery]] = []
-
-    def sample() -> list[SampleQuery]:
-        if not made:
-            made.append(make())
-        return made[0]
-    return sample
 
 
 def _check_shapes(entity_embeddings: EntityTable, relation_embeddings: np.ndarray, entities: AnyVocab,
