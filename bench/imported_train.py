@@ -7,7 +7,8 @@ saves: torch.save of the model as trained_model.pkl, the triples factory's to_pa
 Its parameters are trained here by a plain torch loop through the model's representations: cross-entropy of each
 triple's true tail (query h o r) and true head (t o conj(r)) against 512 entities drawn per batch, Adam. PyKEEN's
 own training loops took 450 s (sLCWA, 8 negatives, batch 1024) and about 510 s (LCWA) an epoch on this shared
-2-core machine, and 2 sLCWA epochs left the model at chance (test MRR 0.0007). train.json beside it records the settings, epochs and seconds.
+2-core machine, and 2 sLCWA epochs left the model at chance (test MRR 0.0007). The model's own regularizer (ComplEx's default LpRegularizer)
+is added to the loss each step, as PyKEEN's loops add it. train.json beside it records the settings, epochs and seconds.
 """
 
 from __future__ import annotations
@@ -72,6 +73,9 @@ def train(data: Path, out: Path, minutes: float) -> dict:
         for batch in torch.randperm(len(triples)).split(SETTINGS["batch_size"]):
             h, r, t = triples[batch].T
             loss = step_loss(model, h, r, t, torch.randint(factory.num_entities, (SETTINGS["negatives"],)))
+            # ComplEx's default LpRegularizer adds to a term on every lookup until it is collected, as PyKEEN's own
+            # loop does each step: left alone it held every step's graph (21 GB after 10 minutes, then the OOM killer)
+            loss = loss + model.collect_regularization_term()
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()
