@@ -10,7 +10,6 @@ from earl_service.atomic import replacing, write_bytes, write_json
 from earl_service.bundle.sizes import CODING, METRICS_ROOM
 from earl_service.compress.config import METRICS
 from earl_service.compress.state import CompressRun
-from earl_service.train.memory import peak_rss_mb
 
 REPORT_JSON, REPORT_MD, FRONTIER_PNG = "report.json", "report.md", "frontier.png"
 
@@ -48,7 +47,8 @@ def build_report(run: CompressRun, rows: list[dict[str, Any]], pick: dict[str, A
         "exports": rows,
         "frontier": [(r["candidate"], r["precision"]) for r in frontier(rows, key)],
         "pick": pick, "test": test, "spent_seconds": run.spent, "seconds": seconds or {},
-        "peak_rss_mb": round(peak_rss_mb(), 1),  # the process's: the search and the pick's test
+        "peak_rss_mb": round(run.peak_rss, 1),  # the process's: the search and the pick's test
+        "peak_rss_mb_by_phase": dict(state.peak_rss_mb),  # each phase's own highest RSS (of the last attempt on)
     }
 
 
@@ -101,7 +101,8 @@ def markdown(report: dict[str, Any]) -> str:
         budget = rung["budget_seconds"]
         lines.append(f"| {rung['index']} | {len(rung['survivors'])} | {budget:.0f} | {scores} |" if budget is not None
                      else f"| {rung['index']} | {len(rung['survivors'])} |  | {scores} |")
-    lines += _seconds_table(report.get("seconds") or {}, report["time_limit_minutes"] * 60)
+    lines += _seconds_table(report.get("seconds") or {}, report["time_limit_minutes"] * 60,
+                            report.get("peak_rss_mb_by_phase") or {})
     if report.get("peak_rss_mb"):
         lines += ["", f"Peak memory (RSS) of the process: {report['peak_rss_mb']:,.0f} MB."]
     lines += ["", f"![valid {report['metric']} against bytes]({FRONTIER_PNG})", ""]
@@ -120,16 +121,24 @@ def _graphless(report: dict[str, Any]) -> str:
             if models else "")
 
 
-def _seconds_table(seconds: dict[str, float], limit: float) -> list[str]:
-    """Where the time went: each phase's seconds and share of the search, then the test after it."""
+def _seconds_table(seconds: dict[str, float], limit: float, peaks: dict[str, float]) -> list[str]:
+    """Where the time went: each phase's seconds and share of the search (and its peak RSS where measured: reports
+    of earlier versions have none), then the test after it."""
     if not seconds:
         return []
     search = seconds.get("search", 0.0) or 1e-9
-    rows = [f"| {phase} | {value:.1f} | {100 * value / search:.0f}% |" for phase, value in seconds.items()
-            if phase not in ("search", "test")]
+
+    def peak(phase: str) -> str:
+        return f" {peaks[phase]:,.0f} |" if phase in peaks else " - |"
+
+    rows = [f"| {phase} | {value:.1f} | {100 * value / search:.0f}% |{peak(phase) if peaks else ''}"
+            for phase, value in seconds.items() if phase not in ("search", "test")]
+    if peaks and "test" in seconds:
+        rows.append(f"| test (after the search) | {seconds['test']:.1f} | - |{peak('test')}")
+    head = ["| phase | seconds | share of the search | peak RSS MB |", "|---|---|---|---|"] if peaks else \
+        ["| phase | seconds | share of the search |", "|---|---|---|"]
     return ["", f"Where the time went: the search took {seconds.get('search', 0.0):.1f} s of a {limit:.0f} s limit, "
-                f"then the pick's test evaluation {seconds.get('test', 0.0):.1f} s.", "",
-            "| phase | seconds | share of the search |", "|---|---|---|", *rows]
+                f"then the pick's test evaluation {seconds.get('test', 0.0):.1f} s.", "", *head, *rows]
 
 
 def plot_frontier(report: dict[str, Any], path: os.PathLike) -> None:

@@ -261,7 +261,7 @@ def train_slice(run: CompressRun, name: str, seconds: float) -> dict[str, Any] |
                     write_bundle=False)
     stepped = metrics["train_seconds"] - trained_before  # the steps; the rest of the call built the run
     run.charge("train", stepped)
-    run.charge("setup", run.clock() - started - stepped)
+    run.charge("setup", run.clock() - started - stepped, peak_mb=metrics.get("memory", {}).get("build_peak_rss_mb", 0.0))
     if metrics["stopped"] == "cancelled":
         return None
     candidate.train_seconds, candidate.steps = metrics["train_seconds"], metrics["steps"]

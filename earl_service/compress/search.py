@@ -22,6 +22,7 @@ from earl_service.config.recipes import DEFAULT
 from earl_service.data.dataset import Dataset
 from earl_service.errors import DatasetError
 from earl_service.train.evaluate import SUMMARY_KEYS
+from earl_service.train.memory import peak_rss_mb
 from earl_service.train.run import GraphCache
 
 # A model kind's best candidate goes on to the last rung whatever its rank while it scores at least this share of
@@ -61,6 +62,7 @@ def compress(dataset: Dataset, out_dir: str | os.PathLike, config: CompressConfi
     if state is None:
         state = plan(dataset, config, train_configs, early_fraction=early_fraction(dataset), graphs=graphs)
         state.seconds["plan"] = state.spent_seconds  # planning counts its own seconds as spent
+        state.peak_rss_mb["plan"] = round(peak_rss_mb(), 1)  # reading the data included
     out.mkdir(parents=True, exist_ok=True)
     run = CompressRun(dataset, out, config, train_configs, state, on_progress, should_stop,
                       spent_before=state.spent_seconds, graphs=graphs)
@@ -171,6 +173,7 @@ def finish(run: CompressRun) -> dict[str, Any]:
                                batch_size=run.train_config(name).eval_batch_size, limit=limit)
         test["test_subset"] = limit if 0 < limit < len(run.dataset.test) else 0
     seconds["test"] = round(run.clock() - started, 3)
+    run.mark_peak("test")
     report = build_report(run, rows, pick, test, seconds={"search": round(search_seconds, 3), **seconds})
     # The pick is the export its metrics were measured on: a pq export's fine-tuned codebooks, not new ones.
     _, tested, _ = read_safetensors(run.export_path(name, precision))

@@ -18,6 +18,7 @@ from earl_service.compress.config import CompressConfig
 from earl_service.config import ModelConfig, ModelKind, TrainConfig
 from earl_service.data.dataset import Dataset
 from earl_service.errors import ConfigError
+from earl_service.train.memory import peak_rss_mb, reset_peak_rss
 
 if TYPE_CHECKING:  # torch: the worker and the API read a job's state without it
     from earl_service.bundle.model_io import Bundle
@@ -139,6 +140,7 @@ class SearchState:
     spent_seconds: float = 0.0
     done: bool = False
     seconds: dict[str, float] = field(default_factory=dict)  # per PHASES entry, over every attempt
+    peak_rss_mb: dict[str, float] = field(default_factory=dict)  # per phase (and "test"): the highest RSS in it
 
     def candidate(self, name: str) -> Candidate:
         return next(c for c in self.candidates if c.name == name)
@@ -148,7 +150,7 @@ class SearchState:
                 "validation_seconds": self.validation_seconds,
                 "candidates": [c.to_json() for c in self.candidates], "rung_count": self.rung_count,
                 "rungs": [r.to_json() for r in self.rungs], "spent_seconds": self.spent_seconds, "done": self.done,
-                "seconds": self.seconds}
+                "seconds": self.seconds, "peak_rss_mb": self.peak_rss_mb}
 
     @classmethod
     def from_json(cls, values: Mapping[str, Any]) -> SearchState:
@@ -213,10 +215,24 @@ class CompressRun:
     def time_left(self) -> float:
         return max(0.0, self.config.time_limit_minutes * 60 - self.spent)
 
-    def charge(self, phase: str, seconds: float) -> None:
-        """Add `seconds` to `phase`'s total (one of PHASES)."""
+    def charge(self, phase: str, seconds: float, *, peak_mb: float = 0.0) -> None:
+        """Add `seconds` to `phase`'s total (one of PHASES), and the process's peak RSS since the last charge
+        (or `peak_mb`, a peak measured inside it, if higher) to `phase`'s peak; the count then restarts."""
         assert phase in PHASES, phase
         self.state.seconds[phase] = self.state.seconds.get(phase, 0.0) + max(seconds, 0.0)
+        self.mark_peak(phase, peak_mb)
+
+    def mark_peak(self, phase: str, peak_mb: float = 0.0) -> None:
+        """Record the peak RSS since the last mark as `phase`'s, and restart the count (train/memory.py): each
+        phase's own peak, so that a report says which one held the most (the process's is the largest)."""
+        peaks = self.state.peak_rss_mb
+        peaks[phase] = round(max(peaks.get(phase, 0.0), peak_rss_mb(), peak_mb), 1)
+        reset_peak_rss()
+
+    @property
+    def peak_rss(self) -> float:
+        """The process's peak RSS over the search so far (MB): the largest phase peak, or the count now."""
+        return max([peak_rss_mb(), *self.state.peak_rss_mb.values()])
 
     @contextmanager
     def timed(self, phase: str) -> Iterator[None]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 
+import numpy as np
 import pytest
 from conftest import tiny_dataset
 
@@ -17,6 +18,7 @@ from earl_service.config import MODELS, TrainConfig
 
 TINY = dict.fromkeys(MODELS, TrainConfig(batch_size=64, negatives=8, eval_every=0, progress=False, threads=1))
 SLOW = 0.3  # seconds added to every validation of an export
+BALLAST_MB = 256  # and memory, held while it sleeps
 
 
 @pytest.fixture(scope="module")
@@ -31,7 +33,9 @@ def slow_validation_report(tmp_path_factory):
 
     def slow(run, path, split, **kwargs):
         calls.append(split)
+        ballast = np.ones(BALLAST_MB << 17)  # float64: BALLAST_MB MiB, every page written
         time.sleep(SLOW)
+        del ballast
         return real(run, path, split, **kwargs)
 
     with pytest.MonkeyPatch.context() as patch:
@@ -62,11 +66,22 @@ def test_an_injected_slow_validation_is_charged_to_validate(slow_validation_repo
     assert seconds["test"] >= SLOW  # the pick's test evaluation is timed apart, after the search
 
 
+def test_each_phase_has_its_own_peak_memory_and_the_validations_ballast_is_theirs(slow_validation_report):
+    report, _ = slow_validation_report
+    peaks = report["peak_rss_mb_by_phase"]
+    assert {"plan", "setup", "train", "export", "validate", "test"} <= set(peaks)
+    assert report["peak_rss_mb"] == pytest.approx(max(peaks.values()), abs=0.1)
+    # the validations held BALLAST_MB more than the exports before them, whose own peak does not show it
+    assert peaks["validate"] >= peaks["export"] + 0.8 * BALLAST_MB
+    assert peaks["test"] >= peaks["export"] + 0.8 * BALLAST_MB
+
+
 def test_the_report_says_where_the_time_went(slow_validation_report, tmp_path):
     from earl_service.compress.report import markdown
 
     text = markdown(slow_validation_report[0])
     assert "Where the time went" in text and "| validate |" in text and "| other |" in text
+    assert "peak RSS MB" in text and "| test (after the search) |" in text
     assert slow_validation_report[0]["peak_rss_mb"] > 50 and "Peak memory (RSS) of the process" in text
 
 
