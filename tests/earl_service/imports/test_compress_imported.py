@@ -70,6 +70,21 @@ def test_sizes_under_the_budget_with_their_mrr(tmp_path, capsys):
     assert "| original (fp32) |" in md and "**pick**" in md
 
 
+def test_fine_tuning_time_goes_to_the_sizes_that_may_fit(tmp_path, capsys):
+    """Half the time limit is shared by the pq sizes whose estimate fits; the others take none."""
+    bundle = model_and_graph(tmp_path)
+    capsys.readouterr()
+    loaded = load_bundle(bundle)
+    pq = [p for p in candidates(loaded, ImportedSearch(max_bytes=1)) if p.name.startswith("pq")]
+    smallest = min(pq, key=lambda p: estimate(loaded, p))
+    budget = estimate(loaded, smallest) + 1000  # the smallest pq size alone may fit (by its estimate)
+    assert sum(estimate(loaded, p) <= budget for p in pq) == 1
+    search = ImportedSearch(max_bytes=budget, time_limit_minutes=0.1)
+    report = compress_imported(bundle, tmp_path / "out", search, graph=tmp_path / "data")
+    row = next(r for r in report["candidates"] if r["precision"] == smallest.name)
+    assert row["fine_tune"]["seconds"] == pytest.approx(3.0)  # all of half of 6 seconds
+
+
 def test_the_command_line(tmp_path, capsys):
     bundle = model_and_graph(tmp_path, kind="complex")
     capsys.readouterr()
