@@ -262,6 +262,27 @@ def _weights(tensors: dict[str, np.ndarray], precision: Precision, skip: set[str
             if name.startswith("param.") and not name.endswith(".scale") and name not in skip}
 
 
+class StoredRows:
+    """A stored table read like a float32 (N, w) array, rows decoded only when asked for: pq codes and codebooks
+    ({"codes", "codebooks"}), int8 rows and their scales ({"values", "scale"}), or a float16 / float32 array. What
+    core.scorers.filtered_ranks scores block by block, so that a coded table is never decoded whole."""
+
+    def __init__(self, stored: dict[str, np.ndarray] | np.ndarray) -> None:
+        self.stored = stored
+
+    def __len__(self) -> int:
+        return len(self.stored["codes"] if "codes" in self.stored else self.stored["values"]) \
+            if isinstance(self.stored, dict) else len(self.stored)
+
+    def __getitem__(self, rows: slice | np.ndarray) -> np.ndarray:
+        stored = self.stored
+        if not isinstance(stored, dict):
+            return np.asarray(stored[rows], dtype=np.float32)
+        if "codes" in stored:
+            return decode_table(stored["codes"][rows], stored["codebooks"])
+        return stored["values"][rows].astype(np.float32) * stored["scale"][rows, None]
+
+
 def decode_stored(stored: dict[str, np.ndarray]) -> np.ndarray:
     """(N, 2d) float32: the entity table `stored` codes (DecodedBundle.stored), as decode would have decoded it."""
     if "codes" in stored:

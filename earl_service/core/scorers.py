@@ -13,7 +13,7 @@ import math
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import ClassVar, Literal, get_args
+from typing import Any, ClassVar, Literal, get_args
 
 import numpy as np
 
@@ -205,15 +205,44 @@ def scorer(model: str, *, gamma: float, epsilon: float, dim: int) -> Scorer:
     return RotatE(scale=rotate.phase_scale(gamma=gamma, epsilon=epsilon, dim=dim), gamma=float(gamma))
 
 
-def filtered_ranks(scorer: Scorer, entities: np.ndarray, relations: np.ndarray, triples: np.ndarray,
+RANK_BLOCK_ROWS = 16_384  # entity rows a ranking pass reads (and decodes, for a coded table) at a time
+RANK_QUERIES = 256  # queries ranked against each block of rows
+
+
+def filtered_ranks(scorer: Scorer, entities: Any, relations: np.ndarray, triples: np.ndarray,
                    known: KnownAnswers, *, side: Literal["tail", "head"]) -> np.ndarray:
     """(B,) realistic ranks of each triple's tail (or head) among all entities, other known answers (a
-    core.known.KnownAnswers) left out: one exact pass over the entities per triple."""
+    core.known.KnownAnswers) left out: 1 + strictly nearer + ties / 2, as rotate.realistic_rank.
+
+    `entities`: the (N, 2d) float32 table, or anything that reads like one (len, and rows by a slice or an id array
+    as float32), such as a coded table decoded block by block (bundle/decode.StoredRows). The rows are read
+    RANK_BLOCK_ROWS at a time and every one of RANK_QUERIES queries is ranked against each block, so a coded table
+    is decoded once per RANK_QUERIES queries and never whole. Each query's own distance comes from the same per-row
+    distance (a row scores alike in any block), so the counts are those of one pass over every row."""
+    triples = np.asarray(triples, dtype=np.int64)
+    inverse = side == "head"
     out = np.empty(len(triples), dtype=np.float64)
-    for i, (h, r, t) in enumerate(np.asarray(triples, dtype=np.int64)):
-        anchor, target = (h, t) if side == "tail" else (t, h)
-        dist = scorer.distances(scorer.query(entities[anchor], relations[r], inverse=side == "head"), entities)
-        out[i] = rotate.realistic_rank(dist, int(target), excluded=known.answers(side, int(anchor), int(r)))
+    n = len(entities)
+    for first in range(0, len(triples), RANK_QUERIES):
+        batch = triples[first : first + RANK_QUERIES]
+        anchors, targets = (batch[:, 2], batch[:, 0]) if inverse else (batch[:, 0], batch[:, 2])
+        anchor_rows, target_rows = entities[anchors], entities[targets]
+        queries = [scorer.query(anchor_rows[i], relations[r], inverse=inverse) for i, r in enumerate(batch[:, 1])]
+        mine = np.array([scorer.distance(target_rows[i : i + 1], q)[0] for i, q in enumerate(queries)])
+        # ids that do not compete: the other known answers and the target itself
+        left_out = [np.union1d(known.answers(side, int(a), int(r)), [t])
+                    for a, r, t in zip(anchors, batch[:, 1], targets, strict=True)]
+        better, ties = np.zeros(len(batch), np.int64), np.zeros(len(batch), np.int64)
+        for start in range(0, n, RANK_BLOCK_ROWS):
+            rows = entities[start : start + RANK_BLOCK_ROWS]
+            for i, q in enumerate(queries):
+                dist = scorer.distances(q, rows)
+                ids = left_out[i]
+                inside = ids[(ids >= start) & (ids < start + len(rows))] - start
+                dist[inside] = np.nan  # compares false: neither nearer nor tied
+                better[i] += np.count_nonzero(dist < mine[i])
+                ties[i] += np.count_nonzero(dist == mine[i])
+        out[first : first + len(batch)] = 1.0 + better + ties / 2.0
     return out
 
 
@@ -231,5 +260,5 @@ def fits_float32(scorer: Scorer, entities: np.ndarray, relations: np.ndarray) ->
     return math.isfinite(bound) and bound < float(np.finfo(np.float32).max), bound
 
 
-__all__ = ["IMPORTED", "SCORERS", "ComplEx", "DistMult", "ImportedKind", "RotatE", "RotatEL2", "Scorer", "TransE",
+__all__ = ["IMPORTED", "RANK_BLOCK_ROWS", "RANK_QUERIES", "SCORERS", "ComplEx", "DistMult", "ImportedKind", "RotatE", "RotatEL2", "Scorer", "TransE",
            "complex_product", "filtered_ranks", "fits_float32", "largest_magnitude", "scorer"]

@@ -19,7 +19,8 @@ from typing import Any
 
 import numpy as np
 
-from earl_service.bundle.codebooks import decode_table
+from earl_service.bundle.decode import StoredRows
+from earl_service.bundle.format import read_safetensors
 from earl_service.bundle.model_io import Bundle, load_bundle
 from earl_service.bundle.precision import Precision, ProductQuantized
 from earl_service.core import scorers
@@ -137,11 +138,26 @@ class Search:
         self.bundle.save(path, precision=precision, coding=CODING, pq_tables=tables)
         row.update(bytes=path.stat().st_size, path=str(path.relative_to(self.out)))  # no server path in a report
         row["fits"] = row["bytes"] <= self.search.max_bytes
-        if row["fits"]:  # scored when there is a graph: reading it back decodes its tables, a second table in memory
-            row["mrr"] = self.mrr(load_bundle(path).params) if self.eval is not None else None
+        if row["fits"]:  # scored when there is a graph, from the file's tables as stored (rows decoded as scored)
+            row["mrr"] = self.mrr(self._stored(path, precision)) if self.eval is not None else None
         else:
             path.unlink()
         return row
+
+    def _stored(self, path: Path, precision: Precision) -> dict[str, Any]:
+        """The tables a candidate file scores with: its entity rows as stored (StoredRows: pq codes, int8 rows or
+        fp16 decoded a block at a time, not a second float32 table beside the original's; fp32's are the original's
+        own) and its relation table decoded (a few hundred rows)."""
+        if precision.name == "fp32":
+            return self.bundle.params
+        _, tensors, _ = read_safetensors(path)
+        if "pq.entities.codes" in tensors:
+            entities = StoredRows({"codes": tensors["pq.entities.codes"], "codebooks": tensors["pq.entities.codebooks"]})
+        elif "param.entities.scale" in tensors:
+            entities = StoredRows({"values": tensors["param.entities"], "scale": tensors["param.entities.scale"]})
+        else:
+            entities = StoredRows(tensors["param.entities"])
+        return {"entities": entities, "relations": precision.decode(tensors, "param.relations")}
 
     def _tuned(self, tables: dict, row: dict[str, Any], seconds: float) -> dict:
         """Fine-tuned entity codebooks where a graph is given and they score better on the valid triples."""
@@ -152,8 +168,8 @@ class Search:
         relations = ProductQuantized.stored_values({"relations": self.bundle.params["relations"]}, {})["relations"]
         budget = tune.Tuning(seconds=seconds, seed=self.search.seed)
         tuned = tune.tune(kind, codes, books, relations, self.graph.splits["train"], budget)
-        before = self.mrr({"entities": decode_table(codes, books), "relations": relations})
-        after = self.mrr({"entities": decode_table(codes, tuned), "relations": relations})
+        before = self.mrr({"entities": StoredRows({"codes": codes, "codebooks": books}), "relations": relations})
+        after = self.mrr({"entities": StoredRows({"codes": codes, "codebooks": tuned}), "relations": relations})
         row["fine_tune"] = {"steps": len(budget.losses), "seconds": round(seconds, 1), "mrr_before": before,
                             "mrr_after": after, "kept": bool(after is not None and before is not None
                                                              and after > before)}

@@ -50,27 +50,37 @@ class Tuning:
     losses: list[float] = field(default_factory=list)
 
 
+CANDIDATES = 32_768  # beyond this many entities a step scores a sample of them (and the batch's own), not all
+
+
 def tune(kind: str, codes: np.ndarray, books: np.ndarray, relations: np.ndarray, triples: np.ndarray,
          budget: Tuning) -> np.ndarray:
     """Codebooks (M, 256, s) fp16 trained from `books` for the entity codes (N, M) over `triples` (E, 3), at most
-    budget.steps steps and budget.seconds; `relations` (R, w) float32 as the bundle stores them."""
+    budget.steps steps and budget.seconds; `relations` (R, w) float32 as the bundle stores them.
+
+    Each step decodes only the rows it scores: every entity while there are at most CANDIDATES (1-N cross-entropy),
+    else the batch's heads and tails and CANDIDATES entities drawn at random (a sampled softmax): a 1M-row table is
+    never decoded whole, nor scored against a whole batch (256 x 1M logits, 1 GB a side)."""
     if kind not in TUNABLE:
         raise ValueError(f"{kind}: codebook fine-tuning reads {', '.join(TUNABLE)}")
     gen = torch.Generator().manual_seed(budget.seed)
-    code_ids = torch.from_numpy(codes.astype(np.int64))  # (N, M)
+    code_ids = torch.from_numpy(np.ascontiguousarray(codes, dtype=np.uint8))  # (N, M), widened as rows are read
     centroids = torch.nn.Parameter(torch.from_numpy(books.astype(np.float32)))  # (M, 256, s)
     rel = torch.from_numpy(np.asarray(relations, dtype=np.float32))
     train = torch.from_numpy(np.asarray(triples, dtype=np.int64))
     optimizer = torch.optim.Adam([centroids], lr=budget.lr)
-    m = centroids.shape[0]
+    n, m = len(code_ids), centroids.shape[0]
     start = time.perf_counter()
     while len(budget.losses) < budget.steps and time.perf_counter() - start < budget.seconds:
         batch = train[torch.randint(len(train), (min(budget.batch_size, len(train)),), generator=gen)]
-        table = centroids[torch.arange(m)[None, :], code_ids].reshape(len(code_ids), -1)  # (N, M * s)
         h, r, t = batch[:, 0], batch[:, 1], batch[:, 2]
+        ids = torch.arange(n) if n <= CANDIDATES else torch.unique(
+            torch.cat([h, t, torch.randint(n, (CANDIDATES,), generator=gen)]))  # sorted
+        table = centroids[torch.arange(m)[None, :], code_ids[ids].long()].reshape(len(ids), -1)  # (C, M * s)
+        h, t = torch.searchsorted(ids, h), torch.searchsorted(ids, t)  # positions in the rows scored
         loss = torch.zeros(())
         for anchor, target, inverse in ((h, t, False), (t, h, True)):
-            logits = -distances(kind, query(kind, table[anchor], rel[r], inverse=inverse), table)  # (B, N)
+            logits = -distances(kind, query(kind, table[anchor], rel[r], inverse=inverse), table)  # (B, C)
             loss = loss + torch.nn.functional.cross_entropy(logits, target)
         optimizer.zero_grad()
         loss.backward()
@@ -79,4 +89,4 @@ def tune(kind: str, codes: np.ndarray, books: np.ndarray, relations: np.ndarray,
     return centroids.detach().numpy().astype(np.float16)
 
 
-__all__ = ["TUNABLE", "Tuning", "distances", "query", "tune"]
+__all__ = ["CANDIDATES", "TUNABLE", "Tuning", "distances", "query", "tune"]

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 
+from earl_service.bundle.codebooks import decode_table
 from earl_service.bundle.model_io import load_bundle
 from earl_service.cli.main import main
 from earl_service.core import scorers
@@ -63,6 +64,14 @@ def test_sizes_under_the_budget_with_their_mrr(tmp_path, capsys):
             tuned = row["fine_tune"]
             assert tuned["steps"] > 0 and tuned["kept"] == (tuned["mrr_after"] > tuned["mrr_before"])
             assert row["mrr"] == pytest.approx(max(tuned["mrr_before"], tuned["mrr_after"]))
+    # each size was scored from its file's tables as stored, rows decoded block by block: the same MRR as its
+    # decoded bundle's
+    from earl_service.imports.compress import filtered_mrr, read_graph
+
+    graph = read_graph(tmp_path / "data", load_bundle(bundle))
+    for row in fitting:
+        written = load_bundle(tmp_path / "out" / row["path"])
+        assert filtered_mrr(written, graph.splits["valid"], graph.known(R)) == row["mrr"], row["precision"]
     served = load(tmp_path / "out" / "bundle.safetensors")  # the pick answers in the numpy-only reader
     assert served.model == "distmult" and len(served.predict_tails("e0", "r1", 3)) == 3
     assert (tmp_path / "out" / "bundle.safetensors").stat().st_size <= search.max_bytes
@@ -99,6 +108,31 @@ def test_the_command_line(tmp_path, capsys):
     assert "required: --max-bytes" in capsys.readouterr().err
     assert main(["compress", "--max-bytes", "1MB", "--time-limit", "1", "--out", str(tmp_path / "x")]) == 2
     assert "needs a DATA folder" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("candidates", [N, 64], ids=["every-entity", "sampled"])
+def test_fine_tuning_lowers_the_whole_tables_loss_scoring_every_row_or_a_sample(tmp_path, capsys, candidates,
+                                                                               monkeypatch):
+    """Above tune.CANDIDATES entities a step scores the batch's own and a random sample (a sampled softmax, the
+    table never decoded whole); either way the 1-N loss over every train triple goes down."""
+    from earl_service.bundle.precision import ProductQuantized
+    from earl_service.imports.compress import read_graph
+
+    bundle = load_bundle(model_and_graph(tmp_path))
+    capsys.readouterr()
+    monkeypatch.setattr(tune, "CANDIDATES", candidates)
+    codes, books = ProductQuantized(8).encode_tables(bundle.config, bundle.params, iterations=3)["entities"]
+    relations, train = bundle.params["relations"], read_graph(tmp_path / "data", bundle).splits["train"]
+
+    def loss(books):
+        table = torch.from_numpy(decode_table(codes, books))
+        h, r, t = (torch.from_numpy(train[:, i]) for i in range(3))
+        logits = -tune.distances("distmult", tune.query("distmult", table[h], torch.from_numpy(relations)[r],
+                                                        inverse=False), table)
+        return float(torch.nn.functional.cross_entropy(logits, t))
+
+    tuned = tune.tune("distmult", codes, books, relations, train, tune.Tuning(seconds=30, steps=60))
+    assert loss(tuned) < 0.9 * loss(books)
 
 
 @pytest.mark.parametrize("kind", tune.TUNABLE)
