@@ -66,6 +66,13 @@ class Scorer(ABC):
     phases: ClassVar[bool] = False  # relation rows are d rotations (phases), not 2d floats
     indexable: ClassVar[bool] = False  # the FAISS proxy index (serve/index.py) is RotatE's only
 
+    @property
+    def metric(self) -> str | None:
+        """The FAISS metric whose order is this distance's ("ip": minus the dot product, "l2", "l1"), so that a flat
+        index of it shortlists exactly (serve/index.MetricIndex); None where there is none (RotatE's sum of
+        moduli)."""
+        return None
+
     def relation_width(self, dim: int) -> int:
         """Floats per relation row for entity rows of 2 * dim floats."""
         return dim if self.phases else 2 * dim
@@ -131,6 +138,8 @@ class RotatEL2(Scorer):
     complex_entities = True
     phases = True
 
+    metric = "l2"
+
     def distance(self, rows: np.ndarray, query: np.ndarray) -> np.ndarray:
         return _l2(rows, query)
 
@@ -148,6 +157,10 @@ class TransE(Scorer):
     p: int = 1
     formula = "-||h + r - t||_p"
 
+    @property
+    def metric(self) -> str:
+        return "l1" if self.p == 1 else "l2"
+
     def distance(self, rows: np.ndarray, query: np.ndarray) -> np.ndarray:
         return _l1(rows, query) if self.p == 1 else _l2(rows, query)
 
@@ -164,6 +177,7 @@ class DistMult(Scorer):
     """sum_i h_i r_i t_i: the query h o r (or t o r: DistMult is symmetric), the distance minus its dot product."""
 
     formula = "sum_i h_i * r_i * t_i"
+    metric = "ip"
 
     def distance(self, rows: np.ndarray, query: np.ndarray) -> np.ndarray:
         return _negative_dot(rows, query)
@@ -182,6 +196,7 @@ class ComplEx(Scorer):
 
     formula = "Re(sum_i h_i * r_i * conj(t_i)) (complex h, r, t)"
     complex_entities = True
+    metric = "ip"
 
     def distance(self, rows: np.ndarray, query: np.ndarray) -> np.ndarray:
         return _negative_dot(rows, query)

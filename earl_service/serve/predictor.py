@@ -1,7 +1,7 @@
 """Top-k link prediction by entity and relation name over rebuilt embeddings, known answers left out.
 
 The search itself (a FAISS proxy shortlist, then an exact RotatE re-rank) lives in earl_service/serve/index.py; an
-imported model's scorer (core/scorers.py) has no proxy yet, so its predictor scores every entity exactly.
+imported model's, a FAISS flat index of its scorer's own metric and the same exact re-rank, in serve/metric.py.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from earl_service.errors import ConfigError
 from earl_service.serve.codes import CodesIndex
 from earl_service.serve.index import CALIBRATION_QUERIES, HNSW_THRESHOLD, ProxyIndex, SampleQuery, calibrate
 from earl_service.serve.ivf import IVF_THRESHOLD, CodesIVF, cache_file
+from earl_service.serve.metric import MetricIndex
 from earl_service.serve.names import NameSearch, Page
 from earl_service.serve.tables import DenseTable, EntityTable, entity_table
 
@@ -58,7 +59,8 @@ class LinkPredictor:
     value * pi / ((gamma + epsilon) / d) as in training; known_triples (E, 3) int64 ids whose answers `exclude_known`
     drops, or their KnownAnswers already built. `model` names the scorer: earl and rotate score with RotatE, an
     imported model with its own (core/scorers.py; its tables laid out as that says). `index` is "auto", "flat",
-    "hnsw", "ivf" or "exact" (no index: score every entity; always, for an imported model). A float table:
+    "hnsw", "ivf" or "exact" (no index: score every entity). An imported model's float table: a flat index of its
+    scorer's metric for any but "exact" (serve/metric.py; "exact" also where its scorer has none). A float table:
     serve/index.py's ProxyIndex (`faiss_threads` and `flat_rotations` go to it): flat or HNSW by size, the GPU flat
     index when FAISS has a GPU; where "auto" gives the CPU flat index, the scan of the table's pair codes
     (serve/tables.PairCoded) instead if it answers the graph's own queries faster. A coded table: the flat ADC scan
@@ -105,8 +107,10 @@ class LinkPredictor:
         else:
             triples = np.asarray(known_triples, dtype=np.int64).reshape(-1, 3)
             self.known = KnownAnswers(triples, len(relations)).compact(len(entities))
-        self.index: ProxyIndex | CodesIndex | CodesIVF | None = None
-        if index != "exact" and self.scorer.indexable:
+        self.index: ProxyIndex | CodesIndex | CodesIVF | MetricIndex | None = None
+        if index != "exact" and self.scorer.metric is not None and isinstance(self.table, DenseTable):
+            self.index = MetricIndex.build(self.table.dense(), self.scorer, faiss_threads=faiss_threads)
+        elif index != "exact" and self.scorer.indexable:
             def sample() -> list[SampleQuery]:  # only a float table's build asks for it, at most once
                 return self._calibration_sample(self.known.triples() if triples is None else triples)
 
@@ -170,7 +174,8 @@ class LinkPredictor:
 
     @property
     def index_kind(self) -> str:
-        """"exact" (no index), "flat", "hnsw", "gpu-flat" or "codes-flat" (the ADC scan on a table's codes)."""
+        """"exact" (no index), "flat", "hnsw", "gpu-flat", "codes-flat" (the ADC scan on a table's codes) or
+        "metric-flat" (an imported model's)."""
         return self.index.kind if self.index else "exact"
 
     @property

@@ -45,7 +45,7 @@ def test_answers_are_the_scorers_formula_in_both_readers(tmp_path, capsys, score
     assert code == 0 and printed["model"] == scorer and printed["triples"] == 3 and printed["dim"] == D
     edge = load(tmp_path / "b.safetensors")
     torch_side = LinkPredictor.from_bundle(load_bundle(tmp_path / "b.safetensors"))
-    assert torch_side.index_kind in (("codes-flat", "flat") if scorer == "rotate" else ("exact",))  # RotatE only
+    assert torch_side.index_kind in (("codes-flat", "flat") if scorer == "rotate" else ("metric-flat",))
     reference = scorers.RotatE(scale=1.0, gamma=10.0) if scorer == "rotate" else scorers.SCORERS[scorer]
     for side, known in (("tail", {5, 9}), ("head", set())):
         dist = reference.distances(reference.query(entities[0], relations[1], inverse=side == "head"), entities)

@@ -1,0 +1,61 @@
+"""An imported model's FAISS flat index of its own metric answers exactly what the exact scan does."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from earl_service.core import scorers
+from earl_service.data.vocab import Vocab
+from earl_service.serve import metric as metric_module
+from earl_service.serve.predictor import LinkPredictor
+
+N, R, D = 3000, 5, 12
+
+
+def predictor(kind: str, entities: np.ndarray, relations: np.ndarray, triples: np.ndarray, **kwargs) -> LinkPredictor:
+    return LinkPredictor(entities, relations, Vocab([f"e{i}" for i in range(len(entities))]),
+                         Vocab([f"r{i}" for i in range(R)]), triples, gamma=0.0, epsilon=2.0, model=kind, **kwargs)
+
+
+def tables(kind: str, seed: int, scale: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Clustered rows (answers crowd together, as trained ones do), some duplicated (ties), and a graph."""
+    rng = np.random.default_rng(seed)
+    centres = rng.normal(size=(20, 2 * D))
+    entities = (centres[rng.integers(20, size=N)] + 0.3 * rng.normal(size=(N, 2 * D))) * scale
+    entities[-50:] = entities[:50]  # tied twins
+    width = scorers.SCORERS[kind].relation_width(D)
+    relations = rng.uniform(-np.pi, np.pi, (R, width)) if kind == "rotate-l2" else rng.normal(size=(R, width))
+    triples = np.stack([rng.integers(N, size=4000), rng.integers(R, size=4000), rng.integers(N, size=4000)], 1)
+    return entities.astype(np.float32), relations.astype(np.float32), triples
+
+
+@pytest.mark.parametrize("scale", [1.0, 1e3], ids=["unit", "large"])
+@pytest.mark.parametrize("kind", scorers.IMPORTED)
+def test_the_index_answers_as_the_exact_scan(kind, scale):
+    entities, relations, triples = tables(kind, 0, scale)
+    served = predictor(kind, entities, relations, triples)
+    assert served.index_kind == "metric-flat" and served.index is not None
+    assert served.index.index_bytes == entities.nbytes
+    rng = np.random.default_rng(1)
+    for h, r in zip(rng.integers(N, size=40), rng.integers(R, size=40), strict=True):
+        for k in (1, 10, 60):
+            head, rel = f"e{h}", f"r{r}"
+            assert served.predict_tails(head, rel, k) == served.brute_force_tails(head, rel, k)
+            assert served.predict_heads(head, rel, k) == served.brute_force_heads(head, rel, k)
+            assert served.predict_tails(head, rel, k, exclude_known=False) == served.brute_force_tails(
+                head, rel, k, exclude_known=False)
+
+
+def test_an_uncertified_shortlist_widens_and_exact_builds_no_index(monkeypatch):
+    """With a margin so wide that no shortlist certifies, every query widens to the whole table and still
+    answers exactly; index="exact" holds no copy of the table."""
+    entities, relations, triples = tables("complex", 2, 1.0)
+    monkeypatch.setattr(metric_module, "MARGIN", 10.0)
+    served = predictor("complex", entities, relations, triples)
+    widened = []
+    real = served.index.search
+    monkeypatch.setattr(served.index, "search", lambda q, size: widened.append(size) or real(q, size))
+    assert served.predict_tails("e7", "r1", 10) == served.brute_force_tails("e7", "r1", 10)
+    assert widened and max(widened) < N and widened == sorted(widened)  # tried, widened, then scanned everything
+    assert predictor("complex", entities, relations, triples, index="exact").index is None
