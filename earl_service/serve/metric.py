@@ -11,7 +11,7 @@ product, |q| + max|e| for L2 and L1). When the k-th exact distance kept is below
 beat it; otherwise the shortlist widens WIDEN times, up to every row. Results therefore equal the exact scan's.
 
 Measured on one thread (bench/results/imported_scan.md): 14,505 x 400 rows, the exact scan and its top-10 take
-2.1 ms (dot product), 4.8 (L2) and 7.2 (L1), FAISS 1.0 ms each; 200,000 x 256: 34-76 ms against 21-25. The index
+2.1 ms (dot product), 4.7 (L2) and 7.0 (L1), FAISS 1.0 ms each; 200,000 x 256: 35-76 ms against 21-29. The index
 holds a copy of the table (FAISS owns its rows): `index_bytes`; index="exact" serves without it.
 """
 
