@@ -10,6 +10,7 @@ import torch
 from earl_service.core.known import KnownAnswers, Side
 from earl_service.model.kernels import rotate_distance_all
 from earl_service.model.modules import RotatE
+from earl_service.train.memory import current_rss_mb, release_free_memory
 
 HITS_AT = (1, 3, 10)
 # Most (query, candidate) scores one ranking batch holds: its distances, the filter mask and the comparisons are
@@ -83,7 +84,13 @@ def rank_triples(
     """
     n = entities.shape[0]
     batch_size = max(1, min(batch_size, MAX_BATCH_SCORES // max(n, 1)))
-    ranks: dict[str, list[torch.Tensor]] = {"tail": [], "head": []}
+    # Ranks are written in place and the allocator's free memory handed back as the process grows: a small ranks
+    # tensor kept from every batch sat in the heap above that batch's freed (batch, N) temporaries, glibc could not
+    # reuse them, and the heap grew by about one of them a batch: ranking 3,143 triples of a 1M-entity graph took
+    # the compress process from 3.3 to 8.3 GB.
+    ranks = {side: np.empty(len(triples), dtype=np.float64) for side in ("tail", "head")}
+    # Trimming after every batch cost 12% of the ranking's time (pages faulted in again); past this much growth only.
+    baseline, slack_mb = current_rss_mb(), 8 * batch_size * n / 2**20
     device = entities.device
     for start in range(0, len(triples), batch_size):
         batch = triples[start : start + batch_size]
@@ -96,8 +103,12 @@ def rank_triples(
             dist = rotate_distance_all(query, entities)  # (B, N)
             anchors = batch[:, 0] if predict == "tail" else batch[:, 2]
             filtered = torch.from_numpy(known.mask(anchors, batch[:, 1], side=predict, num_candidates=n)).to(device)
-            ranks[predict].append(realistic_ranks(dist, target, filtered).cpu())
-    return {k: (torch.cat(v).numpy() if v else np.zeros(0)) for k, v in ranks.items()}
+            ranks[predict][start : start + len(batch)] = realistic_ranks(dist, target, filtered).cpu().numpy()
+            del query, dist, filtered
+        now = current_rss_mb()
+        if now is not None and baseline is not None and now - baseline > slack_mb:
+            release_free_memory()
+    return ranks
 
 
 def summarize(ranks: dict[str, np.ndarray]) -> dict[str, dict]:

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import ctypes
+import functools
 import os
 import resource
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,6 +21,23 @@ def current_rss_mb() -> float | None:
         return int(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
     except (OSError, ValueError, IndexError):
         return None
+
+
+@functools.cache
+def _malloc_trim() -> Callable[[int], int] | None:
+    try:
+        return ctypes.CDLL(None).malloc_trim  # glibc
+    except (OSError, AttributeError):
+        return None
+
+
+def release_free_memory() -> None:
+    """Hand the allocator's free memory back to the system (glibc's malloc_trim, which also releases free pages
+    inside the heap; nothing elsewhere). For loops whose (batch, N) temporaries are freed between small allocations
+    that stay: glibc keeps the freed chunks it cannot coalesce, and the process grows a batch at a time."""
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)
 
 
 def reset_peak_rss() -> bool:
@@ -47,4 +67,4 @@ class MemoryUse:
         return cls(build_seconds, peak_rss_mb(), current_rss_mb(), None if index_bytes is None else index_bytes / 2**20)
 
 
-__all__ = ["MemoryUse", "current_rss_mb", "peak_rss_mb", "reset_peak_rss"]
+__all__ = ["MemoryUse", "current_rss_mb", "peak_rss_mb", "release_free_memory", "reset_peak_rss"]

@@ -66,7 +66,7 @@ def test_compress_slices_restart_the_schedule_at_each_rung(monkeypatch, tmp_path
     candidate = SimpleNamespace(config=None, train_seconds=90.0, steps=5)
     job = SimpleNamespace(candidate=lambda name: candidate, config=SimpleNamespace(seed=0), dataset=None, graphs=None,
                           train_config=lambda name: TrainConfig(lr_schedule="cosine"), run_dir=lambda name: tmp_path,
-                          clock=lambda: 0.0, charge=lambda *a: None, emit=lambda *a, **k: None, should_stop=None)
+                          clock=lambda: 0.0, charge=lambda *a, **k: None, emit=lambda *a, **k: None, should_stop=None)
     rungs.train_slice(job, "rotate-d10", 60.0)
     assert seen[0].schedule_start_minutes == pytest.approx(1.5) and seen[0].schedule_minutes == pytest.approx(1.0)
     assert seen[0].time_limit_minutes == pytest.approx(2.5)
