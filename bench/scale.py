@@ -42,8 +42,8 @@ def child(spec: dict) -> dict:
 
     from earl_service.config import ModelConfig, TrainConfig
     from earl_service.data.synthetic import SyntheticConfig, generate
+    from earl_service.memory import current_rss_mb, reset_peak_rss
     from earl_service.train.loop import train
-    from earl_service.train.memory import current_rss_mb, reset_peak_rss
 
     torch.set_num_threads(spec["threads"])
     t0 = time.perf_counter()

@@ -16,7 +16,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = "earl_service"
 # Bottom to top: a unit (a top-level module or folder of earl_service) may import only units before it.
-LAYERS = ["version", "errors", "atomic", "safe_json", "provenance", "core", "config", "data", "model", "bundle",
+LAYERS = ["version", "errors", "atomic", "safe_json", "provenance", "memory", "core", "config", "data", "model", "bundle",
           "imports", "train", "serve", "device", "service", "compress", "worker", "cli"]
 FACE = ""  # earl_service/__init__.py: the package's face, above every layer (lazy re-exports only)
 

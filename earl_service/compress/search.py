@@ -21,8 +21,8 @@ from earl_service.config.options import train_configs_from_options
 from earl_service.config.recipes import DEFAULT
 from earl_service.data.dataset import Dataset
 from earl_service.errors import DatasetError
+from earl_service.memory import peak_rss_mb
 from earl_service.train.evaluate import SUMMARY_KEYS
-from earl_service.train.memory import peak_rss_mb
 from earl_service.train.run import GraphCache
 
 # A model kind's best candidate goes on to the last rung whatever its rank while it scores at least this share of

@@ -18,7 +18,7 @@ from earl_service.compress.config import CompressConfig
 from earl_service.config import ModelConfig, ModelKind, TrainConfig
 from earl_service.data.dataset import Dataset
 from earl_service.errors import ConfigError
-from earl_service.train.memory import peak_rss_mb, reset_peak_rss
+from earl_service.memory import peak_rss_mb, reset_peak_rss
 
 if TYPE_CHECKING:  # torch: the worker and the API read a job's state without it
     from earl_service.bundle.model_io import Bundle

@@ -8,9 +8,9 @@ import numpy as np
 import torch
 
 from earl_service.core.known import KnownAnswers, Side
+from earl_service.memory import GrowthGuard
 from earl_service.model.kernels import rotate_distance_all
 from earl_service.model.modules import RotatE
-from earl_service.train.memory import current_rss_mb, release_free_memory
 
 HITS_AT = (1, 3, 10)
 # Most (query, candidate) scores one ranking batch holds: its distances, the filter mask and the comparisons are
@@ -89,8 +89,7 @@ def rank_triples(
     # reuse them, and the heap grew by about one of them a batch: ranking 3,143 triples of a 1M-entity graph took
     # the compress process from 3.3 to 8.3 GB.
     ranks = {side: np.empty(len(triples), dtype=np.float64) for side in ("tail", "head")}
-    # Trimming after every batch cost 12% of the ranking's time (pages faulted in again); past this much growth only.
-    baseline, slack_mb = current_rss_mb(), 8 * batch_size * n / 2**20
+    guard = GrowthGuard(slack_mb=8 * batch_size * n / 2**20)
     device = entities.device
     for start in range(0, len(triples), batch_size):
         batch = triples[start : start + batch_size]
@@ -105,9 +104,7 @@ def rank_triples(
             filtered = torch.from_numpy(known.mask(anchors, batch[:, 1], side=predict, num_candidates=n)).to(device)
             ranks[predict][start : start + len(batch)] = realistic_ranks(dist, target, filtered).cpu().numpy()
             del query, dist, filtered
-        now = current_rss_mb()
-        if now is not None and baseline is not None and now - baseline > slack_mb:
-            release_free_memory()
+        guard.check()
     return ranks
 
 

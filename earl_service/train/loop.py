@@ -19,6 +19,7 @@ from earl_service.config import ModelConfig, TrainConfig
 from earl_service.data.dataset import Dataset
 from earl_service.data.vocab import Vocab
 from earl_service.errors import ConfigError
+from earl_service.memory import peak_rss_mb, reset_peak_rss
 from earl_service.model.kernels import extension_available
 from earl_service.model.modules import trainable_parameters
 from earl_service.provenance import provenance
@@ -26,7 +27,7 @@ from earl_service.train.checkpoint import CHECKPOINT, Checkpointer
 from earl_service.train.distributed import Ranks, wrap
 from earl_service.train.graphed import GraphedStep
 from earl_service.train.loss import NegativeSampler, loss_fn, sampled_loss
-from earl_service.train.memory import MemoryUse, peak_rss_mb, reset_peak_rss
+from earl_service.train.memory import MemoryUse
 from earl_service.train.outputs import BUNDLE, write_run_outputs
 from earl_service.train.readout import LossReadout, StepRecord, read_every
 from earl_service.train.run import GraphCache, Run, bf16_autocast, resolve_device

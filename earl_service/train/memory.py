@@ -1,53 +1,10 @@
-"""This process's resident memory (now, peak, a fresh peak) and a run's record of where its memory went."""
+"""A run's record of where its memory went (the process's memory itself: earl_service/memory.py)."""
 
 from __future__ import annotations
 
-import ctypes
-import functools
-import os
-import resource
-from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 
-
-def peak_rss_mb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0  # Linux reports KiB
-
-
-def current_rss_mb() -> float | None:
-    """Resident memory now (Linux /proc; None elsewhere)."""
-    try:
-        return int(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
-    except (OSError, ValueError, IndexError):
-        return None
-
-
-@functools.cache
-def _malloc_trim() -> Callable[[int], int] | None:
-    try:
-        return ctypes.CDLL(None).malloc_trim  # glibc
-    except (OSError, AttributeError):
-        return None
-
-
-def release_free_memory() -> None:
-    """Hand the allocator's free memory back to the system (glibc's malloc_trim, which also releases free pages
-    inside the heap; nothing elsewhere). For loops whose (batch, N) temporaries are freed between small allocations
-    that stay: glibc keeps the freed chunks it cannot coalesce, and the process grows a batch at a time."""
-    trim = _malloc_trim()
-    if trim is not None:
-        trim(0)
-
-
-def reset_peak_rss() -> bool:
-    """Restart the peak-RSS count from the current RSS (Linux >= 4.0), so that the training steps' peak can
-    be told apart from the graph build's. False where the kernel does not allow it."""
-    try:
-        Path("/proc/self/clear_refs").write_text("5")
-        return True
-    except OSError:
-        return False
+from earl_service.memory import current_rss_mb, peak_rss_mb
 
 
 @dataclass
@@ -67,4 +24,4 @@ class MemoryUse:
         return cls(build_seconds, peak_rss_mb(), current_rss_mb(), None if index_bytes is None else index_bytes / 2**20)
 
 
-__all__ = ["MemoryUse", "current_rss_mb", "peak_rss_mb", "release_free_memory", "reset_peak_rss"]
+__all__ = ["MemoryUse"]

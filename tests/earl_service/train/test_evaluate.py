@@ -69,6 +69,7 @@ def test_the_process_growth_is_handed_back_past_the_slack_only(monkeypatch):
     """rank_triples hands the allocator's free memory back after a batch only once the process has grown by more
     than 8 x batch x N bytes since ranking began (a trim after every batch cost 12% of the ranking's time); the
     ranks, written in place batch by batch, are those of batches of any size."""
+    from earl_service import memory
     from earl_service.train import evaluate
 
     entities, relations, triples, known, scorer = _ranking_setting()
@@ -77,8 +78,8 @@ def test_the_process_growth_is_handed_back_past_the_slack_only(monkeypatch):
     slack = 8 * 10 * len(entities) / 2**20
     readings = iter([100.0] + [100.0 + slack * (1.5 if i % 3 == 2 else 0.5) for i in range(9)])
     released: list[int] = []
-    monkeypatch.setattr(evaluate, "current_rss_mb", lambda: next(readings))
-    monkeypatch.setattr(evaluate, "release_free_memory", lambda: released.append(1))
+    monkeypatch.setattr(memory, "current_rss_mb", lambda: next(readings))
+    monkeypatch.setattr(memory, "release_free_memory", lambda: released.append(1))
     batched = evaluate.rank_triples(entities, relations, scorer, triples, known)
     assert len(released) == 3  # after the batches that left the process past the slack
     for side in ("tail", "head"):
