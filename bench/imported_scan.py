@@ -13,26 +13,19 @@ selection: median of `--repeats` queries. Writes bench/results/imported_scan.{js
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from harness import md_table, write_results  # noqa: E402
+from harness import md_table, median_seconds, write_results  # noqa: E402
 
 METRICS = {"distmult": "inner product", "transe-l2": "L2", "transe-l1": "L1"}
 
 
 def median_ms(fn, repeats: int) -> float:
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return round(1e3 * statistics.median(times), 2)
+    return round(1e3 * median_seconds(fn, repeats), 2)
 
 
 def measure(rows: int, width: int, kind: str, k: int, repeats: int) -> dict:

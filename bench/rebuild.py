@@ -7,33 +7,22 @@ scipy (median of N).
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from harness import md_table, write_results
+from harness import md_table, median_seconds, write_results
 
 from earl_service.bundle.model_io import load_bundle
 from earl_service.device import reader as edge
 
 
-def timed(fn, repeats: int) -> float:
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
-
-
 def edge_seconds(path: Path, repeats: int, scipy: bool) -> float | None:
     if scipy and edge.scipy_sparse() is None:
         return None  # scipy not installed
-    return timed(lambda: edge.load(path, use_scipy=scipy), repeats)
+    return median_seconds(lambda: edge.load(path, use_scipy=scipy), repeats)
 
 
 def main() -> None:
@@ -49,7 +38,7 @@ def main() -> None:
         rows.append({
             "bundle": path.name, "bytes": b.num_bytes, "precision": b.precision, "coding": b.coding,
             "entities": len(b.entities), "dim": b.config.dim, "threads": args.threads,
-            "torch_load_and_rebuild_s": timed(lambda p=path: load_bundle(p).entity_embeddings(), args.repeats),
+            "torch_load_and_rebuild_s": median_seconds(lambda p=path: load_bundle(p).entity_embeddings(), args.repeats),
             "edge_scipy_load_and_rebuild_s": edge_seconds(path, args.repeats, scipy=True),
             "edge_numpy_load_and_rebuild_s": edge_seconds(path, args.repeats, scipy=False),
         })

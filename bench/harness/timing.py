@@ -4,7 +4,19 @@ from __future__ import annotations
 
 import os
 import statistics
+import time
+from collections.abc import Callable
 from pathlib import Path
+
+
+def median_seconds(fn: Callable[[], object], repeats: int) -> float:
+    """The median wall seconds of `repeats` calls of fn()."""
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
 
 
 def percentiles(ms: list[float]) -> dict[str, float]:

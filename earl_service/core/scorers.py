@@ -69,7 +69,7 @@ class Scorer(ABC):
     @property
     def metric(self) -> str | None:
         """The FAISS metric whose order is this distance's ("ip": minus the dot product, "l2", "l1"), so that a flat
-        index of it shortlists exactly (serve/index.MetricIndex); None where there is none (RotatE's sum of
+        index of it shortlists exactly (serve/metric.MetricIndex); None where there is none (RotatE's sum of
         moduli)."""
         return None
 
