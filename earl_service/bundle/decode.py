@@ -245,15 +245,21 @@ def _unpacked(tensors: dict[str, np.ndarray], manifest: Manifest | None) -> dict
     return {name: t for name, t in tensors.items() if name != "weights.packed"} | decoded
 
 
+def coded_entities(tensors: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The entity table among a file's (unpacked) tensors as stored when it is coded: pq {"codes", "codebooks"} or
+    int8 {"values", "scale"}, the file's own arrays; empty for a float table."""
+    if "pq.entities.codes" in tensors:
+        return {"codes": tensors["pq.entities.codes"], "codebooks": tensors["pq.entities.codebooks"]}
+    if tensors["param.entities"].dtype == np.int8:
+        return {"values": tensors["param.entities"], "scale": tensors["param.entities.scale"]}
+    return {}
+
+
 def _stored_entities(config: ModelConfig, tensors: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """A RotatE entity table as stored when it is coded (DecodedBundle.stored), copied out of the file's buffer."""
     if config.model != "rotate":
         return {}
-    if "pq.entities.codes" in tensors:
-        return {"codes": tensors["pq.entities.codes"].copy(), "codebooks": tensors["pq.entities.codebooks"].copy()}
-    if tensors["param.entities"].dtype == np.int8:
-        return {"values": tensors["param.entities"].copy(), "scale": tensors["param.entities.scale"].copy()}
-    return {}
+    return {name: value.copy() for name, value in coded_entities(tensors).items()}
 
 
 def _weights(tensors: dict[str, np.ndarray], precision: Precision, skip: set[str]) -> dict[str, np.ndarray]:

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from earl_service.bundle.decode import StoredRows
+from earl_service.bundle.decode import StoredRows, coded_entities
 from earl_service.bundle.format import read_safetensors
 from earl_service.bundle.model_io import Bundle, load_bundle
 from earl_service.bundle.precision import Precision, ProductQuantized
@@ -151,12 +151,7 @@ class Search:
         if precision.name == "fp32":
             return self.bundle.params
         _, tensors, _ = read_safetensors(path)
-        if "pq.entities.codes" in tensors:
-            entities = StoredRows({"codes": tensors["pq.entities.codes"], "codebooks": tensors["pq.entities.codebooks"]})
-        elif "param.entities.scale" in tensors:
-            entities = StoredRows({"values": tensors["param.entities"], "scale": tensors["param.entities.scale"]})
-        else:
-            entities = StoredRows(tensors["param.entities"])
+        entities = StoredRows(coded_entities(tensors) or tensors["param.entities"])
         return {"entities": entities, "relations": precision.decode(tensors, "param.relations")}
 
     def _tuned(self, tables: dict, row: dict[str, Any], seconds: float) -> dict:
