@@ -33,11 +33,12 @@ def query(kind: str, entity: torch.Tensor, relation: torch.Tensor, *, inverse: b
     return torch.cat([re * r_re - im * r_im, re * r_im + im * r_re], dim=-1)
 
 
-def distances(kind: str, queries: torch.Tensor, entities: torch.Tensor) -> torch.Tensor:
-    """(B, N) distances as core.scorers.SCORERS[kind].distance computes them, lower is better."""
+def logits(kind: str, queries: torch.Tensor, entities: torch.Tensor) -> torch.Tensor:
+    """(B, N) minus the distances core.scorers.SCORERS[kind].distance computes, higher is better (formed without a
+    negated copy where the scorer is a dot product: each (B, N) copy is another 128 MB a step at 1M entities)."""
     if kind in ("distmult", "complex"):
-        return -queries @ entities.T
-    return torch.cdist(queries, entities, p=1.0 if kind == "transe-l1" else 2.0)
+        return queries @ entities.T
+    return -torch.cdist(queries, entities, p=1.0 if kind == "transe-l1" else 2.0)
 
 
 @dataclass
@@ -53,6 +54,7 @@ class Tuning:
 
 
 CANDIDATES = 32_768  # beyond this many entities a step scores a sample of them (and the batch's own), not all
+LOGITS = 2**22  # logits a step holds at once (16 MB): the batch's queries are scored this many at a time
 
 
 def tune(kind: str, codes: np.ndarray, books: np.ndarray, relations: np.ndarray, triples: np.ndarray,
@@ -65,6 +67,9 @@ def tune(kind: str, codes: np.ndarray, books: np.ndarray, relations: np.ndarray,
     never decoded whole, nor scored against a whole batch (256 x 1M logits, 1 GB a side)."""
     if kind not in TUNABLE:
         raise ValueError(f"{kind}: codebook fine-tuning reads {', '.join(TUNABLE)}")
+    # Far logits give denormal softmax weights and gradients, which x86 multiplies ~10x slower: flushed to zero
+    # (this thread, from here on), a sampled 1M-entity step took 0.4 s instead of 3.3 (random codebooks).
+    torch.set_flush_denormal(True)
     gen = torch.Generator().manual_seed(budget.seed)
     code_ids = torch.from_numpy(np.ascontiguousarray(codes, dtype=np.uint8))  # (N, M), widened as rows are read
     centroids = torch.nn.Parameter(torch.from_numpy(books.astype(np.float32)))  # (M, 256, s)
@@ -72,28 +77,40 @@ def tune(kind: str, codes: np.ndarray, books: np.ndarray, relations: np.ndarray,
     train = torch.from_numpy(np.asarray(triples, dtype=np.int64))
     optimizer = torch.optim.Adam([centroids], lr=budget.lr)
     n, m = len(code_ids), centroids.shape[0]
-    # A step's temporaries ((B, C) logits, the (C, w) rows and their gradients) are freed between small allocations
+
+    def decode(ids: torch.Tensor) -> torch.Tensor:
+        return centroids[torch.arange(m)[None, :], code_ids[ids].long()].reshape(len(ids), -1)
+
+    # A step's temporaries (a chunk's logits, the (C, w) rows and their gradients) are freed between small allocations
     # that stay: at 200,000 x 256 the process grew 760 MB over its steps and kept 510 MB of it, without the guard.
-    guard = GrowthGuard(slack_mb=16 * budget.batch_size * min(n, CANDIDATES) / 2**20)
+    guard = GrowthGuard(slack_mb=4 * LOGITS * 4 / 2**20)  # four chunks of logits
     start = time.perf_counter()
     while len(budget.losses) < budget.steps and time.perf_counter() - start < budget.seconds:
         batch = train[torch.randint(len(train), (min(budget.batch_size, len(train)),), generator=gen)]
         h, r, t = (batch[:, i].contiguous() for i in range(3))
         ids = torch.arange(n) if n <= CANDIDATES else torch.unique(
             torch.cat([h, t, torch.randint(n, (CANDIDATES,), generator=gen)]))  # sorted
-        table = centroids[torch.arange(m)[None, :], code_ids[ids].long()].reshape(len(ids), -1)  # (C, M * s)
+        table = decode(ids)  # (C, M * s)
         h, t = torch.searchsorted(ids, h), torch.searchsorted(ids, t)  # positions in the rows scored
-        loss = torch.zeros(())
-        for anchor, target, inverse in ((h, t, False), (t, h, True)):
-            logits = -distances(kind, query(kind, table[anchor], rel[r], inverse=inverse), table)  # (B, C)
-            loss = loss + torch.nn.functional.cross_entropy(logits, target)
         optimizer.zero_grad()
-        loss.backward()
+        rows = table.detach().requires_grad_()  # the chunks' gradients gather here, then flow to the centroids once
+        # The queries' own rows are decoded apart (a few rows, their own path to the centroids): read from `rows`, each
+        # side's backward would also build a (C, w) zero-filled gradient for the B rows it picked.
+        loss = 0.0
+        chunk = max(1, LOGITS // len(ids))  # (chunk, C) logits and their gradients live at a time, not (B, C)
+        for lo in range(0, len(h), chunk):
+            part = slice(lo, lo + chunk)
+            for anchor, target, inverse in ((h[part], t[part], False), (t[part], h[part], True)):
+                scores = logits(kind, query(kind, decode(ids[anchor]), rel[r[part]], inverse=inverse), rows)
+                side = torch.nn.functional.cross_entropy(scores, target, reduction="sum") / len(h)
+                side.backward()
+                loss += float(side.detach())
+        table.backward(rows.grad)
         optimizer.step()
-        budget.losses.append(float(loss.detach()))
+        budget.losses.append(loss)
         guard.check()
     release_free_memory()
     return centroids.detach().numpy().astype(np.float16)
 
 
-__all__ = ["CANDIDATES", "TUNABLE", "Tuning", "distances", "query", "tune"]
+__all__ = ["CANDIDATES", "TUNABLE", "Tuning", "logits", "query", "tune"]

@@ -127,12 +127,29 @@ def test_fine_tuning_lowers_the_whole_tables_loss_scoring_every_row_or_a_sample(
     def loss(books):
         table = torch.from_numpy(decode_table(codes, books))
         h, r, t = (torch.from_numpy(train[:, i]) for i in range(3))
-        logits = -tune.distances("distmult", tune.query("distmult", table[h], torch.from_numpy(relations)[r],
-                                                        inverse=False), table)
+        logits = tune.logits("distmult", tune.query("distmult", table[h], torch.from_numpy(relations)[r],
+                                                     inverse=False), table)
         return float(torch.nn.functional.cross_entropy(logits, t))
 
     tuned = tune.tune("distmult", codes, books, relations, train, tune.Tuning(seconds=30, steps=60))
     assert loss(tuned) < 0.9 * loss(books)
+
+
+@pytest.mark.parametrize("kind", ["complex", "transe-l1"])
+def test_fine_tuning_in_chunks_of_queries_equals_one_pass(monkeypatch, kind):
+    """A step scores its queries a few at a time (tune.LOGITS bounds the logits held at once) and gathers their
+    gradients before one pass into the codebooks: the codebooks it trains are those of scoring the batch at once."""
+    rng = np.random.default_rng(5)
+    codes = rng.integers(0, 256, (300, 4), dtype=np.uint8)
+    books = rng.normal(size=(4, 256, 2 * D // 4)).astype(np.float16)
+    relations = rng.normal(size=(3, 2 * D)).astype(np.float32)
+    train = np.stack([rng.integers(0, 300, 500), rng.integers(0, 3, 500), rng.integers(0, 300, 500)], 1)
+    tuned = {}
+    for logits in (10**9, 300 * 7):  # every query at once; 7 queries a chunk
+        monkeypatch.setattr(tune, "LOGITS", logits)
+        tuned[logits] = tune.tune(kind, codes, books, relations, train, tune.Tuning(seconds=60, steps=5, batch_size=64))
+    assert not np.array_equal(tuned[10**9], books)
+    np.testing.assert_allclose(tuned[300 * 7].astype(np.float32), tuned[10**9].astype(np.float32), atol=1e-3)
 
 
 @pytest.mark.parametrize("kind", tune.TUNABLE)
@@ -144,7 +161,7 @@ def test_torch_twins_equal_the_numpy_scorers(kind):
     scorer = scorers.SCORERS[kind]
     for inverse in (False, True):
         q = tune.query(kind, torch.from_numpy(entities[:4]), torch.from_numpy(relations), inverse=inverse)
-        got = tune.distances(kind, q, torch.from_numpy(entities)).numpy()
+        got = -tune.logits(kind, q, torch.from_numpy(entities)).numpy()
         for i in range(4):
             want = scorer.distances(scorer.query(entities[i], relations[i], inverse=inverse), entities)
             np.testing.assert_allclose(got[i], want, rtol=1e-4, atol=1e-4)
