@@ -1,7 +1,9 @@
 """Plain arrays as an Imported model: an entity and a relation table (.npy, or one .safetensors), two name files and
 a named scorer. The npy layout is what `earl export --format npy` writes, so an exported bundle imports back.
 
-In the folder (the first name found of each part):
+In the folder (the first name found of each part), either entities.parquet and relations.parquet (what `earl export
+--format parquet` writes: an `id` column of names and one float list column, `embedding` or `phase`, or else every
+other numeric column in order; needs pyarrow), or:
 - entity table: entity_embeddings.npy, or tensor `entity_embeddings` of embeddings.safetensors: (N, w) floats;
 - relation table: relation_embeddings.npy or relation_phases.npy, or tensor `relation_embeddings` of
   embeddings.safetensors: (R, w) floats, or (R, w / 2) phases in radians for rotate and rotate-l2;
@@ -22,6 +24,8 @@ from earl_service.imports.imported import Imported
 TABLES = {"entities": ("entity_embeddings.npy",), "relations": ("relation_embeddings.npy", "relation_phases.npy")}
 SAFETENSORS = "embeddings.safetensors"
 SAFETENSORS_NAMES = {"entities": "entity_embeddings", "relations": "relation_embeddings"}
+PARQUET = {"entities": "entities.parquet", "relations": "relations.parquet"}
+PARQUET_BATCH = 65_536  # rows read from a Parquet file at a time
 NAMES = {"entity_names": ("entities.tsv", "entity_ids.txt"), "relation_names": ("relations.tsv", "relation_ids.txt")}
 
 
@@ -30,10 +34,16 @@ def read_arrays(folder: str | Path, scorer: str) -> Imported:
     folder = Path(folder)
     if not folder.is_dir():
         raise ModelImportError(f"{folder}: not a folder; --format arrays reads a folder of tables and name files")
+    source = {"format": "arrays", "scorer": scorer, "source": folder.name}
+    if all((folder / name).is_file() for name in PARQUET.values()):
+        (entities, entity_names), (relations, relation_names) = (read_parquet(folder / PARQUET[part])
+                                                                 for part in ("entities", "relations"))
+        where = {part: str(folder / name) for part, name in PARQUET.items()}
+        where |= {"entity_names": where["entities"], "relation_names": where["relations"]}
+        return Imported(scorer, entities, relations, entity_names, relation_names, where, None, source)
     files = {part: _first(folder, names, part) for part, names in NAMES.items()}
     tables = _tables(folder)
     where = {part: str(path) for part, path in files.items()} | {part: file for part, (_, file) in tables.items()}
-    source = {"format": "arrays", "scorer": scorer, "source": folder.name}
     return Imported(scorer, tables["entities"][0], tables["relations"][0], read_names(files["entity_names"]),
                     read_names(files["relation_names"]), where, None, source)
 
@@ -83,6 +93,64 @@ def _safetensors(path: Path) -> dict[str, np.ndarray]:
         raise ModelImportError(f"{path}: not a safetensors file ({exc})") from None
 
 
+def read_parquet(path: Path) -> tuple[np.ndarray, list[str]]:
+    """(table (N, w) float32, names) of a Parquet file: names from its `id` column, rows from its one list column
+    (every row as long) or else from its other columns, in order; read PARQUET_BATCH rows at a time into one array."""
+    try:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+    except ImportError:
+        raise ModelImportError(f"{path}: reading Parquet needs pyarrow: pip install 'earl-service[parquet]'") from None
+    try:
+        file = pq.ParquetFile(path)
+    except (OSError, pa.ArrowException) as exc:
+        raise ModelImportError(f"{path}: not a Parquet file pyarrow can read ({exc})") from None
+    schema = file.schema_arrow
+    if "id" not in schema.names:
+        raise ModelImportError(f"{path}: no `id` column of names (it has {schema.names})")
+    lists = [f.name for f in schema if f.name != "id" and (pa.types.is_list(f.type) or pa.types.is_fixed_size_list(f.type)
+                                                            or pa.types.is_large_list(f.type))]
+    numbers = [f.name for f in schema if f.name != "id" and (pa.types.is_floating(f.type) or pa.types.is_integer(f.type))]
+    if len(lists) > 1 or not (lists or numbers):
+        raise ModelImportError(f"{path}: expected one list column of floats (or float columns) beside `id`, found "
+                               f"{[f'{f.name}: {f.type}' for f in schema]}")
+    rows, names, done = None, [], 0
+    try:
+        for batch in file.iter_batches(batch_size=PARQUET_BATCH, columns=["id", *(lists or numbers)]):
+            block = _parquet_rows(batch, lists[0] if lists else None, numbers, path, done)
+            if rows is None:
+                rows = np.empty((file.metadata.num_rows, block.shape[1]), np.float32)
+            if block.shape[1] != rows.shape[1]:
+                raise ModelImportError(f"{path}, row {done + 1}: {block.shape[1]} values, where row 1 has "
+                                       f"{rows.shape[1]}")
+            rows[done : done + len(block)] = block
+            names += [str(n) for n in batch.column("id").to_pylist()]
+            done += len(block)
+    except pa.ArrowException as exc:
+        raise ModelImportError(f"{path}: cannot read its rows ({exc})") from None
+    if rows is None:
+        raise ModelImportError(f"{path}: no rows")
+    return rows, names
+
+
+def _parquet_rows(batch, column: str | None, numbers: list[str], path: Path, done: int) -> np.ndarray:
+    """One batch's (n, w) values: a list column's rows (each the same length), or the numeric columns side by side."""
+    if column is None:
+        return np.stack([batch.column(c).to_numpy(zero_copy_only=False).astype(np.float32) for c in numbers], 1)
+    values = batch.column(column)
+    if values.null_count:
+        raise ModelImportError(f"{path}: column {column!r} has an empty row")
+    import pyarrow.compute as pc
+
+    lengths = pc.list_value_length(values).to_numpy(zero_copy_only=False).astype(np.int64)
+    width = int(lengths[0]) if len(lengths) else 0
+    if (lengths != width).any():
+        bad = int(np.flatnonzero(lengths != width)[0])
+        raise ModelImportError(f"{path}, row {done + bad + 1}: {lengths[bad]} values in {column!r}, where the rows "
+                               f"before have {width}")
+    return values.flatten().to_numpy(zero_copy_only=False).astype(np.float32).reshape(len(values), width)
+
+
 def read_names(path: Path) -> list[str]:
     """Names in row order: one a line, or `row<TAB>name` lines after an optional header (see the module doc)."""
     try:
@@ -103,4 +171,4 @@ def read_names(path: Path) -> list[str]:
     return [names[i] for i in range(len(names))]
 
 
-__all__ = ["NAMES", "npy", "SAFETENSORS", "TABLES", "read_arrays", "read_names"]
+__all__ = ["NAMES", "PARQUET", "npy", "SAFETENSORS", "TABLES", "read_arrays", "read_names", "read_parquet"]

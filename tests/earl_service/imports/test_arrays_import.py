@@ -15,7 +15,7 @@ from earl_service.cli.main import main
 from earl_service.core import scorers
 from earl_service.device import load
 from earl_service.errors import ConfigError
-from earl_service.imports import read_model
+from earl_service.imports import from_arrays, read_model
 from earl_service.serve.predictor import LinkPredictor
 
 N, R, D = 300, 4, 8
@@ -57,10 +57,11 @@ def test_answers_are_the_scorers_formula_in_both_readers(tmp_path, capsys, score
     assert edge.score("e0", "r1", "e5")["known"] and not edge.score("e0", "r1", "e6")["known"]
 
 
-def test_exported_tables_import_back_with_the_same_answers(codex_bundle, reference, tmp_path, capsys):
-    """An EARL bundle's rebuilt embeddings, exported as npy (relation phases in radians), import as a RotatE bundle
-    (--graph: the dataset's train file) that answers as the EARL bundle did."""
-    assert main(["export", str(codex_bundle), "--format", "npy", "--out", str(tmp_path / "npy")]) == 0
+@pytest.mark.parametrize("fmt", ["npy", "parquet"])
+def test_exported_tables_import_back_with_the_same_answers(codex_bundle, reference, tmp_path, capsys, fmt):
+    """An EARL bundle's rebuilt embeddings, exported as npy or Parquet (relation phases in radians), import as a
+    RotatE bundle (--graph: the dataset's train file) that answers as the EARL bundle did."""
+    assert main(["export", str(codex_bundle), "--format", fmt, "--out", str(tmp_path / "npy")]) == 0
     capsys.readouterr()
     code, printed = run(capsys, "import", tmp_path / "npy", "--scorer", "rotate", "--graph", codex_s_path(),
                         "--out", tmp_path / "b.safetensors")
@@ -182,3 +183,44 @@ def test_an_imported_model_is_not_trainable(tmp_path):
         build_model(ModelConfig(model="complex", dim=4), 10, 2, torch.zeros(0, dtype=torch.long))
     with pytest.raises(SystemExit):  # argparse: `earl train --model` offers what it trains
         main(["train", str(tmp_path), "--out", str(tmp_path / "run"), "--model", "complex"])
+
+
+PARQUET_BAD = {
+    "ragged rows": ({"id": ["a", "b", "c"], "embedding": [[1.0, 2.0], [3.0, 4.0], [5.0]]},
+                    r"entities.parquet, row 3: 1 values in 'embedding', where the rows before have 2"),
+    "no id column": ({"name": ["a"], "embedding": [[1.0, 2.0]]}, r"entities.parquet: no `id` column of names"),
+    "two list columns": ({"id": ["a"], "x": [[1.0, 2.0]], "y": [[1.0, 2.0]]},
+                         r"entities.parquet: expected one list column of floats"),
+    "not parquet": (None, r"entities.parquet: not a Parquet file"),
+}
+
+
+@pytest.mark.parametrize("case", list(PARQUET_BAD))
+def test_bad_parquet_tables_are_an_error_naming_the_file(tmp_path, capsys, case):
+    """Parquet tables (entities.parquet and relations.parquet) read a batch of rows at a time; bad ones say where."""
+    pa = pytest.importorskip("pyarrow")
+    pq = pytest.importorskip("pyarrow.parquet")
+    src = tmp_path / "src"
+    src.mkdir()
+    pq.write_table(pa.table({"id": ["r0"], "embedding": [[0.5, 0.5]]}), src / "relations.parquet")
+    columns, message = PARQUET_BAD[case]
+    if columns is None:
+        (src / "entities.parquet").write_text("id,embedding\n")
+    else:
+        pq.write_table(pa.table(columns), src / "entities.parquet")
+    code, err = run(capsys, "import", src, "--scorer", "distmult", "--out", tmp_path / "b.safetensors")
+    assert code == 2 and re.search(message, err), err
+    assert not (tmp_path / "b.safetensors").exists()
+
+
+def test_parquet_float_columns_read_in_batches(tmp_path, monkeypatch):
+    """Float columns beside `id` are a row's values, in order, read across several batches."""
+    pa = pytest.importorskip("pyarrow")
+    pq = pytest.importorskip("pyarrow.parquet")
+    monkeypatch.setattr(from_arrays, "PARQUET_BATCH", 3)
+    values = np.random.default_rng(0).normal(size=(10, 4)).astype(np.float32)
+    pq.write_table(pa.table({"id": [f"e{i}" for i in range(10)], **{f"v_{j}": values[:, j] for j in range(4)}}),
+                   tmp_path / "t.parquet", row_group_size=4)
+    rows, names = from_arrays.read_parquet(tmp_path / "t.parquet")
+    np.testing.assert_array_equal(rows, values)
+    assert names == [f"e{i}" for i in range(10)]
