@@ -13,12 +13,13 @@ import json
 import shutil
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from earl_service.atomic import write_json
 from earl_service.bundle.decode import StoredRows, coded_entities
 from earl_service.bundle.format import read_safetensors
 from earl_service.bundle.model_io import Bundle, load_bundle
@@ -26,12 +27,13 @@ from earl_service.bundle.precision import Precision, ProductQuantized
 from earl_service.core import scorers
 from earl_service.core.known import KnownAnswers
 from earl_service.data.dataset import SPLIT_SUFFIXES, load_triples_file
-from earl_service.errors import ModelImportError
+from earl_service.errors import ConfigError, ModelImportError
 from earl_service.imports import sizes, tune
 
 CODING = "plain"
 HEADER_ROOM = 16_384  # header bytes a candidate may take beyond its tensors (names, shapes, metadata)
 PICK = "bundle.safetensors"
+STATE = "compress_state.json"  # the sizes done so far, for a search stopped (a worker killed) to continue
 
 
 @dataclass(frozen=True)
@@ -101,9 +103,10 @@ def _shapes(bundle: Bundle) -> sizes.Shapes:
 class Search:
     """One search's state: the bundle, its graph, the clock, and what each candidate gave."""
 
-    def __init__(self, bundle: Bundle, out: Path, search: ImportedSearch, graph: Graph | None) -> None:
+    def __init__(self, bundle: Bundle, out: Path, search: ImportedSearch, graph: Graph | None,
+                 spent: float = 0.0) -> None:
         self.bundle, self.out, self.search, self.graph = bundle, out, search, graph
-        self.deadline = time.monotonic() + search.time_limit_minutes * 60
+        self.deadline = time.monotonic() + search.time_limit_minutes * 60 - spent  # `spent`: by the attempts before
         self.known = graph.known(len(bundle.relations)) if graph else None
         self.eval = self._eval_triples()
         self.rows: list[dict[str, Any]] = []
@@ -188,8 +191,14 @@ def compress_imported(source: str | Path, out: str | Path, search: ImportedSearc
                                "--from` searches the sizes of an imported model's tables (`earl import`)")
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    state = Search(bundle, out, search, read_graph(graph, bundle) if graph else None)
-    original = {"bytes": bundle.num_bytes, "precision": bundle.precision, "mrr": state.mrr()}
+    settings = search_settings(bundle, search, graph)
+    saved = load_state(out, settings)
+    spent = saved["seconds"] if saved else 0.0
+    state = Search(bundle, out, search, read_graph(graph, bundle) if graph else None, spent)
+    original = saved["original"] if saved else {"bytes": bundle.num_bytes, "precision": bundle.precision,
+                                                "mrr": state.mrr()}
+    done = {row["precision"]: row for row in (saved["rows"] if saved else [])}
+    reused = 0
     chosen = candidates(bundle, search)
     # Half the time goes to fine-tuning, shared by the pq sizes that may fit: one ruled out by its estimate takes
     # none (sharing among all five left FB15k-237's one fitting size at 1/32 a fifth of it).
@@ -198,10 +207,17 @@ def compress_imported(source: str | Path, out: str | Path, search: ImportedSearc
     for step, precision in enumerate(chosen, 1):
         if should_stop is not None and should_stop():
             return None
-        state.rows.append(state.run(precision, tune_seconds))
+        row = done.get(precision.name)
+        if row is None or (row.get("fits") and not (out / row["path"]).is_file()):  # not done, or its file is gone
+            row = state.run(precision, tune_seconds)
+        else:
+            reused += 1
+        state.rows.append(row)
+        write_json(out / STATE, {"settings": settings, "original": original, "rows": state.rows,
+                                 "seconds": round(spent + time.monotonic() - start, 1)})
         if on_progress is not None:
             on_progress({"stage": "size", "precision": precision.name, "step": step, "total": len(chosen),
-                         "time_left": max(0.0, state.deadline - time.monotonic())})
+                         "time_left": max(0.0, state.deadline - time.monotonic()), "resumed": bool(saved)})
     fitting = [r for r in state.rows if r.get("fits")]
     scored = all(r.get("mrr") is not None for r in fitting)  # without a graph: the largest that fits
     pick = max(fitting, key=lambda r: (r["mrr"], -r["bytes"]) if scored else (r["bytes"], 0)) if fitting else None
@@ -213,10 +229,35 @@ def compress_imported(source: str | Path, out: str | Path, search: ImportedSearc
               "graph": graph_name, "eval_split": "valid" if graph else None,
               "eval_triples": 0 if state.eval is None else len(state.eval),
               "dropped": state.graph.dropped if state.graph else {}, "original": original, "candidates": state.rows,
-              "pick": pick and pick["precision"], "seconds": round(time.monotonic() - start, 1)}
+              "pick": pick and pick["precision"], "seconds": round(spent + time.monotonic() - start, 1),
+              "resumed_sizes": reused}
     (out / "report.json").write_text(json.dumps(report, indent=2) + "\n")
     (out / "report.md").write_text(markdown(report))
     return report
+
+
+def search_settings(bundle: Bundle, search: ImportedSearch, graph: str | Path | None) -> dict[str, Any]:
+    """What a continued search must share with the one it continues: the search's settings, the source's
+    identity (its kind, shapes and bytes) and whether a graph scores the sizes."""
+    return {**{k: list(v) if isinstance(v, tuple) else v for k, v in asdict(search).items()},
+            "source": {"model": bundle.config.model, "dim": bundle.config.dim, "entities": len(bundle.entities),
+                       "relations": len(bundle.relations), "bytes": bundle.num_bytes, "precision": bundle.precision},
+            "graph": graph is not None}
+
+
+def load_state(out: Path, settings: dict[str, Any]) -> dict[str, Any] | None:
+    """The sizes an earlier attempt in `out` finished (None when there is none); another search's is refused."""
+    path = out / STATE
+    if not path.is_file():
+        return None
+    try:
+        saved = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return None  # cut short while written (write_json replaces atomically, so only by hand): search again
+    if saved.get("settings") != settings:
+        raise ConfigError(f"{out} holds a `compress --from` search with other settings or another model "
+                          f"({saved.get('settings')}); give another --out, or the same settings to continue it")
+    return saved
 
 
 def markdown(report: dict[str, Any]) -> str:
@@ -241,4 +282,5 @@ def markdown(report: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-__all__ = ["ImportedSearch", "compress_imported", "estimate", "filtered_mrr", "markdown", "read_graph"]
+__all__ = ["STATE", "ImportedSearch", "compress_imported", "estimate", "filtered_mrr", "load_state", "markdown",
+           "read_graph", "search_settings"]

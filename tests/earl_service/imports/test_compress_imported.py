@@ -94,6 +94,36 @@ def test_fine_tuning_time_goes_to_the_sizes_that_may_fit(tmp_path, capsys):
     assert row["fine_tune"]["seconds"] == pytest.approx(3.0)  # all of half of 6 seconds
 
 
+def test_a_stopped_search_continues_with_the_sizes_it_has_not_done(tmp_path, capsys, monkeypatch):
+    """Each size's row is saved as it finishes (compress_state.json): a search stopped (a worker killed) and run
+    again in the same folder scores only the sizes left, and a size whose file is gone again; another search's
+    folder is refused."""
+    from earl_service.errors import ConfigError
+    from earl_service.imports import compress as imported_compress
+
+    bundle = model_and_graph(tmp_path)
+    capsys.readouterr()
+    search = ImportedSearch(max_bytes=load_bundle(bundle).num_bytes // 3, time_limit_minutes=0.5)
+    events = []
+    stopped = compress_imported(bundle, tmp_path / "out", search, graph=tmp_path / "data",
+                                on_progress=events.append, should_stop=lambda: len(events) >= 3)
+    assert stopped is None and len(json.loads((tmp_path / "out" / "compress_state.json").read_text())["rows"]) == 3
+    done = [e["precision"] for e in events]
+    first_fit = next(r for r in json.loads((tmp_path / "out" / "compress_state.json").read_text())["rows"]
+                     if r.get("fits"))
+    (tmp_path / "out" / first_fit["path"]).unlink()  # its file is gone: scored again
+    ran = []
+    real_run = imported_compress.Search.run
+    monkeypatch.setattr(imported_compress.Search, "run", lambda self, p, s: ran.append(p.name) or real_run(self, p, s))
+    report = compress_imported(bundle, tmp_path / "out", search, graph=tmp_path / "data")
+    assert first_fit["precision"] in ran and not set(ran) & (set(done) - {first_fit["precision"]})
+    assert report["resumed_sizes"] == 3 - 1 and len(report["candidates"]) == len(done) + len(ran) - 1
+    assert (tmp_path / "out" / "bundle.safetensors").is_file()
+    with pytest.raises(ConfigError, match="other settings or another model"):
+        compress_imported(bundle, tmp_path / "out", ImportedSearch(max_bytes=search.max_bytes // 2),
+                          graph=tmp_path / "data")
+
+
 def test_the_command_line(tmp_path, capsys):
     bundle = model_and_graph(tmp_path, kind="complex")
     capsys.readouterr()
