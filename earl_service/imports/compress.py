@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from earl_service.atomic import write_json
+from earl_service.atomic import replacing, write_json
 from earl_service.bundle.decode import StoredRows, coded_entities
 from earl_service.bundle.format import read_safetensors
 from earl_service.bundle.model_io import Bundle, load_bundle
@@ -33,6 +33,7 @@ from earl_service.imports import sizes, tune
 CODING = "plain"
 HEADER_ROOM = 16_384  # header bytes a candidate may take beyond its tensors (names, shapes, metadata)
 PICK = "bundle.safetensors"
+FRONTIER_PNG = "frontier.png"  # the compress report's name for its plot (a job's model keeps it)
 STATE = "compress_state.json"  # the sizes done so far, for a search stopped (a worker killed) to continue
 
 
@@ -231,9 +232,43 @@ def compress_imported(source: str | Path, out: str | Path, search: ImportedSearc
               "dropped": state.graph.dropped if state.graph else {}, "original": original, "candidates": state.rows,
               "pick": pick and pick["precision"], "seconds": round(spent + time.monotonic() - start, 1),
               "resumed_sizes": reused}
+    if scored and fitting and plot_sizes(report, out / FRONTIER_PNG):
+        report["plot"] = FRONTIER_PNG
     (out / "report.json").write_text(json.dumps(report, indent=2) + "\n")
     (out / "report.md").write_text(markdown(report))
     return report
+
+
+def plot_sizes(report: dict[str, Any], path: Path) -> bool:
+    """Valid MRR against bytes of every size written and scored, the original's MRR, the budget and the pick; False
+    where matplotlib is absent (the [train] extra)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    rows = [r for r in report["candidates"] if r.get("mrr") is not None]
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    ax.scatter([r["bytes"] / 1e6 for r in rows], [r["mrr"] for r in rows], color="tab:orange", label="sizes")
+    for r in rows:
+        ax.annotate(r["precision"], (r["bytes"] / 1e6, r["mrr"]), textcoords="offset points", xytext=(4, 4),
+                    fontsize=8)
+    ax.axhline(report["original"]["mrr"], color="gray", lw=1, label=f"original ({report['original']['precision']})")
+    ax.axvline(report["max_bytes"] / 1e6, color="red", ls="--", lw=1, label="budget")
+    pick = next(r for r in rows if r["precision"] == report["pick"])
+    ax.scatter(pick["bytes"] / 1e6, pick["mrr"], marker="*", s=250, color="gold", edgecolor="black", zorder=5,
+               label=f"pick: {pick['precision']}")
+    ax.set_xscale("log")
+    ax.set(xlabel="bundle file (MB, 10^6 bytes)", ylabel="valid MRR (filtered)",
+           title=f"{report['model']} dim {report['dim']}: each size that was written and scored")
+    ax.legend(fontsize=8, loc="lower right")
+    fig.tight_layout()
+    with replacing(path) as tmp:
+        fig.savefig(tmp, dpi=100, format="png")
+    plt.close(fig)
+    return True
 
 
 def search_settings(bundle: Bundle, search: ImportedSearch, graph: str | Path | None) -> dict[str, Any]:
@@ -279,6 +314,8 @@ def markdown(report: dict[str, Any]) -> str:
         lines.append(f"| {row['precision']}{' **pick**' if row['precision'] == report['pick'] else ''} | "
                      f"{size:,}{'' if 'bytes' in row else ' (est.)'} | 1/{report['original']['bytes'] / size:.1f} | "
                      f"{'yes' if row.get('fits') else 'no'} | {mrr(row.get('mrr'))} | {note} |")
+    if report.get("plot"):
+        lines += ["", f"![valid MRR against bytes]({report['plot']})"]
     return "\n".join(lines) + "\n"
 
 

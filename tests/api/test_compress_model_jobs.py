@@ -159,6 +159,8 @@ def test_the_worker_publishes_the_most_accurate_size_with_its_report(client, hom
     assert report.json()["pick"] == "int8" and report.json()["source"] == f"model {model_id} version 1"
     assert report.json()["original"]["mrr"] > 0.5 and str(home) not in report.text  # no server path
     assert "**pick**" in client.get(f"/models/{job['model_id']}/report?format=md", headers=ADMIN).text
+    plot = client.get(f"/models/{job['model_id']}/frontier.png", headers=ADMIN)
+    assert plot.status_code == 200 and plot.content[:4] == b"\x89PNG"  # sizes scored on the job's graph
     assert client.get(f"/models/{model_id}", headers=ADMIN).json()["precision"] == "fp32"  # the source stays
 
 

@@ -76,7 +76,8 @@ def test_sizes_under_the_budget_with_their_mrr(tmp_path, capsys):
     assert served.model == "distmult" and len(served.predict_tails("e0", "r1", 3)) == 3
     assert (tmp_path / "out" / "bundle.safetensors").stat().st_size <= search.max_bytes
     md = (tmp_path / "out" / "report.md").read_text()
-    assert "| original (fp32) |" in md and "**pick**" in md
+    assert "| original (fp32) |" in md and "**pick**" in md and "](frontier.png)" in md
+    assert (tmp_path / "out" / "frontier.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_fine_tuning_time_goes_to_the_sizes_that_may_fit(tmp_path, capsys):
@@ -131,6 +132,7 @@ def test_the_command_line(tmp_path, capsys):
                  "--out", str(tmp_path / "out")]) == 0
     printed = json.loads(capsys.readouterr().out)
     assert printed["pick"] == "fp32" and printed["original"]["mrr"] is None  # no graph: sizes, no MRR
+    assert not (tmp_path / "out" / "frontier.png").exists()  # nothing scored, nothing to plot
     assert main(["compress", "--from", str(bundle), "--max-bytes", "2kB", "--out", str(tmp_path / "tiny")]) == 1
     assert json.loads(capsys.readouterr().out)["pick"] is None
     with pytest.raises(SystemExit):
