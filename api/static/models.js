@@ -50,6 +50,8 @@ export async function renderModel(main, { id }) {
     await reportSection(id, m), deleteSection(m));
 }
 
+const GRAPH_FILES = ["train", "valid"]; // a compress job's optional graph: both or neither (the API says so)
+
 /** A compress job over this model (POST /jobs with source_model): its sizes under a byte budget, no training. */
 function compressSection(m) {
   const field = (name, label, attrs) => h("div", { class: "field" }, h("label", { for: `compress-${name}` }, label),
@@ -61,6 +63,7 @@ function compressSection(m) {
     const body = new FormData(form);
     body.append("source_model", m.id);
     if (!body.get("time_limit")) body.delete("time_limit");
+    for (const split of GRAPH_FILES) if (!body.get(split)?.size) body.delete(split); // no file chosen
     try {
       const job = await getJSON("/jobs", { method: "POST", body });
       location.hash = `#/jobs/${job.id}`;
@@ -68,11 +71,14 @@ function compressSection(m) {
       error.textContent = e.message;
     }
   } }, h("div", { class: "grid" }, field("max_bytes", "Max bytes (e.g. 2MB)", { type: "text", required: true }),
-    field("time_limit", "Minutes (default 10)", { type: "number", min: 0, step: "any" })), error,
+    field("time_limit", "Minutes (default 10)", { type: "number", min: 0, step: "any" }),
+    ...GRAPH_FILES.map((split) => field(split, `${split} triples (optional)`, { type: "file" }))), error,
   h("button", { type: "submit" }, "Compress"));
   return h("section", { "aria-labelledby": "compress-title" }, h("h3", { id: "compress-title" }, "Compress"),
-    h("p", {}, `Searches this model's sizes (fp32, fp16, int8, pq) for the largest that fits the budget and `
-      + "publishes it as a new model with its report; this one stays."), form);
+    h("p", {}, `Searches this model's sizes (fp32, fp16, int8, pq) and publishes the pick as a new model with its `
+      + "report; this one stays. Without triples the largest size that fits wins; with train and valid files over "
+      + "the model's names each size is scored by filtered MRR on valid, pq codebooks are fine-tuned on train, and "
+      + "the most accurate wins."), form);
 }
 
 /** The bytes of a safetensors file's tensor payload: what the model's sha256 covers (its header names it). */

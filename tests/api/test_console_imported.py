@@ -87,3 +87,22 @@ def test_a_compress_job_runs_to_a_new_model_with_its_report(page, service):
     shown = page.eval_on_selector_all("#predictions tbody tr", "rows => rows.map((r) => r.dataset.entity)")
     want = httpx.get(f"{base}/predict", params={"model": made["id"], "head": "e0", "relation": "r1"}, headers=AUTH)
     assert shown == [p["entity"] for p in want.json()["predictions"]]
+
+
+def test_a_compress_job_with_train_and_valid_files_scores_each_size(page, service):
+    """The same form with the model's graph attached: each size is scored on valid, and the report has its plot."""
+    base, model, path = service
+    page.goto(f"/#/models/{model['id']}")
+    page.wait_for_selector("#compress-form")
+    page.fill("#compress-max_bytes", str(load_bundle(path).num_bytes // 3))
+    page.fill("#compress-time_limit", "0.5")
+    for split in ("train", "valid"):
+        page.set_input_files(f"#compress-{split}", str(path.parent / "data" / f"{split}.txt"))
+    page.click("#compress-form button[type=submit]")
+    page.wait_for_selector("#job-model", timeout=WAIT_MS)
+    page.click("#job-model")
+    page.wait_for_selector("#model-sha256")
+    report = httpx.get(f"{base}/models/{page.url.rsplit('/', 1)[1]}/report", headers=AUTH).json()
+    assert report["graph"] == "the job's uploads" and report["original"]["mrr"] > 0.5
+    page.wait_for_selector("#frontier[src^='blob:']")
+
