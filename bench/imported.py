@@ -73,13 +73,14 @@ def main() -> None:
     p.add_argument("--data", type=Path, default=None)
     p.add_argument("--minutes", type=float, default=4.0, help="each budget's search")
     p.add_argument("--test-triples", type=int, default=5000, help="seeded sample of the test split (0: all)")
+    p.add_argument("--tag", default="", help="a results file of its own (imported_fb15k-237_TAG): another model")
     a = p.parse_args()
     from earl_service.imports import read_model, to_bundle
     from earl_service.imports.compress import ImportedSearch, compress_imported
 
     torch.set_num_threads(2)
     data = a.data or default_datasets() / "fb15k-237"
-    work = REPO / "runs" / "imported"
+    work = REPO / "runs" / ("imported" + (f"_{a.tag}" if a.tag else ""))
     imported = read_model(a.folder)
     bundle_path = to_bundle(imported, known=False).save(work / "original.safetensors", precision="fp32")
     original_bytes = bundle_path.stat().st_size
@@ -124,7 +125,7 @@ def main() -> None:
                        (f"{c['fine_tune']['mrr_before']:.4f} -> {c['fine_tune']['mrr_after']:.4f}"
                         f"{'' if c['fine_tune']['kept'] else ' (not kept)'}") if "fine_tune" in c else ""]
                       for b in budgets for c in b["candidates"]]) + "\n")
-    write_results("imported_fb15k-237", data_out, md)
+    write_results("imported_fb15k-237" + (f"_{a.tag}" if a.tag else ""), data_out, md)
     print(md)
 
 
