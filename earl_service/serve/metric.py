@@ -10,9 +10,12 @@ differ by less than `eps` (MARGIN of the largest value either can reach for this
 product, |q| + max|e| for L2 and L1). When the k-th exact distance kept is below B - 2 eps nothing outside can
 beat it; otherwise the shortlist widens WIDEN times, up to every row. Results therefore equal the exact scan's.
 
-From `hnsw_threshold` rows ("auto", as RotatE's ProxyIndex) the index is FAISS's HNSW graph of the same metric
-(kind "metric-hnsw"): it may miss rows nearer than the last it returns, so the same check is a best effort there
-(at most HNSW_MAX_DOUBLINGS widenings, then the shortlist as it is), and answers can differ from the exact scan's.
+On request (index="hnsw") the index is FAISS's HNSW graph of the same metric (kind "metric-hnsw"): it may miss rows
+nearer than the last it returns, so the same check is a best effort there (at most HNSW_MAX_DOUBLINGS widenings,
+then the shortlist as it is), and answers can differ from the exact scan's. Never chosen by "auto": on 100,000 x
+128 random rows (bench/results/imported_scan_hnsw.md) a query took 3.1-4.5 ms against the flat index's 2.1-2.2, at
+top-10 recall 0.49 (inner product), 0.98 (L2) and 0.93 (L1); random rows are HNSW's hard case, and no large
+trained table was measured.
 
 Measured on one thread (bench/results/imported_scan.md): 14,505 x 400 rows, the exact scan and its top-10 take
 2.1 ms (dot product), 4.7 (L2) and 7.0 (L1), FAISS 1.0 ms each; 200,000 x 256: 35-76 ms against 21-29. The index
@@ -31,7 +34,6 @@ from earl_service.serve.index import (
     HNSW_EF_SEARCH,
     HNSW_M,
     HNSW_MAX_DOUBLINGS,
-    HNSW_THRESHOLD,
     set_faiss_threads,
     shortlist_size,
 )
@@ -56,18 +58,17 @@ class MetricIndex:
         self.largest_norm = float(norms.max(initial=0.0))
 
     @classmethod
-    def build(cls, entities: np.ndarray, scorer: scorers.Scorer, *, kind: str = "auto",
-              hnsw_threshold: int = HNSW_THRESHOLD, faiss_threads: int | None = 1) -> MetricIndex:
-        """`kind`: "flat", "hnsw", or "auto" (flat below `hnsw_threshold` rows, else HNSW)."""
+    def build(cls, entities: np.ndarray, scorer: scorers.Scorer, *, kind: str = "flat",
+              faiss_threads: int | None = 1) -> MetricIndex:
+        """`kind`: "flat" (exact) or "hnsw" (approximate; module doc)."""
         import faiss
 
         if scorer.metric is None:
             raise ValueError(f"{type(scorer).__name__} has no FAISS metric")
         metric = {"ip": faiss.METRIC_INNER_PRODUCT, "l2": faiss.METRIC_L2, "l1": faiss.METRIC_L1}[scorer.metric]
         table = np.ascontiguousarray(entities, dtype=np.float32)
-        hnsw = kind == "hnsw" or (kind == "auto" and len(table) >= hnsw_threshold)
         index: Any
-        if hnsw:
+        if kind == "hnsw":
             graphed = table
             if scorer.metric == "ip":  # as L2: top-10 recall 0.95 -> 1.0 on the test's clustered rows
                 graphed, metric = mips_as_l2(table), faiss.METRIC_L2

@@ -110,8 +110,7 @@ class LinkPredictor:
         self.index: ProxyIndex | CodesIndex | CodesIVF | MetricIndex | None = None
         if index != "exact" and self.scorer.metric is not None and isinstance(self.table, DenseTable):
             self.index = MetricIndex.build(self.table.dense(), self.scorer, faiss_threads=faiss_threads,
-                                           kind=index if index in ("flat", "hnsw") else "auto",
-                                           hnsw_threshold=hnsw_threshold)
+                                           kind="hnsw" if index == "hnsw" else "flat")
         elif index != "exact" and self.scorer.indexable:
             def sample() -> list[SampleQuery]:  # only a float table's build asks for it, at most once
                 return self._calibration_sample(self.known.triples() if triples is None else triples)

@@ -1,5 +1,5 @@
 """An imported model's FAISS flat index of its own metric answers exactly what the exact scan does; its HNSW graph,
-from the threshold on, nearly always."""
+on request, nearly always."""
 
 from __future__ import annotations
 
@@ -63,11 +63,11 @@ def test_an_uncertified_shortlist_widens_and_exact_builds_no_index(monkeypatch):
 
 
 @pytest.mark.parametrize("kind", scorers.IMPORTED)
-def test_from_the_hnsw_threshold_an_hnsw_graph_of_the_metric_answers_nearly_all(kind):
-    """From hnsw_threshold rows ("auto") the index is an HNSW graph of the scorer's metric: approximate, so its
-    top-10s are held to the exact scan's on most queries (recall), and a query's widening is bounded."""
+def test_on_request_an_hnsw_graph_of_the_metric_answers_nearly_all(kind):
+    """index="hnsw" builds an HNSW graph of the scorer's metric: approximate, so its top-10s are held to the exact
+    scan's on most queries (recall); "auto" keeps the exact flat index whatever the size."""
     entities, relations, triples = tables(kind, 3, 1.0)
-    served = predictor(kind, entities, relations, triples, hnsw_threshold=1000)
+    served = predictor(kind, entities, relations, triples, index="hnsw")
     assert served.index_kind == "metric-hnsw"
     rng = np.random.default_rng(4)
     found = wanted = 0
@@ -76,4 +76,4 @@ def test_from_the_hnsw_threshold_an_hnsw_graph_of_the_metric_answers_nearly_all(
         want = {e for e, _ in served.brute_force_tails(f"e{h}", f"r{r}", 10)}
         found, wanted = found + len(got & want), wanted + len(want)
     assert found / wanted >= 0.95, found / wanted
-    assert predictor(kind, entities, relations, triples, hnsw_threshold=1000, index="flat").index_kind == "metric-flat"
+    assert predictor(kind, entities, relations, triples, hnsw_threshold=1000).index_kind == "metric-flat"
