@@ -68,20 +68,18 @@ class MetricIndex:
         metric = {"ip": faiss.METRIC_INNER_PRODUCT, "l2": faiss.METRIC_L2, "l1": faiss.METRIC_L1}[scorer.metric]
         table = np.ascontiguousarray(entities, dtype=np.float32)
         index: Any
+        graphed = table
         if kind == "hnsw":
-            graphed = table
             if scorer.metric == "ip":  # as L2: top-10 recall 0.95 -> 1.0 on the test's clustered rows
                 graphed, metric = mips_as_l2(table), faiss.METRIC_L2
             index = faiss.IndexHNSWFlat(graphed.shape[1], HNSW_M, metric)
             index.hnsw.efConstruction = HNSW_EF_CONSTRUCTION
-            set_faiss_threads(faiss_threads)
-            index.add(graphed)
-            return cls(table, scorer, index, faiss_threads=faiss_threads, kind="metric-hnsw")
         else:
             index = faiss.IndexFlat(table.shape[1], metric)
         set_faiss_threads(faiss_threads)
-        index.add(table)
-        return cls(table, scorer, index, faiss_threads=faiss_threads)
+        index.add(graphed)
+        return cls(table, scorer, index, faiss_threads=faiss_threads,
+                   kind="metric-hnsw" if kind == "hnsw" else "metric-flat")
 
     @property
     def num_entities(self) -> int:
