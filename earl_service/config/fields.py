@@ -203,6 +203,10 @@ class TrainConfig:
     device: str = setting("auto", "auto | cpu | cuda | cuda:N", cli_only=True)
     cuda_graphs: bool = setting(False, "capture the training step in a CUDA graph and replay it (one GPU, full-graph "
                                        "fp32 steps; each epoch's last partial batch is skipped)", cli_only=True)
+    row_updates: str = setting("auto", "RotatE: gather, differentiate and update (lazy Adam) only the entity rows "
+                                       "each step touches: on, off, or auto (on a CPU where a step draws fewer "
+                                       "entity ids than the table has rows)",
+                               choices=("auto", "on", "off"), cli_only=True)
     threads: int = setting(0, "torch intra-op threads (0: leave torch's default)", bounds={"ge": 0}, cli_only=True)
     seed: int = setting(0, "seed of the reserved entities, the initial weights, the batches and the negatives",
                         bounds={"ge": 0}, limits={"le": 2**31 - 1})

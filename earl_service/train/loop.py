@@ -30,6 +30,7 @@ from earl_service.train.loss import NegativeSampler, loss_fn, sampled_loss
 from earl_service.train.memory import MemoryUse
 from earl_service.train.outputs import BUNDLE, write_run_outputs
 from earl_service.train.readout import LossReadout, StepRecord, read_every
+from earl_service.train.rows import RowAdam, gather_rows
 from earl_service.train.run import GraphCache, Run, bf16_autocast, resolve_device
 from earl_service.train.schedule import build_optimizer, set_lr
 from earl_service.train.state import TrainState
@@ -96,6 +97,7 @@ class Learner:
     autocast: bool  # bfloat16 autocast of the encoder's dense maps (TrainConfig.compute)
     fanout: list[int | None]  # sampled training: edges drawn per entity at each layer
     graphed: GraphedStep | None = None  # the step as a CUDA graph (train() sets it for --cuda-graphs)
+    rows: bool = False  # each step updates only the entity rows it touches (train/rows.py)
 
     @classmethod
     def build(
@@ -110,7 +112,8 @@ class Learner:
         sampler = sampler_here() if run.graphs is None else run.graphs.shared(("sampler", device), sampler_here)
         triples = torch.as_tensor(ds.train, dtype=torch.long).to(device)
         return cls(run, wrap(run.model, ranks, device), optimizer, sampler, triples, cfg, ranks, device,
-                   bf16_autocast(cfg, device), cfg.fanout_for(run.model_config.gnn_layers))
+                   bf16_autocast(cfg, device), cfg.fanout_for(run.model_config.gnn_layers),
+                   rows=isinstance(optimizer, RowAdam) and ranks.world == 1 and not cfg.sampled)
 
 
 def train_step(learner: Learner, state: TrainState) -> torch.Tensor:
@@ -148,9 +151,12 @@ def step_on_batch(learner: Learner, state: TrainState, batch: torch.Tensor) -> t
         else:
             neg = learner.sampler.sample(batch[:, 0], batch[:, 1], batch[:, 2], cfg.negatives, state.rng)
             ignore = None if neg.known is None else (neg.known[0][rows], neg.known[1][rows])
-            entities, relations = learner.net(run.graph)
-            loss = loss_fn(run.scorer, entities.float(), relations.float(), batch[rows], neg.heads[rows],
-                           neg.tails[rows], cfg.adversarial_temperature, ignore=ignore)
+            if learner.rows:  # one rank: the batch's own rows, renumbered
+                entities, relations, batch, neg_heads, neg_tails = gather_rows(run.model, batch, neg.heads, neg.tails)
+            else:
+                (entities, relations), neg_heads, neg_tails = learner.net(run.graph), neg.heads, neg.tails
+            loss = loss_fn(run.scorer, entities.float(), relations.float(), batch[rows], neg_heads[rows],
+                           neg_tails[rows], cfg.adversarial_temperature, ignore=ignore)
     # DDP averages gradients over ranks: weigh each rank's mean by its share of the global batch.
     scaled = loss if ranks.world == 1 else loss * (share * ranks.world)
     learner.optimizer.zero_grad(set_to_none=True)

@@ -13,6 +13,7 @@ import math
 import torch
 
 from earl_service.config import TrainConfig
+from earl_service.train.rows import RowAdam, wants_row_updates
 
 SCHEDULES = ("constant", "cosine", "linear")
 
@@ -55,8 +56,10 @@ def param_groups(model: torch.nn.Module, cfg: TrainConfig) -> list[dict]:
 
 
 def build_optimizer(model: torch.nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
-    groups = param_groups(model, cfg)
-    return torch.optim.Adam([{**g, "lr": g["base_lr"] * lr_factor(cfg, 0.0)} for g in groups])
+    """Adam over param_groups; RowAdam (the same maths, lazy on sparse row gradients) where `model`'s steps update
+    rows (train/rows.py)."""
+    groups = [{**g, "lr": g["base_lr"] * lr_factor(cfg, 0.0)} for g in param_groups(model, cfg)]
+    return RowAdam(groups) if wants_row_updates(model, cfg) else torch.optim.Adam(groups)
 
 
 def set_lr(optimizer: torch.optim.Optimizer, cfg: TrainConfig, step: int, elapsed: float) -> float:
