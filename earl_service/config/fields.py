@@ -218,7 +218,8 @@ class TrainConfig:
     fanout: tuple[int, ...] = setting((10, 10), "edges drawn per entity at hop 1, 2, ... (0 or 'all': every edge)",
                                       group="sampled", metavar="N,N", text=FANOUT_TEXT, bounds={"ge": 0},
                                       limits={"le": 100_000})
-    negative_chunk: int = setting(0, "this many positives share one draw of negatives (0: the whole batch)",
+    negative_chunk: int = setting(0, "this many positives share one draw of negatives (0: each positive its own in "
+                                     "full-graph steps, the whole batch in sampled ones)",
                                   group="sampled", metavar="C", bounds={"ge": 0}, limits={"le": 65_536})
 
     def __post_init__(self) -> None:

@@ -18,7 +18,6 @@ from earl_service.bundle.model_io import Bundle, bundle_from_model
 from earl_service.config import ModelConfig, TrainConfig
 from earl_service.data.dataset import Dataset
 from earl_service.data.vocab import Vocab
-from earl_service.errors import ConfigError
 from earl_service.memory import peak_rss_mb, reset_peak_rss
 from earl_service.model.kernels import extension_available
 from earl_service.model.modules import trainable_parameters
@@ -30,8 +29,9 @@ from earl_service.train.loss import NegativeSampler, loss_fn, sampled_loss
 from earl_service.train.memory import MemoryUse
 from earl_service.train.outputs import BUNDLE, write_run_outputs
 from earl_service.train.readout import LossReadout, StepRecord, read_every
-from earl_service.train.rows import RowAdam, gather_rows
+from earl_service.train.rows import RowAdam, gather_rows, negative_chunk
 from earl_service.train.run import GraphCache, Run, bf16_autocast, resolve_device
+from earl_service.train.sampling import check_sampled
 from earl_service.train.schedule import build_optimizer, set_lr
 from earl_service.train.state import TrainState
 from earl_service.version import __version__
@@ -98,6 +98,7 @@ class Learner:
     fanout: list[int | None]  # sampled training: edges drawn per entity at each layer
     graphed: GraphedStep | None = None  # the step as a CUDA graph (train() sets it for --cuda-graphs)
     rows: bool = False  # each step updates only the entity rows it touches (train/rows.py)
+    chunk: int = 0  # full-graph steps: positives sharing their corruptions (rows.negative_chunk; 0: none)
 
     @classmethod
     def build(
@@ -113,7 +114,8 @@ class Learner:
         triples = torch.as_tensor(ds.train, dtype=torch.long).to(device)
         return cls(run, wrap(run.model, ranks, device), optimizer, sampler, triples, cfg, ranks, device,
                    bf16_autocast(cfg, device), cfg.fanout_for(run.model_config.gnn_layers),
-                   rows=isinstance(optimizer, RowAdam) and ranks.world == 1 and not cfg.sampled)
+                   rows=isinstance(optimizer, RowAdam) and ranks.world == 1 and not cfg.sampled,
+                   chunk=negative_chunk(run.model, cfg))
 
 
 def train_step(learner: Learner, state: TrainState) -> torch.Tensor:
@@ -149,7 +151,8 @@ def step_on_batch(learner: Learner, state: TrainState, batch: torch.Tensor) -> t
                                           state.rng, rng)
             state.history.encoded.append(encoded)
         else:
-            neg = learner.sampler.sample(batch[:, 0], batch[:, 1], batch[:, 2], cfg.negatives, state.rng)
+            neg = learner.sampler.sample(batch[:, 0], batch[:, 1], batch[:, 2], cfg.negatives, state.rng,
+                                         chunk=learner.chunk)
             ignore = None if neg.known is None else (neg.known[0][rows], neg.known[1][rows])
             if learner.rows:  # one rank: the batch's own rows, renumbered
                 entities, relations, batch, neg_heads, neg_tails = gather_rows(run.model, batch, neg.heads, neg.tails)
@@ -231,7 +234,7 @@ def train(
         torch.set_num_threads(cfg.threads)
     device = resolve_device(cfg.device)
     ranks = Ranks.current(device)
-    _check_sampled(cfg, model_config)
+    check_sampled(cfg, model_config)
     run, memory = _build(dataset, model_config, cfg, device, graphs)
     optimizer = build_optimizer(run.model, cfg)
     state = TrainState.start(cfg.seed, device)
@@ -376,16 +379,6 @@ def run_bundle(run: Run, metrics: dict[str, Any] | None = None) -> Bundle:
     ds = run.dataset
     return bundle_from_model(run.model, run.model_config, Vocab(ds.entities.names[: ds.num_train_entities]),
                              ds.relations, ds.train, metrics=metrics, labels=ds.labels)
-
-
-def _check_sampled(cfg: TrainConfig, model_config: ModelConfig) -> None:
-    if not cfg.sampled:
-        return
-    if model_config.model != "earl":
-        raise ConfigError("sampled training is for the EARL encoder; RotatE has no graph encoding to sample")
-    if model_config.no_conrel_knn:
-        raise ConfigError("sampled training needs ConRel or kNResEnt inputs; --no-conrel-knn draws one random "
-                          "input row per entity of the whole graph")
 
 
 def _progress_bar(cfg: TrainConfig, initial: int):

@@ -58,8 +58,19 @@ class NegativeSampler:
         return (self._known(self.head_keys, (t * self.r + r)[:, None], neg_heads),
                 self._known(self.tail_keys, (h * self.r + r)[:, None], neg_tails))
 
-    def sample(self, h: torch.Tensor, r: torch.Tensor, t: torch.Tensor, k: int, gen: torch.Generator) -> Negatives:
-        """(B,) positives -> K head and K tail corruptions each, drawn from `gen` (on the sampler's device)."""
+    def sample(self, h: torch.Tensor, r: torch.Tensor, t: torch.Tensor, k: int, gen: torch.Generator, *,
+               chunk: int = 0) -> Negatives:
+        """(B,) positives -> K head and K tail corruptions each, drawn from `gen` (on the sampler's device).
+
+        `chunk` > 0: each run of `chunk` consecutive positives shares its K and K (TrainConfig.negative_chunk), so
+        a step touches 2 x K x chunks rows, not 2 x K x B; shared corruptions cannot be redrawn per positive, so
+        those that make a known triple with theirs are flagged (Negatives.known) for the loss to ignore.
+        """
+        if chunk:
+            owner = torch.arange(h.numel(), device=h.device) // chunk  # (B,) each positive's chunk
+            draws = self._draw((2, -(-h.numel() // chunk), k), gen)
+            heads, tails = draws[0][owner], draws[1][owner]
+            return Negatives(heads, tails, self.known_masks(h, r, t, heads, tails))
         redraw = self._fixed_rounds if self.fixed_shapes else self._compact_rounds
         heads, head_hits = redraw(self.head_keys, t * self.r + r, k, gen)
         tails, tail_hits = redraw(self.tail_keys, h * self.r + r, k, gen)

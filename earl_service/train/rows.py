@@ -26,9 +26,26 @@ from earl_service.config import TrainConfig
 from earl_service.errors import ConfigError
 from earl_service.model.modules import RotatEModel
 
+BIG_TABLE_ROWS = 100_000
+SHARED_CHUNK = 64
+
+
+def big_table(model: torch.nn.Module) -> bool:
+    """A RotatE table on a CPU of at least BIG_TABLE_ROWS entities, where a step's O(N) passes dominate."""
+    return (isinstance(model, RotatEModel) and model.entities.device.type == "cpu"
+            and model.entities.shape[0] >= BIG_TABLE_ROWS)
+
+
+def negative_chunk(model: torch.nn.Module, cfg: TrainConfig) -> int:
+    """How many consecutive positives share their corruptions in a full-graph step: TrainConfig.negative_chunk
+    where given, else SHARED_CHUNK on a big table (a step then draws 2 x K per 64 positives, not per positive:
+    6,144 ids, not 264,192, at batch 1024 x 128), else 0 (each positive its own, redrawn off known answers)."""
+    return cfg.negative_chunk or (SHARED_CHUNK if big_table(model) else 0)
+
 
 def wants_row_updates(model: torch.nn.Module, cfg: TrainConfig) -> bool:
-    """Whether `model`'s steps should update rows (TrainConfig.row_updates), on the device its weights are on."""
+    """Whether `model`'s steps should update rows (TrainConfig.row_updates), on the device its weights are on:
+    auto where a step draws fewer entity ids than the table has rows."""
     if cfg.row_updates == "off":
         return False
     rotate = isinstance(model, RotatEModel)
@@ -38,12 +55,15 @@ def wants_row_updates(model: torch.nn.Module, cfg: TrainConfig) -> bool:
         if cfg.cuda_graphs:
             raise ConfigError("--row-updates on cannot be captured in a CUDA graph (each step's rows differ)")
         return True
-    return rotate and model.entities.device.type == "cpu" and model.entities.shape[0] >= draws_per_step(cfg)
+    return (rotate and model.entities.device.type == "cpu"
+            and model.entities.shape[0] >= draws_per_step(cfg, negative_chunk(model, cfg)))
 
 
-def draws_per_step(cfg: TrainConfig) -> int:
-    """Entity ids one full-graph step draws: each positive's head and tail and its corruptions of both."""
-    return 2 * cfg.batch_size * (cfg.negatives + 1)
+def draws_per_step(cfg: TrainConfig, chunk: int) -> int:
+    """Entity ids one full-graph step draws: each positive's head and tail, and K head and K tail corruptions
+    per positive, or per `chunk` positives where they share them."""
+    draws = -(-cfg.batch_size // chunk) if chunk else cfg.batch_size
+    return 2 * (cfg.batch_size + draws * cfg.negatives)
 
 
 class RowAdam(torch.optim.Optimizer):
@@ -130,4 +150,5 @@ def gather_rows(
             local[2 * b + b * k :].view(b, k))
 
 
-__all__ = ["RowAdam", "draws_per_step", "gather_rows", "wants_row_updates"]
+__all__ = ["BIG_TABLE_ROWS", "SHARED_CHUNK", "RowAdam", "big_table", "draws_per_step", "gather_rows", "negative_chunk",
+           "wants_row_updates"]

@@ -23,7 +23,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from earl_service.config import ModelConfig, TrainConfig
 from earl_service.core import knn as core_knn
+from earl_service.errors import ConfigError
 from earl_service.model.graph import Graph, SparsePair, csr_tensor, knn_tables
 from earl_service.model.modules import EARL
 
@@ -254,3 +256,14 @@ def embed_all(model: EARL, index: NeighborIndex, *, chunk: int = 4096) -> tuple[
             out[start : start + sub.num_seeds], next_rel = layer(h[sub.nodes], rel, sub.layers[0])
         h, rel = out, next_rel
     return h, rel
+
+
+def check_sampled(cfg: TrainConfig, model_config: ModelConfig) -> None:
+    """Refuses settings sampled training cannot run with (ConfigError)."""
+    if not cfg.sampled:
+        return
+    if model_config.model != "earl":
+        raise ConfigError("sampled training is for the EARL encoder; RotatE has no graph encoding to sample")
+    if model_config.no_conrel_knn:
+        raise ConfigError("sampled training needs ConRel or kNResEnt inputs; --no-conrel-knn draws one random "
+                          "input row per entity of the whole graph")

@@ -68,6 +68,22 @@ def test_negatives_never_train_on_a_known_true_triple(codex, fixed_shapes):
     assert (head_true.sum() + tail_true.sum()) / (2 * head_true.numel()) < 0.002  # from ~4% before the rounds
 
 
+def test_shared_negatives_are_one_draw_per_chunk_with_exact_known_flags(codex):
+    """negative_chunk C: positives [iC, (i+1)C) share their corruptions; the true ones are flagged, not redrawn."""
+    ds = codex
+    sampler = NegativeSampler(ds.train, ds.num_train_entities, ds.num_relations, CPU)
+    batch = _batch(ds, size=100)
+    neg = sampler.sample(batch[:, 0], batch[:, 1], batch[:, 2], 64, torch.Generator().manual_seed(1), chunk=32)
+    assert neg.heads.shape == neg.tails.shape == (100, 64)
+    for side in (neg.heads, neg.tails):
+        assert all(torch.equal(side[i], side[i // 32 * 32]) for i in range(100))
+        assert not torch.equal(side[0], side[32]) and len({tuple(side[i].tolist()) for i in range(100)}) == 4
+    true = {tuple(x) for x in ds.train.tolist()}
+    head_true = torch.tensor([[(x, rr, tt) in true for x in row] for (_, rr, tt), row in
+                              zip(batch.tolist(), neg.heads.tolist(), strict=True)])
+    assert neg.known is not None and torch.equal(neg.known[0], head_true) and bool(head_true.any())
+
+
 def test_both_ways_draw_the_same_distribution(codex):
     """Redrawn hits only (CPU) or every round through a mask (GPU): the same share of each entity among the
     tail negatives of one query, within sampling noise."""

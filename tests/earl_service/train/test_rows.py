@@ -10,7 +10,15 @@ from earl_service.errors import ConfigError
 from earl_service.model.modules import RotatE, RotatEModel, build_model
 from earl_service.train.loop import CHECKPOINT, train
 from earl_service.train.loss import loss_fn
-from earl_service.train.rows import RowAdam, draws_per_step, gather_rows, wants_row_updates
+from earl_service.train.rows import (
+    BIG_TABLE_ROWS,
+    SHARED_CHUNK,
+    RowAdam,
+    draws_per_step,
+    gather_rows,
+    negative_chunk,
+    wants_row_updates,
+)
 from earl_service.train.schedule import build_optimizer
 
 
@@ -73,10 +81,11 @@ def test_the_gathered_rows_give_the_full_tables_loss_and_gradient():
 
 def test_auto_updates_rows_where_a_step_draws_fewer_ids_than_the_table_holds():
     cfg = TrainConfig(batch_size=4, negatives=3)
-    assert draws_per_step(cfg) == 2 * 4 * (3 + 1)
-    small, _ = _rotate(n=draws_per_step(cfg) - 1)
-    big, _ = _rotate(n=draws_per_step(cfg))
+    assert draws_per_step(cfg, 0) == 2 * 4 * (3 + 1) and draws_per_step(cfg, 3) == 2 * (4 + 2 * 3)
+    small, _ = _rotate(n=draws_per_step(cfg, 0) - 1)
+    big, _ = _rotate(n=draws_per_step(cfg, 0))
     assert not wants_row_updates(small, cfg) and wants_row_updates(big, cfg)
+    assert wants_row_updates(small, TrainConfig(batch_size=4, negatives=3, negative_chunk=3))
     assert isinstance(build_optimizer(big, cfg), RowAdam)
     assert type(build_optimizer(small, cfg)) is torch.optim.Adam
     assert wants_row_updates(small, TrainConfig(row_updates="on"))
@@ -87,6 +96,19 @@ def test_auto_updates_rows_where_a_step_draws_fewer_ids_than_the_table_holds():
         wants_row_updates(earl, TrainConfig(row_updates="on"))
     with pytest.raises(ConfigError, match="CUDA graph"):
         wants_row_updates(small, TrainConfig(row_updates="on", cuda_graphs=True))
+
+
+def test_big_tables_share_corruptions_in_chunks_unless_told():
+    """From BIG_TABLE_ROWS entities RotatE's positives share corruptions by SHARED_CHUNK (and the rows then
+    update alone: 6,144 draws a step at the default 1024 x 128); a given --negative-chunk always wins."""
+    cfg = TrainConfig(batch_size=1024, negatives=128)
+    below, _ = _rotate(n=BIG_TABLE_ROWS - 1, dim=1)
+    table, _ = _rotate(n=BIG_TABLE_ROWS, dim=1)
+    assert negative_chunk(below, cfg) == 0 and not wants_row_updates(below, cfg)
+    assert negative_chunk(table, cfg) == SHARED_CHUNK and wants_row_updates(table, cfg)
+    assert negative_chunk(table, TrainConfig(negative_chunk=1)) == 1 == negative_chunk(below, TrainConfig(negative_chunk=1))
+    earl = build_model(ModelConfig(dim=4), 40, 3, torch.arange(8))
+    assert negative_chunk(earl, cfg) == 0
 
 
 def test_a_row_updated_run_learns_and_resumes_bit_for_bit(tmp_path):
