@@ -10,9 +10,11 @@ get ordinary Adam in the same optimizer, so one state_dict checkpoints both.
 
 Where it applies (`TrainConfig.row_updates`): "auto" turns it on for RotatE on a CPU where a step draws fewer
 entity ids than the table has rows (`draws_per_step`: at the default recipe's batch 1024 x 128 negatives, from
-264,192 entities); below that nearly every row is touched anyway and gathering costs more than it saves
-(docs/training.md#row-updates has the measurements). On a GPU the full-table passes are cheap and the unique
-ids would be a host sync, so auto leaves it off there.
+264,192 entities); below that nearly every row is touched anyway and gathering costs more than it saves. From
+BIG_TABLE_ROWS entities RotatE's positives also share their corruptions by chunks of SHARED_CHUNK
+(`negative_chunk`), so a step touches thousands of rows, not hundreds of thousands. On a GPU the full-table
+passes are cheap and the unique ids would be a host sync, so neither is automatic there. Measurements, and
+what sharing costs given longer budgets: docs/scaling.md#big-rotate-tables-shared-corruptions-and-row-updates.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from earl_service.config import TrainConfig
 from earl_service.errors import ConfigError
 from earl_service.model.modules import RotatEModel
 
-BIG_TABLE_ROWS = 100_000
+BIG_TABLE_ROWS = 500_000  # between WordNet-full (117k: sharing loses at 30 minutes) and 1M (it wins)
 SHARED_CHUNK = 64
 
 
@@ -39,7 +41,9 @@ def big_table(model: torch.nn.Module) -> bool:
 def negative_chunk(model: torch.nn.Module, cfg: TrainConfig) -> int:
     """How many consecutive positives share their corruptions in a full-graph step: TrainConfig.negative_chunk
     where given, else SHARED_CHUNK on a big table (a step then draws 2 x K per 64 positives, not per positive:
-    6,144 ids, not 264,192, at batch 1024 x 128), else 0 (each positive its own, redrawn off known answers)."""
+    6,144 ids, not 264,192, at batch 1024 x 128), else 0 (each positive its own, redrawn off known answers).
+    Sharing buys steps at a cost per step: it wins where the budget covers few epochs (1M entities in an hour)
+    and lost on WordNet-full given 30 minutes, hence the threshold."""
     return cfg.negative_chunk or (SHARED_CHUNK if big_table(model) else 0)
 
 

@@ -99,12 +99,12 @@ def test_auto_updates_rows_where_a_step_draws_fewer_ids_than_the_table_holds():
 
 
 def test_big_tables_share_corruptions_in_chunks_unless_told():
-    """From BIG_TABLE_ROWS entities RotatE's positives share corruptions by SHARED_CHUNK (and the rows then
-    update alone: 6,144 draws a step at the default 1024 x 128); a given --negative-chunk always wins."""
+    """From BIG_TABLE_ROWS entities RotatE's positives share corruptions by SHARED_CHUNK (6,144 draws a step at
+    the default 1024 x 128, so the rows update alone); a given --negative-chunk always wins."""
     cfg = TrainConfig(batch_size=1024, negatives=128)
     below, _ = _rotate(n=BIG_TABLE_ROWS - 1, dim=1)
     table, _ = _rotate(n=BIG_TABLE_ROWS, dim=1)
-    assert negative_chunk(below, cfg) == 0 and not wants_row_updates(below, cfg)
+    assert negative_chunk(below, cfg) == 0 and wants_row_updates(below, cfg)  # 264,192 draws a step < its rows
     assert negative_chunk(table, cfg) == SHARED_CHUNK and wants_row_updates(table, cfg)
     assert negative_chunk(table, TrainConfig(negative_chunk=1)) == 1 == negative_chunk(below, TrainConfig(negative_chunk=1))
     earl = build_model(ModelConfig(dim=4), 40, 3, torch.arange(8))
