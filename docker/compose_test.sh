@@ -3,10 +3,11 @@
 # end on 127.0.0.1 (docker/compose_scenario.py). Needs no image registry and no package index inside the builds.
 #   1. apt-get installs docker.io, debootstrap and docker-compose where missing
 #   2. starts dockerd (no bridge, no iptables) where none answers; where it cannot start, says so and exits 0
-#   3. builds the base image (debootstrap --variant=minbase bookworm + docker import) where it is absent
-#   4. fills docker/wheels/ on the host (pip download: the project's dependencies, torch 2.13.0 CPU)
-#   5. builds the Redis, API and CPU worker images through docker/compose.test.yml (host networking)
-#   6. runs the scenario; the stack is taken down with its volumes (down -v) however it ends
+#   3. checks that docker's data root has room for the images (NEED_GB; SKIPPED with the figures where not)
+#   4. builds the base image (debootstrap --variant=minbase bookworm + docker import) where it is absent
+#   5. fills docker/wheels/ on the host (pip download: the project's dependencies, torch 2.13.0 CPU)
+#   6. builds the Redis, API and CPU worker images through docker/compose.test.yml (host networking)
+#   7. runs the scenario; the stack is taken down with its volumes (down -v) however it ends
 # Figures go to bench/results/compose_test.{json,md}; logs to .compose-test/.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -70,6 +71,21 @@ start_dockerd() {
   done
   tail -n 5 "$WORK/dockerd.log" >&2 || true
   skip "dockerd cannot start here (no privileges for containers?); see $WORK/dockerd.log"
+}
+
+# The base, API and worker images with their build layers take ~5 GB, the wheelhouse ~1 GB (measured on a fresh
+# machine); a build that fills the disk fails halfway through a layer, so check first and say what is missing.
+NEED_GB=${EARL_COMPOSE_TEST_NEED_GB:-8}
+check_disk() {
+  local root free_gb
+  root=$(docker info -f '{{.DockerRootDir}}' 2>/dev/null || echo /var/lib/docker)
+  [ -d "$root" ] || root=/
+  free_gb=$(df -Pk "$root" | awk 'NR == 2 {print int($4 / 1048576)}')
+  if [ "$free_gb" -lt "$NEED_GB" ]; then
+    skip "docker's data root $root has ${free_gb} GB free; the images need about ${NEED_GB} GB" \
+      "(free space, e.g. docker image prune, or set EARL_COMPOSE_TEST_NEED_GB)"
+  fi
+  say "docker's data root $root has ${free_gb} GB free (need ${NEED_GB})"
 }
 
 build_base_image() {
@@ -150,6 +166,7 @@ write_setup() {
 trap teardown EXIT
 timed install_tools install_tools
 timed start_dockerd start_dockerd
+check_disk
 timed base_image build_base_image
 timed wheelhouse fill_wheelhouse
 STACK_UP=1  # from here on a failure may leave containers: the trap takes them down
