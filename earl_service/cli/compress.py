@@ -36,6 +36,10 @@ def add_compress_command(sub) -> None:
     p.add_argument("--eval-triples", type=int, default=2000, metavar="N",
                    help="with --from and --graph: valid triples each size is scored on, a seeded sample (0: all; "
                         "default 2000). A pass ranks every entity for each, both sides: fewer on big tables")
+    p.add_argument("--retrain-minutes", type=float, default=0.0, metavar="M",
+                   help="with --from and --graph: also train models at the budget on DATA for M minutes (the search "
+                        "`earl compress DATA` runs) and pick it where it scores above every coded size; its answers "
+                        "are over DATA's entities (docs/import.md)")
     p.add_argument("--out", required=True,
                    help="job folder: the pick (bundle.safetensors), report.json/.md, frontier.png, candidates/; "
                         "run again with the same folder to continue a stopped job")
@@ -62,6 +66,8 @@ def cmd_compress(a: argparse.Namespace) -> int:
         return _compress_imported(a)
     if a.data is None:
         raise ConfigError("earl compress needs a DATA folder to train on, or --from an imported bundle")
+    if a.retrain_minutes:
+        raise ConfigError("--retrain-minutes goes with --from BUNDLE --graph DATA (a search trains anyway)")
     from earl_service.compress.search import compress, pick_metrics
     from earl_service.compress.state import PICK
     from earl_service.config.options import train_configs_from_options
@@ -79,7 +85,9 @@ def cmd_compress(a: argparse.Namespace) -> int:
 
 def _compress_imported(a: argparse.Namespace) -> int:
     from earl_service.compress.config import parse_size
-    from earl_service.imports.compress import ImportedSearch, compress_imported
+    from earl_service.compress.retrained import compress_from
+    from earl_service.config.options import train_configs_from_options
+    from earl_service.imports.compress import ImportedSearch
     from earl_service.imports.sizes import DEFAULT_MINUTES
 
     if a.from_bundle is None or a.data is not None:
@@ -90,7 +98,12 @@ def _compress_imported(a: argparse.Namespace) -> int:
     search = ImportedSearch(max_bytes=parse_size(a.max_bytes),
                             time_limit_minutes=float(getattr(a, "time_limit", None) or DEFAULT_MINUTES), seed=a.seed
                             if getattr(a, "seed", None) is not None else 0, eval_triples=a.eval_triples)
-    report = compress_imported(a.from_bundle, a.out, search, graph=a.graph)
+    if not a.retrain_minutes >= 0:
+        raise ConfigError(f"--retrain-minutes must be 0 (none) or more, not {a.retrain_minutes}")
+    train_configs = train_configs_from_options({"progress": False, "device": a.device, "threads": a.threads,
+                                                "seed": search.seed}, recipe=a.recipe)
+    report = compress_from(a.from_bundle, a.out, search, graph=a.graph, retrain_minutes=a.retrain_minutes,
+                           train_configs=train_configs, on_progress=_show)
     assert report is not None  # only should_stop ends a search early, and the command line gives none
     print(json.dumps({"bundle": str(Path(a.out) / "bundle.safetensors") if report["pick"] else None,
                       "pick": report["pick"], "original": report["original"],

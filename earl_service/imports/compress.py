@@ -101,6 +101,14 @@ def _shapes(bundle: Bundle) -> sizes.Shapes:
     return {name: tuple(value.shape) for name, value in bundle.params.items()}
 
 
+def eval_sample(graph: Graph, search: ImportedSearch) -> np.ndarray:
+    """The valid triples every size is scored on: a seeded sample of search.eval_triples (all where 0)."""
+    valid, limit = graph.splits["valid"], search.eval_triples
+    if limit and len(valid) > limit:
+        valid = valid[np.sort(np.random.default_rng(search.seed).choice(len(valid), limit, replace=False))]
+    return valid
+
+
 class Search:
     """One search's state: the bundle, its graph, the clock, and what each candidate gave."""
 
@@ -113,13 +121,7 @@ class Search:
         self.rows: list[dict[str, Any]] = []
 
     def _eval_triples(self) -> np.ndarray | None:
-        if self.graph is None:
-            return None
-        valid = self.graph.splits["valid"]
-        limit = self.search.eval_triples
-        if limit and len(valid) > limit:
-            valid = valid[np.sort(np.random.default_rng(self.search.seed).choice(len(valid), limit, replace=False))]
-        return valid
+        return None if self.graph is None else eval_sample(self.graph, self.search)
 
     def mrr(self, params: dict | None = None) -> float | None:
         if self.eval is None or self.known is None:
@@ -219,19 +221,26 @@ def compress_imported(source: str | Path, out: str | Path, search: ImportedSearc
         if on_progress is not None:
             on_progress({"stage": "size", "precision": precision.name, "step": step, "total": len(chosen),
                          "time_left": max(0.0, state.deadline - time.monotonic()), "resumed": bool(saved)})
-    fitting = [r for r in state.rows if r.get("fits")]
-    scored = all(r.get("mrr") is not None for r in fitting)  # without a graph: the largest that fits
-    pick = max(fitting, key=lambda r: (r["mrr"], -r["bytes"]) if scored else (r["bytes"], 0)) if fitting else None
-    if pick is not None:
-        shutil.copyfile(out / pick["path"], out / PICK)
     source_name, graph_name = shown or (str(source), str(graph) if graph else None)
     report = {"source": source_name, "model": bundle.config.model, "dim": bundle.config.dim,
               "entities": len(bundle.entities), "relations": len(bundle.relations), "max_bytes": search.max_bytes,
               "graph": graph_name, "eval_split": "valid" if graph else None,
               "eval_triples": 0 if state.eval is None else len(state.eval),
               "dropped": state.graph.dropped if state.graph else {}, "original": original, "candidates": state.rows,
-              "pick": pick and pick["precision"], "seconds": round(spent + time.monotonic() - start, 1),
-              "resumed_sizes": reused}
+              "pick": None, "seconds": round(spent + time.monotonic() - start, 1), "resumed_sizes": reused}
+    return finish(out, report)
+
+
+def finish(out: Path, report: dict[str, Any]) -> dict[str, Any]:
+    """Pick the most accurate row that fits (without a graph: the largest), copy its file to out/PICK and write
+    report.json, report.md and the plot; also after a row is added (compress/retrained.py)."""
+    fitting = [r for r in report["candidates"] if r.get("fits")]
+    scored = all(r.get("mrr") is not None for r in fitting)
+    pick = max(fitting, key=lambda r: (r["mrr"], -r["bytes"]) if scored else (r["bytes"], 0)) if fitting else None
+    if pick is not None:
+        shutil.copyfile(out / pick["path"], out / PICK)
+    report["pick"] = pick and pick["precision"]
+    report.pop("plot", None)
     if scored and fitting and plot_sizes(report, out / FRONTIER_PNG):
         report["plot"] = FRONTIER_PNG
     (out / "report.json").write_text(json.dumps(report, indent=2) + "\n")
@@ -314,10 +323,18 @@ def markdown(report: dict[str, Any]) -> str:
         lines.append(f"| {row['precision']}{' **pick**' if row['precision'] == report['pick'] else ''} | "
                      f"{size:,}{'' if 'bytes' in row else ' (est.)'} | 1/{report['original']['bytes'] / size:.1f} | "
                      f"{'yes' if row.get('fits') else 'no'} | {mrr(row.get('mrr'))} | {note} |")
+    for row in report["candidates"]:
+        if row.get("retrained"):  # compress/retrained.py: a model trained at the budget, not the source coded
+            made = row["retrained"]
+            lines += ["", f"retrained: {made['candidate']} at {made['precision']}, the pick of `earl compress` on the "
+                          f"graph in {made['minutes']:g} minutes, not the source coded; it ranks among "
+                          f"{made['entities']:,} entities (the source: {report['entities']:,}), on "
+                          f"{made['eval_triples']:,} of the {report['eval_triples']:,} triples (the rest name an "
+                          "entity it lacks)."]
     if report.get("plot"):
         lines += ["", f"![valid MRR against bytes]({report['plot']})"]
     return "\n".join(lines) + "\n"
 
 
-__all__ = ["STATE", "ImportedSearch", "compress_imported", "estimate", "filtered_mrr", "load_state", "markdown",
-           "read_graph", "search_settings"]
+__all__ = ["PICK", "STATE", "Graph", "ImportedSearch", "compress_imported", "estimate", "eval_sample", "filtered_mrr",
+           "finish", "load_state", "markdown", "read_graph", "search_settings"]
