@@ -155,7 +155,8 @@ def step_on_batch(learner: Learner, state: TrainState, batch: torch.Tensor) -> t
                                          chunk=learner.chunk)
             ignore = None if neg.known is None else (neg.known[0][rows], neg.known[1][rows])
             if learner.rows:  # one rank: the batch's own rows, renumbered
-                entities, relations, batch, neg_heads, neg_tails = gather_rows(run.model, batch, neg.heads, neg.tails)
+                entities, relations, batch, neg_heads, neg_tails = gather_rows(run.model, batch, neg.heads, neg.tails,
+                                                                               shared=neg.shared)
             else:
                 (entities, relations), neg_heads, neg_tails = learner.net(run.graph), neg.heads, neg.tails
             loss = loss_fn(run.scorer, entities.float(), relations.float(), batch[rows], neg_heads[rows],

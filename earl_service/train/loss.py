@@ -20,6 +20,9 @@ class Negatives(NamedTuple):
     heads: torch.Tensor  # (B, K) entity ids
     tails: torch.Tensor  # (B, K)
     known: tuple[torch.Tensor, torch.Tensor] | None  # (head mask, tail mask), (B, K) bool each: loss_fn's `ignore`
+    # Shared corruptions (sample's `chunk`): the (2, C, K) draws and each positive's chunk (B,), heads and tails
+    # being draws[0][owner] and draws[1][owner]; gather_rows renumbers the C x K draws, not the B x K copies.
+    shared: tuple[torch.Tensor, torch.Tensor] | None = None
 
 
 class NegativeSampler:
@@ -70,7 +73,7 @@ class NegativeSampler:
             owner = torch.arange(h.numel(), device=h.device) // chunk  # (B,) each positive's chunk
             draws = self._draw((2, -(-h.numel() // chunk), k), gen)
             heads, tails = draws[0][owner], draws[1][owner]
-            return Negatives(heads, tails, self.known_masks(h, r, t, heads, tails))
+            return Negatives(heads, tails, self.known_masks(h, r, t, heads, tails), shared=(draws, owner))
         redraw = self._fixed_rounds if self.fixed_shapes else self._compact_rounds
         heads, head_hits = redraw(self.head_keys, t * self.r + r, k, gen)
         tails, tail_hits = redraw(self.tail_keys, h * self.r + r, k, gen)

@@ -1,6 +1,7 @@
 """Row updates: RowAdam is Adam on dense gradients and SparseAdam on row gradients, a step on the gathered rows
 is the full-table step's loss and gradient, the auto rule, and a row-updated run resumes bit for bit."""
 
+import numpy as np
 import pytest
 import torch
 from conftest import tiny_dataset
@@ -77,6 +78,23 @@ def test_the_gathered_rows_give_the_full_tables_loss_and_gradient():
     sparse = model.entities.grad
     assert sparse.is_sparse and sparse._values().shape == rows.shape
     torch.testing.assert_close(sparse.to_dense(), dense)
+
+
+def test_shared_corruptions_renumber_their_draws_as_the_copies_would():
+    """gather_rows from a chunked draw's (2, C, K) draws gives what it gives from their (B, K) copies."""
+    from earl_service.train.loss import NegativeSampler
+
+    model, _ = _rotate()
+    gen = torch.Generator().manual_seed(5)
+    train = np.stack([np.arange(20) % 30, np.arange(20) % 4, (np.arange(20) * 7) % 30], 1)
+    batch = torch.as_tensor(train[:10], dtype=torch.long)
+    neg = NegativeSampler(train, 30, 4, torch.device("cpu")).sample(batch[:, 0], batch[:, 1], batch[:, 2], 6, gen,
+                                                                    chunk=4)
+    assert neg.shared is not None and neg.shared[0].shape == (2, 3, 6)
+    copies = gather_rows(model, batch, neg.heads, neg.tails)
+    shared = gather_rows(model, batch, neg.heads, neg.tails, shared=neg.shared)
+    for a, b in zip(copies, shared, strict=True):
+        torch.testing.assert_close(a, b)
 
 
 def test_auto_updates_rows_where_a_step_draws_fewer_ids_than_the_table_holds():
