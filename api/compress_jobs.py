@@ -83,7 +83,7 @@ def check_uploads(home: ServiceHome, job_id: str, files: dict[str, str], config:
 
 
 # What a job over a registered model may set; anything else (dim, steps, models, ...) has nothing to act on.
-MODEL_JOB_FIELDS = ("source_model", "max_bytes", "time_limit", "precisions", "seed")
+MODEL_JOB_FIELDS = ("source_model", "max_bytes", "time_limit", "precisions", "seed", "retrain_minutes")
 
 
 def model_job_params(form: dict[str, Any], *, given: Collection[str], record: ModelRecord, bundle: Path,
@@ -107,13 +107,18 @@ def model_job_params(form: dict[str, Any], *, given: Collection[str], record: Mo
     if minutes > max_minutes:
         raise ConfigError(f"time_limit (minutes) {minutes:,} is over {max_minutes:,} (EARL_MAX_JOB_MINUTES)")
     minutes = minutes or min(sizes.DEFAULT_MINUTES, max_minutes)
+    retrain = float(form.get("retrain_minutes") or 0)
+    if minutes + retrain > max_minutes:
+        raise ConfigError(f"time_limit {minutes:,} + retrain_minutes {retrain:,} is over {max_minutes:,} minutes "
+                          "(EARL_MAX_JOB_MINUTES)")
     precisions = split_names(form.get("precisions") or "")
     floor, precision = _smallest(record, bundle, precisions)
     if max_bytes < floor:
         raise ConfigError(f"max_bytes {max_bytes} is below the smallest size of model {record.id}: {precision} "
                           f"takes {floor} bytes before its header; give at least that, with room for the header")
     return {"source_model": record.id, "source_version": version_number(record), "max_bytes": max_bytes,
-            "time_limit": minutes, "precisions": ",".join(precisions) or None, "seed": form.get("seed") or 0}
+            "time_limit": minutes, "precisions": ",".join(precisions) or None, "seed": form.get("seed") or 0,
+            "retrain_minutes": retrain}
 
 
 def check_model_job_files(given: Collection[str]) -> None:

@@ -39,6 +39,10 @@ class JobForm(form_model(), CompressForm):  # type: ignore[misc]  # a derived ba
         "compress job over a registered model (imported, or a RotatE trained here) instead of uploaded triples: "
         "its sizes (fp32, fp16, int8, pq:M) are searched under max_bytes; time_limit (default 10 minutes), "
         "precisions and seed apply, and train + valid files, when given, score each size and fine-tune pq codebooks"))
+    retrain_minutes: float = Field(0.0, ge=0, le=10**6, description=(
+        "with source_model and train + valid files: also train models at max_bytes on those files for this many "
+        "minutes (after time_limit's) and publish that model where it scores above every size of the source "
+        "(earl compress --from --retrain-minutes; docs/import.md)"))
 
     @field_validator("precision")
     @classmethod

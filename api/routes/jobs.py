@@ -9,7 +9,7 @@ from fastapi import APIRouter, Depends, Form, HTTPException, Query, Request, Res
 
 from earl_service.compress.config import CompressConfig
 from earl_service.config.options import data_config_from_options
-from earl_service.errors import DatasetError, QuotaError, UnknownJobError
+from earl_service.errors import ConfigError, DatasetError, QuotaError, UnknownJobError
 from earl_service.service.housekeeping import remove
 from earl_service.service.records import STATES, TERMINAL, Job, new_id, tenant_of
 from earl_service.service.registry import ModelRegistry
@@ -102,9 +102,13 @@ def _job_params(form: JobForm, registry: ModelRegistry, who: Principal, settings
                 given_files: list[str]) -> tuple[dict[str, Any], CompressConfig | None]:
     """The params to store and, for a compress job over uploads, its search: a job over a registered model
     (source_model; 404 when the sender's tenant has none of that id) is checked against the model's shapes."""
+    if form.source_model is None and form.retrain_minutes:
+        raise ConfigError("retrain_minutes goes with source_model: a compress job over uploads trains anyway")
     if form.source_model is not None:
         record = registry.get(form.source_model, tenant=who.owner)
         check_model_job_files(given_files)
+        if form.retrain_minutes and not given_files:
+            raise ConfigError("retrain_minutes needs train and valid files: the graph to train models on")
         return model_job_params(form.model_dump(), given=form.model_fields_set, record=record,
                                 bundle=registry.bundle_path(record), max_minutes=settings.max_job_minutes), None
     if "train" not in given_files:

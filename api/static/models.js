@@ -62,7 +62,7 @@ function compressSection(m) {
     error.textContent = "";
     const body = new FormData(form);
     body.append("source_model", m.id);
-    if (!body.get("time_limit")) body.delete("time_limit");
+    for (const name of ["time_limit", "retrain_minutes"]) if (!body.get(name)) body.delete(name);
     for (const split of GRAPH_FILES) if (!body.get(split)?.size) body.delete(split); // no file chosen
     try {
       const job = await getJSON("/jobs", { method: "POST", body });
@@ -72,13 +72,16 @@ function compressSection(m) {
     }
   } }, h("div", { class: "grid" }, field("max_bytes", "Max bytes (e.g. 2MB)", { type: "text", required: true }),
     field("time_limit", "Minutes (default 10)", { type: "number", min: 0, step: "any" }),
-    ...GRAPH_FILES.map((split) => field(split, `${split} triples (optional)`, { type: "file" }))), error,
+    ...GRAPH_FILES.map((split) => field(split, `${split} triples (optional)`, { type: "file" })),
+    field("retrain_minutes", "Also train at the budget, minutes (with triples)", { type: "number", min: 0,
+      step: "any" })), error,
   h("button", { type: "submit" }, "Compress"));
   return h("section", { "aria-labelledby": "compress-title" }, h("h3", { id: "compress-title" }, "Compress"),
     h("p", {}, `Searches this model's sizes (fp32, fp16, int8, pq) and publishes the pick as a new model with its `
       + "report; this one stays. Without triples the largest size that fits wins; with train and valid files over "
       + "the model's names each size is scored by filtered MRR on valid, pq codebooks are fine-tuned on train, and "
-      + "the most accurate wins."), form);
+      + "the most accurate wins. With minutes to train as well, a model trained at the budget on those triples "
+      + "(a new model over their entities) is one more candidate."), form);
 }
 
 /** The bytes of a safetensors file's tensor payload: what the model's sha256 covers (its header names it). */

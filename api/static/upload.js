@@ -32,10 +32,11 @@ async function jobSchema() {
     const bodyRef = api.paths["/jobs"].post.requestBody.content["multipart/form-data"].schema.$ref;
     const body = api.components.schemas[bodyRef.split("/").pop()];
     const options = api.components.schemas.JobForm.properties;
-    // source_model (a job over a registered model, without files) is offered by the model view, not here:
-    // a graph's upload needs its train file, though the API lets that other job go without one.
-    delete options.source_model;
-    return { files: Object.keys(body.properties).filter((k) => !(k in options) && k !== "source_model"),
+    // source_model (a job over a registered model, without files) and its retrain_minutes are offered by the
+    // model view, not here: a graph's upload needs its train file, though the API lets that other job go without one.
+    const modelJobOnly = ["source_model", "retrain_minutes"];
+    for (const name of modelJobOnly) delete options[name];
+    return { files: Object.keys(body.properties).filter((k) => !(k in options) && !modelJobOnly.includes(k)),
       required: [...new Set(["train", ...(body.required || [])])], options };
   });
   return schemaCache;

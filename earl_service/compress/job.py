@@ -65,13 +65,17 @@ def run_compress(home: ServiceHome, job: Job, *, search: CompressConfig,
 
 
 def compress_model(registry: ModelRegistry, job: Job, *, on_progress: Callable[[dict[str, Any]], None],
-                   should_stop: Callable[[], bool]) -> Path | None:
+                   should_stop: Callable[[], bool],
+                   train_configs: Mapping[ModelKind, TrainConfig] | None = None) -> Path | None:
     """compress_imported over the version of model params["source_model"] the job was queued for, scored on and
     fine-tuned against the job's uploads when it has them (train and valid); the pick's path, or None when
     stopped. ConfigError when no size fits, naming the smallest; UnknownModelError when the model is gone. The
-    API checked who may read the model when it queued the job, so the registry is read here without a tenant."""
+    API checked who may read the model when it queued the job, so the registry is read here without a tenant.
+    params["retrain_minutes"] (with the uploads): models trained at the budget too (compress/retrained.py), their
+    candidates trained as `train_configs` say."""
+    from earl_service.compress.retrained import compress_from
     from earl_service.imports.compress import PICK as IMPORTED_PICK
-    from earl_service.imports.compress import ImportedSearch, compress_imported
+    from earl_service.imports.compress import ImportedSearch
 
     params = job.params
     source = registry.version(params["source_model"], params.get("source_version"))
@@ -83,8 +87,9 @@ def compress_model(registry: ModelRegistry, job: Job, *, on_progress: Callable[[
     def forward(event: dict[str, Any]) -> None:
         on_progress({"job": "compress", **event, "time_left": round(event["time_left"], 1)})
 
-    report = compress_imported(source.path, registry.home.run_dir(job.id), search, graph, shown=shown,
-                               on_progress=forward, should_stop=should_stop)
+    report = compress_from(source.path, registry.home.run_dir(job.id), search, graph, shown=shown,
+                           retrain_minutes=float(params.get("retrain_minutes") or 0) if graph else 0.0,
+                           train_configs=train_configs, on_progress=forward, should_stop=should_stop)
     if report is None:
         return None
     if report["pick"] is None:

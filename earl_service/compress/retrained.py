@@ -44,11 +44,13 @@ def compress_from(source: str | Path, out: str | Path, search: ImportedSearch, g
                   on_progress: ProgressCallback | None = None, should_stop: Callable[[], bool] | None = None,
                   shown: tuple[str, str | None] | None = None) -> dict[str, Any] | None:
     """compress_imported, then (with a graph and `retrain_minutes`) the search trained at the budget as one more
-    row, and the pick again over all rows. None where `should_stop` stopped either part; run again with the same
+    row, and the pick again over all rows; `on_progress` gets both parts' events (the sizes', then the search's,
+    which name a rung). None where `should_stop` stopped either part; run again with the same
     `out` to continue (each part keeps its own state: OUT/compress_state.json, OUT/retrained/)."""
     if retrain_minutes and graph is None:
         raise ConfigError("retraining at the budget needs the graph to train on (--graph DATA)")
-    report = compress_imported(source, out, search, graph, should_stop=should_stop, shown=shown)
+    report = compress_imported(source, out, search, graph, on_progress=on_progress, should_stop=should_stop,
+                               shown=shown)
     if report is None or not retrain_minutes or graph is None:
         return report
     row = retrained_row(load_bundle(source), Path(graph), Path(out), search, retrain_minutes,
@@ -82,7 +84,8 @@ def retrained_row(source: Bundle, graph: Path, out: Path, search: ImportedSearch
         return None
     started = time.monotonic()
     bundle = load_bundle(folder / PICK)
-    mrr, scored = score(bundle, source, read_graph(graph, source), search)
+    splits = read_graph(graph, source).splits
+    mrr, scored = score(bundle, source, eval_sample(splits["valid"], search), np.concatenate(list(splits.values())))
     size = (folder / PICK).stat().st_size
     seconds = made["spent_seconds"] + time.monotonic() - started  # the search and its test, then this scoring
     return {"precision": RETRAINED, "estimate": size, "bytes": size, "path": f"{RETRAINED}/{PICK}",
@@ -92,23 +95,23 @@ def retrained_row(source: Bundle, graph: Path, out: Path, search: ImportedSearch
                           "test": made.get("test"), "seconds": round(seconds, 1), "report": f"{RETRAINED}/report.json"}}
 
 
-def score(bundle: Bundle, source: Bundle, graph: Any, search: ImportedSearch) -> tuple[float | None, int]:
-    """Filtered MRR of a trained `bundle` on the valid triples the source's sizes were scored on (ids over the
-    source's names, mapped to the bundle's; triples naming an entity or relation it lacks are left out), with every
-    split of the graph as known answers; and how many triples it was scored on."""
+def score(bundle: Bundle, source: Bundle, triples: np.ndarray, known: np.ndarray) -> tuple[float | None, int]:
+    """Filtered MRR of a trained `bundle` on `triples`, ids over the `source`'s names mapped to the bundle's by name
+    (triples naming an entity or relation it lacks are left out), with `known` (the same ids) as known answers;
+    and how many triples it was scored on."""
     entity = _id_map(source.entities, bundle.entities)
     relation = _id_map(source.relations, bundle.relations)
 
-    def mapped(triples: np.ndarray) -> np.ndarray:
-        ids = np.stack([entity[triples[:, 0]], relation[triples[:, 1]], entity[triples[:, 2]]], axis=1)
+    def mapped(ids: np.ndarray) -> np.ndarray:
+        ids = np.stack([entity[ids[:, 0]], relation[ids[:, 1]], entity[ids[:, 2]]], axis=1)
         return ids[(ids >= 0).all(axis=1)]
 
-    sample = mapped(eval_sample(graph, search))
+    sample = mapped(np.asarray(triples, dtype=np.int64))
     if not len(sample):
         return None, 0
-    known = KnownAnswers(np.concatenate([mapped(t) for t in graph.splits.values()]), len(bundle.relations))
     params = {"entities": bundle.entity_embeddings().numpy(), "relations": bundle.relation_embeddings().numpy()}
-    return filtered_mrr(bundle, sample, known, params=params), len(sample)
+    answers = KnownAnswers(mapped(np.asarray(known, dtype=np.int64)), len(bundle.relations))
+    return filtered_mrr(bundle, sample, answers, params=params), len(sample)
 
 
 def _id_map(names: Iterable[str], into: Iterable[str]) -> np.ndarray:

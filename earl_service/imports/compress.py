@@ -101,9 +101,9 @@ def _shapes(bundle: Bundle) -> sizes.Shapes:
     return {name: tuple(value.shape) for name, value in bundle.params.items()}
 
 
-def eval_sample(graph: Graph, search: ImportedSearch) -> np.ndarray:
+def eval_sample(valid: np.ndarray, search: ImportedSearch) -> np.ndarray:
     """The valid triples every size is scored on: a seeded sample of search.eval_triples (all where 0)."""
-    valid, limit = graph.splits["valid"], search.eval_triples
+    limit = search.eval_triples
     if limit and len(valid) > limit:
         valid = valid[np.sort(np.random.default_rng(search.seed).choice(len(valid), limit, replace=False))]
     return valid
@@ -121,7 +121,7 @@ class Search:
         self.rows: list[dict[str, Any]] = []
 
     def _eval_triples(self) -> np.ndarray | None:
-        return None if self.graph is None else eval_sample(self.graph, self.search)
+        return None if self.graph is None else eval_sample(self.graph.splits["valid"], self.search)
 
     def mrr(self, params: dict | None = None) -> float | None:
         if self.eval is None or self.known is None:

@@ -282,7 +282,8 @@ class Worker:
             return beat.cancelled or beat.lost or self._stop.is_set()
 
         if search is None:
-            pick = compress_model(self.registry, job, on_progress=forward, should_stop=should_stop)
+            pick = compress_model(self.registry, job, on_progress=forward, should_stop=should_stop,
+                                  train_configs=train_configs_from_params(job.params, self.config))
         else:
             pick = run_compress(self.home, job, search=search, train_configs=train_configs_from_params(
                 job.params, self.config), on_progress=forward, should_stop=should_stop)

@@ -104,13 +104,17 @@ def test_a_job_is_queued_with_the_model_version_and_its_budget(client, model_fil
     ({"max_bytes": "20kB", "time_limit": "2000"}, (), 422, "EARL_MAX_JOB_MINUTES"),
     ({"max_bytes": "20kB"}, ("train",), 422, "train and valid files together"),
     ({"max_bytes": "20kB"}, ("train", "valid", "entity_labels"), 422, "entity_labels: a job over a registered"),
+    ({"max_bytes": "20kB", "retrain_minutes": "1"}, (), 422, "retrain_minutes needs train and valid files"),
+    ({"max_bytes": "20kB", "time_limit": "1000", "retrain_minutes": "500"}, ("train", "valid"), 422,
+     "+ retrain_minutes 500"),
+    ({"max_bytes": "20kB", "retrain_minutes": "-1"}, ("train", "valid"), 422, "retrain_minutes"),
 ])
 def test_bad_jobs_over_a_model_are_4xx_before_queueing(client, home, model_file, data, files, status, message):
     model_id = register(client, model_file)
     sent = {**graph_files(model_file), "entity_labels": ("e.tsv", b"e0\tzero\n")}
     r = client.post("/jobs", data={"source_model": model_id, **data}, headers=ADMIN,
                     files={name: sent[name] for name in files} or None)
-    assert r.status_code == status and message in r.json()["detail"], r.text
+    assert r.status_code == status and message in str(r.json()["detail"]), r.text
     assert client.get("/jobs", headers=ADMIN).json() == [] and not any((home / "uploads").glob("*/*"))
 
 
@@ -162,6 +166,28 @@ def test_the_worker_publishes_the_most_accurate_size_with_its_report(client, hom
     plot = client.get(f"/models/{job['model_id']}/frontier.png", headers=ADMIN)
     assert plot.status_code == 200 and plot.content[:4] == b"\x89PNG"  # sizes scored on the job's graph
     assert client.get(f"/models/{model_id}", headers=ADMIN).json()["precision"] == "fp32"  # the source stays
+
+
+def test_a_job_can_also_train_a_model_at_the_budget_on_its_files(client, home, model_file):
+    """retrain_minutes: the regular search on the job's files at max_bytes is one more row of the report, scored on
+    the same valid triples; the published model is the best row. Only with source_model and files."""
+    r = client.post("/jobs", data={"max_bytes": "1MB", "time_limit": "1", "retrain_minutes": "1"}, headers=ADMIN,
+                    files={"train": ("train.txt", b"a\tr\tb\nb\tr\tc\n")})
+    assert r.status_code == 422 and "retrain_minutes goes with source_model" in r.json()["detail"], r.text
+    model_id = register(client, model_file)
+    budget = load_bundle(model_file).num_bytes // 3
+    job = run_job(client, home, {"source_model": model_id, "max_bytes": str(budget), "time_limit": "0.2",
+                                 "retrain_minutes": "0.2"}, graph_files(model_file))
+    assert job["state"] == "succeeded", job["error"]
+    assert job["params"]["retrain_minutes"] == 0.2
+    report = client.get(f"/models/{job['model_id']}/report", headers=ADMIN).json()
+    rows = {row["precision"]: row for row in report["candidates"]}
+    assert rows["retrained"]["fits"] and rows["retrained"]["bytes"] <= budget
+    assert rows["retrained"]["retrained"]["eval_triples"] > 0 and isinstance(rows["retrained"]["mrr"], float)
+    best = max((row for row in rows.values() if row.get("fits")), key=lambda row: (row["mrr"], -row["bytes"]))
+    assert report["pick"] == best["precision"]
+    made = client.get(f"/models/{job['model_id']}", headers=ADMIN).json()
+    assert made["bytes"] == best["bytes"] and str(home) not in str(report)
 
 
 def test_the_compressed_model_answers_exactly_as_its_tables_rank(client, home, model_file):

@@ -21,8 +21,9 @@ CLI_ONLY = {"temperature", "eval_batch_size", "eval_max_triples", "checkpoint_ev
 # threads, progress) or keeps the defaults (cuda_graphs: off until proven on a card, docs/scaling.md#gpus;
 # row_updates: auto, on the worker's device)
 # How the service exports and launches a job, and a compress job's fields (`earl compress` options, below).
-# source_model names a registered model: the command line compresses a bundle file (`earl compress --from`).
-SERVICE_ONLY = {"precision", "nproc_per_node", "source_model"} | set(CompressForm.model_fields)
+# source_model names a registered model: the command line compresses a bundle file (`earl compress --from`), and
+# its retrain_minutes is that command's --retrain-minutes (test_compress_model_jobs.py).
+SERVICE_ONLY = {"precision", "nproc_per_node", "source_model", "retrain_minutes"} | set(CompressForm.model_fields)
 WORKER = WorkerConfig(device="cpu", threads=3)
 # One non-default value for every form option, as a client would type it.
 CHANGED = {"model": "rotate", "dim": "32", "reserved_ratio": "0.2", "k": "5", "layers": "1", "gamma": "6.5",
@@ -56,7 +57,7 @@ def cli_option_names():
 def test_compress_form_fields_are_earl_compress_options():
     compress = next(a for a in build_parser()._actions if a.dest == "command").choices["compress"]
     assert set(CompressForm.model_fields) <= {a.dest for a in compress._actions}
-    assert {"time_limit", "seed"} <= {a.dest for a in compress._actions} & set(JobForm.model_fields)
+    assert {"time_limit", "seed", "retrain_minutes"} <= {a.dest for a in compress._actions} & set(JobForm.model_fields)
 
 
 def cli_args(form):
