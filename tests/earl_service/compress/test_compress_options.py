@@ -19,7 +19,8 @@ from api.schemas import CompressForm, JobForm  # noqa: E402
 
 # `earl compress` arguments that are no search setting: where and how its candidates train and read the data.
 NOT_SEARCH = {"help", "data", "out", "device", "threads", "labels", "recipe", "header", "columns", "func",
-              "from_bundle", "graph", "eval_triples"}  # --from, --graph, --eval-triples: an imported bundle's search
+              "from_bundle", "graph", "eval_triples", "retrain_minutes"}  # --from, --graph, --eval-triples,
+# --retrain-minutes: an imported bundle's search
 # One non-default value for every compress option, as a client (or a user on the command line) would type it.
 CHANGED = {"max_bytes": "1.5MiB", "time_limit": "2.5", "models": "rotate", "precisions": "int8,pq:16",
            "known_answers": "none", "metric": "hits@10", "seed": "7"}
