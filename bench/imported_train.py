@@ -55,11 +55,11 @@ def step_loss(model, h: torch.Tensor, r: torch.Tensor, t: torch.Tensor, negative
     return loss
 
 
-def train(data: Path, out: Path, minutes: float) -> dict:
+def train(data: Path, out: Path, minutes: float, threads: int = 2) -> dict:
     from pykeen.models import ComplEx
     from pykeen.triples import TriplesFactory
 
-    torch.set_num_threads(2)
+    torch.set_num_threads(threads)
     torch.manual_seed(SETTINGS["seed"])
     factory = TriplesFactory.from_path(data / "train.txt")
     model = ComplEx(triples_factory=factory, embedding_dim=SETTINGS["embedding_dim"], random_seed=SETTINGS["seed"])
@@ -99,8 +99,9 @@ def main() -> None:
     p.add_argument("--data", type=Path, default=None, help="FB15k-237 folder (default: the shared datasets')")
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--minutes", type=float, default=10.0)
+    p.add_argument("--threads", type=int, default=2, help="torch threads")
     a = p.parse_args()
-    print(json.dumps(train(a.data or default_datasets() / "fb15k-237", a.out, a.minutes)))
+    print(json.dumps(train(a.data or default_datasets() / "fb15k-237", a.out, a.minutes, a.threads)))
 
 
 if __name__ == "__main__":
