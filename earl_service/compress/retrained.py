@@ -49,11 +49,12 @@ def compress_from(source: str | Path, out: str | Path, search: ImportedSearch, g
     `out` to continue (each part keeps its own state: OUT/compress_state.json, OUT/retrained/)."""
     if retrain_minutes and graph is None:
         raise ConfigError("retraining at the budget needs the graph to train on (--graph DATA)")
-    report = compress_imported(source, out, search, graph, on_progress=on_progress, should_stop=should_stop,
+    bundle = load_bundle(source)  # read once for both parts
+    report = compress_imported(bundle, out, search, graph, on_progress=on_progress, should_stop=should_stop,
                                shown=shown)
     if report is None or not retrain_minutes or graph is None:
         return report
-    row = retrained_row(load_bundle(source), Path(graph), Path(out), search, retrain_minutes,
+    row = retrained_row(bundle, Path(graph), Path(out), search, retrain_minutes,
                         train_configs=train_configs, on_progress=on_progress, should_stop=should_stop)
     if row is None:
         return None

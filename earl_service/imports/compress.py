@@ -180,15 +180,18 @@ class Search:
 Progress = Callable[[dict[str, Any]], None]
 
 
-def compress_imported(source: str | Path, out: str | Path, search: ImportedSearch, graph: str | Path | None = None,
+def compress_imported(source: str | Path | Bundle, out: str | Path, search: ImportedSearch,
+                      graph: str | Path | None = None,
                       *, on_progress: Progress | None = None, should_stop: Callable[[], bool] | None = None,
                       shown: tuple[str, str | None] | None = None) -> dict[str, Any] | None:
     """Search the precisions of the bundle `source` under search.max_bytes; writes out/report.json, report.md,
     candidates/ and the pick as out/bundle.safetensors. Returns the report, or None when `should_stop` said so
     between two sizes (a service job cancelled). `on_progress` gets {stage, precision, step, total, time_left}
-    after each size; `shown` names the source and the graph in the report (a job's model id, not its path)."""
+    after each size; `shown` names the source and the graph in the report (a job's model id, not its path).
+    `source`: a bundle file, or one already loaded from its file."""
     start = time.monotonic()
-    bundle = load_bundle(source)
+    bundle = source if isinstance(source, Bundle) else load_bundle(source)
+    source = bundle.path or source
     if set(bundle.params) != {"entities", "relations"}:
         raise ModelImportError(f"{source}: a {bundle.config.model} bundle holds a trained encoder; `earl compress "
                                "--from` searches the sizes of an imported model's tables (`earl import`)")
