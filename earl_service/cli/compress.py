@@ -40,12 +40,6 @@ def add_compress_command(sub) -> None:
                    help="with --from and --graph: also train models at the budget on DATA for M minutes (the search "
                         "`earl compress DATA` runs) and pick it where it scores above every coded size; its answers "
                         "are over DATA's entities (docs/import.md)")
-    p.add_argument("--distill-from", default=None, metavar="BUNDLE",
-                   help="a trained model (any bundle over DATA's names) whose scores every candidate learns beside "
-                        "the triples (earl train --distill-from); with --from and --retrain-minutes the source "
-                        "teaches by default")
-    p.add_argument("--no-distill", dest="distill", action="store_false",
-                   help="with --from and --retrain-minutes: train at the budget on the triples alone")
     p.add_argument("--out", required=True,
                    help="job folder: the pick (bundle.safetensors), report.json/.md, frontier.png, candidates/; "
                         "run again with the same folder to continue a stopped job")
@@ -81,7 +75,7 @@ def cmd_compress(a: argparse.Namespace) -> int:
 
     config = compress_config_from_options(vars(a))
     train_configs = train_configs_from_options({"progress": False, "device": a.device, "threads": a.threads,
-                                                "seed": config.seed, "distill_from": a.distill_from or ""}, recipe=a.recipe)
+                                                "seed": config.seed}, recipe=a.recipe)
     dataset = load_dataset(a.data, data=data_config_from_options(vars(a)), labels=a.labels)
     report = compress(dataset, a.out, config, train_configs=train_configs, on_progress=_show)
     assert report is not None  # nothing stops the command line's job but a signal, which ends the process
@@ -96,8 +90,6 @@ def _compress_imported(a: argparse.Namespace) -> int:
     from earl_service.imports.compress import ImportedSearch
     from earl_service.imports.sizes import DEFAULT_MINUTES
 
-    if a.distill_from is not None:
-        raise ConfigError("--distill-from goes with a DATA search; with --from the source teaches (--no-distill: not)")
     if a.from_bundle is None or a.data is not None:
         raise ConfigError("earl compress --from BUNDLE [--graph DATA] takes no DATA argument, and --graph goes with "
                           "--from")
@@ -111,7 +103,7 @@ def _compress_imported(a: argparse.Namespace) -> int:
     train_configs = train_configs_from_options({"progress": False, "device": a.device, "threads": a.threads,
                                                 "seed": search.seed}, recipe=a.recipe)
     report = compress_from(a.from_bundle, a.out, search, graph=a.graph, retrain_minutes=a.retrain_minutes,
-                           train_configs=train_configs, distill=a.distill, on_progress=lambda e: _show(e) if "rung" in e else None)
+                           train_configs=train_configs, on_progress=lambda e: _show(e) if "rung" in e else None)
     assert report is not None  # only should_stop ends a search early, and the command line gives none
     print(json.dumps({"bundle": str(Path(a.out) / "bundle.safetensors") if report["pick"] else None,
                       "pick": report["pick"], "original": report["original"],

@@ -11,7 +11,6 @@ the graph names, and its answers use the graph's vocabulary.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -22,7 +21,7 @@ import numpy as np
 
 from earl_service.bundle.model_io import Bundle, load_bundle
 from earl_service.compress.config import CompressConfig
-from earl_service.compress.search import compress, default_train_configs
+from earl_service.compress.search import compress
 from earl_service.compress.state import PICK, ProgressCallback, load_state
 from earl_service.config import ModelKind, TrainConfig
 from earl_service.core.known import KnownAnswers
@@ -43,12 +42,11 @@ RETRAINED = "retrained"  # its row's name in the report, and its folder under OU
 def compress_from(source: str | Path, out: str | Path, search: ImportedSearch, graph: str | Path | None = None, *,
                   retrain_minutes: float = 0.0, train_configs: Mapping[ModelKind, TrainConfig] | None = None,
                   on_progress: ProgressCallback | None = None, should_stop: Callable[[], bool] | None = None,
-                  shown: tuple[str, str | None] | None = None, distill: bool = True) -> dict[str, Any] | None:
+                  shown: tuple[str, str | None] | None = None) -> dict[str, Any] | None:
     """compress_imported, then (with a graph and `retrain_minutes`) the search trained at the budget as one more
     row, and the pick again over all rows; `on_progress` gets both parts' events (the sizes', then the search's,
     which name a rung). None where `should_stop` stopped either part; run again with the same
-    `out` to continue (each part keeps its own state: OUT/compress_state.json, OUT/retrained/). `distill`: the
-    source teaches every model trained at the budget (train/distill.py) beside the graph's triples."""
+    `out` to continue (each part keeps its own state: OUT/compress_state.json, OUT/retrained/)."""
     if retrain_minutes and graph is None:
         raise ConfigError("retraining at the budget needs the graph to train on (--graph DATA)")
     bundle = load_bundle(source)  # read once for both parts
@@ -56,9 +54,6 @@ def compress_from(source: str | Path, out: str | Path, search: ImportedSearch, g
                                shown=shown)
     if report is None or not retrain_minutes or graph is None:
         return report
-    if distill:
-        train_configs = {model: dataclasses.replace(cfg, distill_from=str(source))
-                         for model, cfg in (train_configs or default_train_configs()).items()}
     row = retrained_row(bundle, Path(graph), Path(out), search, retrain_minutes,
                         train_configs=train_configs, on_progress=on_progress, should_stop=should_stop)
     if row is None:

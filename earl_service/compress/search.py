@@ -44,11 +44,6 @@ LEADER_FLOOR = 0.9
 MARGIN_SE = 2.0
 
 
-def default_train_configs() -> dict[ModelKind, TrainConfig]:
-    """How each model kind's candidates train when the caller says nothing: the default recipe, no progress bar."""
-    return train_configs_from_options({"progress": False}, recipe=DEFAULT)
-
-
 def compress(dataset: Dataset, out_dir: str | os.PathLike, config: CompressConfig, *,
              train_configs: Mapping[ModelKind, TrainConfig] | None = None,
              on_progress: ProgressCallback | None = None, should_stop: Callable[[], bool] | None = None,
@@ -62,7 +57,7 @@ def compress(dataset: Dataset, out_dir: str | os.PathLike, config: CompressConfi
     if dataset.valid is None or not len(dataset.valid):
         raise DatasetError("compress picks on validation metrics: the dataset needs a valid split")
     out = Path(out_dir)
-    train_configs = train_configs or default_train_configs()
+    train_configs = train_configs or train_configs_from_options({"progress": False}, recipe=DEFAULT)
     state, graphs = load_state(out, config, dataset), GraphCache(dataset)
     if state is None:
         state = plan(dataset, config, train_configs, early_fraction=early_fraction(dataset), graphs=graphs)
@@ -225,4 +220,4 @@ def pick_metrics(report: dict[str, Any]) -> dict[str, Any]:
                          "report": "report.json"}}
 
 
-__all__ = ["choose", "compress", "default_train_configs", "evaluate_bundle", "pick_metrics"]
+__all__ = ["choose", "compress", "evaluate_bundle", "pick_metrics"]

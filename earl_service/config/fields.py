@@ -221,17 +221,6 @@ class TrainConfig:
     negative_chunk: int = setting(0, "this many positives share one draw of negatives (0: each positive its own in "
                                      "full-graph steps, the whole batch in sampled ones)",
                                   group="sampled", metavar="C", bounds={"ge": 0}, limits={"le": 65_536})
-    # Distillation (earl_service/train/distill.py): a trained model's scores as soft targets beside the triples.
-    distill_from: str = setting("", "a bundle whose model teaches this one (earl import's or one trained here): "
-                                    "each training query's top candidates by that model, its softmax over them "
-                                    "matched beside the triples' loss", group="distill", metavar="BUNDLE",
-                                cli_only=True)
-    distill_weight: float = setting(1.0, "weight of the teacher's term in the loss", group="distill", metavar="W",
-                                    bounds={"ge": 0.0}, cli_only=True)
-    distill_candidates: int = setting(16, "the teacher's top candidates per training query", group="distill",
-                                      metavar="K", bounds={"ge": 1, "le": 1024}, cli_only=True)
-    distill_temperature: float = setting(1.0, "the teacher's scores are divided by this before their softmax",
-                                         group="distill", metavar="T", bounds={"gt": 0.0}, cli_only=True)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "fanout", tuple(int(x) for x in self.fanout))  # JSON gives a list

@@ -34,7 +34,6 @@ if TYPE_CHECKING:  # pydantic comes with the service extras; `earl train` runs w
 CONFIGS = (ModelConfig, TrainConfig, DataConfig)
 GROUPS = {"model": "model", "training": "training",
           "sampled": "sampled training (graphs whose full-graph encoding does not fit)",
-          "distill": "distillation (a trained model's scores as soft targets)",
           "data": "data (how the triple files are read)"}
 
 

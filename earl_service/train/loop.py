@@ -23,7 +23,6 @@ from earl_service.model.kernels import extension_available
 from earl_service.model.modules import trainable_parameters
 from earl_service.provenance import provenance
 from earl_service.train.checkpoint import CHECKPOINT, Checkpointer
-from earl_service.train.distill import Shortlists
 from earl_service.train.distributed import Ranks, wrap
 from earl_service.train.graphed import GraphedStep
 from earl_service.train.loss import NegativeSampler, loss_fn, sampled_loss
@@ -100,7 +99,6 @@ class Learner:
     graphed: GraphedStep | None = None  # the step as a CUDA graph (train() sets it for --cuda-graphs)
     rows: bool = False  # each step updates only the entity rows it touches (train/rows.py)
     chunk: int = 0  # full-graph steps: positives sharing their corruptions (rows.negative_chunk; 0: none)
-    teacher: Shortlists | None = None  # distillation's shortlists (TrainConfig.distill_from; train/distill.py)
 
     @classmethod
     def build(
@@ -112,19 +110,12 @@ class Learner:
         def sampler_here() -> NegativeSampler:
             return NegativeSampler(ds.train, ds.num_train_entities, ds.num_relations, device)
 
-        def teacher_here() -> Shortlists:
-            return Shortlists.build(ds, cfg, device)
-
         sampler = sampler_here() if run.graphs is None else run.graphs.shared(("sampler", device), sampler_here)
-        teacher = None
-        if cfg.distill_from:  # one build for every run of a compress search over this teacher
-            key = ("teacher", cfg.distill_from, cfg.distill_candidates, cfg.distill_temperature, device)
-            teacher = teacher_here() if run.graphs is None else run.graphs.shared(key, teacher_here)
         triples = torch.as_tensor(ds.train, dtype=torch.long).to(device)
         return cls(run, wrap(run.model, ranks, device), optimizer, sampler, triples, cfg, ranks, device,
                    bf16_autocast(cfg, device), cfg.fanout_for(run.model_config.gnn_layers),
                    rows=isinstance(optimizer, RowAdam) and ranks.world == 1 and not cfg.sampled,
-                   chunk=negative_chunk(run.model, cfg), teacher=teacher)
+                   chunk=negative_chunk(run.model, cfg))
 
 
 def train_step(learner: Learner, state: TrainState) -> torch.Tensor:
@@ -163,19 +154,13 @@ def step_on_batch(learner: Learner, state: TrainState, batch: torch.Tensor) -> t
             neg = learner.sampler.sample(batch[:, 0], batch[:, 1], batch[:, 2], cfg.negatives, state.rng,
                                          chunk=learner.chunk)
             ignore = None if neg.known is None else (neg.known[0][rows], neg.known[1][rows])
-            neg_heads, neg_tails, shared, distill = neg.heads, neg.tails, neg.shared, None
-            if learner.teacher is not None:  # the shortlists ride along as the last k corruptions of each side
-                taught = learner.teacher.lookup(batch)
-                neg_heads, neg_tails, shared = torch.cat([neg_heads, taught.heads], 1), torch.cat(
-                    [neg_tails, taught.tails], 1), None
-                distill = taught.rows(rows).distill(cfg.distill_weight)
             if learner.rows:  # one rank: the batch's own rows, renumbered
-                entities, relations, batch, neg_heads, neg_tails = gather_rows(run.model, batch, neg_heads, neg_tails,
-                                                                               shared=shared)
+                entities, relations, batch, neg_heads, neg_tails = gather_rows(run.model, batch, neg.heads, neg.tails,
+                                                                               shared=neg.shared)
             else:
-                entities, relations = learner.net(run.graph)
+                (entities, relations), neg_heads, neg_tails = learner.net(run.graph), neg.heads, neg.tails
             loss = loss_fn(run.scorer, entities.float(), relations.float(), batch[rows], neg_heads[rows],
-                           neg_tails[rows], cfg.adversarial_temperature, ignore=ignore, distill=distill)
+                           neg_tails[rows], cfg.adversarial_temperature, ignore=ignore)
     # DDP averages gradients over ranks: weigh each rank's mean by its share of the global batch.
     scaled = loss if ranks.world == 1 else loss * (share * ranks.world)
     learner.optimizer.zero_grad(set_to_none=True)
@@ -380,7 +365,6 @@ def _final_metrics(
         "extension": extension,
         "memory": asdict(memory),
         "config": {"model": run.model_config.to_dict(), "train": cfg.to_dict()},
-        "distill": None if learner.teacher is None else learner.teacher.summary,
     }
     checkpoints.load_best()
     if final_eval:

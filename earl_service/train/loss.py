@@ -11,7 +11,6 @@ import torch.nn.functional as F
 from earl_service.config import TrainConfig
 from earl_service.model.kernels import rotate_distance
 from earl_service.model.modules import RotatE
-from earl_service.train.distill import Distill, distill_term
 from earl_service.train.run import Run
 
 
@@ -119,15 +118,13 @@ class NegativeSampler:
 def loss_fn(
     scorer: RotatE, entities: torch.Tensor, relations: torch.Tensor, batch: torch.Tensor,
     neg_heads: torch.Tensor, neg_tails: torch.Tensor, adversarial_temperature: float,
-    *, ignore: tuple[torch.Tensor, torch.Tensor] | None = None, distill: Distill | None = None,
+    *, ignore: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """Self-adversarial negative-sampling loss over both corruption sides.
 
     loss = -(mean_b log s(g - d_pos) + mean_{b,side} sum_j w_j log s(d_neg_j - g)) / 2, w = softmax(a (g - d_neg))
     detached, taken within each side's K negatives. `ignore` (head mask, tail mask), each (B, K) bool, drops
     negatives that are true triples (sampled training shares negatives, so they cannot be redrawn per row).
-    `distill`: the last k columns of the corruptions are the teacher's shortlists (train/distill.py), scored by
-    this model and matched to the teacher's softmax: + weight x distill_term.
     """
     h, r, t = batch[:, 0], batch[:, 1], batch[:, 2]
     rel = relations[r]  # (B, d)
@@ -138,9 +135,7 @@ def loss_fn(
     pos = scorer.gamma - scorer.distance(head_rot, tail)  # (B,)
     # Tail corruptions compare h o r with t'; head corruptions compare h' with conj(r) o t (|r_i| = 1).
     query = torch.cat([head_rot, tail_rot])  # (2B, 2d)
-    neg = scorer.gamma - rotate_distance(query, entities, torch.cat([neg_tails, neg_heads]))  # (2B, K [+ k])
-    if distill is not None:
-        neg, student = neg[:, : -distill.logits.shape[1]], neg[:, -distill.logits.shape[1] :]
+    neg = scorer.gamma - rotate_distance(query, entities, torch.cat([neg_tails, neg_heads]))  # (2B, K)
     if ignore is None:
         weights = torch.softmax(adversarial_temperature * neg, dim=1).detach()
     else:
@@ -148,8 +143,7 @@ def loss_fn(
         logits = (adversarial_temperature * neg).masked_fill(skip, float("-inf"))
         weights = torch.softmax(logits, dim=1).nan_to_num(0.0).detach()  # a row with nothing left adds 0
     neg_term = (weights * F.logsigmoid(-neg)).sum(1).mean()
-    loss = -(F.logsigmoid(pos).mean() + neg_term) / 2
-    return loss if distill is None else loss + distill.weight * distill_term(student, distill)
+    return -(F.logsigmoid(pos).mean() + neg_term) / 2
 
 
 def sampled_loss(

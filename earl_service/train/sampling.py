@@ -264,8 +264,6 @@ def check_sampled(cfg: TrainConfig, model_config: ModelConfig) -> None:
         return
     if model_config.model != "earl":
         raise ConfigError("sampled training is for the EARL encoder; RotatE has no graph encoding to sample")
-    if cfg.distill_from:
-        raise ConfigError("distillation (--distill-from) runs in full-graph steps; sampled steps take no teacher")
     if model_config.no_conrel_knn:
         raise ConfigError("sampled training needs ConRel or kNResEnt inputs; --no-conrel-knn draws one random "
                           "input row per entity of the whole graph")

@@ -46,8 +46,6 @@ def test_a_model_trained_at_the_budget_is_a_row_beside_the_coded_sizes(tmp_path,
     # Scored by name through the numpy scorers, the same MRR the search's own torch evaluation gave its pick on
     # the whole valid split: the ids were mapped right, and the known answers are the same triples.
     assert made["pick"]["valid_subset"] == 0  # the whole valid split
-    # The source taught every candidate (train/distill.py), by default.
-    assert {cfg["distill_from"] for cfg in made["train"].values()} == {str(source)}
     assert row["mrr"] == pytest.approx(made["pick"]["mrr"], abs=1e-5)
     fitting = [r for r in report["candidates"] if r.get("fits")]
     pick = max(fitting, key=lambda r: (r["mrr"], -r["bytes"]))
@@ -78,27 +76,3 @@ def test_the_command_line(tmp_path, capsys):
     assert main(["compress", str(tmp_path / "data"), "--max-bytes", "1MB", "--time-limit", "1",
                  "--retrain-minutes", "1", "--out", str(tmp_path / "y")]) == 2
     assert "--retrain-minutes goes with --from" in capsys.readouterr().err
-    assert main(["compress", "--from", str(source), "--graph", str(tmp_path / "data"), "--max-bytes", "1MB",
-                 "--distill-from", str(source), "--out", str(tmp_path / "z")]) == 2
-    assert "--distill-from goes with a DATA search" in capsys.readouterr().err
-
-
-def test_no_distill_trains_on_the_triples_alone(tmp_path, capsys):
-    source = model_and_graph(tmp_path)
-    dense_graph(tmp_path / "data")
-    assert main(["compress", "--from", str(source), "--graph", str(tmp_path / "data"), "--max-bytes",
-                 str(load_bundle(source).num_bytes // 3), "--time-limit", "0.1", "--retrain-minutes", "0.2",
-                 "--no-distill", "--out", str(tmp_path / "out")]) == 0
-    made = json.loads((tmp_path / "out" / RETRAINED / "report.json").read_text())
-    assert {cfg["distill_from"] for cfg in made["train"].values()} == {""}
-
-
-def test_a_data_search_takes_a_teacher(tmp_path, capsys):
-    source = model_and_graph(tmp_path)
-    dense_graph(tmp_path / "data")
-    assert main(["compress", str(tmp_path / "data"), "--max-bytes", str(load_bundle(source).num_bytes // 3),
-                 "--time-limit", "0.2", "--distill-from", str(source), "--out", str(tmp_path / "out")]) == 0
-    made = json.loads((tmp_path / "out" / "report.json").read_text())
-    assert {cfg["distill_from"] for cfg in made["train"].values()} == {str(source)}
-    run = next((tmp_path / "out").rglob("metrics.json"))  # a candidate's run, taught by the source
-    assert json.loads(run.read_text())["distill"]["taught"] > 0
