@@ -27,6 +27,7 @@ export async function renderModels(main) {
 
 function figures(m) {
   const imported = m.metrics?.imported;
+  const coded = m.metrics?.compress?.original; // a compress job over a registered model: what it was coded from
   const [split, scores] = ["test", "valid"].map((s) => [s, m.metrics?.[s]]).find(([, v]) => v) || ["test", {}];
   const rows = [
     ["id", h("code", {}, m.id)], ["version", m.version], ["bytes", `${bytes(m.bytes)} (${count(m.bytes)} B)`],
@@ -37,6 +38,8 @@ function figures(m) {
     ["trained by job", m.job_id ? h("a", { href: `#/jobs/${m.job_id}` }, shortId(m.job_id)) : "–"],
     ...(imported ? [["imported from", `${imported.library || imported.format}${imported["class"]
       ? ` ${imported["class"]}` : ""} (scorer ${imported.scorer})`]] : []),
+    ...(coded ? [["compressed", `${m.metrics.compress.precision} of a ${coded.precision} model of ${bytes(coded.bytes)}: `
+      + `valid MRR ${metric(m.metrics.compress.valid?.mrr)} against ${metric(coded.mrr)}`]] : []),
     ["created", when(m.created)],
   ];
   return h("dl", { class: "figures" }, rows.map(([k, v]) => [h("dt", {}, k), h("dd", {}, v)]));

@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import struct
 from collections.abc import Iterator
 from pathlib import Path
@@ -54,6 +55,22 @@ def write_safetensors(path: str | os.PathLike, tensors: dict[str, np.ndarray], m
     return Path(path)
 
 
+def with_metadata(source: str | os.PathLike, path: str | os.PathLike, changes: dict[str, str]) -> Path:
+    """A copy of the bundle `source` (a file this library wrote) at `path`, atomically, with metadata entries set
+    from `changes`: the payload, and so its checksum, byte for byte; the header re-padded to a multiple of 8."""
+    with open(source, "rb") as fh:
+        (length,) = struct.unpack("<Q", fh.read(8))
+        header = json.loads(fh.read(length))
+        header["__metadata__"] = dict(sorted({**header.get("__metadata__", {}), **changes}.items()))
+        text = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode()
+        text += b" " * (-len(text) % 8)
+        with replacing(path, fsync=True) as tmp, open(tmp, "wb") as out:
+            out.write(struct.pack("<Q", len(text)))
+            out.write(text)
+            shutil.copyfileobj(fh, out, 1 << 20)
+    return Path(path)
+
+
 def _blocks(tensors: dict[str, np.ndarray], order: list[str]) -> Iterator[memoryview]:
     """Each tensor's little-endian C-order bytes, WRITE_ROWS rows (of its first axis) at a time."""
     for name in order:
@@ -66,4 +83,4 @@ def _blocks(tensors: dict[str, np.ndarray], order: list[str]) -> Iterator[memory
             yield block.data.cast("B")
 
 
-__all__ = ["DTYPES", "write_safetensors"]
+__all__ = ["DTYPES", "with_metadata", "write_safetensors"]

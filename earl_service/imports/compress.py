@@ -21,9 +21,10 @@ import numpy as np
 
 from earl_service.atomic import replacing, write_json
 from earl_service.bundle.decode import StoredRows, coded_entities
-from earl_service.bundle.format import read_safetensors
+from earl_service.bundle.format import read_safetensors, tensor_bytes
 from earl_service.bundle.model_io import Bundle, load_bundle
 from earl_service.bundle.precision import Precision, ProductQuantized
+from earl_service.bundle.writer import with_metadata
 from earl_service.core import scorers
 from earl_service.core.known import KnownAnswers
 from earl_service.data.dataset import SPLIT_SUFFIXES, load_triples_file
@@ -240,8 +241,8 @@ def finish(out: Path, report: dict[str, Any]) -> dict[str, Any]:
     fitting = [r for r in report["candidates"] if r.get("fits")]
     scored = all(r.get("mrr") is not None for r in fitting)
     pick = max(fitting, key=lambda r: (r["mrr"], -r["bytes"]) if scored else (r["bytes"], 0)) if fitting else None
-    if pick is not None:
-        shutil.copyfile(out / pick["path"], out / PICK)
+    report["pick_metrics"] = pick is not None and write_pick(out, report, pick)
+    report["pick_bytes"] = (out / PICK).stat().st_size if pick is not None else None  # the summary's bytes too
     report["pick"] = pick and pick["precision"]
     report.pop("plot", None)
     if scored and fitting and plot_sizes(report, out / FRONTIER_PNG):
@@ -249,6 +250,26 @@ def finish(out: Path, report: dict[str, Any]) -> dict[str, Any]:
     (out / "report.json").write_text(json.dumps(report, indent=2) + "\n")
     (out / "report.md").write_text(markdown(report))
     return report
+
+
+def write_pick(out: Path, report: dict[str, Any], pick: dict[str, Any]) -> bool:
+    """The pick's file as out/PICK, its metrics saying what was searched and what it scored (`earl info`, the
+    service's model view): True; or, where that longer header would not fit the budget, the file as scored (False).
+    A model trained at the budget (compress/retrained.py) carries its own search's summary already: copied as is."""
+    source = out / pick["path"]
+    metrics = json.loads(tensor_bytes(source)[0].get("metrics") or "{}")
+    if "compress" in metrics:
+        shutil.copyfile(source, out / PICK)
+        return True
+    summary = {"from": report["source"], "max_bytes": report["max_bytes"], "precision": pick["precision"],
+               "valid": {"mrr": pick.get("mrr"), "triples": report["eval_triples"]},
+               "original": {k: report["original"].get(k) for k in ("bytes", "precision", "mrr")},
+               "report": "report.json"}
+    with_metadata(source, out / PICK, {"metrics": json.dumps({**metrics, "compress": summary}, default=str)})
+    if (out / PICK).stat().st_size <= report["max_bytes"]:
+        return True
+    shutil.copyfile(source, out / PICK)
+    return False
 
 
 def plot_sizes(report: dict[str, Any], path: Path) -> bool:
@@ -340,4 +361,4 @@ def markdown(report: dict[str, Any]) -> str:
 
 
 __all__ = ["PICK", "STATE", "Graph", "ImportedSearch", "compress_imported", "estimate", "eval_sample", "filtered_mrr",
-           "finish", "load_state", "markdown", "read_graph", "search_settings"]
+           "finish", "load_state", "markdown", "read_graph", "search_settings", "write_pick"]

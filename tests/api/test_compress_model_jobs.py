@@ -160,6 +160,10 @@ def test_the_worker_publishes_the_most_accurate_size_with_its_report(client, hom
     made = client.get(f"/models/{job['model_id']}", headers=ADMIN).json()
     assert made["precision"] == "int8" and made["bytes"] <= budget and made["config"]["model"] == "distmult"
     report = client.get(f"/models/{job['model_id']}/report", headers=ADMIN)
+    # The new model says what it was coded from and what it scored (the console's model view shows it).
+    summary = made["metrics"]["compress"]
+    assert summary["from"] == f"model {model_id} version 1" and summary["precision"] == "int8"
+    assert summary["valid"]["mrr"] == next(r["mrr"] for r in report.json()["candidates"] if r["precision"] == "int8")
     assert report.json()["pick"] == "int8" and report.json()["source"] == f"model {model_id} version 1"
     assert report.json()["original"]["mrr"] > 0.5 and str(home) not in report.text  # no server path
     assert "**pick**" in client.get(f"/models/{job['model_id']}/report?format=md", headers=ADMIN).text
@@ -187,7 +191,8 @@ def test_a_job_can_also_train_a_model_at_the_budget_on_its_files(client, home, m
     best = max((row for row in rows.values() if row.get("fits")), key=lambda row: (row["mrr"], -row["bytes"]))
     assert report["pick"] == best["precision"]
     made = client.get(f"/models/{job['model_id']}", headers=ADMIN).json()
-    assert made["bytes"] == best["bytes"] and str(home) not in str(report)
+    assert made["bytes"] == report["pick_bytes"] <= budget and str(home) not in str(report)
+    assert report["pick_bytes"] >= best["bytes"]  # the scored file, and a summary of the search where it fits
 
 
 def test_the_compressed_model_answers_exactly_as_its_tables_rank(client, home, model_file):

@@ -3,6 +3,8 @@ the graph's valid split beside the original's, pq codebooks fine-tuned against t
 score better. The model: random tables whose graph is their own top answers, so the original ranks it near 1."""
 
 import json
+import shutil
+import struct
 
 import numpy as np
 import pytest
@@ -14,7 +16,7 @@ from earl_service.cli.main import main
 from earl_service.core import scorers
 from earl_service.device import load
 from earl_service.imports import sizes, tune
-from earl_service.imports.compress import ImportedSearch, candidates, compress_imported, estimate
+from earl_service.imports.compress import ImportedSearch, candidates, compress_imported, estimate, write_pick
 
 N, R, D = 2000, 3, 16
 
@@ -75,6 +77,14 @@ def test_sizes_under_the_budget_with_their_mrr(tmp_path, capsys):
     served = load(tmp_path / "out" / "bundle.safetensors")  # the pick answers in the numpy-only reader
     assert served.model == "distmult" and len(served.predict_tails("e0", "r1", 3)) == 3
     assert (tmp_path / "out" / "bundle.safetensors").stat().st_size <= search.max_bytes
+    # The pick's file: the scored candidate's payload, with what was searched in its metrics beside the source's.
+    picked = load_bundle(tmp_path / "out" / "bundle.safetensors")
+    assert picked.sha256 == load_bundle(tmp_path / "out" / pick["path"]).sha256
+    assert report["pick_metrics"] and picked.metrics["imported"] == load_bundle(bundle).metrics["imported"]
+    summary = picked.metrics["compress"]
+    assert summary["precision"] == pick["precision"] and summary["max_bytes"] == search.max_bytes
+    assert summary["valid"] == {"mrr": pick["mrr"], "triples": 30} and summary["original"]["mrr"] == report[
+        "original"]["mrr"]
     md = (tmp_path / "out" / "report.md").read_text()
     assert "| original (fp32) |" in md and "**pick**" in md and "](frontier.png)" in md
     assert (tmp_path / "out" / "frontier.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -216,3 +226,23 @@ def test_sizes_from_shapes_and_header_equal_the_searchs_estimates(tmp_path, caps
                                 on_progress=events.append, should_stop=lambda: len(events) == 2)
     assert stopped is None and [(e["step"], e["total"], e["precision"]) for e in events] == [
         (1, 7, "fp32"), (2, 7, "fp16")]
+
+
+def test_the_picks_summary_is_left_out_where_it_would_not_fit_the_budget(tmp_path, capsys):
+    bundle = model_and_graph(tmp_path)
+    capsys.readouterr()
+    (tmp_path / "out" / "candidates").mkdir(parents=True)
+    scored = tmp_path / "out" / "candidates" / "fp32.safetensors"
+    shutil.copyfile(bundle, scored)
+    size = scored.stat().st_size
+    report = {"source": "b.safetensors", "eval_triples": 0, "original": {"bytes": size, "precision": "fp32"}}
+    pick = {"precision": "fp32", "path": "candidates/fp32.safetensors", "mrr": None}
+    assert not write_pick(tmp_path / "out", {**report, "max_bytes": size}, pick)
+    assert (tmp_path / "out" / "bundle.safetensors").read_bytes() == scored.read_bytes()
+    assert write_pick(tmp_path / "out", {**report, "max_bytes": size + 1000}, pick)
+    written = tmp_path / "out" / "bundle.safetensors"
+    assert size < written.stat().st_size <= size + 1000
+    assert struct.unpack("<Q", written.read_bytes()[:8])[0] % 8 == 0  # safetensors' padded header
+    again = load_bundle(written)  # verified: the payload and its checksum as written
+    assert again.sha256 == load_bundle(scored).sha256 and again.metrics["compress"]["from"] == "b.safetensors"
+    assert np.array_equal(again.params["entities"], load_bundle(scored).params["entities"])
