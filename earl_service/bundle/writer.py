@@ -45,11 +45,8 @@ def write_safetensors(path: str | os.PathLike, tensors: dict[str, np.ndarray], m
     for block in _blocks(tensors, order):
         digest.update(block)
     header["__metadata__"] = dict(sorted({**metadata, "payload_sha256": digest.hexdigest()}.items()))
-    text = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode()
-    text += b" " * (-len(text) % 8)
     with replacing(path, fsync=True) as tmp, open(tmp, "wb") as fh:
-        fh.write(struct.pack("<Q", len(text)))
-        fh.write(text)
+        fh.write(_encoded(header))
         for block in _blocks(tensors, order):
             fh.write(block)
     return Path(path)
@@ -62,13 +59,18 @@ def with_metadata(source: str | os.PathLike, path: str | os.PathLike, changes: d
         (length,) = struct.unpack("<Q", fh.read(8))
         header = json.loads(fh.read(length))
         header["__metadata__"] = dict(sorted({**header.get("__metadata__", {}), **changes}.items()))
-        text = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode()
-        text += b" " * (-len(text) % 8)
         with replacing(path, fsync=True) as tmp, open(tmp, "wb") as out:
-            out.write(struct.pack("<Q", len(text)))
-            out.write(text)
+            out.write(_encoded(header))
             shutil.copyfileobj(fh, out, 1 << 20)
     return Path(path)
+
+
+def _encoded(header: dict[str, Any]) -> bytes:
+    """The header as safetensors' writer lays it out: its length (u64), then compact JSON padded with spaces to a
+    multiple of 8."""
+    text = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode()
+    text += b" " * (-len(text) % 8)
+    return struct.pack("<Q", len(text)) + text
 
 
 def _blocks(tensors: dict[str, np.ndarray], order: list[str]) -> Iterator[memoryview]:
