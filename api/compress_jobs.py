@@ -136,9 +136,10 @@ def _smallest(record: ModelRecord, bundle: Path, precisions: tuple[str, ...]) ->
     """(bytes, precision) of the model's smallest size searched, its header left out: its fixed parts as the file
     stores them (from its header), its tables (entities (N, 2d), relations (R, d or 2d)) as each precision would."""
     config, dim = record.config, int(record.config["dim"])
-    scorer = scorers.scorer(config["model"], gamma=config["gamma"], epsilon=config["epsilon"], dim=dim)
+    scorer = scorers.scorer(config["model"], gamma=config["gamma"], epsilon=config["epsilon"], dim=dim,
+                            reciprocal=bool(config.get("reciprocal", False)))
     shapes: sizes.Shapes = {"entities": (record.entities, 2 * dim),
-                            "relations": (record.relations, scorer.relation_width(dim))}
+                            "relations": (scorer.relation_rows(record.relations), scorer.relation_width(dim))}
     try:
         return sizes.smallest(config["model"], dim, shapes, fixed_bytes=sizes.fixed_bytes(bundle),
                               precisions=precisions)

@@ -240,9 +240,11 @@ def api_operations(**settings) -> list[tuple[str, str]]:
 
 # ---------------------------------------------------------------- imported models against their library's formula
 
-def assert_source_scores(bundle_path: Path, score, test: np.ndarray, known: np.ndarray, *, rtol: float = 1e-5) -> None:
+def assert_source_scores(bundle_path: Path, score, test: np.ndarray, known: np.ndarray, *, rtol: float = 1e-5,
+                         head_score=None) -> None:
     """A bundle imported from another library answers as that library's formula, written out in the test:
-    `score(heads, relation, tails)` -> (B,) scores (numpy broadcasting over index arrays). For each test triple our
+    `score(heads, relation, tails)` -> (B,) scores (numpy broadcasting over index arrays); `head_score` the same
+    for head queries where they differ (a reciprocal-relations model's). For each test triple our
     tail and head distances are minus those scores (within rtol of the query's largest), and the filtered realistic
     ranks of scorers.filtered_ranks equal those of the formula's scores, known answers (`known`) left out."""
     from earl_service.core import rotate, scorers
@@ -257,8 +259,8 @@ def assert_source_scores(bundle_path: Path, score, test: np.ndarray, known: np.n
         want_ranks = []
         for h, r, t in test:
             anchor, target = (h, t) if side == "tail" else (t, h)
-            ref = score(np.full(n, h), np.full(n, r), every) if side == "tail" else score(every, np.full(n, r),
-                                                                                          np.full(n, t))
+            ref = (score(np.full(n, h), np.full(n, r), every) if side == "tail" else
+                   (head_score or score)(every, np.full(n, r), np.full(n, t)))
             ours = -edge.distances(edge.query_vector(side, anchor, r))
             np.testing.assert_allclose(ours, ref, rtol=rtol, atol=rtol * np.abs(ref).max())
             want_ranks.append(rotate.realistic_rank(-ref, int(target), excluded=answers.answers(side, anchor, r)))

@@ -344,7 +344,8 @@ def _check_score_range(config: ModelConfig, entities: np.ndarray, relations: np.
     sqrt(2) * max |x|, so each real of e - q is under 3 * max |x|, and a row's sum of squares (what an L2 index adds
     up over all 2d reals) under 9 * max|x|^2 * 2d: that must stay below float32's max. Relation values times the
     phase scale must too. An imported scorer bounds its own numbers (core.scorers.Scorer.largest)."""
-    scorer = scorers.scorer(config.model, gamma=config.gamma, epsilon=config.epsilon, dim=config.dim)
+    scorer = scorers.scorer(config.model, gamma=config.gamma, epsilon=config.epsilon, dim=config.dim,
+                            reciprocal=config.reciprocal)
     fits, bound = scorers.fits_float32(scorer, entities, relations)
     if config.model in IMPORTED:
         if not fits:
@@ -365,11 +366,11 @@ def expected_shapes(config: ModelConfig, num_entities: int, num_relations: int, 
     """The shape of every trainable tensor of build_model(config, ...), by state_dict name and in its order
     (the `reserved` buffer aside): what a bundle must hold, known without building the module."""
     d, w = config.dim, 2 * config.dim
-    if config.model == "rotate":
-        return {"entities": (num_entities, w), "relations": (num_relations, d)}
-    if config.model in IMPORTED:
-        relation_width = scorers.SCORERS[config.model].relation_width(d)
-        return {"entities": (num_entities, w), "relations": (num_relations, relation_width)}
+    if config.model == "rotate" or config.model in IMPORTED:
+        scorer = scorers.scorer(config.model, gamma=config.gamma, epsilon=config.epsilon, dim=d,
+                                reciprocal=config.reciprocal)
+        return {"entities": (num_entities, w),
+                "relations": (scorer.relation_rows(num_relations), scorer.relation_width(d))}
     shapes: dict[str, tuple[int, ...]] = {}
     if config.uses_reserved and num_reserved:
         shapes["reserved_embeddings"] = (num_reserved, w)

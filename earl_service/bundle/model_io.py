@@ -79,8 +79,9 @@ class Bundle:
         """The trained module with the bundle's weights (float32, CPU, eval mode); an imported model has none."""
         from earl_service.model.modules import build_model
 
-        if self.config.model in IMPORTED:
-            raise BundleError(f"an imported {self.config.model} bundle holds tables, not a module trained here")
+        if self.config.model in IMPORTED or self.config.reciprocal:
+            kind = f"{self.config.model}{' with reciprocal relations' if self.config.reciprocal else ''}"
+            raise BundleError(f"an imported {kind} bundle holds tables, not a module trained here")
         model = build_model(self.config, len(self.entities), len(self.relations), torch.from_numpy(self.reserved))
         state = {k: torch.from_numpy(v) for k, v in self.params.items()}
         state["reserved"] = torch.from_numpy(self.reserved.astype(np.int64))

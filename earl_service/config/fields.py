@@ -112,9 +112,13 @@ class ModelConfig:
                                      "representation")
     seed: int = setting(0, "seed of the reserved entities, the initial weights, the batches and the negatives",
                         bounds={"ge": 0}, limits={"le": 2**31 - 1})
+    # An imported model's only (no option trains one): LibKGE's reciprocal relations (core/scorers.py), RotatE's too.
+    reciprocal: bool = setting(False, "head queries through inverse relation rows R..2R-1", option=None)
 
     def __post_init__(self) -> None:
         _check_fields(self)
+        if self.reciprocal and self.model == "earl":
+            raise ConfigError("reciprocal relations are an imported model's; EARL has none")
 
     @property
     def uses_reserved(self) -> bool:
@@ -148,7 +152,11 @@ class ModelConfig:
         return rotate.phase_scale(gamma=self.gamma, epsilon=self.epsilon, dim=self.dim)
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """The fields; `reciprocal` only where set, so that every other bundle's header stays as it was."""
+        values = dataclasses.asdict(self)
+        if not self.reciprocal:
+            del values["reciprocal"]
+        return values
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> ModelConfig:

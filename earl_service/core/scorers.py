@@ -5,6 +5,10 @@ One convention: a distance, lower is better, as core.rotate's, so `rotate.top_k`
 every scorer. The source library's score is `score(distance)`: -distance for the imported ones (TransE and RotatE-L2
 score minus a norm; DistMult and ComplEx a product, whose negation is the distance), gamma - distance for RotatE.
 Entity rows are 2d floats; complex numbers are [re | im] halves (re_0..re_{d-1}, then im_0..im_{d-1}).
+
+A reciprocal-relations model (LibKGE's `reciprocal_relations_model`) has 2R relation rows: rows R..2R-1 are the
+inverse relations, and a head query (?, r, t) is the tail query (t, r + R, ?) through them (`side_query`), so its
+head scores are not its tail scores of the same triple.
 """
 
 from __future__ import annotations
@@ -12,7 +16,7 @@ from __future__ import annotations
 import math
 from abc import ABC, abstractmethod
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar, Literal, get_args
 
 import numpy as np
@@ -23,6 +27,8 @@ from earl_service.core.known import KnownAnswers
 # The models a bundle may hold without training them here (`earl import`): the config's `model` names the scorer.
 ImportedKind = Literal["transe-l1", "transe-l2", "distmult", "complex", "rotate-l2"]
 IMPORTED: tuple[ImportedKind, ...] = get_args(ImportedKind)
+
+RECIPROCAL_SUFFIX = "_reciprocal"  # the inverse relations' names where a table lists them (LibKGE's, `earl export`)
 
 Distance = Callable[[np.ndarray, np.ndarray], np.ndarray]  # (b, 2d) candidate rows, (2d,) query -> (b,)
 
@@ -59,8 +65,10 @@ def complex_product(x: np.ndarray, r: np.ndarray, *, conjugate: bool = False) ->
 
 @dataclass(frozen=True)
 class Scorer(ABC):
-    """A scorer: query(anchor, relation, inverse) then distances to candidate rows; inverse = a head query."""
+    """A scorer: query(anchor, relation, inverse) then distances to candidate rows; inverse = a head query.
+    `reciprocal`: head queries go through inverse relation rows (module doc); side_query picks the row."""
 
+    reciprocal: bool = field(default=False, kw_only=True)
     formula: ClassVar[str]  # the source library's score, in words (docs, `earl export` tables' meta.json)
     complex_entities: ClassVar[bool] = False  # entity rows are d complex numbers, [re | im]
     phases: ClassVar[bool] = False  # relation rows are d rotations (phases), not 2d floats
@@ -76,6 +84,17 @@ class Scorer(ABC):
     def relation_width(self, dim: int) -> int:
         """Floats per relation row for entity rows of 2 * dim floats."""
         return dim if self.phases else 2 * dim
+
+    def relation_rows(self, relations: int) -> int:
+        """Rows of the relation table of a graph of `relations` relations: twice as many for a reciprocal model."""
+        return 2 * relations if self.reciprocal else relations
+
+    def side_query(self, entity: np.ndarray, relations: np.ndarray, relation: int, side: str) -> np.ndarray:
+        """The query of (entity, relation, ?) (side "tail") or of (?, relation, entity) ("head") over the whole
+        relation table: a reciprocal model's head query is the tail query through row relation + R."""
+        if side == "head" and self.reciprocal:
+            return self.query(entity, relations[relation + len(relations) // 2])
+        return self.query(entity, relations[relation], inverse=side == "head")
 
     def relation_table(self, stored: np.ndarray) -> np.ndarray:
         """The relation rows as another tool reads them (`earl export --format`): phases in radians for a rotation,
@@ -213,11 +232,13 @@ SCORERS: dict[str, Scorer] = {"transe-l1": TransE(1), "transe-l2": TransE(2), "d
 assert tuple(SCORERS) == IMPORTED
 
 
-def scorer(model: str, *, gamma: float, epsilon: float, dim: int) -> Scorer:
-    """The scorer of a model kind: RotatE for the trained ones (earl, rotate), an imported one by its name."""
+def scorer(model: str, *, gamma: float, epsilon: float, dim: int, reciprocal: bool = False) -> Scorer:
+    """The scorer of a model kind: RotatE for the trained ones (earl, rotate), an imported one by its name; with
+    inverse relation rows for head queries when `reciprocal` (an imported model's, RotatE's included)."""
     if model in SCORERS:
-        return SCORERS[model]
-    return RotatE(scale=rotate.phase_scale(gamma=gamma, epsilon=epsilon, dim=dim), gamma=float(gamma))
+        return replace(SCORERS[model], reciprocal=True) if reciprocal else SCORERS[model]
+    return RotatE(scale=rotate.phase_scale(gamma=gamma, epsilon=epsilon, dim=dim), gamma=float(gamma),
+                  reciprocal=reciprocal)
 
 
 RANK_BLOCK_ROWS = 16_384  # entity rows a ranking pass reads (and decodes, for a coded table) at a time
@@ -242,7 +263,7 @@ def filtered_ranks(scorer: Scorer, entities: Any, relations: np.ndarray, triples
         batch = triples[first : first + RANK_QUERIES]
         anchors, targets = (batch[:, 2], batch[:, 0]) if inverse else (batch[:, 0], batch[:, 2])
         anchor_rows, target_rows = entities[anchors], entities[targets]
-        queries = [scorer.query(anchor_rows[i], relations[r], inverse=inverse) for i, r in enumerate(batch[:, 1])]
+        queries = [scorer.side_query(anchor_rows[i], relations, r, side) for i, r in enumerate(batch[:, 1])]
         mine = np.array([scorer.distance(target_rows[i : i + 1], q)[0] for i, q in enumerate(queries)])
         # ids that do not compete: the other known answers and the target itself
         left_out = [np.union1d(known.answers(side, int(a), int(r)), [t])
@@ -275,5 +296,5 @@ def fits_float32(scorer: Scorer, entities: np.ndarray, relations: np.ndarray) ->
     return math.isfinite(bound) and bound < float(np.finfo(np.float32).max), bound
 
 
-__all__ = ["IMPORTED", "RANK_BLOCK_ROWS", "RANK_QUERIES", "SCORERS", "ComplEx", "DistMult", "ImportedKind", "RotatE", "RotatEL2", "Scorer", "TransE",
+__all__ = ["IMPORTED", "RANK_BLOCK_ROWS", "RECIPROCAL_SUFFIX", "RANK_QUERIES", "SCORERS", "ComplEx", "DistMult", "ImportedKind", "RotatE", "RotatEL2", "Scorer", "TransE",
            "complex_product", "filtered_ranks", "fits_float32", "largest_magnitude", "scorer"]

@@ -20,7 +20,8 @@ class EdgeModel(LinkPredictor):
                  relation_embeddings: np.ndarray, triples: np.ndarray | KnownAnswers, relation_labels: dict[str, str],
                  entity_labels: dict[str, str] | None = None) -> None:
         super().__init__(entity_embeddings, relation_embeddings, entities, relations, triples, gamma=config["gamma"],
-                         epsilon=config["epsilon"], model=config.get("model", "rotate"), index="exact",
+                         epsilon=config["epsilon"], model=config.get("model", "rotate"),
+                         reciprocal=bool(config.get("reciprocal", False)), index="exact",
                          relation_labels=relation_labels, entity_labels=entity_labels)
         self.config = config
 

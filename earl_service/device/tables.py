@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from earl_service.atomic import replacing, write_json
+from earl_service.core.scorers import RECIPROCAL_SUFFIX
 from earl_service.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -33,6 +34,8 @@ def export_tables(model: EdgeModel, out_dir: str | os.PathLike, *, fmt: str) -> 
     out = Path(out_dir)
     entities, relations = list(model.entities.names), list(model.relations.names)
     scorer = model.scorer
+    if scorer.reciprocal:  # one name a row: the inverse relations' rows follow, named as LibKGE names them
+        relations += [name + RECIPROCAL_SUFFIX for name in relations]
     phases = scorer.relation_table(model.relation_embeddings)  # (R, d) radians, or an imported model's (R, 2d)
     kind = "phase" if scorer.phases else "embedding"
     if fmt == "parquet":
@@ -68,10 +71,14 @@ def _meta(model: EdgeModel, fmt: str) -> dict:
     scorer = model.scorer
     relation_layout = ("d float32 phases per relation, in radians: r_i = exp(i * phase_i)" if scorer.phases else
                        f"2d float32 per relation{': ' + _HALVES if scorer.complex_entities else ''}")
-    return {"format": fmt, "model": model.config.get("model"), "dim": model.dim, "gamma": model.gamma,
+    meta = {"format": fmt, "model": model.config.get("model"), "dim": model.dim, "gamma": model.gamma,
             "entities": len(model.entities), "relations": len(model.relations),
             "entity_layout": f"2d float32 per entity{': ' + _HALVES if scorer.complex_entities else ''}",
             "relation_layout": relation_layout, "score": f"{scorer.formula}: higher is more plausible"}
+    if scorer.reciprocal:
+        meta |= {"reciprocal": True, "head_queries": f"rows R..2R-1 (ids ending {RECIPROCAL_SUFFIX}) are inverse "
+                 f"relations: (?, r, t) ranks each entity e by the score of (t, r{RECIPROCAL_SUFFIX}, e)"}
+    return meta
 
 
 def _refuse_separators(names: list[str], kind: str) -> None:

@@ -82,7 +82,8 @@ def filtered_mrr(bundle: Bundle, triples: np.ndarray, known: KnownAnswers, *, pa
     """Mean reciprocal filtered realistic rank over tails and heads of `triples`, by the bundle's scorer."""
     params = params or bundle.params
     config = bundle.config
-    scorer = scorers.scorer(config.model, gamma=config.gamma, epsilon=config.epsilon, dim=config.dim)
+    scorer = scorers.scorer(config.model, gamma=config.gamma, epsilon=config.epsilon, dim=config.dim,
+                            reciprocal=config.reciprocal)
     ranks = [scorers.filtered_ranks(scorer, params["entities"], params["relations"], triples, known, side=side)
              for side in ("tail", "head")]
     return float(np.mean(1.0 / np.concatenate(ranks)))
@@ -169,7 +170,8 @@ class Search:
         codes, books = tables["entities"]
         relations = ProductQuantized.stored_values({"relations": self.bundle.params["relations"]}, {})["relations"]
         budget = tune.Tuning(seconds=seconds, seed=self.search.seed)
-        tuned = tune.tune(kind, codes, books, relations, self.graph.splits["train"], budget)
+        tuned = tune.tune(kind, codes, books, relations, self.graph.splits["train"], budget,
+                          reciprocal=self.bundle.config.reciprocal)
         before = self.mrr({"entities": StoredRows({"codes": codes, "codebooks": books}), "relations": relations})
         after = self.mrr({"entities": StoredRows({"codes": codes, "codebooks": tuned}), "relations": relations})
         row["fine_tune"] = {"steps": len(budget.losses), "seconds": round(seconds, 1), "mrr_before": before,

@@ -10,14 +10,19 @@ other numeric column in order; needs pyarrow), or:
 - names: entities.tsv or entity_ids.txt, relations.tsv or relation_ids.txt: one name a line in row order, or
   `row<TAB>name` lines (DGL-KE's, PyKEEN's) after an optional header whose first field is not a number.
 Complex tables (complex, rotate, rotate-l2) hold [re | im] halves: re_0..re_{d-1}, then im_0..im_{d-1}.
+A meta.json with `"reciprocal": true` (what `earl export` writes for a model with reciprocal relations) marks 2R
+relation rows named r..., then r_reciprocal...: the model's head queries go through the second R (core/scorers.py).
 """
 
 from __future__ import annotations
 
+import json
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 
+from earl_service.core.scorers import RECIPROCAL_SUFFIX
 from earl_service.errors import ModelImportError
 from earl_service.imports.imported import Imported
 
@@ -40,12 +45,32 @@ def read_arrays(folder: str | Path, scorer: str) -> Imported:
                                                                  for part in ("entities", "relations"))
         where = {part: str(folder / name) for part, name in PARQUET.items()}
         where |= {"entity_names": where["entities"], "relation_names": where["relations"]}
-        return Imported(scorer, entities, relations, entity_names, relation_names, where, None, source)
+        return _reciprocal(folder, Imported(scorer, entities, relations, entity_names, relation_names, where, None,
+                                            source))
     files = {part: _first(folder, names, part) for part, names in NAMES.items()}
     tables = _tables(folder)
     where = {part: str(path) for part, path in files.items()} | {part: file for part, (_, file) in tables.items()}
-    return Imported(scorer, tables["entities"][0], tables["relations"][0], read_names(files["entity_names"]),
-                    read_names(files["relation_names"]), where, None, source)
+    return _reciprocal(folder, Imported(scorer, tables["entities"][0], tables["relations"][0],
+                                        read_names(files["entity_names"]), read_names(files["relation_names"]),
+                                        where, None, source))
+
+
+def _reciprocal(folder: Path, imported: Imported) -> Imported:
+    """`imported` as a model with reciprocal relations where the folder's meta.json says it is one: its names
+    r..., r_reciprocal... become the R relations, every row kept."""
+    meta = folder / "meta.json"
+    try:
+        marked = meta.is_file() and json.loads(meta.read_text(encoding="utf-8")).get("reciprocal") is True
+    except (ValueError, AttributeError, UnicodeDecodeError):
+        raise ModelImportError(f"{meta}: not a JSON object") from None
+    if not marked:
+        return imported
+    names, half = imported.relation_names, len(imported.relation_names) // 2
+    if len(names) % 2 or names[half:] != [n + RECIPROCAL_SUFFIX for n in names[:half]]:
+        raise ModelImportError(f"{imported.files['relation_names']}: meta.json marks reciprocal relations, so the "
+                               f"names are R relations, then each again with {RECIPROCAL_SUFFIX!r} in the same order")
+    return replace(imported, relation_names=names[:half], source={**imported.source, "reciprocal": True},
+                   reciprocal=True)
 
 
 def _first(folder: Path, names: tuple[str, ...], part: str) -> Path:

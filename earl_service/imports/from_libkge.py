@@ -14,8 +14,13 @@ Conventions, read in uma-pi1/kge (commit 9bca31f):
   Re(sum s p conj(o)) over chunk(2) halves [re | im] (s_all * r_all * o_all); rotate -||(|s o p - o|_i)_i||_{l_norm}
   with p the phases in radians (cos p, sin p) and entity halves [re | im]: l_norm 1 is the sum of complex moduli
   (our `rotate`), 2 PyKEEN's (`rotate-l2`);
-- ids (kge/dataset.py:Dataset._load_map): `index<TAB>id` lines.
-A reciprocal_relations_model (head queries through inverse relations) and other models are refused, naming them.
+- ids (kge/dataset.py:Dataset._load_map): `index<TAB>id` lines;
+- a reciprocal_relations_model (kge/model/reciprocal_relations_model.py) wraps one of those as `base_model` over 2R
+  relations, R..2R-1 the "_reciprocal" ones: score_sp(s, p) is the base's, score_po(p, o) the base's score_sp(o,
+  p + R), so a head query goes through the inverse relation's row (core/scorers.py's `reciprocal`). Its base's
+  options are `reciprocal_relations_model.base_model`'s, else the base model's own (kge/config.py:get_default),
+  and its tables are registered under `_base_model.` too.
+Other models are refused, naming them.
 """
 
 from __future__ import annotations
@@ -55,15 +60,16 @@ def read_libkge(source: str | Path) -> Imported:
         path = path / CHECKPOINTS[0]
     checkpoint = _load(path)
     options = _options(checkpoint, path)
-    kind = _scorer(options, path)
+    kind, reciprocal = _scorer(options, path)
     state = _state(checkpoint, path)
     entities, relations = (_table(state, TABLES[p], path) for p in ("entities", "relations"))
     names = {part: _ids(checkpoint, path, part) for part in NAME_FILES}
     where = {"entities": f"{path} [{TABLES['entities']}]", "relations": f"{path} [{TABLES['relations']}]",
              "entity_names": names["entity"][1], "relation_names": names["relation"][1]}
     source_info = {"format": "libkge", "library": "libkge", "class": options["model"], "scorer": kind,
-                   "source": path.name}
-    return Imported(kind, entities, relations, names["entity"][0], names["relation"][0], where, None, source_info)
+                   "source": path.name, **({"reciprocal": True} if reciprocal else {})}
+    return Imported(kind, entities, relations, names["entity"][0], names["relation"][0], where, None, source_info,
+                    reciprocal=reciprocal)
 
 
 def _load(path: Path) -> dict[str, Any]:
@@ -90,20 +96,29 @@ def _options(checkpoint: dict[str, Any], path: Path) -> dict[str, Any]:
     return options
 
 
-def _scorer(options: dict[str, Any], path: Path) -> str:
+def _scorer(options: dict[str, Any], path: Path) -> tuple[str, bool]:
+    """(our scorer, whether head queries go through reciprocal relations) of the checkpoint's model."""
     model = options["model"]
+    if model != "reciprocal_relations_model":
+        return _base_scorer(model, options.get(model) or {}, path), False
+    base = (options.get(model) or {}).get("base_model") or {}
+    kind = base.get("type")
+    if not isinstance(kind, str):
+        raise ModelImportError(f"{path}: a reciprocal_relations_model without base_model.type")
+    return _base_scorer(kind, {**(options.get(kind) or {}), **base}, path, wrapped=True), True
+
+
+def _base_scorer(model: str, options: dict[str, Any], path: Path, *, wrapped: bool = False) -> str:
     plain = {"distmult": "distmult", "complex": "complex"}
     if model in plain:
         return plain[model]
-    norm = float((options.get(model) or {}).get("l_norm", 1.0))
+    norm = float(options.get("l_norm", 1.0))
     if model in ("transe", "rotate") and norm in (1.0, 2.0):
         return f"transe-l{int(norm)}" if model == "transe" else ("rotate" if norm == 1.0 else "rotate-l2")
-    if model == "reciprocal_relations_model":
-        base = ((options.get(model) or {}).get("base_model") or {}).get("type", "?")
-        raise ModelImportError(f"{path}: a reciprocal_relations_model (base {base}): its head scores come from "
-                               "inverse relations, which no scorer here reads")
-    raise ModelImportError(f"{path}: LibKGE model {model!r}{f' with l_norm {norm:g}' if model in ('transe', 'rotate') else ''} "
-                           "has no scorer here; transe and rotate (l_norm 1 or 2), distmult and complex are read")
+    inside = " inside a reciprocal_relations_model" if wrapped else ""
+    raise ModelImportError(f"{path}: LibKGE model {model!r}{f' with l_norm {norm:g}' if model in ('transe', 'rotate') else ''}"
+                           f"{inside} has no scorer here; transe and rotate (l_norm 1 or 2), distmult and complex "
+                           "are read, alone or as a reciprocal_relations_model's base_model")
 
 
 def _state(checkpoint: dict[str, Any], path: Path) -> dict[str, Any]:
@@ -115,6 +130,7 @@ def _state(checkpoint: dict[str, Any], path: Path) -> dict[str, Any]:
 
 
 def _table(state: dict[str, Any], key: str, path: Path) -> np.ndarray:
+    key = key if key in state else f"_base_model.{key}"  # a reciprocal model's own names the base's tables too
     if key not in state:
         raise ModelImportError(f"{path}: no {key} (LibKGE's lookup embedder); the state holds "
                                f"{', '.join(sorted(state)[:6])}")

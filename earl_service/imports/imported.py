@@ -8,7 +8,7 @@ zero column on both tables, which changes no score: a bundle's rows are 2 * dim 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
@@ -34,7 +34,8 @@ class Imported:
 
     entities (N, w) and relations (R, w') float32 in the layout above; `model` one of KINDS; `triples` (E, 3) int64
     ids of the known triples the source holds (None: it holds none); `files` names the file each part came from, for
-    messages ("entities", "relations", "entity_names", "relation_names"); `source` what the bundle records."""
+    messages ("entities", "relations", "entity_names", "relation_names"); `source` what the bundle records;
+    `reciprocal`: 2R relation rows, the second R the inverse relations head queries go through (core/scorers.py)."""
 
     model: str
     entities: np.ndarray
@@ -44,6 +45,7 @@ class Imported:
     files: dict[str, str]
     triples: np.ndarray | None = None
     source: dict[str, Any] = field(default_factory=dict)
+    reciprocal: bool = False
 
     def checked(self) -> Imported:
         """This model with float32 tables of the widths its scorer reads (odd real widths padded), or a
@@ -53,10 +55,10 @@ class Imported:
         entities = _table(self.entities, self.files["entities"])
         relations = _table(self.relations, self.files["relations"])
         _check_rows(entities, self.entity_names, self.files["entities"], self.files["entity_names"], "entity")
-        _check_rows(relations, self.relation_names, self.files["relations"], self.files["relation_names"], "relation")
+        _check_rows(relations, self.relation_names, self.files["relations"], self.files["relation_names"], "relation",
+                    per_name=2 if self.reciprocal else 1)
         entities, relations = self._widths(entities, relations)
-        return Imported(self.model, entities, relations, self.entity_names, self.relation_names, self.files,
-                        self.triples, self.source)
+        return replace(self, entities=entities, relations=relations)
 
     def _widths(self, entities: np.ndarray, relations: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         width, columns = entities.shape[1], relations.shape[1]
@@ -104,10 +106,12 @@ def halves(interleaved: np.ndarray) -> np.ndarray:
     return out
 
 
-def _check_rows(table: np.ndarray, names: list[str], table_path: str, names_path: str, kind: str) -> None:
-    if len(table) != len(names):
+def _check_rows(table: np.ndarray, names: list[str], table_path: str, names_path: str, kind: str, *,
+                per_name: int = 1) -> None:
+    if len(table) != per_name * len(names):
+        each = "one row per" if per_name == 1 else "two rows per reciprocal"
         raise ModelImportError(f"{table_path} has {len(table):,} rows but {names_path} holds {len(names):,} {kind} "
-                               f"names: one row per {kind}, in the names' order")
+                               f"names: {each} {kind}, in the names' order")
     bad = next((i for i, name in enumerate(names) if not name or "\0" in name), None)
     if bad is not None:
         raise ModelImportError(f"{names_path}: {kind} {bad} has an empty name or one holding NUL")
@@ -128,7 +132,7 @@ def to_bundle(imported: Imported, *, graph: str | os.PathLike | None = None, kno
 
     entities, relations = Vocab(imported.entity_names), Vocab(imported.relation_names, kind="relation")
     kind = cast("ModelKind", imported.model)  # one of KINDS: checked() takes no other
-    config = ModelConfig(model=kind, dim=imported.entities.shape[1] // 2)
+    config = ModelConfig(model=kind, dim=imported.entities.shape[1] // 2, reciprocal=imported.reciprocal)
     relation_values = imported.relations
     if imported.model == "rotate":  # RotatE here stores value = phase / scale (core.rotate.phase_scale)
         relation_values = (imported.relations / np.float32(config.phase_scale)).astype(np.float32)

@@ -33,6 +33,15 @@ def query(kind: str, entity: torch.Tensor, relation: torch.Tensor, *, inverse: b
     return torch.cat([re * r_re - im * r_im, re * r_im + im * r_re], dim=-1)
 
 
+def side_query(kind: str, entity: torch.Tensor, relations: torch.Tensor, r: torch.Tensor, *, inverse: bool,
+               reciprocal: bool = False) -> torch.Tensor:
+    """(B, 2d) tail (or, `inverse`, head) queries of relation ids `r` (B,) over the whole relation table, as
+    core.scorers.Scorer.side_query forms them: a reciprocal model's head query is a tail query through row r + R."""
+    if inverse and reciprocal:
+        return query(kind, entity, relations[r + len(relations) // 2], inverse=False)
+    return query(kind, entity, relations[r], inverse=inverse)
+
+
 def logits(kind: str, queries: torch.Tensor, entities: torch.Tensor) -> torch.Tensor:
     """(B, N) minus the distances core.scorers.SCORERS[kind].distance computes, higher is better (formed without a
     negated copy where the scorer is a dot product: each (B, N) copy is another 128 MB a step at 1M entities)."""
@@ -58,9 +67,10 @@ LOGITS = 2**22  # logits a step holds at once (16 MB): the batch's queries are s
 
 
 def tune(kind: str, codes: np.ndarray, books: np.ndarray, relations: np.ndarray, triples: np.ndarray,
-         budget: Tuning) -> np.ndarray:
+         budget: Tuning, *, reciprocal: bool = False) -> np.ndarray:
     """Codebooks (M, 256, s) fp16 trained from `books` for the entity codes (N, M) over `triples` (E, 3), at most
-    budget.steps steps and budget.seconds; `relations` (R, w) float32 as the bundle stores them.
+    budget.steps steps and budget.seconds; `relations` (R, w) float32 as the bundle stores them (2R rows when
+    `reciprocal`: a head query is a tail query through row r + R, as core.scorers.Scorer.side_query forms it).
 
     Each step decodes only the rows it scores: every entity while there are at most CANDIDATES (1-N cross-entropy),
     else the batch's heads and tails and CANDIDATES entities drawn at random (a sampled softmax): a 1M-row table is
@@ -101,7 +111,8 @@ def tune(kind: str, codes: np.ndarray, books: np.ndarray, relations: np.ndarray,
         for lo in range(0, len(h), chunk):
             part = slice(lo, lo + chunk)
             for anchor, target, inverse in ((h[part], t[part], False), (t[part], h[part], True)):
-                scores = logits(kind, query(kind, decode(ids[anchor]), rel[r[part]], inverse=inverse), rows)
+                queries = side_query(kind, decode(ids[anchor]), rel, r[part], inverse=inverse, reciprocal=reciprocal)
+                scores = logits(kind, queries, rows)
                 side = torch.nn.functional.cross_entropy(scores, target, reduction="sum") / len(h)
                 side.backward()
                 loss += float(side.detach())
@@ -113,4 +124,4 @@ def tune(kind: str, codes: np.ndarray, books: np.ndarray, relations: np.ndarray,
     return centroids.detach().numpy().astype(np.float16)
 
 
-__all__ = ["CANDIDATES", "TUNABLE", "Tuning", "logits", "query", "tune"]
+__all__ = ["CANDIDATES", "TUNABLE", "Tuning", "logits", "query", "side_query", "tune"]

@@ -81,6 +81,7 @@ class LinkPredictor:
         gamma: float,
         epsilon: float,
         model: str = "rotate",
+        reciprocal: bool = False,
         index: IndexKind = "auto",
         hnsw_threshold: int = HNSW_THRESHOLD,
         relation_labels: dict[str, Any] | None = None,
@@ -95,7 +96,7 @@ class LinkPredictor:
         self.relation_embeddings = np.ascontiguousarray(relation_embeddings, dtype=np.float32)  # (R, d) for RotatE
         self.model = model
         self.dim, self.gamma = self.entity_embeddings.shape[1] // 2, float(gamma)
-        self.scorer = scorers.scorer(model, gamma=gamma, epsilon=epsilon, dim=self.dim)
+        self.scorer = scorers.scorer(model, gamma=gamma, epsilon=epsilon, dim=self.dim, reciprocal=reciprocal)
         _check_shapes(self.table, self.relation_embeddings, entities, relations, self.scorer)
         self.entities, self.relations = PackedVocab.of(entities), relations  # names in one buffer (data/packed.py)
         self.phase_scale = rotate.phase_scale(gamma=gamma, epsilon=epsilon, dim=self.dim)
@@ -155,7 +156,7 @@ class LinkPredictor:
             kwargs.setdefault("index_file", cache_file(bundle.path, bundle.sha256))
         return cls(table, bundle.relation_embeddings().numpy(), bundle.entities,
                    bundle.relations, bundle.triples, gamma=bundle.config.gamma, epsilon=bundle.config.epsilon,
-                   model=bundle.config.model, relation_labels=bundle.relation_labels,
+                   model=bundle.config.model, reciprocal=bundle.config.reciprocal, relation_labels=bundle.relation_labels,
                    entity_labels=bundle.entity_labels, **kwargs)
 
     @property
@@ -296,9 +297,8 @@ class LinkPredictor:
 
     def query_vector(self, side: Side, anchor: int, relation: int) -> np.ndarray:
         """(2d,) h o r for tail queries, conj(r) o t for head queries (|h o r - t| = |h - conj(r) o t|); an imported
-        model's query as its scorer forms it."""
-        return self.scorer.query(self.entity_embeddings[anchor], self.relation_embeddings[relation],
-                                 inverse=side == "head")
+        model's query as its scorer forms it (core.scorers.Scorer.side_query)."""
+        return self.scorer.side_query(self.entity_embeddings[anchor], self.relation_embeddings, relation, side)
 
     def distances(self, query: np.ndarray, ids: np.ndarray | None = None) -> np.ndarray:
         """Exact distance (RotatE: sum_i |q_i - e_i|) from query (2d,) to entities `ids` (all when None)."""
@@ -335,9 +335,9 @@ def _check_shapes(entity_embeddings: EntityTable, relation_embeddings: np.ndarra
     if width % 2 or columns != scorer.relation_width(width // 2):
         raise ConfigError(f"entity embeddings have {width} columns and relations {columns}; this model's scorer "
                           f"reads entity rows of 2d columns and relation rows of {'d' if scorer.phases else '2d'}")
-    if n != len(entities) or num_rel != len(relations):
+    if n != len(entities) or num_rel != scorer.relation_rows(len(relations)):
         raise ConfigError(f"{n} entity rows for {len(entities)} names, {num_rel} relation rows for "
-                          f"{len(relations)} names")
+                          f"{len(relations)} names{' (reciprocal: two rows a relation)' if scorer.reciprocal else ''}")
 
 
 __all__ = ["HNSW_THRESHOLD", "LinkPredictor", "configure_threads"]

@@ -194,19 +194,27 @@ def test_fine_tuning_in_chunks_of_queries_equals_one_pass(monkeypatch, kind):
     np.testing.assert_allclose(tuned[300 * 7].astype(np.float32), tuned[10**9].astype(np.float32), atol=1e-3)
 
 
+@pytest.mark.parametrize("reciprocal", [False, True], ids=["plain", "reciprocal"])
 @pytest.mark.parametrize("kind", tune.TUNABLE)
-def test_torch_twins_equal_the_numpy_scorers(kind):
+def test_torch_twins_equal_the_numpy_scorers(kind, reciprocal):
+    """Each query and distance, and with reciprocal relations (8 rows for 4 relations) head queries through the
+    inverse rows, as core/scorers.py forms them."""
     rng = np.random.default_rng(3)
     entities = rng.normal(size=(50, 2 * D)).astype(np.float32)
     width = D if kind == "rotate-l2" else 2 * D
-    relations = rng.uniform(-np.pi, np.pi, (4, width)).astype(np.float32)
-    scorer = scorers.SCORERS[kind]
+    relations = rng.uniform(-np.pi, np.pi, (8 if reciprocal else 4, width)).astype(np.float32)
+    scorer = scorers.scorer(kind, gamma=1.0, epsilon=1.0, dim=D, reciprocal=reciprocal)
+    ids = np.array([3, 0, 2, 1])
     for inverse in (False, True):
-        q = tune.query(kind, torch.from_numpy(entities[:4]), torch.from_numpy(relations), inverse=inverse)
+        q = tune.side_query(kind, torch.from_numpy(entities[:4]), torch.from_numpy(relations), torch.from_numpy(ids),
+                            inverse=inverse, reciprocal=reciprocal)
         got = -tune.logits(kind, q, torch.from_numpy(entities)).numpy()
-        for i in range(4):
-            want = scorer.distances(scorer.query(entities[i], relations[i], inverse=inverse), entities)
-            np.testing.assert_allclose(got[i], want, rtol=1e-4, atol=1e-4)
+        for i, r in enumerate(ids):
+            query = scorer.side_query(entities[i], relations, int(r), "head" if inverse else "tail")
+            np.testing.assert_allclose(got[i], scorer.distances(query, entities), rtol=1e-4, atol=1e-4)
+    if reciprocal:  # the head query is not the plain model's: the inverse rows are read
+        plain = scorers.SCORERS[kind].query(entities[0], relations[3], inverse=True)
+        assert not np.allclose(scorer.side_query(entities[0], relations, 3, "head"), plain)
 
 
 def test_sizes_from_shapes_and_header_equal_the_searchs_estimates(tmp_path, capsys):
@@ -246,3 +254,31 @@ def test_the_picks_summary_is_left_out_where_it_would_not_fit_the_budget(tmp_pat
     again = load_bundle(written)  # verified: the payload and its checksum as written
     assert again.sha256 == load_bundle(scored).sha256 and again.metrics["compress"]["from"] == "b.safetensors"
     assert np.array_equal(again.params["entities"], load_bundle(scored).params["entities"])
+
+
+def test_a_reciprocal_model_is_scored_and_tuned_through_its_inverse_rows(tmp_path, capsys):
+    """A ComplEx model with reciprocal relations whose inverse rows are conj(r) answers every head query as the plain
+    model does (t o conj(r)), so its search scores the same; other inverse rows score otherwise."""
+    from dataclasses import replace
+
+    from earl_service.bundle.model_io import Bundle
+
+    plain = load_bundle(model_and_graph(tmp_path, "complex"))
+    capsys.readouterr()
+    relations = plain.params["relations"]
+    conj = np.concatenate([relations[:, :D], -relations[:, D:]], axis=1)
+    search = ImportedSearch(max_bytes=plain.num_bytes // 3, time_limit_minutes=0.5, precisions=("int8", "pq:8"))
+    reports = {}
+    for name, inverse in (("plain", None), ("conj", conj), ("other", np.roll(conj, 1, axis=0))):
+        source = plain if inverse is None else Bundle(
+            replace(plain.config, reciprocal=True), {**plain.params, "relations": np.concatenate([relations, inverse])},
+            plain.reserved, plain.entities, plain.relations, plain.triples, plain.metrics)
+        reports[name] = compress_imported(source, tmp_path / name, search, graph=tmp_path / "data")
+    mrr = {name: report["original"]["mrr"] for name, report in reports.items()}
+    assert mrr["conj"] == pytest.approx(mrr["plain"], abs=1e-12) and mrr["other"] < mrr["plain"] - 0.05
+    int8 = {name: next(r for r in report["candidates"] if r["precision"] == "int8") for name, report in reports.items()}
+    assert int8["conj"]["mrr"] == pytest.approx(int8["plain"]["mrr"], abs=0.01)
+    tuned = [r for r in reports["conj"]["candidates"] if "fine_tune" in r]
+    assert tuned and all(r["fine_tune"]["steps"] > 0 for r in tuned)
+    pick = load_bundle(tmp_path / "conj" / "bundle.safetensors")
+    assert pick.config.reciprocal and pick.params["relations"].shape == (2 * R, 2 * D)
