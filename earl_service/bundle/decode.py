@@ -62,9 +62,9 @@ def decode(meta: dict[str, str], tensors: dict[str, np.ndarray], *, source: str 
     decoded, so what a small file can make this function allocate is bounded by what its config implies; `limits`
     bounds the vocabularies and the graph while they decompress.
 
-    keep_codes: a RotatE entity table stored as int8 rows or pq codes is left coded (in `stored` only, params
-    without "entities"; decode_stored rebuilds the floats): a server scans the codes, and a 1M x 128 table would
-    take 512 MB as floats. Its values are checked on the codes (stored_extent): the same refusals."""
+    keep_codes: a RotatE entity table stored as int8 rows or pq codes (an imported model's as pq codes) is left
+    coded (in `stored` only, params without "entities"; decode_stored rebuilds the floats): a server scans the
+    codes, and a 1M x 128 table would take 512 MB as floats. Its values are checked on the codes (stored_extent): the same refusals."""
     bundle = _parse(meta, tensors, source, limits)
     n, num_rel = len(bundle.entities), len(bundle.relations)
     triples, reserved = bundle.triples, bundle.reserved
@@ -256,10 +256,13 @@ def coded_entities(tensors: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
 
 
 def _stored_entities(config: ModelConfig, tensors: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """A RotatE entity table as stored when it is coded (DecodedBundle.stored), copied out of the file's buffer."""
-    if config.model != "rotate":
+    """A RotatE entity table as stored when it is coded, an imported model's when it is pq codes (its server scans
+    them by its scorer's metric, serve/metric.MetricCodes; its int8 rows are decoded, for the float index of that
+    metric), copied out of the file's buffer (DecodedBundle.stored)."""
+    coded = coded_entities(tensors) if config.model == "rotate" or config.model in IMPORTED else {}
+    if config.model in IMPORTED and "codes" not in coded:
         return {}
-    return {name: value.copy() for name, value in coded_entities(tensors).items()}
+    return {name: value.copy() for name, value in coded.items()}
 
 
 def _weights(tensors: dict[str, np.ndarray], precision: Precision, skip: set[str]) -> dict[str, np.ndarray]:

@@ -208,7 +208,8 @@ class Bundle:
 def load_bundle(path: str | os.PathLike, *, limits: BundleLimits | None = None, keep_codes: bool = False) -> Bundle:
     """Read and verify a bundle: format and version, checksum, then every check of core.decode (vocabularies,
     graph and reserved ids, tensor shapes against the config; sizes within `limits`). keep_codes (a server's
-    load): a RotatE entity table stored as int8 or pq stays coded in `stored` (decode's keep_codes), its floats
+    load): a RotatE entity table stored as int8 or pq (an imported one as pq) stays coded in `stored` (decode's
+    keep_codes), its floats
     decoded only if entity_embeddings() is asked for; such a bundle is read, not saved again."""
     meta, tensors, size = read_safetensors(path)
     decoded = decode(meta, tensors, source=str(path), limits=limits, keep_codes=keep_codes)

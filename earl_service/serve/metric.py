@@ -20,6 +20,14 @@ trained table was measured.
 Measured on one thread (bench/results/imported_scan.md): 14,505 x 400 rows, the exact scan and its top-10 take
 2.1 ms (dot product), 4.7 (L2) and 7.0 (L1), FAISS 1.0 ms each; 200,000 x 256: 35-76 ms against 21-29. The index
 holds a copy of the table (FAISS owns its rows): `index_bytes`; index="exact" serves without it.
+
+A pq table (`earl compress --from`'s usual pick) is searched on its codes instead (MetricCodes, kind
+"metric-codes"): every metric adds up over coordinates, so a query's distance to the row that codes (c_1 .. c_M)
+decode to is a sum of one lookup-table entry per subspace, t[m, c] = -q_m . y_mc (a dot product), |q_m - y_mc|^2
+(L2, squared) or |q_m - y_mc|_1 (L1), which serve/codes.ADC sums with FAISS's loop without decoding a row. The sum is
+the exact distance (squared for L2; for a dot product shifted by a constant that keeps t >= 0) up to float32
+rounding, so the same certificate holds with the rounding bound MARGIN of the largest sum; the shortlist is
+re-ranked on its decoded rows.
 """
 
 from __future__ import annotations
@@ -29,6 +37,7 @@ from typing import Any
 import numpy as np
 
 from earl_service.core import scorers
+from earl_service.serve.codes import ADC
 from earl_service.serve.index import (
     HNSW_EF_CONSTRUCTION,
     HNSW_EF_SEARCH,
@@ -37,6 +46,7 @@ from earl_service.serve.index import (
     set_faiss_threads,
     shortlist_size,
 )
+from earl_service.serve.tables import PQTable
 
 MARGIN = 1e-4  # relative to the largest value a distance may reach; float32 rounding is ~1e-6 of it
 WIDEN = 4
@@ -134,6 +144,66 @@ class MetricIndex:
         return np.arange(n), self.scorer.distances(query, self.entities)
 
 
+class MetricCodes:
+    """Certified shortlists for an imported scorer from the ADC scan of a pq table's own codes (module doc): no copy
+    of the table, no row decoded to scan. kind "metric-codes"."""
+
+    kind = "metric-codes"
+    rotations = 1
+
+    def __init__(self, table: PQTable, scorer: scorers.Scorer, *, faiss_threads: int | None = 1) -> None:
+        if scorer.metric is None:
+            raise ValueError(f"{type(scorer).__name__} has no metric to scan codes by")
+        self.table, self.scorer, self.metric, self.faiss_threads = table, scorer, scorer.metric, faiss_threads
+        self.codes = table.codes  # (N, M), scanned in place
+        self.books = table.codebooks  # (M, 256, s) float32
+        self.adc = ADC(self.codes.shape[1])
+        self.calibration_ms: dict[int, float] = {}  # nothing to time: one index, exact
+
+    @property
+    def num_entities(self) -> int:
+        return len(self.table)
+
+    @property
+    def index_bytes(self) -> int:
+        return 0  # the table's own codes and codebooks
+
+    def lookup(self, query: np.ndarray) -> tuple[np.ndarray, float, float]:
+        """(the query's table t (M, 256) >= 0, the constant its sums exceed the distance's scale by, the rounding
+        bound): sum_m t[m, c_m] = distance + shift (squared distance for L2) of the row coded c."""
+        m, _, sub = self.books.shape
+        q = np.ascontiguousarray(query, dtype=np.float32).reshape(m, 1, sub)
+        if self.metric == "ip":
+            table = -np.einsum("mcs,mis->mc", self.books, q)
+        elif self.metric == "l2":
+            diff = self.books - q
+            table = np.einsum("mcs,mcs->mc", diff, diff)
+        else:
+            table = np.abs(self.books - q).sum(-1)
+        low = table.min(1, keepdims=True) if self.metric == "ip" else np.zeros((m, 1), np.float32)
+        reach = float(np.abs(table).max(1).sum())  # the largest |term| sum: how far float32 sums may round
+        return (table - low).astype(np.float32), -float(low.sum()), MARGIN * max(reach, 1e-30)
+
+    def certified_shortlist(self, query: np.ndarray, k: int, excluded: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Candidate ids and their exact distances, a provable superset of the top-k once `excluded` is dropped: the
+        scan's last sum bounds every row outside it."""
+        set_faiss_threads(self.faiss_threads)
+        n = self.num_entities
+        size = min(n, shortlist_size(k, len(excluded)))
+        table, shift, eps = self.lookup(query)
+        while size < n:
+            sums, ids = self.adc.search(table, self.codes, size)
+            dist = self.scorer.distances(query, self.table, ids)  # type: ignore[arg-type]  # reads like an array
+            kept = dist[~np.isin(ids, excluded)] if len(excluded) else dist
+            if len(kept) >= k:
+                kth = float(np.partition(kept, k - 1)[k - 1])
+                on_sums = (kth * kth if self.metric == "l2" else kth) + shift
+                if on_sums < float(sums[-1]) - 2 * eps:
+                    return ids, dist
+            size = min(n, WIDEN * size)
+        return np.arange(n), self.scorer.distances(query, self.table)  # type: ignore[arg-type]
+
+
 def mips_as_l2(table: np.ndarray) -> np.ndarray:
     """(N, w) -> (N, w + 1): each row with sqrt(M^2 - |e|^2) appended, M the largest norm, so that every row has
     norm M and, for a query with a zero appended, |q - e'|^2 = |q|^2 + M^2 - 2 q.e orders rows as -q.e does
@@ -144,4 +214,4 @@ def mips_as_l2(table: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(np.concatenate([table, extra[:, None]], axis=1))
 
 
-__all__ = ["MARGIN", "MetricIndex", "mips_as_l2"]
+__all__ = ["MARGIN", "MetricCodes", "MetricIndex", "mips_as_l2"]

@@ -22,9 +22,9 @@ from earl_service.errors import ConfigError
 from earl_service.serve.codes import CodesIndex
 from earl_service.serve.index import CALIBRATION_QUERIES, HNSW_THRESHOLD, ProxyIndex, SampleQuery, calibrate
 from earl_service.serve.ivf import IVF_THRESHOLD, CodesIVF, cache_file
-from earl_service.serve.metric import MetricIndex
+from earl_service.serve.metric import MetricCodes, MetricIndex
 from earl_service.serve.names import NameSearch, Page
-from earl_service.serve.tables import DenseTable, EntityTable, entity_table
+from earl_service.serve.tables import DenseTable, EntityTable, PQTable, entity_table
 
 if TYPE_CHECKING:
     from earl_service.bundle.model_io import Bundle
@@ -60,7 +60,8 @@ class LinkPredictor:
     drops, or their KnownAnswers already built. `model` names the scorer: earl and rotate score with RotatE, an
     imported model with its own (core/scorers.py; its tables laid out as that says). `index` is "auto", "flat",
     "hnsw", "ivf" or "exact" (no index: score every entity). An imported model's float table: a flat index of its
-    scorer's metric for any but "exact" (serve/metric.py; "exact" also where its scorer has none). A float table:
+    scorer's metric for any but "exact" (serve/metric.py; "exact" also where its scorer has none), its pq table the
+    ADC scan of its codes by that metric (serve/metric.MetricCodes), its int8 table the exact scan. A float table:
     serve/index.py's ProxyIndex (`faiss_threads` and `flat_rotations` go to it): flat or HNSW by size, the GPU flat
     index when FAISS has a GPU; where "auto" gives the CPU flat index, the scan of the table's pair codes
     (serve/tables.PairCoded) instead if it answers the graph's own queries faster. A coded table: the flat ADC scan
@@ -108,10 +109,12 @@ class LinkPredictor:
         else:
             triples = np.asarray(known_triples, dtype=np.int64).reshape(-1, 3)
             self.known = KnownAnswers(triples, len(relations)).compact(len(entities))
-        self.index: ProxyIndex | CodesIndex | CodesIVF | MetricIndex | None = None
+        self.index: ProxyIndex | CodesIndex | CodesIVF | MetricIndex | MetricCodes | None = None
         if index != "exact" and self.scorer.metric is not None and isinstance(self.table, DenseTable):
             self.index = MetricIndex.build(self.table.dense(), self.scorer, faiss_threads=faiss_threads,
                                            kind="hnsw" if index == "hnsw" else "flat")
+        elif index != "exact" and self.scorer.metric is not None and isinstance(self.table, PQTable):
+            self.index = MetricCodes(self.table, self.scorer, faiss_threads=faiss_threads)
         elif index != "exact" and self.scorer.indexable:
             def sample() -> list[SampleQuery]:  # only a float table's build asks for it, at most once
                 return self._calibration_sample(self.known.triples() if triples is None else triples)

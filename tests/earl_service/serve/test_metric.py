@@ -77,3 +77,51 @@ def test_on_request_an_hnsw_graph_of_the_metric_answers_nearly_all(kind):
         found, wanted = found + len(got & want), wanted + len(want)
     assert found / wanted >= 0.95, found / wanted
     assert predictor(kind, entities, relations, triples, hnsw_threshold=1000).index_kind == "metric-flat"
+
+
+def pq_table(seed: int, m: int, scale: float):
+    """A pq table: clustered fp16 codebooks, codes with tied duplicate rows."""
+    from earl_service.serve.tables import PQTable
+
+    rng = np.random.default_rng(seed)
+    sub = 2 * D // m
+    books = (rng.normal(size=(m, 1, sub)) + 0.3 * rng.normal(size=(m, 256, sub))) * scale
+    codes = rng.integers(0, 256, (N, m), dtype=np.uint8)
+    codes[-50:] = codes[:50]  # tied twins
+    return PQTable(codes, books.astype(np.float16))
+
+
+@pytest.mark.parametrize("m", [6, 24], ids=["sub4", "sub1"])
+@pytest.mark.parametrize("scale", [1.0, 1e3], ids=["unit", "large"])
+@pytest.mark.parametrize("kind", scorers.IMPORTED)
+def test_a_pq_table_is_scanned_on_its_codes_as_the_exact_scan(kind, scale, m):
+    """Served from its codes by the scorer's own metric: no copy of the table, answers equal to the exact scan of the
+    decoded rows (known answers excluded or not, k up to 60)."""
+    _, relations, triples = tables(kind, 0, 1.0)
+    table = pq_table(3, m, scale)
+    served = predictor(kind, table, relations, triples)
+    assert served.index_kind == "metric-codes" and served.index is not None and served.index.index_bytes == 0
+    rng = np.random.default_rng(1)
+    for h, r in zip(rng.integers(N, size=25), rng.integers(R, size=25), strict=True):
+        for k in (1, 10, 60):
+            head, rel = f"e{h}", f"r{r}"
+            assert served.predict_tails(head, rel, k) == served.brute_force_tails(head, rel, k)
+            assert served.predict_heads(head, rel, k) == served.brute_force_heads(head, rel, k)
+            assert served.predict_tails(head, rel, k, exclude_known=False) == served.brute_force_tails(
+                head, rel, k, exclude_known=False)
+    query = served.query_vector("tail", 0, 1)
+    ids, _ = served.index.certified_shortlist(query, 10, np.zeros(0, np.int64))
+    assert len(ids) < N // 4  # certified from a shortlist, not by scoring every row
+    assert predictor(kind, table, relations, triples, index="exact").index is None
+
+
+def test_a_codes_scan_that_cannot_certify_widens_to_every_row(monkeypatch):
+    table = pq_table(4, 6, 1.0)
+    _, relations, triples = tables("transe-l1", 0, 1.0)
+    monkeypatch.setattr(metric_module, "MARGIN", 10.0)
+    served = predictor("transe-l1", table, relations, triples)
+    sizes = []
+    real = served.index.adc.search
+    monkeypatch.setattr(served.index.adc, "search", lambda t, codes, size: sizes.append(size) or real(t, codes, size))
+    assert served.predict_tails("e7", "r1", 10) == served.brute_force_tails("e7", "r1", 10)
+    assert sizes and sizes[-1] < N and sizes == sorted(sizes)  # widened each time, then the whole table exactly
