@@ -8,16 +8,19 @@ Conventions, read in facebookresearch/PyTorch-BigGraph (torchbiggraph, commit 6f
   `entities/<type>/global_embedding`; `checkpoint_version.txt` the latest version; config.json the ConfigSchema;
   names (graph_storages.py) `entity_names_<type>_<part>.json` and `dynamic_rel_names.json`, JSON lists by offset;
 - scores (model.py:MultiRelationEmbedder.forward): with static relations an edge (u, r, v) scores c(u, f_r(v)),
-  the operator on the right-hand side only; with dynamic relations training also learns left-hand operators for
-  its head negatives, and PBG's documented scoring and ranking (docs/source/downstream_tasks.rst) use the rhs
-  operator, as here. Before the operator each row gets the type's global embedding added (adjust_embs) and is
-  renormalised to max_norm by F.embedding (SimpleEmbedding): both are folded into the table.
+  the operator on the right-hand side only, for head and tail candidates alike; with dynamic relations every
+  relation has a left-hand operator g_r and a right-hand one h_r, head candidates u' score c(u', h_r(v)) and tail
+  candidates v' c(g_r(u), v') (forward's "forward" and "reverse" edges): read as a model with reciprocal relations
+  (core/scorers.py), rows 0..R-1 the tail queries' g_r, rows R..2R-1 the head queries' h_r. Before the operator each
+  row gets the type's global embedding added (adjust_embs) and is renormalised to max_norm by F.embedding
+  (SimpleEmbedding): both are folded into the table.
 - operators (operators.py): translation v + t, diagonal d o v, complex_diagonal c o v over [re | im] halves
   (params `real`, `imag`), none v; dynamic ones hold (R, ..) `translations`, `diagonals`, `real`, `imag`;
 - comparators (model.py): dot <u, w>, l2 -||u - w||_2; cos and squared_l2 have no scorer here.
 So translation + l2 is TransE-L2 with h = u and r = -t (-||u - (v + t)|| = -||u + (-t) - v||); diagonal (or none)
 + dot is DistMult; complex_diagonal + dot is ComplEx with r = conj(c) (Re(<u, c v>) = Re(sum u conj(c) conj(v)));
-none + l2 is TransE-L2 with r = 0. Other combinations, bias, featurized entities, several entity types and
+none + l2 is TransE-L2 with r = 0. A dynamic operator applied to the query's own side maps as it is: its query
+g_r(u) (or h_r(v)) is the scorer's u + r, u o r or complex u o r with r = t, d or c. Other combinations, bias, featurized entities, several entity types and
 linear or affine operators are refused, naming them. Reading h5 needs h5py (`pip install 'earl-service[pbg]'`);
 embeddings are read in blocks of READ_ROWS rows into one float32 table.
 """
@@ -74,15 +77,15 @@ def read_pbg(folder: str | Path) -> Imported:
     if global_emb is not None:  # adjust_embs adds it to every row of the type, on both sides
         entities += np.asarray(global_emb, dtype=np.float32)[None, :]
     relation_names = _relation_names(folder, config)
-    relations = _relations(config, params, kind, len(relation_names), entities.shape[1],
-                           folder / f"model.v{version}.h5")
+    relations, reciprocal = _relations(config, params, kind, len(relation_names), entities.shape[1],
+                                       folder / f"model.v{version}.h5")
     where = {"entities": str(folder / f"embeddings_{entity_type}_*.v{version}.h5"),
              "relations": str(folder / f"model.v{version}.h5"), "entity_names": str(folder / "entity_names_*.json"),
              "relation_names": str(folder / (CONFIG if not config.get("dynamic_relations") else
                                              "dynamic_rel_names.json"))}
     source = {"format": "pbg", "library": "pytorch-biggraph", "class": f"{'+'.join(sorted(operators))} {comparator}",
-              "scorer": kind, "version": version, "source": folder.name}
-    return Imported(kind, entities, relations, names, relation_names, where, None, source)
+              "scorer": kind, "version": version, "source": folder.name, **({"reciprocal": True} if reciprocal else {})}
+    return Imported(kind, entities, relations, names, relation_names, where, None, source, reciprocal=reciprocal)
 
 
 def _config(path: Path) -> dict[str, Any]:
@@ -218,39 +221,46 @@ def _entities(folder: Path, entity_type: str, parts: int, version: int, rows: in
 
 
 def _relations(config: dict[str, Any], params: dict[str, np.ndarray], kind: str, count: int, width: int,
-               model: Path) -> np.ndarray:
-    """(R, width) relation rows in the scorer's layout from the rhs operators (module doc)."""
+               model: Path) -> tuple[np.ndarray, bool]:
+    """Relation rows in the scorer's layout, and whether they are reciprocal (module doc): static relations' (R,
+    width) from the rhs operators applied to the candidate; dynamic ones' (2R, width), the lhs operators', then the
+    rhs ones', each applied to the query's anchor."""
     dynamic = bool(config.get("dynamic_relations"))
-    rows = np.empty((count, width), dtype=np.float32)
-    for i in range(count):
-        op = config["relations"][0 if dynamic else i].get("operator", "none")
-        names = {"translation": ("translation",), "diagonal": ("diagonal",), "complex_diagonal": ("real", "imag"),
-                 "none": ()}[op]
-        found = {name: _param(params, i, name, dynamic, model) for name in names}
-        rows[i] = _relation_row(op, kind, width, found)
-    return rows
+    sides = ("lhs", "rhs") if dynamic else ("rhs",)
+    rows = np.empty((len(sides) * count, width), dtype=np.float32)
+    for s, side in enumerate(sides):
+        for i in range(count):
+            op = config["relations"][0 if dynamic else i].get("operator", "none")
+            names = {"translation": ("translation",), "diagonal": ("diagonal",),
+                     "complex_diagonal": ("real", "imag"), "none": ()}[op]
+            found = {name: _param(params, i, name, dynamic, model, side) for name in names}
+            rows[s * count + i] = _relation_row(op, kind, width, found, on_anchor=dynamic)
+    return rows, dynamic
 
 
-def _param(params: dict[str, np.ndarray], i: int, name: str, dynamic: bool, model: Path) -> np.ndarray:
-    """Relation i's rhs operator parameter `name` (a dynamic operator's row i of its plural-named table)."""
+def _param(params: dict[str, np.ndarray], i: int, name: str, dynamic: bool, model: Path, side: str) -> np.ndarray:
+    """Relation i's `side` operator parameter `name` (a dynamic operator's row i of its plural-named table)."""
     plural = dynamic and name in ("translation", "diagonal")
-    key = f"relations/{0 if dynamic else i}/operator/rhs/{name}{'s' if plural else ''}"
+    key = f"relations/{0 if dynamic else i}/operator/{side}/{name}{'s' if plural else ''}"
     if key not in params:
         raise ModelImportError(f"{model}: no parameter {key} for relation {i}")
     value = params[key]
     return value[i] if dynamic else value
 
 
-def _relation_row(op: str, kind: str, width: int, found: dict[str, np.ndarray]) -> np.ndarray:
+def _relation_row(op: str, kind: str, width: int, found: dict[str, np.ndarray], *, on_anchor: bool) -> np.ndarray:
+    """The scorer's row for an operator applied to the candidate (c(u, f(v)): minus t, conj(c)) or, `on_anchor`,
+    to the query's own entity (c(f(u), v): t, c as they are)."""
     size = width // 2 if kind == "complex" else width
     if any(value.shape != (size,) for value in found.values()):
         raise ModelImportError(f"operator {op}: parameters of shapes {[v.shape for v in found.values()]} beside "
                                f"entity rows of {width} floats, expected ({size},)")
     if kind == "transe-l2":
-        return -found["translation"] if op == "translation" else np.zeros(width, np.float32)
+        t = found["translation"] if op == "translation" else np.zeros(width, np.float32)
+        return t if on_anchor else -t
     if kind == "distmult":
         return found["diagonal"] if op == "diagonal" else np.ones(width, np.float32)
-    return np.concatenate([found["real"], -found["imag"]])  # conj(c), [re | im]
+    return np.concatenate([found["real"], found["imag"] if on_anchor else -found["imag"]])  # c or conj(c)
 
 
 __all__ = ["COMBINATIONS", "is_pbg_folder", "open_h5", "read_pbg"]

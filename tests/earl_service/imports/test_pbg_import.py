@@ -74,13 +74,14 @@ def pbg_checkpoint(folder, files, operator, comparator, *, dynamic=False, parts=
     size = DIM // 2 if operator == "complex_diagonal" else DIM
     ops = {}
     for i in range(R if not dynamic else 1):
-        prefix = f"model/relations/{i}/operator/rhs/"
-        shape = (R, size) if dynamic else (size,)
-        names = {"translation": ["translation"], "diagonal": ["diagonal"], "complex_diagonal": ["real", "imag"],
-                 "none": []}[operator]
-        for name in names:
-            key = prefix + (name + "s" if dynamic and name in ("translation", "diagonal") else name)
-            ops[key] = rng.normal(size=shape).astype(np.float32)
+        for side in ("lhs", "rhs") if dynamic else ("rhs",):  # static relations have no lhs operator
+            prefix = f"model/relations/{i}/operator/{side}/"
+            shape = (R, size) if dynamic else (size,)
+            names = {"translation": ["translation"], "diagonal": ["diagonal"], "complex_diagonal": ["real", "imag"],
+                     "none": []}[operator]
+            for name in names:
+                key = prefix + (name + "s" if dynamic and name in ("translation", "diagonal") else name)
+                ops[key] = rng.normal(size=shape).astype(np.float32)
     if glob is not None:
         ops["model/entities/all/global_embedding"] = glob
     relations = [{"name": f"rel{i}", "lhs": "all", "rhs": "all", "operator": operator} for i in range(
@@ -100,8 +101,10 @@ def pbg_checkpoint(folder, files, operator, comparator, *, dynamic=False, parts=
     return entities, glob, ops
 
 
-def reference(entities, glob, ops, operator, comparator, *, dynamic=False, max_norm=None):
-    """score(u, r, v) = comparator(u, f_r(v)): the global embedding added, rows renormalised to max_norm first."""
+def reference(entities, glob, ops, operator, comparator, *, dynamic=False, max_norm=None, side="rhs"):
+    """score(u, r, v) = comparator(u, f_r(v)), f_r the `side` operator: the global embedding added, rows renormalised
+    to max_norm first. With dynamic relations PBG ranks heads u' by c(u', h_r(v)) (side "rhs") and tails v' by
+    c(g_r(u), v') (side "lhs": call the score with u and v swapped)."""
     e = entities.copy()
     if max_norm:
         norms = np.linalg.norm(e, axis=1, keepdims=True)
@@ -110,9 +113,9 @@ def reference(entities, glob, ops, operator, comparator, *, dynamic=False, max_n
 
     def param(rel, name):
         if dynamic:
-            key = f"model/relations/0/operator/rhs/{name + 's' if name in ('translation', 'diagonal') else name}"
+            key = f"model/relations/0/operator/{side}/{name + 's' if name in ('translation', 'diagonal') else name}"
             return ops[key][rel]
-        return np.stack([ops[f"model/relations/{i}/operator/rhs/{name}"] for i in range(R)])[rel]
+        return np.stack([ops[f"model/relations/{i}/operator/{side}/{name}"] for i in range(R)])[rel]
 
     def score(h, rel, t):
         u, v = e[h], e[t]
@@ -147,7 +150,12 @@ def test_scores_and_ranks_are_pbgs(tmp_path, h5_files, case, dynamic):
     assert read_model(tmp_path / "ckpt").model == kind
     score = reference(entities, glob, ops, operator, comparator, dynamic=dynamic,
                       max_norm=3.0 if dynamic else None)
-    assert_source_scores(tmp_path / "b.safetensors", score, TEST, GRAPH)
+    if not dynamic:
+        assert_source_scores(tmp_path / "b.safetensors", score, TEST, GRAPH)
+        return
+    tail = reference(entities, glob, ops, operator, comparator, dynamic=True, max_norm=3.0, side="lhs")
+    assert read_model(tmp_path / "ckpt").reciprocal
+    assert_source_scores(tmp_path / "b.safetensors", lambda u, r, v: tail(v, r, u), TEST, GRAPH, head_score=score)
 
 
 @pytest.mark.parametrize(("change", "message"), [
