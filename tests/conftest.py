@@ -95,19 +95,25 @@ def small_graph_triples() -> np.ndarray:
 
 def write_arrays(folder: Path, *, entities: int = 300, relations: int = 4, width: int = 16,
                  relation_width: int | None = None, phases: bool = False,
-                 seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+                 seed: int = 0, reciprocal: bool = False) -> tuple[np.ndarray, np.ndarray]:
     """A folder `earl import --format arrays` reads: random tables (relation rows uniform phases when `phases`),
-    names e0.. and r0.., one a line. Returns the tables as written."""
+    names e0.. and r0.., one a line; `reciprocal`: twice the relation rows, named r0.., r0_reciprocal.., and a
+    meta.json that says so (what `earl export` writes). Returns the tables as written."""
     rng = np.random.default_rng(seed)
     folder.mkdir(parents=True, exist_ok=True)
     entity_rows = rng.normal(size=(entities, width)).astype(np.float32)
     columns = relation_width or (width // 2 if phases else width)
-    relation_rows = (rng.uniform(-np.pi, np.pi, (relations, columns)) if phases
-                     else rng.normal(size=(relations, columns))).astype(np.float32)
+    rows = 2 * relations if reciprocal else relations
+    relation_rows = (rng.uniform(-np.pi, np.pi, (rows, columns)) if phases
+                     else rng.normal(size=(rows, columns))).astype(np.float32)
     np.save(folder / "entity_embeddings.npy", entity_rows)
     np.save(folder / "relation_embeddings.npy", relation_rows)
     (folder / "entities.tsv").write_text("".join(f"e{i}\n" for i in range(entities)))
-    (folder / "relations.tsv").write_text("".join(f"r{i}\n" for i in range(relations)))
+    names = [f"r{i}" for i in range(relations)]
+    (folder / "relations.tsv").write_text("".join(f"{n}\n" for n in names + [n + "_reciprocal" for n in names
+                                                                             if reciprocal]))
+    if reciprocal:
+        (folder / "meta.json").write_text('{"reciprocal": true}')
     return entity_rows, relation_rows
 
 

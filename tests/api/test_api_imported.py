@@ -70,7 +70,18 @@ def test_an_imported_bundle_cannot_be_extended(client, imported, tmp_path):
 def test_every_imported_scorer_ranks_exactly_through_real_uvicorn(tmp_path, kind, precision):
     """GET /predict (both directions) and GET /score over real HTTP equal a numpy scan of the bundle's own decoded
     tables by the scorer's formula: the exact ranking, known answers left out (pq:4 codes the 2,000-row table)."""
-    write_arrays(tmp_path / "src", entities=2000, relations=3, width=16, phases=kind == "rotate-l2")
+    ranks_exactly_over_http(tmp_path, kind, precision)
+
+
+@pytest.mark.parametrize("precision", ["fp32", "pq:4"])
+@pytest.mark.parametrize("kind", ["complex", "transe-l1"])
+def test_a_model_with_reciprocal_relations_ranks_heads_through_them_over_http(tmp_path, kind, precision):
+    ranks_exactly_over_http(tmp_path, kind, precision, reciprocal=True)
+
+
+def ranks_exactly_over_http(tmp_path, kind, precision, *, reciprocal=False):
+    write_arrays(tmp_path / "src", entities=2000, relations=3, width=16, phases=kind == "rotate-l2",
+                 reciprocal=reciprocal)
     (tmp_path / "graph.txt").write_text("e0\tr0\te1\ne0\tr0\te2\ne3\tr1\te0\n")
     path = tmp_path / "model.safetensors"
     assert main(["import", str(tmp_path / "src"), "--scorer", kind, "--graph", str(tmp_path / "graph.txt"),
@@ -78,14 +89,16 @@ def test_every_imported_scorer_ranks_exactly_through_real_uvicorn(tmp_path, kind
     bundle = load_bundle(path)
     assert bundle.precision == precision
     entities, relations = bundle.params["entities"], bundle.params["relations"]
-    known, scorer = KnownAnswers(bundle.triples, len(bundle.relations)), scorers.SCORERS[kind]
+    assert bundle.config.reciprocal == reciprocal
+    known = KnownAnswers(bundle.triples, len(bundle.relations))
+    scorer = scorers.scorer(kind, gamma=0.0, epsilon=0.0, dim=8, reciprocal=reciprocal)
     with live(create_app(Settings(home=tmp_path / "home", api_token="t"))) as base, \
             httpx.Client(base_url=base, timeout=60, headers=AUTH) as http:
         model = http.post("/models", files={"bundle": ("m.safetensors", path.read_bytes())}).json()["id"]
         for side, anchor, r in (("tail", 0, 0), ("head", 0, 1), ("tail", 1234, 2)):
             given = "head" if side == "tail" else "tail"
             got = http.get("/predict", params={"model": model, given: f"e{anchor}", "relation": f"r{r}", "k": 10})
-            query = scorer.query(entities[anchor], relations[r], inverse=side == "head")
+            query = scorer.side_query(entities[anchor], relations, r, side)
             ids, dist = top_k(np.arange(len(entities)), scorer.distances(query, entities), 10,
                               excluded=known.answers(side, anchor, r))
             assert [p["entity"] for p in got.json()["predictions"]] == [f"e{i}" for i in ids], (side, anchor)
