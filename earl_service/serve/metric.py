@@ -26,8 +26,9 @@ A pq table (`earl compress --from`'s usual pick) is searched on its codes instea
 decode to is a sum of one lookup-table entry per subspace, t[m, c] = -q_m . y_mc (a dot product), |q_m - y_mc|^2
 (L2, squared) or |q_m - y_mc|_1 (L1), which serve/codes.ADC sums with FAISS's loop without decoding a row. The sum is
 the exact distance (squared for L2; for a dot product shifted by a constant that keeps t >= 0) up to float32
-rounding, so the same certificate holds with the rounding bound MARGIN of the largest sum; the shortlist is
-re-ranked on its decoded rows.
+rounding, so the same certificate holds with the rounding bound MARGIN of the largest sum of the terms' magnitudes
+(for a dot product sum_i |q_i e_i|: products that cancel round as their size); the shortlist is re-ranked on its
+decoded rows.
 """
 
 from __future__ import annotations
@@ -181,7 +182,10 @@ class MetricCodes:
         else:
             table = np.abs(self.books - q).sum(-1)
         low = table.min(1, keepdims=True) if self.metric == "ip" else np.zeros((m, 1), np.float32)
-        reach = float(np.abs(table).max(1).sum())  # the largest |term| sum: how far float32 sums may round
+        # How far float32 sums may round: the largest sum of the terms' magnitudes, for a dot product sum_i |q_i e_i|
+        # (terms that cancel within a subspace round as their size, not their sum's), else the table's own sum.
+        terms = np.einsum("mcs,mis->mc", np.abs(self.books), np.abs(q)) if self.metric == "ip" else table
+        reach = float(np.abs(terms).max(1).sum())
         return (table - low).astype(np.float32), -float(low.sum()), MARGIN * max(reach, 1e-30)
 
     def certified_shortlist(self, query: np.ndarray, k: int, excluded: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

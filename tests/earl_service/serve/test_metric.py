@@ -125,3 +125,22 @@ def test_a_codes_scan_that_cannot_certify_widens_to_every_row(monkeypatch):
     monkeypatch.setattr(served.index.adc, "search", lambda t, codes, size: sizes.append(size) or real(t, codes, size))
     assert served.predict_tails("e7", "r1", 10) == served.brute_force_tails("e7", "r1", 10)
     assert sizes and sizes[-1] < N and sizes == sorted(sizes)  # widened each time, then the whole table exactly
+
+
+def test_a_dot_product_whose_terms_cancel_is_certified_by_their_size():
+    """Codebook entries of ~10^4 in pairs that a query of +-1 cancels: the products round as their size, not as their
+    sum's, so a rounding bound from the lookup table's values certified wrong top-ks (a reviewer's adversarial case)."""
+    from earl_service.serve.metric import MetricCodes
+    from earl_service.serve.tables import PQTable
+
+    rng = np.random.default_rng(2)
+    for trial in range(12):
+        m, sub = [(2, 8), (2, 16), (4, 8), (1, 16)][trial % 4]
+        books = np.repeat(rng.uniform(30000, 65000, (m, 256, sub // 2)), 2, axis=2).astype(np.float16)
+        query = np.where(np.arange(m * sub) % 2 == 0, 1 + rng.uniform(0, 2e-6, m * sub), -1).astype(np.float32)
+        table = PQTable(rng.integers(0, 256, (30000, m), dtype=np.uint8), books)
+        scan = MetricCodes(table, scorers.SCORERS["distmult"])
+        exact = np.sort(scorers.SCORERS["distmult"].distances(query, table))
+        for k in (1, 10, 60):
+            _, dist = scan.certified_shortlist(query, k, np.zeros(0, np.int64))
+            np.testing.assert_array_equal(np.sort(dist)[:k], exact[:k])
