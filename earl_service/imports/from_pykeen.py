@@ -11,7 +11,11 @@ Conventions, checked against PyKEEN 1.11.1's source:
   they become their phases;
 - the tables are what the model's representation modules return in eval mode, so a normalizer applies as in
   PyKEEN's own scoring; names come from training_triples/entity_to_id.tsv.gz and relation_to_id.tsv.gz (pandas
-  to_csv: a header `id<TAB>label`, then one row per id), the known triples from numeric_triples.tsv.gz.
+  to_csv: a header `id<TAB>label`, then one row per id), the known triples from numeric_triples.tsv.gz;
+- a model trained with inverse triples (`create_inverse_triples`, pykeen/models/base.py, pykeen/inverse.py) holds
+  2R relation rows, relation r at row 2r and its inverse at 2r + 1 (DefaultRelationInverter), and predicts heads
+  (predict_h, score_h_inverse) as f(t, r_inv, *): read as a model with reciprocal relations (core/scorers.py), rows
+  0..R-1 the relations and R..2R-1 their inverses.
 
 Unpickling trained_model.pkl runs code from the file (torch.load with weights_only=False): import only your own.
 """
@@ -51,15 +55,20 @@ def read_pykeen(folder: str | Path) -> Imported:
     model = _load_model(files["model"])
     kind = _scorer_of(model, files["model"])
     entities, relations = _tables(model, kind, files["model"])
+    reciprocal = bool(model.use_inverse_triples)
+    if reciprocal:  # rows r, r_inv interleaved -> the relations, then their inverses
+        relations = np.concatenate([relations[0::2], relations[1::2]])
     triples_file = folder / TRIPLES_DIR / "numeric_triples.tsv.gz"
     where = {"entities": str(files["model"]), "relations": str(files["model"]),
              "entity_names": str(files["entity_names"]), "relation_names": str(files["relation_names"]),
              "triples": str(triples_file)}
     source = {"format": "pykeen", "library": f"pykeen {metadata.version('pykeen')}",
-              "class": type(model).__name__, "scorer": kind, "source": folder.name}
+              "class": type(model).__name__, "scorer": kind, "source": folder.name,
+              **({"reciprocal": True} if reciprocal else {})}
     return Imported(kind, entities, relations, read_id_names(files["entity_names"]),
                     read_id_names(files["relation_names"]), where,
-                    read_numeric_triples(triples_file) if triples_file.is_file() else None, source)
+                    read_numeric_triples(triples_file) if triples_file.is_file() else None, source,
+                    reciprocal=reciprocal)
 
 
 def _load_model(path: Path) -> Any:
@@ -83,9 +92,11 @@ def _scorer_of(model: Any, path: Path) -> str:
 
     if not isinstance(model, ERModel):
         raise ModelImportError(f"{path}: a {type(model).__name__}, not a PyKEEN ERModel")
-    if model.use_inverse_triples:
-        raise ModelImportError(f"{path}: trained with inverse triples (create_inverse_triples): its head scores "
-                               "come from inverse relations, which no scorer here reads")
+    from pykeen.inverse import DefaultRelationInverter
+
+    if model.use_inverse_triples and type(model.relation_inverter) is not DefaultRelationInverter:
+        raise ModelImportError(f"{path}: inverse relations laid out by {type(model.relation_inverter).__name__}; "
+                               "PyKEEN's DefaultRelationInverter (r at 2r, its inverse at 2r + 1) is read")
     if len(model.entity_representations) != 1 or len(model.relation_representations) != 1:
         raise ModelImportError(f"{path}: {type(model).__name__} has several representations per entity or relation")
     interaction = model.interaction

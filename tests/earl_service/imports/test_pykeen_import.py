@@ -165,3 +165,47 @@ def test_the_model_without_pykeen_installed_is_a_clear_error(trained, monkeypatc
     monkeypatch.setitem(__import__("sys").modules, "pykeen", None)  # import pykeen now raises ImportError
     with pytest.raises(ModelImportError, match=r"needs pykeen .*pip install 'earl-service\[pykeen\]'"):
         read_model(trained["TransE"][0])
+
+
+@pytest.mark.parametrize("name", ["ComplEx", "RotatE", "TransE"])
+def test_inverse_triples_answer_heads_through_the_inverse_relations(codex, tmp_path, name):
+    """A model trained with create_inverse_triples holds 2R relation rows (r at 2r, r_inv at 2r + 1) and predicts
+    heads as f(t, r_inv, *): imported with reciprocal relations, our tail and head scores are PyKEEN's predict_t and
+    predict_h, and its filtered ranks PyKEEN's evaluator's (all but float32 near-ties)."""
+    from pykeen.evaluation import RankBasedEvaluator
+    from pykeen.pipeline import pipeline
+    from pykeen.triples import TriplesFactory
+
+    root = codex_s_path()
+    train = TriplesFactory.from_path(root / "train.txt", create_inverse_triples=True)
+    _, test = codex
+    torch.set_num_threads(1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        result = pipeline(training=train, testing=TriplesFactory(test, train.entity_to_id, train.relation_to_id),
+                          model=name, model_kwargs={"embedding_dim": 16, **MODELS[name][0]},
+                          training_kwargs={"num_epochs": 2, "batch_size": 1024, "use_tqdm": False},
+                          evaluation_kwargs={"use_tqdm": False, "batch_size": 256}, random_seed=0, device="cpu")
+    model = result.model.eval()
+    assert model.use_inverse_triples and model.relation_representations[0].max_id == 2 * train.real_num_relations
+    result.save_to_directory(tmp_path / "src")
+    names = {i: n for n, i in train.entity_to_id.items()}, {i: n for n, i in train.relation_to_id.items()}
+    known = np.concatenate([train.mapped_triples.numpy(), test.numpy()])
+    (tmp_path / "known.txt").write_text("".join(f"{names[0][h]}\t{names[1][r]}\t{names[0][t]}\n" for h, r, t in known))
+    assert main(["import", str(tmp_path / "src"), "--graph", str(tmp_path / "known.txt"),
+                 "--out", str(tmp_path / "b.safetensors")]) == 0
+    edge = load(tmp_path / "b.safetensors")
+    assert edge.scorer.reciprocal and read_model(tmp_path / "src").source["reciprocal"]
+    with torch.no_grad():
+        scores = {"tail": model.predict_t(test[:, :2]).numpy(), "head": model.predict_h(test[:, 1:]).numpy()}
+    for i, (h, r, t) in enumerate(test.numpy()[:50]):
+        for side, anchor in (("tail", h), ("head", t)):
+            ours = -edge.distances(edge.query_vector(side, anchor, r))
+            want = scores[side][i]
+            np.testing.assert_allclose(ours, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+    evaluator = RankBasedEvaluator(clear_on_finalize=False)
+    evaluator.evaluate(model, test, additional_filter_triples=[train.mapped_triples], batch_size=256, use_tqdm=False)
+    ours = [edge.score(names[0][h], names[1][r], names[0][t]) for h, r, t in test.numpy()]
+    for side in ("tail", "head"):
+        theirs = np.concatenate(evaluator.ranks[side, "realistic"])
+        assert (np.array([s[f"{side}_rank"] for s in ours]) == theirs).mean() >= 0.98
