@@ -64,7 +64,8 @@ def decode(meta: dict[str, str], tensors: dict[str, np.ndarray], *, source: str 
 
     keep_codes: a RotatE entity table stored as int8 rows or pq codes (an imported model's as pq codes) is left
     coded (in `stored` only, params without "entities"; decode_stored rebuilds the floats): a server scans the
-    codes, and a 1M x 128 table would take 512 MB as floats. Its values are checked on the codes (stored_extent): the same refusals."""
+    codes, and a 1M x 128 table would take 512 MB as floats. Its values are checked on the codes (stored_extent):
+    the same refusals."""
     bundle = _parse(meta, tensors, source, limits)
     n, num_rel = len(bundle.entities), len(bundle.relations)
     triples, reserved = bundle.triples, bundle.reserved
@@ -347,9 +348,7 @@ def _check_score_range(config: ModelConfig, entities: np.ndarray, relations: np.
     sqrt(2) * max |x|, so each real of e - q is under 3 * max |x|, and a row's sum of squares (what an L2 index adds
     up over all 2d reals) under 9 * max|x|^2 * 2d: that must stay below float32's max. Relation values times the
     phase scale must too. An imported scorer bounds its own numbers (core.scorers.Scorer.largest)."""
-    scorer = scorers.scorer(config.model, gamma=config.gamma, epsilon=config.epsilon, dim=config.dim,
-                            reciprocal=config.reciprocal)
-    fits, bound = scorers.fits_float32(scorer, entities, relations)
+    fits, bound = scorers.fits_float32(config.scorer(), entities, relations)
     if config.model in IMPORTED:
         if not fits:
             raise BundleError(f"{source}: the embeddings' magnitudes let {config.model} scores reach {bound:.3g}, "
@@ -370,8 +369,7 @@ def expected_shapes(config: ModelConfig, num_entities: int, num_relations: int, 
     (the `reserved` buffer aside): what a bundle must hold, known without building the module."""
     d, w = config.dim, 2 * config.dim
     if config.model == "rotate" or config.model in IMPORTED:
-        scorer = scorers.scorer(config.model, gamma=config.gamma, epsilon=config.epsilon, dim=d,
-                                reciprocal=config.reciprocal)
+        scorer = config.scorer()
         return {"entities": (num_entities, w),
                 "relations": (scorer.relation_rows(num_relations), scorer.relation_width(d))}
     shapes: dict[str, tuple[int, ...]] = {}

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal, NamedTuple, get_args
 
-from earl_service.core import rotate
+from earl_service.core import rotate, scorers
 from earl_service.core.scorers import IMPORTED, ImportedKind
 from earl_service.errors import ConfigError
 
@@ -150,6 +150,11 @@ class ModelConfig:
     def phase_scale(self) -> float:
         """Radians per unit of a raw relation value (core.rotate.phase_scale)."""
         return rotate.phase_scale(gamma=self.gamma, epsilon=self.epsilon, dim=self.dim)
+
+    def scorer(self) -> scorers.Scorer:
+        """What scores this model's triples (core/scorers.py): RotatE with this phase scale, or the imported one."""
+        return scorers.scorer(self.model, gamma=self.gamma, epsilon=self.epsilon, dim=self.dim,
+                              reciprocal=self.reciprocal)
 
     def to_dict(self) -> dict[str, Any]:
         """The fields; `reciprocal` only where set, so that every other bundle's header stays as it was."""

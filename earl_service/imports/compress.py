@@ -82,8 +82,7 @@ def filtered_mrr(bundle: Bundle, triples: np.ndarray, known: KnownAnswers, *, pa
     """Mean reciprocal filtered realistic rank over tails and heads of `triples`, by the bundle's scorer."""
     params = params or bundle.params
     config = bundle.config
-    scorer = scorers.scorer(config.model, gamma=config.gamma, epsilon=config.epsilon, dim=config.dim,
-                            reciprocal=config.reciprocal)
+    scorer = config.scorer()
     ranks = [scorers.filtered_ranks(scorer, params["entities"], params["relations"], triples, known, side=side)
              for side in ("tail", "head")]
     return float(np.mean(1.0 / np.concatenate(ranks)))
