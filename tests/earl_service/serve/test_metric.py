@@ -31,6 +31,19 @@ def tables(kind: str, seed: int, scale: float) -> tuple[np.ndarray, np.ndarray, 
     return entities.astype(np.float32), relations.astype(np.float32), triples
 
 
+def assert_answers_exact(served: LinkPredictor, *, queries: int) -> None:
+    """`queries` random (entity, relation) pairs: the index's top 1, 10 and 60 tails and heads (known answers left
+    out, and tails with them) equal the exact scan's."""
+    rng = np.random.default_rng(1)
+    for h, r in zip(rng.integers(N, size=queries), rng.integers(R, size=queries), strict=True):
+        for k in (1, 10, 60):
+            head, rel = f"e{h}", f"r{r}"
+            assert served.predict_tails(head, rel, k) == served.brute_force_tails(head, rel, k)
+            assert served.predict_heads(head, rel, k) == served.brute_force_heads(head, rel, k)
+            assert served.predict_tails(head, rel, k, exclude_known=False) == served.brute_force_tails(
+                head, rel, k, exclude_known=False)
+
+
 @pytest.mark.parametrize("scale", [1.0, 1e3], ids=["unit", "large"])
 @pytest.mark.parametrize("kind", scorers.IMPORTED)
 def test_the_index_answers_as_the_exact_scan(kind, scale):
@@ -38,14 +51,7 @@ def test_the_index_answers_as_the_exact_scan(kind, scale):
     served = predictor(kind, entities, relations, triples)
     assert served.index_kind == "metric-flat" and served.index is not None
     assert served.index.index_bytes == entities.nbytes
-    rng = np.random.default_rng(1)
-    for h, r in zip(rng.integers(N, size=40), rng.integers(R, size=40), strict=True):
-        for k in (1, 10, 60):
-            head, rel = f"e{h}", f"r{r}"
-            assert served.predict_tails(head, rel, k) == served.brute_force_tails(head, rel, k)
-            assert served.predict_heads(head, rel, k) == served.brute_force_heads(head, rel, k)
-            assert served.predict_tails(head, rel, k, exclude_known=False) == served.brute_force_tails(
-                head, rel, k, exclude_known=False)
+    assert_answers_exact(served, queries=40)
 
 
 def test_an_uncertified_shortlist_widens_and_exact_builds_no_index(monkeypatch):
@@ -101,14 +107,7 @@ def test_a_pq_table_is_scanned_on_its_codes_as_the_exact_scan(kind, scale, m):
     table = pq_table(3, m, scale)
     served = predictor(kind, table, relations, triples)
     assert served.index_kind == "metric-codes" and served.index is not None and served.index.index_bytes == 0
-    rng = np.random.default_rng(1)
-    for h, r in zip(rng.integers(N, size=25), rng.integers(R, size=25), strict=True):
-        for k in (1, 10, 60):
-            head, rel = f"e{h}", f"r{r}"
-            assert served.predict_tails(head, rel, k) == served.brute_force_tails(head, rel, k)
-            assert served.predict_heads(head, rel, k) == served.brute_force_heads(head, rel, k)
-            assert served.predict_tails(head, rel, k, exclude_known=False) == served.brute_force_tails(
-                head, rel, k, exclude_known=False)
+    assert_answers_exact(served, queries=25)
     query = served.query_vector("tail", 0, 1)
     ids, _ = served.index.certified_shortlist(query, 10, np.zeros(0, np.int64))
     assert len(ids) < N // 4  # certified from a shortlist, not by scoring every row
