@@ -33,6 +33,17 @@ def _wait_ready(base: str, procs, timeout: float = 60.0) -> None:
     raise AssertionError(f"{base} not ready after {timeout} s")
 
 
+def _wait_for_line(path, *parts: str, proc: subprocess.Popen, timeout: float = 60.0) -> None:
+    """Until a line of the log at `path` holds every one of `parts` (bounded; fails if `proc` exits first)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if any(all(part in line for part in parts) for line in path.read_text().splitlines()):
+            return
+        assert proc.poll() is None, f"{proc.args} exited early with {proc.returncode}: {path.read_text()}"
+        time.sleep(0.2)
+    raise AssertionError(f"no line with {parts} in {path} after {timeout} s: {path.read_text()}")
+
+
 def _stop(proc: subprocess.Popen, sig=signal.SIGTERM, timeout: float = 30.0) -> int:
     if proc.poll() is None:
         proc.send_signal(sig)
@@ -110,16 +121,21 @@ def test_train_predict_download_over_http(service, tmp_path):
 def test_earl_serve_stops_api_and_worker_on_sigint(tmp_path):
     port = free_port()
     env = {**os.environ, "EARL_API_TOKEN": ""}
-    proc = subprocess.Popen([sys.executable, "-m", "earl_service.cli.main", "serve", "--home", str(tmp_path), "--port",
-                             str(port)], cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, start_new_session=True)
+    log_path = tmp_path / "serve.log"
+    with log_path.open("w") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "earl_service.cli.main", "serve", "--home", str(tmp_path / "home"),
+                                 "--port", str(port)], cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True)
     try:
         _wait_ready(f"http://127.0.0.1:{port}", [proc])
+        # The API can be ready before the worker child has imported torch: stop only once it has said it runs,
+        # so that the stop below is the one of a running worker.
+        _wait_for_line(log_path, "worker ", "home", proc=proc)
     finally:
         code = _stop(proc, signal.SIGINT)
-    output = proc.stdout.read()
+    output = log_path.read_text()
     assert code == 0, output
-    assert "worker" in output and "Application shutdown complete" in output
+    assert "Application shutdown complete" in output
     # Nothing is left listening or running: the worker child exited with the server.
     with pytest.raises(httpx.TransportError):
         httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1)
