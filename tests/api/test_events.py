@@ -87,8 +87,11 @@ def test_an_ended_job_without_a_run_gets_a_null_curve(app):
 
 
 def test_a_stream_ends_after_its_lifetime_with_heartbeats_on_the_way(app, monkeypatch):
-    monkeypatch.setattr(events, "STREAM_SECONDS", 1.0)
+    # Polls well inside a heartbeat's period: at the default 0.5 s, one slow poll on a loaded machine could reach
+    # the stream's end before its first heartbeat.
+    monkeypatch.setattr(events, "STREAM_SECONDS", 2.0)
     monkeypatch.setattr(events, "HEARTBEAT_SECONDS", 0.2)
+    monkeypatch.setattr(events, "POLL_SECONDS", 0.05)
     with live(app) as base:
         job_id = queued_job(base)
         with httpx.stream("GET", f"{base}/jobs/{job_id}/events", timeout=30) as response:

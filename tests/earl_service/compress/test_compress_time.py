@@ -17,7 +17,7 @@ from earl_service.compress.state import PHASES
 from earl_service.config import MODELS, TrainConfig
 
 TINY = dict.fromkeys(MODELS, TrainConfig(batch_size=64, negatives=8, eval_every=0, progress=False, threads=1))
-SLOW = 0.3  # seconds added to every validation of an export
+SLOW = 0.5  # seconds added to every validation of an export (above what bookkeeping takes on a loaded machine)
 BALLAST_MB = 256  # and memory, held while it sleeps
 
 

@@ -171,7 +171,7 @@ while not os.path.exists(sys.argv[3]):  # start together
 ids = []
 while (job := store.claim_job(sys.argv[2])) is not None:
     ids.append(job.id)
-    time.sleep(0.002)  # a little "work" per job, so that one fast claimer cannot drain the queue alone
+    time.sleep(0.01)  # a little "work" per job: one claimer alone takes 2 s, so a slow start cannot miss the race
 print(json.dumps(ids))
 """
 
