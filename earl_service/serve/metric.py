@@ -18,8 +18,9 @@ top-10 recall 0.49 (inner product), 0.98 (L2) and 0.93 (L1); random rows are HNS
 trained table was measured.
 
 Measured on one thread (bench/results/imported_scan.md): 14,505 x 400 rows, the exact scan and its top-10 take
-2.1 ms (dot product), 4.7 (L2) and 7.0 (L1), FAISS 1.0 ms each; 200,000 x 256: 35-76 ms against 21-29. The index
-holds a copy of the table (FAISS owns its rows): `index_bytes`; index="exact" serves without it.
+2.1 ms (dot product), 4.7 (L2) and 7.0 (L1), FAISS 1.0 ms each; 200,000 x 256: 35-76 ms against 21-29. FAISS owns
+the rows it indexes (its own copy); the exact re-rank reads them there (stored_rows), so the server holds the table
+once, as the index's rows (`index_bytes` 0 but for HNSW's graph over a dot product's lifted rows, a second table).
 
 A pq table (`earl compress --from`'s usual pick) is searched on its codes instead (MetricCodes, kind
 "metric-codes"): every metric adds up over coordinates, so a query's distance to the row that codes (c_1 .. c_M)
@@ -89,6 +90,8 @@ class MetricIndex:
             index = faiss.IndexFlat(table.shape[1], metric)
         set_faiss_threads(faiss_threads)
         index.add(graphed)
+        if graphed is table:  # FAISS stores the rows themselves: re-rank on its copy, so that one is held
+            table = stored_rows(index)
         return cls(table, scorer, index, faiss_threads=faiss_threads,
                    kind="metric-hnsw" if kind == "hnsw" else "metric-flat")
 
@@ -98,6 +101,10 @@ class MetricIndex:
 
     @property
     def index_bytes(self) -> int:
+        """Bytes the index holds beyond the table the predictor holds: none where the table is the index's own rows
+        (stored_rows), else FAISS's copy (HNSW's lifted rows of a dot product); an HNSW graph's links aside."""
+        if isinstance(self.entities.base, _IndexRows) and self.entities.base.index is self.faiss_index:
+            return 0
         return int(self.faiss_index.ntotal) * int(self.faiss_index.d) * 4
 
     def eps(self, query: np.ndarray) -> float:
@@ -208,6 +215,26 @@ class MetricCodes:
         return np.arange(n), self.scorer.distances(query, self.table)  # type: ignore[arg-type]
 
 
+class _IndexRows:
+    """numpy's view of the float32 rows a FAISS flat index (or an HNSW graph's flat storage) holds, read-only; the
+    array's base, so the index lives while any array over its rows does."""
+
+    def __init__(self, index: Any) -> None:
+        import faiss
+
+        self.index = index
+        flat = faiss.downcast_index(index.storage) if isinstance(index, faiss.IndexHNSW) else index
+        n, d = int(flat.ntotal), int(flat.d)
+        address = faiss.rev_swig_ptr(flat.get_xb(), n * d).ctypes.data if n else 0
+        self.__array_interface__ = {"version": 3, "shape": (n, d), "typestr": "<f4", "data": (address, True)}
+
+
+def stored_rows(index: Any) -> np.ndarray:
+    """(N, d) float32: the rows a flat FAISS index (or an HNSW graph's flat storage) stores, in place; FAISS copies
+    what it indexes, so reading the rows there rather than from the array added holds a table once, not twice."""
+    return np.asarray(_IndexRows(index))
+
+
 def mips_as_l2(table: np.ndarray) -> np.ndarray:
     """(N, w) -> (N, w + 1): each row with sqrt(M^2 - |e|^2) appended, M the largest norm, so that every row has
     norm M and, for a query with a zero appended, |q - e'|^2 = |q|^2 + M^2 - 2 q.e orders rows as -q.e does
@@ -218,4 +245,4 @@ def mips_as_l2(table: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(np.concatenate([table, extra[:, None]], axis=1))
 
 
-__all__ = ["MARGIN", "MetricCodes", "MetricIndex", "mips_as_l2"]
+__all__ = ["MARGIN", "MetricCodes", "MetricIndex", "mips_as_l2", "stored_rows"]

@@ -113,6 +113,9 @@ class LinkPredictor:
         if index != "exact" and self.scorer.metric is not None and isinstance(self.table, DenseTable):
             self.index = MetricIndex.build(self.table.dense(), self.scorer, faiss_threads=faiss_threads,
                                            kind="hnsw" if index == "hnsw" else "flat")
+            # The index's own rows (MetricIndex.build) serve as the table: the floats given are not held twice.
+            self.table = DenseTable(self.index.entities)
+            self.entity_embeddings = self.table.dense()
         elif index != "exact" and self.scorer.metric is not None and isinstance(self.table, PQTable):
             self.index = MetricCodes(self.table, self.scorer, faiss_threads=faiss_threads)
         elif index != "exact" and self.scorer.indexable:
