@@ -66,8 +66,7 @@ class MetricIndex:
         self.metric = scorer.metric
         self.faiss_threads = faiss_threads
         self.calibration_ms: dict[int, float] = {}  # nothing to time: one index, exact
-        norms = (np.abs(entities).sum(1) if self.metric == "l1" else np.linalg.norm(entities, axis=1))
-        self.largest_norm = float(norms.max(initial=0.0))
+        self.largest_norm = float(scorers.blocked(_row_norm(self.metric), np.zeros(0), entities, None).max(initial=0.0))
 
     @classmethod
     def build(cls, entities: np.ndarray, scorer: scorers.Scorer, *, kind: str = "flat",
@@ -213,6 +212,14 @@ class MetricCodes:
                     return ids, dist
             size = min(n, WIDEN * size)
         return np.arange(n), self.scorer.distances(query, self.table)  # type: ignore[arg-type]
+
+
+def _row_norm(metric: str) -> scorers.Distance:
+    """Each row's size as the margin reads it (L1 for an L1 metric, else L2), as a blocked distance: scorers.blocked
+    takes a table's rows a block at a time, where numpy's norm of the whole table made a temporary as big as it."""
+    if metric == "l1":
+        return lambda rows, _: np.abs(rows).sum(1)
+    return lambda rows, _: np.sqrt(np.einsum("ij,ij->i", rows, rows))
 
 
 class _IndexRows:
