@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 DATASETS ?= ../shared/datasets
 
-.PHONY: venv demo test compose-test serve console-shot fuzz bench-speed bench-bundle bench-extend wordnet-full clean
+.PHONY: venv demo test compose-test cuda-image serve console-shot fuzz bench-speed bench-bundle bench-extend wordnet-full clean
 
 # torch==2.13.0 first: on these machines pip takes the CPU wheel from local disk; any other version
 # (or a bare `torch`) would pull a multi-GB CUDA build. The package itself asks only torch>=2.3, in its train extra.
@@ -31,6 +31,11 @@ test: venv
 # needs root (apt-get, dockerd), not the venv; prints SKIPPED where dockerd cannot start.
 compose-test:
 	bash docker/compose_test.sh
+
+# The CUDA worker image built offline from the same Debian base, its size recorded and its smoke test run inside on
+# the CPU (docker/cuda_image.sh; bench/results/cuda_image.*). Needs ~20 GB of disk and PyPI for the wheelhouse.
+cuda-image:
+	bash docker/cuda_image.sh
 
 serve: venv
 	$(BIN)/earl serve

@@ -21,87 +21,14 @@ export EARL_TEST_REDIS_PORT=${EARL_TEST_REDIS_PORT:-16390}
 # The classic builder, through docker-compose's own client: the same on any docker version, no buildx needed.
 export DOCKER_BUILDKIT=0 COMPOSE_DOCKER_CLI_BUILD=0
 COMPOSE="docker-compose -p $PROJECT -f docker-compose.yml -f docker/compose.test.yml"
-SUDO=""; [ "$(id -u)" -ne 0 ] && command -v sudo >/dev/null && SUDO="sudo -n"
-DOCKERD_PID=""
-STACK_UP=0
-STEPS=()  # "name seconds" for the results file
-mkdir -p "$WORK"
-
-say() { echo "[compose-test $(date +%H:%M:%S)] $*"; }
-
-skip() {
-  say "SKIPPED: $*"
-  exit 0
-}
-
-# Run "$@" and record its wall time under the name $1 (the command is the rest).
-timed() {
-  local name=$1 start=$SECONDS
-  shift
-  "$@"
-  STEPS+=("$name $((SECONDS - start))")
-}
-
-install_tools() {
-  local missing=()
-  command -v dockerd >/dev/null || missing+=(docker.io)
-  command -v debootstrap >/dev/null || missing+=(debootstrap)
-  command -v docker-compose >/dev/null || missing+=(docker-compose)
-  python3 -m pip --version >/dev/null 2>&1 || missing+=(python3-pip)
-  [ ${#missing[@]} -eq 0 ] && return
-  say "installing ${missing[*]} with apt-get"
-  $SUDO apt-get update -qq || true
-  $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >"$WORK/apt.log" 2>&1 \
-    || skip "could not install ${missing[*]} with apt-get (see $WORK/apt.log)"
-}
-
-start_dockerd() {
-  if docker info >/dev/null 2>&1; then
-    say "using the docker daemon that is running"
-    return
-  fi
-  [ "$(id -u)" -eq 0 ] || skip "no docker daemon answers and starting one needs root"
-  say "starting dockerd --bridge=none --iptables=false (log: $WORK/dockerd.log)"
-  dockerd --bridge=none --iptables=false >"$WORK/dockerd.log" 2>&1 &
-  DOCKERD_PID=$!
-  for _ in $(seq 60); do
-    docker info >/dev/null 2>&1 && return
-    kill -0 "$DOCKERD_PID" 2>/dev/null || break
-    sleep 1
-  done
-  tail -n 5 "$WORK/dockerd.log" >&2 || true
-  skip "dockerd cannot start here (no privileges for containers?); see $WORK/dockerd.log"
-}
-
+LOG_NAME=compose-test
 # The base, API and worker images with their build layers take ~5 GB, the wheelhouse ~1 GB (measured on a fresh
-# machine); a build that fills the disk fails halfway through a layer, so check first and say what is missing.
+# machine).
 NEED_GB=${EARL_COMPOSE_TEST_NEED_GB:-8}
-check_disk() {
-  local root free_gb
-  root=$(docker info -f '{{.DockerRootDir}}' 2>/dev/null || echo /var/lib/docker)
-  [ -d "$root" ] || root=/
-  free_gb=$(df -Pk "$root" | awk 'NR == 2 {print int($4 / 1048576)}')
-  if [ "$free_gb" -lt "$NEED_GB" ]; then
-    skip "docker's data root $root has ${free_gb} GB free; the images need about ${NEED_GB} GB" \
-      "(free space, e.g. docker image prune, or set EARL_COMPOSE_TEST_NEED_GB)"
-  fi
-  say "docker's data root $root has ${free_gb} GB free (need ${NEED_GB})"
-}
-
-build_base_image() {
-  if docker image inspect "$EARL_TEST_BASE_IMAGE" >/dev/null 2>&1; then
-    say "base image $EARL_TEST_BASE_IMAGE is there"
-    return
-  fi
-  say "building $EARL_TEST_BASE_IMAGE: debootstrap --variant=minbase bookworm from $MIRROR"
-  local root="$WORK/rootfs"
-  rm -rf "$root"
-  debootstrap --variant=minbase --include=python3,python3-venv,ca-certificates bookworm "$root" "$MIRROR" \
-    >"$WORK/debootstrap.log" 2>&1 || { tail -n 20 "$WORK/debootstrap.log" >&2; return 1; }
-  rm -rf "$root"/var/lib/apt/lists/* "$root"/var/cache/apt/archives/*.deb
-  tar -C "$root" -c . | docker import -c 'ENV LANG=C.UTF-8' -c 'CMD ["/bin/bash"]' - "$EARL_TEST_BASE_IMAGE" >/dev/null
-  rm -rf "$root"
-}
+STACK_UP=0
+mkdir -p "$WORK"
+# shellcheck source=docker/docker-lib.sh
+source docker/docker-lib.sh
 
 # The images' Python is Debian bookworm's 3.11: the host's pip must pick wheels for the same version. Its patch
 # release (3.11.2) is older than most hosts': redis then also wants async-timeout, which a newer 3.11 skips.
@@ -136,10 +63,7 @@ teardown() {
     say "tearing the stack down (down -v)"
     timeout 180 $COMPOSE down -v --remove-orphans >"$WORK/down.log" 2>&1 || say "down -v failed: $WORK/down.log"
   fi
-  if [ -n "$DOCKERD_PID" ]; then
-    kill "$DOCKERD_PID" 2>/dev/null || true
-    for _ in $(seq 30); do kill -0 "$DOCKERD_PID" 2>/dev/null || break; sleep 1; done
-  fi
+  stop_dockerd
   exit "$status"
 }
 

@@ -1,12 +1,18 @@
 # The worker image: claims jobs from the shared store and trains them, on the GPU (DEVICE=cuda, the default) or the
 # CPU (DEVICE=cpu). The C++ kernel is compiled here, in the build stage, not at the first job; the runtime stage
-# copies the venv and torch's build folder of the kernel, and carries no compiler.
-#   docker build -f docker/worker.Dockerfile -t earl-worker .                                  (CUDA)
+# copies the venv and torch's build folder of the kernel, and carries no compiler. The CUDA libraries come with
+# PyPI's torch and faiss-gpu wheels; the host's driver, mounted by the NVIDIA Container Toolkit, with the
+# capabilities NVIDIA_DRIVER_CAPABILITIES names (set below, as nvidia/cuda bases set it).
+#   docker build -f docker/worker.Dockerfile -t earl-worker .       (CUDA; offline from a Debian base: make cuda-image)
 #   docker build -f docker/worker.Dockerfile --build-arg BASE_IMAGE=python:3.11-slim --build-arg DEVICE=cpu .
 ARG BASE_IMAGE=nvidia/cuda:12.4.1-runtime-ubuntu22.04
 
 FROM ${BASE_IMAGE} AS build
 ARG DEVICE=cuda
+# The CUDA image's torch and FAISS (make cuda-image passes its wheelhouse's). torch 2.13.0's CUDA wheel, the CPU
+# pin elsewhere, asks for an NCCL release that the package index reachable here lacks; 2.14.1 resolves.
+ARG TORCH_CUDA=2.14.1
+ARG FAISS_GPU=1.15.1
 # -march for the kernel: the image may run on other CPUs than the one that builds it, so not `native` by default
 # (x86-64-v3: AVX2 and FMA, any x86-64 server CPU since 2013). On arm64 pass e.g. armv8-a.
 ARG KERNEL_MARCH=x86-64-v3
@@ -18,11 +24,11 @@ ENV PATH=/opt/venv/bin:$PATH \
     EARL_KERNEL_MARCH=${KERNEL_MARCH}
 COPY docker/wheels/ /wheels/
 # One FAISS per image: faiss-gpu must replace faiss-cpu, never sit beside it, so not `.[serve]` (faiss-cpu).
-#   cuda: PyPI's Linux torch wheel is the CUDA build and brings its own CUDA 12 libraries; faiss-gpu.
+#   cuda: PyPI's Linux torch wheel is the CUDA build and brings its own CUDA 13 libraries; faiss-gpu its CUDA 12 ones.
 #   cpu:  torch from PyTorch's CPU index (no CUDA libraries); faiss-cpu.
 RUN case "$DEVICE" in \
-      cuda) sh /opt/earl-setup/pip-install.sh torch==2.13.0 \
-            && sh /opt/earl-setup/pip-install.sh "faiss-gpu-cu12>=1.11" ;; \
+      cuda) sh /opt/earl-setup/pip-install.sh "torch==${TORCH_CUDA}" \
+            && sh /opt/earl-setup/pip-install.sh "faiss-gpu==${FAISS_GPU}" ;; \
       cpu) sh /opt/earl-setup/pip-install.sh torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu \
             && sh /opt/earl-setup/pip-install.sh faiss-cpu==1.15.1 ;; \
       *) echo "DEVICE must be cuda or cpu, not '$DEVICE'" >&2; exit 1 ;; \
@@ -50,7 +56,8 @@ ENV PATH=/opt/venv/bin:$PATH \
     EARL_KERNEL_MARCH=${KERNEL_MARCH} \
     TORCH_DONT_CHECK_COMPILER_ABI=1 \
     EARL_HOME=/data \
-    PYTHONUNBUFFERED=1
+    PYTHONUNBUFFERED=1 \
+    NVIDIA_DRIVER_CAPABILITIES=compute,utility
 WORKDIR /data
 VOLUME /data
 # SIGTERM checkpoints the running job and puts it back in the queue (allow time: stop_grace_period).
