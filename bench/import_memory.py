@@ -6,13 +6,15 @@ float32 entity table as .npy (1M x 256 = 1.02 GB by default), DistMult, no graph
 
 Each import runs in its own process; its peak RSS is that child's ru_maxrss (os.wait4). The npy file is
 memory-mapped, so its pages count in the RSS as they are read (file-backed, given back under pressure); the
-ratio to the table's bytes is the figure: under 2 the table was not held twice. Writes
-bench/results/import_memory.{json,md}.
+ratio to the table's bytes is the figure: under 2 the table was not held twice. Then each import is loaded as the
+server loads it (its predictor and index) and asked one query: peak RSS, and the RSS the process keeps (--no-serve
+skips it). Writes bench/results/import_memory.{json,md}.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import subprocess
 import sys
@@ -59,6 +61,32 @@ def measure(folder: Path, out: Path, precision: str) -> dict:
             "peak_rss_mib": rss, "bytes": out.stat().st_size}
 
 
+SERVE = """
+import gc, json, sys, time
+from earl_service.bundle.model_io import load_bundle
+from earl_service.memory import current_rss_mb, peak_rss_mb
+from earl_service.serve.predictor import LinkPredictor
+served = LinkPredictor.from_bundle(load_bundle(sys.argv[1], keep_codes=True))
+gc.collect()
+served.predict_tails("Q0", "P0", k=10)
+print(json.dumps({"peak_rss_mib": round(peak_rss_mb(), 1), "kept_rss_mib": round(current_rss_mb(), 1),
+                  "resident_bytes": served.resident_bytes, "index": served.index_kind}))
+"""
+
+
+def measure_serve(bundle: Path, precision: str) -> dict:
+    """The server's load of the import (load_bundle(keep_codes=True), its predictor and index) and one query, in a
+    child process: its peak RSS, and the RSS it keeps after (what a served model costs)."""
+    start = time.perf_counter()
+    run = subprocess.run([sys.executable, "-c", SERVE, str(bundle)], cwd=REPO, capture_output=True, text=True,
+                         check=False)
+    if run.returncode:
+        raise SystemExit(f"serving {bundle} exited {run.returncode}: {run.stderr[-2000:]}")
+    kept = json.loads(run.stdout.strip().splitlines()[-1])
+    return {"step": f"serve the {precision} import ({kept.pop('index')} index), one query", "precision": precision,
+            "seconds": round(time.perf_counter() - start, 1), "bytes": bundle.stat().st_size, **kept}
+
+
 def make_graph(folder: Path, rows: int, triples: int) -> None:
     """A random graph over the table's names (train / valid / test): its MRR means nothing, its memory is real."""
     rng = np.random.default_rng(1)
@@ -86,6 +114,8 @@ def main() -> None:
     p.add_argument("--rows", type=int, default=1_000_000)
     p.add_argument("--width", type=int, default=256)
     p.add_argument("--precisions", default="fp32,int8")
+    p.add_argument("--no-serve", dest="serve", action="store_false",
+                   help="skip loading each import as the server does (peak RSS and the RSS it keeps)")
     p.add_argument("--compress", default="", help="then `earl compress --from` the fp32 import to this budget")
     p.add_argument("--minutes", type=float, default=10, help="the compress search's time limit")
     p.add_argument("--graph-triples", type=int, default=0,
@@ -98,6 +128,7 @@ def main() -> None:
         folder.mkdir()
         table_bytes = make_table(folder, a.rows, a.width)
         rows = [measure(folder, Path(tmp) / f"{prec}.safetensors", prec) for prec in precisions]
+        rows += [measure_serve(Path(tmp) / f"{prec}.safetensors", prec) for prec in precisions if a.serve]
         if a.compress:
             rows.append(measure_compress(Path(tmp) / "fp32.safetensors", Path(tmp) / "small", a.compress, a.minutes,
                                          None, 0))
@@ -112,10 +143,11 @@ def main() -> None:
           "DistMult, no graph, plain weights; each step its own process (peak RSS: its ru_maxrss, from "
           "os.wait4). The npy file is memory-mapped: its pages count as they are read. `compress --from` reads "
           "the fp32 import (no graph: it keeps the largest size that fits; with a random graph: each size scored on its "
-          "valid triples, pq codebooks fine-tuned).\n\n"
-          + md_table(["step", "seconds", "peak RSS MiB", "RSS / table bytes", "file bytes"],
-                     [[r["step"], r["seconds"], r["peak_rss_mib"], r["rss_over_table"], r["bytes"]]
-                      for r in rows]))
+          "valid triples, pq codebooks fine-tuned). A served import: the server's load (`load_bundle(keep_codes=True)`, "
+          "its predictor and FAISS index) and one query; kept RSS: what the process holds after it.\n\n"
+          + md_table(["step", "seconds", "peak RSS MiB", "RSS / table bytes", "kept RSS MiB", "file bytes"],
+                     [[r["step"], r["seconds"], r["peak_rss_mib"], r["rss_over_table"], r.get("kept_rss_mib", ""),
+                       r["bytes"]] for r in rows]))
     write_results("import_memory", data, md)
     print(md)
 
