@@ -4,8 +4,9 @@
 # PyPI's torch and faiss-gpu wheels; the host's driver, mounted by the NVIDIA Container Toolkit, with the
 # capabilities NVIDIA_DRIVER_CAPABILITIES names (set below, as nvidia/cuda bases set it).
 #   docker build -f docker/worker.Dockerfile -t earl-worker .       (CUDA; offline from a Debian base: make cuda-image)
-#   docker build -f docker/worker.Dockerfile --build-arg BASE_IMAGE=python:3.11-slim --build-arg DEVICE=cpu .
-ARG BASE_IMAGE=nvidia/cuda:12.4.1-runtime-ubuntu22.04
+#   docker build -f docker/worker.Dockerfile --build-arg DEVICE=cpu .
+# No nvidia/cuda base: the CUDA libraries come with the wheels (a CUDA base would add a second, unused set).
+ARG BASE_IMAGE=python:3.11-slim
 
 FROM ${BASE_IMAGE} AS build
 ARG DEVICE=cuda
