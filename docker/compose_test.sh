@@ -24,7 +24,7 @@ COMPOSE="docker-compose -p $PROJECT -f docker-compose.yml -f docker/compose.test
 LOG_NAME=compose-test
 # The base, API and worker images with their build layers take ~5 GB, the wheelhouse ~1 GB (measured on a fresh
 # machine).
-NEED_GB=${EARL_COMPOSE_TEST_NEED_GB:-8}
+NEED_GB=${EARL_COMPOSE_TEST_NEED_GB:-8} NEED_GB_VAR=EARL_COMPOSE_TEST_NEED_GB
 STACK_UP=0
 mkdir -p "$WORK"
 # shellcheck source=docker/docker-lib.sh

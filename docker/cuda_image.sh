@@ -27,7 +27,7 @@ DATASETS=${DATASETS:-../shared/datasets}
 TORCH_CUDA=${EARL_CUDA_TORCH:-2.14.1}
 FAISS_GPU=${EARL_FAISS_GPU:-1.15.1}
 # The wheelhouse (~5 GB), the build stage (~7 GB) and the image (~6 GB) at once.
-NEED_GB=${EARL_CUDA_IMAGE_NEED_GB:-20}
+NEED_GB=${EARL_CUDA_IMAGE_NEED_GB:-20} NEED_GB_VAR=EARL_CUDA_IMAGE_NEED_GB
 export DOCKER_BUILDKIT=0  # the classic builder, as make compose-test uses
 mkdir -p "$WORK"
 # shellcheck source=docker/docker-lib.sh
@@ -37,7 +37,7 @@ source docker/docker-lib.sh
 fill_wheelhouse() {
   local stamp="$WORK/wheels.stamp" want
   want=$(cat pyproject.toml <(echo "$TORCH_CUDA $FAISS_GPU") | sha256sum | cut -c1-64)
-  if [ "$(cat "$stamp" 2>/dev/null)" = "$want" ]; then
+  if [ "$(cat "$stamp" 2>/dev/null)" = "$want" ] && ls "$WORK"/wheels/torch-"$TORCH_CUDA"-*.whl >/dev/null 2>&1; then
     say "wheelhouse $WORK/wheels/ is up to date"
     return
   fi

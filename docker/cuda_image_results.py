@@ -93,7 +93,9 @@ def main() -> int:
                "base_bytes": int(sh("docker", "image", "inspect", "-f", "{{.Size}}", a.base)),
                "seconds": {k: int(v) for k, v in (step.split("=", 1) for step in a.steps)},
                "layers": layers(a.image), "smoke": smoke(a.smoke)}
-    if not results["smoke"]["bundle_written"] or not results["smoke"]["imports"]["kernel"]:
+    imports = results["smoke"]["imports"]
+    if not (results["smoke"]["bundle_written"] and imports["kernel"] and imports["torch_cuda"]
+            and imports["faiss_gpu_classes"]):
         raise SystemExit(f"the smoke test failed: {results['smoke']}")
     write(results, a.out)
     return 0

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Shared by the offline image builds (docker/compose_test.sh, docker/cuda_image.sh): source it after setting
-#   WORK (logs), MIRROR (Debian mirror), EARL_TEST_BASE_IMAGE (the base image's tag), NEED_GB (free disk wanted),
-#   LOG_NAME (the prefix of every message).
+#   WORK (logs), MIRROR (Debian mirror), EARL_TEST_BASE_IMAGE (the base image's tag), NEED_GB (free disk wanted)
+#   and NEED_GB_VAR (the variable that sets it), LOG_NAME (the prefix of every message).
 # It defines say, skip, timed, install_tools, start_dockerd, stop_dockerd, check_disk and build_base_image.
 SUDO=""; [ "$(id -u)" -ne 0 ] && command -v sudo >/dev/null && SUDO="sudo -n"
 DOCKERD_PID=""
@@ -61,7 +61,7 @@ check_disk() {
   free_gb=$(df -Pk "$root" | awk 'NR == 2 {print int($4 / 1048576)}')
   if [ "$free_gb" -lt "$NEED_GB" ]; then
     skip "docker's data root $root has ${free_gb} GB free; the images need about ${NEED_GB} GB" \
-      "(free space, e.g. docker image prune, or set EARL_COMPOSE_TEST_NEED_GB)"
+      "(free space, e.g. docker image prune, or set $NEED_GB_VAR)"
   fi
   say "docker's data root $root has ${free_gb} GB free (need ${NEED_GB})"
 }

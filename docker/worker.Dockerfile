@@ -28,7 +28,10 @@ COPY docker/wheels/ /wheels/
 #   cuda: PyPI's Linux torch wheel is the CUDA build and brings its own CUDA 13 libraries; faiss-gpu its CUDA 12 ones.
 #   cpu:  torch from PyTorch's CPU index (no CUDA libraries); faiss-cpu.
 RUN case "$DEVICE" in \
-      cuda) sh /opt/earl-setup/pip-install.sh "torch==${TORCH_CUDA}" \
+      cuda) if ls /wheels/torch-*+cpu-*.whl >/dev/null 2>&1; then \
+              echo "docker/wheels/ holds make compose-test's CPU wheelhouse: build the CUDA image with make" \
+                   "cuda-image, or empty docker/wheels/ to install from the package index" >&2; exit 1; fi \
+            && sh /opt/earl-setup/pip-install.sh "torch==${TORCH_CUDA}" \
             && sh /opt/earl-setup/pip-install.sh "faiss-gpu==${FAISS_GPU}" ;; \
       cpu) sh /opt/earl-setup/pip-install.sh torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu \
             && sh /opt/earl-setup/pip-install.sh faiss-cpu==1.15.1 ;; \

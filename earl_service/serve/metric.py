@@ -62,6 +62,7 @@ class MetricIndex:
 
     def __init__(self, entities: np.ndarray, scorer: scorers.Scorer, faiss_index: Any, *,
                  faiss_threads: int | None = 1, kind: str = "metric-flat") -> None:
+        # faiss_index never changes after build: `entities` may be a view of its rows (stored_rows).
         self.entities, self.scorer, self.faiss_index, self.kind = entities, scorer, faiss_index, kind
         self.metric = scorer.metric
         self.faiss_threads = faiss_threads
@@ -224,13 +225,17 @@ def _row_norm(metric: str) -> scorers.Distance:
 
 class _IndexRows:
     """numpy's view of the float32 rows a FAISS flat index (or an HNSW graph's flat storage) holds, read-only; the
-    array's base, so the index lives while any array over its rows does."""
+    array's base, so the index lives while any array over its rows does. The address is taken once: nothing may
+    add to, reset or remove from the index after (a later add can move its storage), and a copy of this object
+    would point at the original's rows (pickling the array copies the rows instead)."""
 
     def __init__(self, index: Any) -> None:
         import faiss
 
         self.index = index
         flat = faiss.downcast_index(index.storage) if isinstance(index, faiss.IndexHNSW) else index
+        if not isinstance(flat, faiss.IndexFlat):
+            raise TypeError(f"{type(flat).__name__} does not store its rows as float32: no rows to lend")
         n, d = int(flat.ntotal), int(flat.d)
         address = faiss.rev_swig_ptr(flat.get_xb(), n * d).ctypes.data if n else 0
         self.__array_interface__ = {"version": 3, "shape": (n, d), "typestr": "<f4", "data": (address, True)}
