@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from earl_service.bundle.precision import Precision
-from earl_service.compress.config import CompressConfig, budget_floor, parse_size, split_names
+from earl_service.compress.config import CompressConfig, budget_floor, checked_models, parse_size, split_names
 from earl_service.compress.job import compress_settings
 from earl_service.config.options import recipe_options
 from earl_service.core import scorers
@@ -83,7 +83,7 @@ def check_uploads(home: ServiceHome, job_id: str, files: dict[str, str], config:
 
 
 # What a job over a registered model may set; anything else (dim, steps, models, ...) has nothing to act on.
-MODEL_JOB_FIELDS = ("source_model", "max_bytes", "time_limit", "precisions", "seed", "retrain_minutes")
+MODEL_JOB_FIELDS = ("source_model", "max_bytes", "time_limit", "precisions", "seed", "retrain_minutes", "models")
 
 
 def model_job_params(form: dict[str, Any], *, given: Collection[str], record: ModelRecord, bundle: Path,
@@ -111,6 +111,10 @@ def model_job_params(form: dict[str, Any], *, given: Collection[str], record: Mo
     if minutes + retrain > max_minutes:
         raise ConfigError(f"time_limit {minutes:,} + retrain_minutes {retrain:,} is over {max_minutes:,} minutes "
                           "(EARL_MAX_JOB_MINUTES)")
+    models = checked_models(form["models"]) if form.get("models") else ()
+    if models and not retrain:
+        raise ConfigError("models names the models retrain_minutes trains at the budget; a registered model's sizes "
+                          "are its own")
     precisions = split_names(form.get("precisions") or "")
     floor, precision = _smallest(record, bundle, precisions)
     if max_bytes < floor:
@@ -118,7 +122,7 @@ def model_job_params(form: dict[str, Any], *, given: Collection[str], record: Mo
                           f"takes {floor} bytes before its header; give at least that, with room for the header")
     return {"source_model": record.id, "source_version": version_number(record), "max_bytes": max_bytes,
             "time_limit": minutes, "precisions": ",".join(precisions) or None, "seed": form.get("seed") or 0,
-            "retrain_minutes": retrain}
+            "retrain_minutes": retrain, "models": ",".join(models) or None}
 
 
 def check_model_job_files(given: Collection[str]) -> None:

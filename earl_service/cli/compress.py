@@ -38,8 +38,8 @@ def add_compress_command(sub) -> None:
                         "default 2000). A pass ranks every entity for each, both sides: fewer on big tables")
     p.add_argument("--retrain-minutes", type=float, default=0.0, metavar="M",
                    help="with --from and --graph: also train models at the budget on DATA for M minutes (the search "
-                        "`earl compress DATA` runs) and pick it where it scores above every coded size; its answers "
-                        "are over DATA's entities (docs/import.md)")
+                        "`earl compress DATA --models ...` runs) and pick it where it scores above every coded size; "
+                        "its answers are over DATA's entities (docs/import.md)")
     p.add_argument("--out", required=True,
                    help="job folder: the pick (bundle.safetensors), report.json/.md, frontier.png, candidates/; "
                         "run again with the same folder to continue a stopped job")
@@ -84,7 +84,7 @@ def cmd_compress(a: argparse.Namespace) -> int:
 
 
 def _compress_imported(a: argparse.Namespace) -> int:
-    from earl_service.compress.config import parse_size
+    from earl_service.compress.config import checked_models, parse_size
     from earl_service.compress.retrained import compress_from
     from earl_service.config.options import train_configs_from_options
     from earl_service.imports.compress import ImportedSearch
@@ -100,10 +100,14 @@ def _compress_imported(a: argparse.Namespace) -> int:
                             if getattr(a, "seed", None) is not None else 0, eval_triples=a.eval_triples)
     if not a.retrain_minutes >= 0:
         raise ConfigError(f"--retrain-minutes must be 0 (none) or more, not {a.retrain_minutes}")
+    models = checked_models(a.models) if "models" in vars(a) else None  # the retrained search's (imports have one)
+    if models and not a.retrain_minutes:
+        raise ConfigError("--models with --from names the models --retrain-minutes trains at the budget; an imported "
+                          "model's sizes are its own")
     train_configs = train_configs_from_options({"progress": False, "device": a.device, "threads": a.threads,
                                                 "seed": search.seed}, recipe=a.recipe)
     report = compress_from(a.from_bundle, a.out, search, graph=a.graph, retrain_minutes=a.retrain_minutes,
-                           train_configs=train_configs, on_progress=lambda e: _show(e) if "rung" in e else None)
+                           retrain_models=models, train_configs=train_configs, on_progress=lambda e: _show(e) if "rung" in e else None)
     assert report is not None  # only should_stop ends a search early, and the command line gives none
     print(json.dumps({"bundle": str(Path(a.out) / "bundle.safetensors") if report["pick"] else None,
                       "pick": report["pick"], "original": report["original"],

@@ -64,6 +64,16 @@ def split_models(text: str) -> tuple[ModelKind, ...]:
     return cast("tuple[ModelKind, ...]", split_names(text))
 
 
+def checked_models(text: str) -> tuple[ModelKind, ...]:
+    """split_models, each name checked now (ConfigError naming the choices): `earl compress --from`'s search at the
+    budget starts after the coded sizes, and a name refused then would be a skipped row minutes later."""
+    models = split_models(text)
+    unknown = [m for m in models if m not in MODELS] or ([] if models else ["(none given)"])
+    if unknown:
+        raise ConfigError(f"unknown model {unknown[0]!r}; choose from {', '.join(MODELS)}")
+    return models
+
+
 # How the size and the name lists are written in `earl compress` and the job form; each read into the config by
 # compress_config_from_options (a bad one is the config's ConfigError, with the choices, not a form pattern's).
 SIZE_TEXT = Text(parse_size, str)

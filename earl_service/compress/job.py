@@ -11,7 +11,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from earl_service.compress.config import CompressConfig, split_names
+from earl_service.compress.config import CompressConfig, split_models, split_names
 from earl_service.compress.options import FORM_COMPRESS_OPTIONS, compress_config_from_options
 from earl_service.compress.state import PICK, STATE
 from earl_service.config import ModelKind, TrainConfig
@@ -89,6 +89,7 @@ def compress_model(registry: ModelRegistry, job: Job, *, on_progress: Callable[[
 
     report = compress_from(source.path, registry.home.run_dir(job.id), search, graph, shown=shown,
                            retrain_minutes=float(params.get("retrain_minutes") or 0) if graph else 0.0,
+                           retrain_models=split_models(params["models"]) if params.get("models") else None,
                            train_configs=train_configs, on_progress=forward, should_stop=should_stop)
     if report is None:
         return None

@@ -98,7 +98,9 @@ def test_a_job_is_queued_with_the_model_version_and_its_budget(client, model_fil
 
 @pytest.mark.parametrize(("data", "files", "status", "message"), [
     ({"max_bytes": "20kB", "dim": "32"}, (), 422, "dim: a job over a registered model"),
-    ({"max_bytes": "20kB", "models": "rotate"}, (), 422, "models: a job over a registered model"),
+    ({"max_bytes": "20kB", "models": "rotate"}, (), 422, "models names the models retrain_minutes trains"),
+    ({"max_bytes": "20kB", "retrain_minutes": "1", "models": "rotatE"}, ("train", "valid"), 422,
+     "unknown model 'rotatE'"),
     ({}, (), 422, "give max_bytes"),
     ({"max_bytes": "20kB", "precisions": "pq:5"}, (), 422, "precisions: "),
     ({"max_bytes": "20kB", "time_limit": "2000"}, (), 422, "EARL_MAX_JOB_MINUTES"),
@@ -181,9 +183,9 @@ def test_a_job_can_also_train_a_model_at_the_budget_on_its_files(client, home, m
     model_id = register(client, model_file)
     budget = load_bundle(model_file).num_bytes // 3
     job = run_job(client, home, {"source_model": model_id, "max_bytes": str(budget), "time_limit": "0.2",
-                                 "retrain_minutes": "0.2"}, graph_files(model_file))
+                                 "retrain_minutes": "0.2", "models": "earl, rotate"}, graph_files(model_file))
     assert job["state"] == "succeeded", job["error"]
-    assert job["params"]["retrain_minutes"] == 0.2
+    assert job["params"]["retrain_minutes"] == 0.2 and job["params"]["models"] == "earl,rotate"
     report = client.get(f"/models/{job['model_id']}/report", headers=ADMIN).json()
     rows = {row["precision"]: row for row in report["candidates"]}
     assert rows["retrained"]["fits"] and rows["retrained"]["bytes"] <= budget
