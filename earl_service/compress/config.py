@@ -68,7 +68,7 @@ def checked_models(text: str) -> tuple[ModelKind, ...]:
     """split_models, each name checked now (ConfigError naming the choices): `earl compress --from`'s search at the
     budget starts after the coded sizes, and a name refused then would be a skipped row minutes later."""
     models = split_models(text)
-    unknown = [m for m in models if m not in MODELS] or ([] if models else ["(none given)"])
+    unknown: list[str] = [m for m in models if m not in MODELS] if models else ["(none given)"]
     if unknown:
         raise ConfigError(f"unknown model {unknown[0]!r}; choose from {', '.join(MODELS)}")
     return models

@@ -23,7 +23,7 @@ from earl_service.bundle.model_io import Bundle, load_bundle
 from earl_service.compress.config import CompressConfig
 from earl_service.compress.search import compress
 from earl_service.compress.state import PICK, ProgressCallback, load_state
-from earl_service.config import ModelKind, TrainConfig
+from earl_service.config import MODELS, ModelKind, TrainConfig
 from earl_service.core.known import KnownAnswers
 from earl_service.data.dataset import load_dataset
 from earl_service.errors import ConfigError, DatasetError
@@ -75,9 +75,8 @@ def retrained_row(source: Bundle, graph: Path, out: Path, search: ImportedSearch
     RotatE baseline (test 0.2711 against the source's 0.2859) and EARL's alone tested 0.2819 (docs/import.md)."""
     folder = out / RETRAINED
     # Bytes like for like: a source without its graph is matched by bundles without one where the model allows.
-    chosen = {"models": models} if models else {}
     config = CompressConfig(max_bytes=search.max_bytes, time_limit_minutes=minutes, seed=search.seed,
-                            known_answers="graph" if source.has_graph else "none", **chosen)
+                            known_answers="graph" if source.has_graph else "none", models=models or MODELS)
     try:
         dataset = load_dataset(graph, labels=False)
         finished = load_state(folder, config, dataset) is not None and (folder / "report.json").is_file()

@@ -215,7 +215,7 @@ class MetricCodes:
         return np.arange(n), self.scorer.distances(query, self.table)  # type: ignore[arg-type]
 
 
-def _row_norm(metric: str) -> scorers.Distance:
+def _row_norm(metric: str | None) -> scorers.Distance:
     """Each row's size as the margin reads it (L1 for an L1 metric, else L2), as a blocked distance: scorers.blocked
     takes a table's rows a block at a time, where numpy's norm of the whole table made a temporary as big as it."""
     if metric == "l1":
