@@ -107,7 +107,8 @@ def _compress_imported(a: argparse.Namespace) -> int:
     train_configs = train_configs_from_options({"progress": False, "device": a.device, "threads": a.threads,
                                                 "seed": search.seed}, recipe=a.recipe)
     report = compress_from(a.from_bundle, a.out, search, graph=a.graph, retrain_minutes=a.retrain_minutes,
-                           retrain_models=models, train_configs=train_configs, on_progress=lambda e: _show(e) if "rung" in e else None)
+                           retrain_models=models, train_configs=train_configs,
+                           on_progress=lambda e: _show(e) if "rung" in e else None)
     assert report is not None  # only should_stop ends a search early, and the command line gives none
     print(json.dumps({"bundle": str(Path(a.out) / "bundle.safetensors") if report["pick"] else None,
                       "pick": report["pick"], "original": report["original"],

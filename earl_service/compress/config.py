@@ -68,10 +68,15 @@ def checked_models(text: str) -> tuple[ModelKind, ...]:
     """split_models, each name checked now (ConfigError naming the choices): `earl compress --from`'s search at the
     budget starts after the coded sizes, and a name refused then would be a skipped row minutes later."""
     models = split_models(text)
-    unknown: list[str] = [m for m in models if m not in MODELS] if models else ["(none given)"]
-    if unknown:
-        raise ConfigError(f"unknown model {unknown[0]!r}; choose from {', '.join(MODELS)}")
+    if error := _models_error(models):
+        raise ConfigError(error)
     return models
+
+
+def _models_error(models: Sequence[str]) -> str | None:
+    """Why `models` is not a list of model kinds to search (None when it is): CompressConfig's and checked_models'."""
+    unknown = [repr(n) for n in models if n not in MODELS] or ([] if models else ["'(none given)'"])
+    return f"unknown model {', '.join(unknown)}; choose from {', '.join(MODELS)}" if unknown else None
 
 
 # How the size and the name lists are written in `earl compress` and the job form; each read into the config by
@@ -140,9 +145,8 @@ class CompressConfig:
             raise ConfigError(f"max_bytes must be at least 1, not {self.max_bytes}")
         if not self.time_limit_minutes > 0:
             raise ConfigError(f"the time limit must be positive, not {self.time_limit_minutes} minutes")
-        unknown = [repr(n) for n in self.models if n not in MODELS] or ([] if self.models else ["'(none given)'"])
-        if unknown:
-            raise ConfigError(f"unknown model {', '.join(unknown)}; choose from {', '.join(MODELS)}")
+        if error := _models_error(self.models):
+            raise ConfigError(error)
         errors = [e for n in self.precisions if (e := _precision_error(n))]
         if errors or not self.precisions:
             raise ConfigError("; ".join(errors) or f"unknown precision '(none given)'; choose {choices()}")

@@ -46,9 +46,8 @@ def compress_from(source: str | Path, out: str | Path, search: ImportedSearch, g
                   shown: tuple[str, str | None] | None = None) -> dict[str, Any] | None:
     """compress_imported, then (with a graph and `retrain_minutes`) the search trained at the budget as one more
     row (over `retrain_models`, default the search's), and the pick again over all rows; `on_progress` gets both
-    parts' events (the sizes', then the search's,
-    which name a rung). None where `should_stop` stopped either part; run again with the same
-    `out` to continue (each part keeps its own state: OUT/compress_state.json, OUT/retrained/)."""
+    parts' events (the sizes', then the search's, which name a rung). None where `should_stop` stopped either part;
+    run again with the same `out` to continue (each part keeps its own state: OUT/compress_state.json, OUT/retrained/)."""
     if retrain_minutes and graph is None:
         raise ConfigError("retraining at the budget needs the graph to train on (--graph DATA)")
     bundle = load_bundle(source)  # read once for both parts
