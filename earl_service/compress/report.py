@@ -43,7 +43,9 @@ def build_report(run: CompressRun, rows: list[dict[str, Any]], pick: dict[str, A
         "candidates": [c.to_json() for c in state.candidates],
         "train": {model: run.train_configs[model].to_dict() for model in config.models},
         "rungs": [{"index": r.index, "survivors": r.survivors, "budget_seconds": r.budget_seconds,
-                   "scores": {n: v.score for n, v in r.results.items()}} for r in state.rungs],
+                   "scores": {n: v.score for n, v in r.results.items()},
+                   "revalidated": {n: {k: e[k] for k in ("precision", "valid_subset", key, "standard_error")}
+                                   for n, e in r.revalidated.items()}} for r in state.rungs],
         "exports": rows,
         "frontier": [(r["candidate"], r["precision"]) for r in frontier(rows, key)],
         "pick": pick, "test": test, "spent_seconds": run.spent, "seconds": seconds or {},
@@ -101,12 +103,28 @@ def markdown(report: dict[str, Any]) -> str:
         budget = rung["budget_seconds"]
         lines.append(f"| {rung['index']} | {len(rung['survivors'])} | {budget:.0f} | {scores} |" if budget is not None
                      else f"| {rung['index']} | {len(rung['survivors'])} |  | {scores} |")
+    lines += _revalidated(report)
     lines += _seconds_table(report.get("seconds") or {}, report["time_limit_minutes"] * 60,
                             report.get("peak_rss_mb_by_phase") or {})
     if report.get("peak_rss_mb"):
         lines += ["", f"Peak memory (RSS) of the process: {report['peak_rss_mb']:,.0f} MB."]
     lines += ["", f"![valid {report['metric']} against bytes]({FRONTIER_PNG})", ""]
     return "\n".join(lines)
+
+
+def _revalidated(report: dict[str, Any]) -> list[str]:
+    """A sentence per cut that validated its contenders again on the last rung's sample (search.decisive)."""
+    key, lines = report["metric_key"], []
+    for rung in report["rungs"]:
+        if not (again := rung.get("revalidated")):
+            continue
+        sample = {e["valid_subset"] for e in again.values()}.pop()
+        scores = ", ".join(f"{n} {e['precision']} {e[key]:.4f} (standard error {e['standard_error'][key]:.4f})"
+                           for n, e in sorted(again.items(), key=lambda kv: -kv[1][key]))
+        lines += ["", f"Rung {rung['index']}'s leader did not beat the baseline by two standard errors on its subset, "
+                  f"so both were validated again on {f'{sample:,} valid triples' if sample else 'the whole split'} "
+                  f"before the cut: {scores}."]
+    return lines
 
 
 def _final_split(report: dict[str, Any]) -> str:

@@ -304,6 +304,21 @@ def evaluate_exports(run: CompressRun, name: str, split: str = "valid", *, tune_
     return results
 
 
+def revalidate(run: CompressRun, name: str, limit: int) -> Export:
+    """Candidate `name`'s best export at the current rung (the file it wrote there) validated again on at most
+    `limit` valid triples (0: all): the same weights on a larger sample."""
+    result = run.state.rungs[-1].results[name]
+    key = METRICS[run.config.metric]
+    precision = max(result.exports, key=lambda p: result.exports[p][key])
+    with run.timed("setup"):
+        model_run = load_run(run.run_dir(name), run.dataset, device=run.train_config(name).device, graphs=run.graphs)
+    subset = limit if 0 < limit < len(model_run.ranked_triples("valid")) else 0
+    with run.timed("validate"):
+        metrics = evaluate_bundle(model_run, run.export_path(name, precision), "valid",
+                                  batch_size=run.train_config(name).eval_batch_size, limit=limit)
+    return {"precision": precision, "valid_subset": subset, **metrics}
+
+
 def trained(run: CompressRun, name: str) -> tuple[Run, Bundle]:
     """Candidate `name`'s run rebuilt with its trained weights, and the bundle of those weights as the search ships
     it: the source of its exports. Taken before any export's weights are loaded into the run (evaluate_bundle)."""
@@ -329,5 +344,5 @@ def evaluate_bundle(run: Run, path: Path, split: str, *, batch_size: int = 256, 
     return {**{k: result[k] for k in SUMMARY_KEYS}, "standard_error": result["standard_error"]}
 
 
-__all__ = ["EARLY_VALID_TRIPLES", "FINAL_EVAL_SHARE", "early_fraction", "evaluate_bundle", "final_limit", "run_rung",
-           "trained"]
+__all__ = ["EARLY_VALID_TRIPLES", "FINAL_EVAL_SHARE", "early_fraction", "evaluate_bundle", "final_limit", "revalidate",
+           "run_rung", "trained"]

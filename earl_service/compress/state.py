@@ -116,6 +116,9 @@ class Rung:
     results: dict[str, RungResult] = field(default_factory=dict)  # by candidate, filled as each is evaluated
     budget_seconds: float | None = None  # fixed when the rung starts: its share of the time left
     slice_seconds: float | None = None  # each survivor's share of budget_seconds
+    # The cut after it, when inconclusive on its subset: the contenders' best exports validated again on the last
+    # rung's sample (search.decisive), by candidate.
+    revalidated: dict[str, Export] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
