@@ -307,9 +307,7 @@ def evaluate_exports(run: CompressRun, name: str, split: str = "valid", *, tune_
 def revalidate(run: CompressRun, name: str, limit: int) -> Export:
     """Candidate `name`'s best export at the current rung (the file it wrote there) validated again on at most
     `limit` valid triples (0: all): the same weights on a larger sample."""
-    result = run.state.rungs[-1].results[name]
-    key = METRICS[run.config.metric]
-    precision = max(result.exports, key=lambda p: result.exports[p][key])
+    precision = run.state.rungs[-1].results[name].best(METRICS[run.config.metric])
     with run.timed("setup"):
         model_run = load_run(run.run_dir(name), run.dataset, device=run.train_config(name).device, graphs=run.graphs)
     subset = limit if 0 < limit < len(model_run.ranked_triples("valid")) else 0

@@ -133,7 +133,7 @@ def beats(run: CompressRun, rung: Rung, a: str, b: str) -> bool:
     """Whether candidate `a`'s best export scored above `b`'s at `rung` by more than MARGIN_SE standard errors of
     the difference."""
     key = METRICS[run.config.metric]
-    best_a, best_b = (max(rung.results[n].exports.values(), key=lambda e: e[key]) for n in (a, b))
+    best_a, best_b = (rung.results[n].exports[rung.results[n].best(key)] for n in (a, b))
     return ahead(best_a, best_b, key)
 
 
@@ -153,11 +153,13 @@ def decisive(run: CompressRun, rung: Rung, leader: str, base: str) -> bool:
     On the subset a lead must be large to count: at 500 triples the standard error of an MRR near 0.25 is ~0.012,
     so the difference needs ~0.033. FB15k-237 at 738,113 bytes in 30 minutes (one core): EARL d48 led RotatE d21
     int8 by 0.0146 there, the cut kept RotatE, and the pick tested 0.0122-0.0130 below the 45-minute PyKEEN
-    ComplEx it was to replace at 1/32 of its size, where EARL d48 went on to 0.0050 below (docs/import.md)."""
+    ComplEx it was to replace at 1/32 of its size; with this second look it picked EARL d48 pq:12, 0.0034 below
+    (docs/import.md)."""
     if leader == base:
         return False
     key = METRICS[run.config.metric]
-    sample = max(rung.results[leader].exports.values(), key=lambda e: e[key]).get("valid_subset", 0)
+    result = rung.results[leader]
+    sample = result.exports[result.best(key)].get("valid_subset", 0)
     limit = final_limit(run)
     if not sample or (limit and limit <= sample):
         return False  # the rung's sample is already as large as the last rung's

@@ -106,6 +106,10 @@ class RungResult:
     steps: int
     score: float  # the best export's metric (CompressConfig.metric)
 
+    def best(self, key: str) -> str:
+        """The precision of its best export by metric `key`."""
+        return max(self.exports, key=lambda p: self.exports[p][key])
+
 
 @dataclass
 class Rung:
