@@ -252,6 +252,16 @@ def baseline_candidate(candidates: list[Candidate]) -> Candidate | None:
     return max(int8 or candidates, key=lambda c: c.dim)
 
 
+def baseline_name(candidates: list[Candidate]) -> str | None:
+    """The search's simplest baseline: the widest RotatE exported at int8 (a user's obvious choice), else the
+    widest EARL at int8; None when neither fits the budget at int8."""
+    for model in ("rotate", "earl"):
+        base = baseline_candidate([c for c in candidates if c.model == model and "int8" in c.bytes])
+        if base is not None:
+            return base.name
+    return None
+
+
 def fit_to_time(config: CompressConfig, candidates: list[Candidate], seconds: Mapping[str, float],
                 early_fraction: float = 1.0) -> list[Candidate]:
     """Drop the smallest candidates of the model with the most until the schedule's validations take at most
@@ -286,5 +296,5 @@ def fit_to_time(config: CompressConfig, candidates: list[Candidate], seconds: Ma
     return kept
 
 
-__all__ = ["EVAL_SHARE", "MIN_FIRST_STEPS", "baseline_candidate", "first_rung_trains", "fit_to_time", "plan", "plan_candidates",
-           "valid_fraction", "validation_cost"]
+__all__ = ["EVAL_SHARE", "MIN_FIRST_STEPS", "baseline_candidate", "baseline_name", "first_rung_trains", "fit_to_time",
+           "plan", "plan_candidates", "valid_fraction", "validation_cost"]

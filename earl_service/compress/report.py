@@ -45,7 +45,10 @@ def build_report(run: CompressRun, rows: list[dict[str, Any]], pick: dict[str, A
         "rungs": [{"index": r.index, "survivors": r.survivors, "budget_seconds": r.budget_seconds,
                    "scores": {n: v.score for n, v in r.results.items()},
                    "revalidated": {n: {k: e[k] for k in ("precision", "valid_subset", key, "standard_error")}
-                                   for n, e in r.revalidated.items()}} for r in state.rungs],
+                                   for n, e in r.revalidated.items()},
+                   "probes": {n: {k: e[k] for k in ("steps", "train_seconds", "valid_subset", key, "standard_error")}
+                              for n, e in r.probes.items()},
+                   "cut": list(r.cut)} for r in state.rungs],
         "exports": rows,
         "frontier": [(r["candidate"], r["precision"]) for r in frontier(rows, key)],
         "pick": pick, "test": test, "spent_seconds": run.spent, "seconds": seconds or {},
@@ -103,6 +106,7 @@ def markdown(report: dict[str, Any]) -> str:
         budget = rung["budget_seconds"]
         lines.append(f"| {rung['index']} | {len(rung['survivors'])} | {budget:.0f} | {scores} |" if budget is not None
                      else f"| {rung['index']} | {len(rung['survivors'])} |  | {scores} |")
+    lines += _first_look(report)
     lines += _revalidated(report)
     lines += _seconds_table(report.get("seconds") or {}, report["time_limit_minutes"] * 60,
                             report.get("peak_rss_mb_by_phase") or {})
@@ -110,6 +114,25 @@ def markdown(report: dict[str, Any]) -> str:
         lines += ["", f"Peak memory (RSS) of the process: {report['peak_rss_mb']:,.0f} MB."]
     lines += ["", f"![valid {report['metric']} against bytes]({FRONTIER_PNG})", ""]
     return "\n".join(lines)
+
+
+def _first_look(report: dict[str, Any]) -> list[str]:
+    """A sentence per rung whose first look (probe.py) validated the baseline and the challengers that learn sooner
+    after the same seconds of training: their scores, and whom it cut."""
+    key, lines = report["metric_key"], []
+    for rung in report["rungs"]:
+        if not (looks := rung.get("probes")):
+            continue
+        scores = ", ".join(f"{n} {e[key]:.4f} (standard error {e['standard_error'][key]:.4f}) after {e['steps']} steps"
+                           for n, e in sorted(looks.items(), key=lambda kv: -kv[1][key]))
+        sample = {e["valid_subset"] for e in looks.values()}.pop()
+        cut = rung.get("cut") or []
+        verdict = (f"cut {', '.join(cut)}, which the baseline beat by two standard errors" if cut
+                   else "cut none: no challenger trailed the baseline by two standard errors")
+        seconds = max(e["train_seconds"] for e in looks.values())
+        lines += ["", f"Rung {rung['index']}'s first look, after about {seconds:.0f} s of training each, on "
+                  f"{f'{sample:,} valid triples' if sample else 'the whole split'}: {scores}; it {verdict}."]
+    return lines
 
 
 def _revalidated(report: dict[str, Any]) -> list[str]:

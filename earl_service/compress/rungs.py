@@ -70,11 +70,7 @@ def run_rung(run: CompressRun) -> bool:
     """
     rung = run.state.rungs[-1]
     rungs_left = run.state.rung_count - rung.index
-    if rung.budget_seconds is None:
-        rung.budget_seconds = rung_budget(max(run.time_left - test_reserve(run), 0.0), rung.index,
-                                          run.state.rung_count)
-    if rung.slice_seconds is None:
-        rung.slice_seconds = rung.budget_seconds / len(rung.survivors)
+    slice_seconds = open_rung(run, rung)
     limit = final_limit(run) if rungs_left == 1 else EARLY_VALID_TRIPLES  # the last rung chooses the pick
     # The last rung runs its leader last, on whatever time the others left: estimates made before the search are
     # on the safe side, and on CoDEx-S at 1 MB in 10 minutes the rest of the rungs' slices went unused (51 s).
@@ -84,8 +80,8 @@ def run_rung(run: CompressRun) -> bool:
             continue  # done before a restart
         if run.should_stop is not None and run.should_stop():
             return False
-        share = (max(run.time_left - test_reserve(run), rung.slice_seconds)
-                 if rungs_left == 1 and name == rung.survivors[0] else rung.slice_seconds)
+        share = (max(run.time_left - test_reserve(run), slice_seconds)
+                 if rungs_left == 1 and name == rung.survivors[0] else slice_seconds)
         result = carried_over(run, rung, name, limit) or run_slice(run, rung, name, limit, share)
         if result is None:
             return False
@@ -94,6 +90,17 @@ def run_rung(run: CompressRun) -> bool:
                  result.steps)
         run.save()
     return True
+
+
+def open_rung(run: CompressRun, rung: Rung) -> float:
+    """Fix `rung`'s budget (its share of the time left) and each survivor's slice of it, once, at its start; returns
+    the slice."""
+    if rung.budget_seconds is None:
+        rung.budget_seconds = rung_budget(max(run.time_left - test_reserve(run), 0.0), rung.index,
+                                          run.state.rung_count)
+    if rung.slice_seconds is None:
+        rung.slice_seconds = rung.budget_seconds / len(rung.survivors)
+    return rung.slice_seconds
 
 
 def carried_over(run: CompressRun, rung: Rung, name: str, limit: int) -> RungResult | None:
@@ -116,11 +123,16 @@ def run_slice(run: CompressRun, rung: Rung, name: str, limit: int, share: float 
     on at most `limit` triples (0: all), and measure the rest of its overhead for its next slice; None if stopped."""
     assert rung.slice_seconds is not None
     seconds = slice_training(run, name, rung.slice_seconds if share is None else share, limit)
+    schedule = None
+    if look := rung.probes.get(name):  # the rest of the slice its first look (probe.py) started
+        schedule = (look["schedule_start"], look["schedule_seconds"])
+        seconds = max(sum(schedule) - run.candidate(name).train_seconds, 0.0)
     started = run.clock()
     run.emit("train", name, seconds=seconds)
-    if train_slice(run, name, seconds) is None:
+    if train_slice(run, name, seconds, schedule=schedule) is None:
         return None
-    tune_seconds = FINE_TUNE_SHARE * seconds if fine_tuned(run.candidate(name)) else 0.0
+    trained_in_slice = schedule[1] if schedule else seconds
+    tune_seconds = FINE_TUNE_SHARE * trained_in_slice if fine_tuned(run.candidate(name)) else 0.0
     exports = evaluate_exports(run, name, tune_seconds=tune_seconds, limit=limit)
     tuned = sum(e.get("fine_tune_seconds", 0.0) for e in exports.values())
     candidate = run.candidate(name)
@@ -234,9 +246,12 @@ def rung_exports(run: CompressRun, name: str) -> list[str]:
 # ---------------------------------------------------------------- training and evaluating a candidate
 
 
-def train_slice(run: CompressRun, name: str, seconds: float) -> dict[str, Any] | None:
-    """Train candidate `name` for about `seconds` more (continuing its checkpoint); None if stopped."""
+def train_slice(run: CompressRun, name: str, seconds: float,
+                schedule: tuple[float, float] | None = None) -> dict[str, Any] | None:
+    """Train candidate `name` for about `seconds` more (continuing its checkpoint); None if stopped. Its rate decays
+    over `schedule` (start, length: seconds of its training), by default over these `seconds` from now."""
     candidate = run.candidate(name)
+    start, length = schedule or (candidate.train_seconds, seconds)
     # train() counts time_limit_minutes from its checkpoint's elapsed time; 0 would mean no limit at all.
     limit = max(candidate.train_seconds + seconds, 1e-3) / 60
     # No validation inside train(): evaluate_exports validates every slice's weights, export by export, and a
@@ -246,9 +261,8 @@ def train_slice(run: CompressRun, name: str, seconds: float) -> dict[str, Any] |
     # would train left rung 0 ranking at the peak rate: on CoDEx-S at 2 MB, RotatE d473 validated 0.2210 there
     # against EARL d182's 0.2764 and was cut, though trained alone for the 10 minutes it tested 0.4218 to the
     # pick's 0.3346.
-    config = replace(run.train_config(name), time_limit_minutes=limit, schedule_minutes=max(seconds, 1e-3) / 60,
-                     schedule_start_minutes=candidate.train_seconds / 60, seed=run.config.seed, progress=False,
-                     eval_every=0)
+    config = replace(run.train_config(name), time_limit_minutes=limit, schedule_minutes=max(length, 1e-3) / 60,
+                     schedule_start_minutes=start / 60, seed=run.config.seed, progress=False, eval_every=0)
 
     def forward(progress: dict[str, Any]) -> None:
         run.emit("train", name, step=progress["step"], loss=progress["loss"], valid_mrr=progress["valid_mrr"])
@@ -342,5 +356,5 @@ def evaluate_bundle(run: Run, path: Path, split: str, *, batch_size: int = 256, 
     return {**{k: result[k] for k in SUMMARY_KEYS}, "standard_error": result["standard_error"]}
 
 
-__all__ = ["EARLY_VALID_TRIPLES", "FINAL_EVAL_SHARE", "early_fraction", "evaluate_bundle", "final_limit", "revalidate",
-           "run_rung", "trained"]
+__all__ = ["EARLY_VALID_TRIPLES", "FINAL_EVAL_SHARE", "early_fraction", "evaluate_bundle", "final_limit", "open_rung",
+           "revalidate", "run_rung", "slice_training", "train_slice", "trained"]

@@ -11,17 +11,25 @@ from typing import Any
 from earl_service.bundle.codebooks import stored_tables
 from earl_service.bundle.format import read_safetensors
 from earl_service.bundle.sizes import save_exact
-from earl_service.compress.candidates import baseline_candidate, plan
+from earl_service.compress.candidates import baseline_name, plan
 from earl_service.compress.config import METRICS, CompressConfig
+from earl_service.compress.probe import first_look
 from earl_service.compress.report import build_report, write_report
-from earl_service.compress.rungs import early_fraction, evaluate_bundle, final_limit, revalidate, run_rung, trained
+from earl_service.compress.rungs import (
+    early_fraction,
+    evaluate_bundle,
+    final_limit,
+    open_rung,
+    revalidate,
+    run_rung,
+    trained,
+)
 from earl_service.compress.state import (
     PICK,
-    Candidate,
     CompressRun,
-    Export,
     ProgressCallback,
     Rung,
+    ahead,
     load_state,
     rung_sizes,
 )
@@ -42,15 +50,6 @@ from earl_service.train.run import GraphCache
 # RotatE int8 trained alone; bench/results/compress_codex-s_10min.md). A near tie on rung 0's 500-triple subset
 # still goes on to the whole-split comparison.
 LEADER_FLOOR = 0.9
-# The search leaves its simplest baseline (baseline_name: what a user would train without a search) only on
-# evidence, and only at the last cut: every earlier cut keeps it, and at the last another candidate must beat it
-# by more than this many standard errors of their difference on the rung's validation sample. On CoDEx-S at 1 MB
-# in 10 minutes EARL d125 led RotatE d230 int8 at rung 1 by 0.003 (500 valid triples, standard errors ~0.012
-# each), both went on to share the last rung, and RotatE, trained 277 s of the 600, tested 0.3830 against 0.4218
-# for the same model trained alone. At 2 MB, rung 0 (each candidate at its schedule's peak rate) put RotatE d473
-# at 0.1867 against EARL d182's 0.2835, cut it, and the search picked EARL (test 0.3344) where RotatE d473 trained
-# alone tested 0.4218: an early rung's ranking across kinds is not evidence enough to drop the baseline.
-MARGIN_SE = 2.0
 
 
 def compress(dataset: Dataset, out_dir: str | os.PathLike, config: CompressConfig, *,
@@ -90,7 +89,8 @@ def search(run: CompressRun) -> bool:
     if not state.rungs:
         state.rungs.append(Rung(index=0, survivors=[c.name for c in state.candidates]))
     while not state.done:
-        if not run_rung(run):
+        open_rung(run, state.rungs[-1])
+        if not first_look(run, state.rungs[-1]) or not run_rung(run):
             run.save()
             return False
         next_rung(run)
@@ -99,16 +99,18 @@ def search(run: CompressRun) -> bool:
 
 def next_rung(run: CompressRun) -> None:
     """Keep the best 1/eta by score (each model's best and the baseline too), or mark the search done after the
-    last rung."""
+    last rung. Those the first look cut (probe.py) are out; one candidate left goes straight to the last rung."""
     state = run.state
     rung = state.rungs[-1]
     if rung.index + 1 >= state.rung_count:
         state.done = True
     else:
         keep = rung_sizes(len(state.candidates), run.config.eta)[rung.index + 1]
-        ranked = sorted(rung.survivors, key=lambda n: -rung.results[n].score)
+        ranked = sorted((n for n in rung.survivors if n not in rung.cut), key=lambda n: -rung.results[n].score)
         base = baseline_name(state.candidates)
-        tied = [n for n in ranked if not beats(run, rung, ranked[0], n)]
+        if len(ranked) == 1:
+            state.rung_count = rung.index + 2
+        tied = [n for n in ranked if len(ranked) > 1 and not beats(run, rung, ranked[0], n)]
         if rung.index + 2 == state.rung_count:  # the last rung trains one candidate on the rest of the time
             kept = [base if base in tied and not decisive(run, rung, ranked[0], base) else ranked[0]]
         else:
@@ -119,30 +121,12 @@ def next_rung(run: CompressRun) -> None:
     run.save()
 
 
-def baseline_name(candidates: list[Candidate]) -> str | None:
-    """The search's simplest baseline: the widest RotatE exported at int8 (a user's obvious choice), else the
-    widest EARL at int8; None when neither fits the budget at int8."""
-    for model in ("rotate", "earl"):
-        base = baseline_candidate([c for c in candidates if c.model == model and "int8" in c.bytes])
-        if base is not None:
-            return base.name
-    return None
-
-
 def beats(run: CompressRun, rung: Rung, a: str, b: str) -> bool:
     """Whether candidate `a`'s best export scored above `b`'s at `rung` by more than MARGIN_SE standard errors of
     the difference."""
     key = METRICS[run.config.metric]
     best_a, best_b = (rung.results[n].exports[rung.results[n].best(key)] for n in (a, b))
     return ahead(best_a, best_b, key)
-
-
-def ahead(a: Export, b: Export, key: str) -> bool:
-    """Whether export `a` scored above `b` on `key` by more than MARGIN_SE standard errors of the difference
-    (unpaired, so on the safe side: both ranked the same triples); an export without standard errors (a job saved
-    by an older version) counts its score as exact."""
-    errors = [e.get("standard_error", {}).get(key, 0.0) for e in (a, b)]
-    return a[key] - b[key] > MARGIN_SE * math.hypot(*errors)
 
 
 def decisive(run: CompressRun, rung: Rung, leader: str, base: str) -> bool:

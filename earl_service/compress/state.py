@@ -35,6 +35,25 @@ Export = dict[str, Any]
 # "other" in the report (saving state, the pick's file); the pick's test evaluation is timed apart as "test".
 PHASES = ("plan", "setup", "train", "codebooks", "fine_tune", "export", "validate")
 
+# The search (search.py) leaves its simplest baseline (baseline_name: what a user would train without a search) only on
+# evidence, and only at the last cut: every earlier cut keeps it, and at the last another candidate must beat it
+# by more than this many standard errors of their difference on the rung's validation sample. On CoDEx-S at 1 MB
+# in 10 minutes EARL d125 led RotatE d230 int8 at rung 1 by 0.003 (500 valid triples, standard errors ~0.012
+# each), both went on to share the last rung, and RotatE, trained 277 s of the 600, tested 0.3830 against 0.4218
+# for the same model trained alone. At 2 MB, rung 0 (each candidate at its schedule's peak rate) put RotatE d473
+# at 0.1867 against EARL d182's 0.2835, cut it, and the search picked EARL (test 0.3344) where RotatE d473 trained
+# alone tested 0.4218: an early rung's ranking across kinds is not evidence enough to drop the baseline.
+MARGIN_SE = 2.0
+
+
+def ahead(a: Export, b: Export, key: str) -> bool:
+    """Whether export `a` scored above `b` on `key` by more than MARGIN_SE standard errors of the difference
+    (unpaired, so on the safe side: both ranked the same triples); an export without standard errors (a job saved
+    by an older version) counts its score as exact."""
+    errors = [e.get("standard_error", {}).get(key, 0.0) for e in (a, b)]
+    return a[key] - b[key] > MARGIN_SE * math.hypot(*errors)
+
+
 
 def rung_sizes(count: int, eta: int) -> list[int]:
     """Candidates per rung: count, ceil(count / eta), ... down to 1."""
@@ -123,6 +142,10 @@ class Rung:
     # The cut after it, when inconclusive on its subset: the contenders' best exports validated again on the last
     # rung's sample (search.decisive), by candidate.
     revalidated: dict[str, Export] = field(default_factory=dict)
+    # Rung 0's first look (probe.py), by candidate: the baseline and each challenger that learns sooner than it,
+    # validated after the same seconds of their slices; `cut`: the challengers it stopped there.
+    probes: dict[str, Export] = field(default_factory=dict)
+    cut: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -289,5 +312,6 @@ class CompressRun:
         return shipped.with_fixed_parts(self.fixed_parts[graphless])
 
 
-__all__ = ["PHASES", "PICK", "STATE", "Candidate", "CompressRun", "Export", "ProgressCallback", "Rung", "RungResult",
-           "SearchState", "load_state", "rung_budget", "rung_sizes", "rung_weights", "search_settings"]
+__all__ = ["MARGIN_SE", "PHASES", "PICK", "STATE", "Candidate", "CompressRun", "Export", "ProgressCallback", "Rung",
+           "RungResult", "SearchState", "ahead", "load_state", "rung_budget", "rung_sizes", "rung_weights",
+           "search_settings"]

@@ -267,7 +267,7 @@ def test_a_candidate_that_overruns_its_slice_takes_no_time_from_the_next(tmp_pat
     job = CompressRun(tiny_dataset(), tmp_path, CompressConfig(max_bytes=10**6, time_limit_minutes=10), TINY, state)
     trained = {}
 
-    def train_slice(job, name, seconds):
+    def train_slice(job, name, seconds, schedule=None):
         trained[name] = seconds
         job.candidate(name).train_seconds, job.candidate(name).steps = seconds, 1
         return {}
@@ -300,7 +300,7 @@ def test_the_last_rung_and_the_pick_test_end_within_the_time_limit(tmp_path, mon
     dataset = tiny_dataset()
     job = CompressRun(dataset, tmp_path, config, TINY, state, clock=lambda: clock["now"])
 
-    def train_slice(job, name, seconds):
+    def train_slice(job, name, seconds, schedule=None):
         clock["now"] += seconds
         unit = job.candidate(name)
         unit.train_seconds, unit.steps = unit.train_seconds + seconds, 1

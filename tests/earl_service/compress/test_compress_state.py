@@ -45,7 +45,8 @@ def test_the_serialised_form_round_trips_and_keeps_the_untyped_layout():
     assert list(values) == [*UNTYPED, "seconds", "peak_rss_mb"]  # the old layout, then the accounting (none yet)
     assert values["seconds"] == {} and values["peak_rss_mb"] == {}
     assert list(values["rungs"][0]) == ["index", "survivors", "results", "budget_seconds", "slice_seconds",
-                                        "revalidated"]  # the old layout, then the last cut's second look
+                                        "revalidated", "probes", "cut"]  # the old layout, the last cut's second
+    # look, then rung 0's first
     assert values["rungs"][0]["revalidated"] == {}
     assert values["rungs"][0]["results"] == UNTYPED["rungs"][0]["results"]
     assert {k: values["candidates"][0][k] for k in UNTYPED["candidates"][0]} == UNTYPED["candidates"][0]
