@@ -43,9 +43,9 @@ def _look(mrr: float, se: float = 0.01, steps: int = 100) -> dict:
 
 def test_the_look_is_for_sooner_learners_beside_a_baseline_at_rung_0(tmp_path):
     job = _job(tmp_path, [_candidate("rotate-d30"), _candidate("rotate-d60", ("pq:15",)), _candidate("earl-d40"),
-                          _candidate("earl-d60", step=0.8), _candidate("earl-d80", step=10.0)])
+                          _candidate("earl-d60", step=1.6), _candidate("earl-d80", step=10.0)])
     rung = job.state.rungs[0]
-    # earl-d80's 50 steps take 500 s, more than half its 100-s slice; earl-d60's 40 s put the look after 40 s
+    # earl-d80's 25 steps take 250 s, more than half its 100-s slice; earl-d60's 40 s put the look after 40 s
     assert probe_module.probed(job, rung) == ["rotate-d30", "earl-d40", "earl-d60"]  # the baseline first
     assert probe_module.look_seconds(job, rung) == pytest.approx(40.0)
     job.candidate("earl-d60").step_seconds = 0.2
