@@ -62,8 +62,9 @@ def look_seconds(run: CompressRun, rung: Rung) -> float:
 
 def first_look(run: CompressRun, rung: Rung) -> bool:
     """Look at `rung`'s probed candidates that have no look yet (a restart keeps the earlier ones), then cut the
-    challengers the baseline beats; False if stopped."""
-    names = probed(run, rung)
+    challengers the baseline beats; False if stopped. A rung 0 that a job saved by an earlier version began
+    without looks goes on without them."""
+    names = [] if rung.results and not rung.probes else probed(run, rung)
     for name in names:
         if name in rung.probes:
             continue

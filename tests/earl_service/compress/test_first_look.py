@@ -16,7 +16,7 @@ from earl_service.compress import search as search_module
 from earl_service.compress.config import CompressConfig
 from earl_service.compress.report import markdown
 from earl_service.compress.search import compress
-from earl_service.compress.state import STATE, Candidate, CompressRun, Rung, SearchState
+from earl_service.compress.state import STATE, Candidate, CompressRun, Rung, RungResult, SearchState
 from earl_service.config import MODELS, ModelConfig, TrainConfig
 
 TINY = dict.fromkeys(MODELS, TrainConfig(batch_size=64, negatives=8, eval_every=0, progress=False, threads=1))
@@ -52,6 +52,10 @@ def test_the_look_is_for_sooner_learners_beside_a_baseline_at_rung_0(tmp_path):
     assert probe_module.look_seconds(job, rung) == pytest.approx(25.0)  # a quarter of the slice at least
     rung.index = 1
     assert probe_module.probed(job, rung) == []  # a later rung ranks on its own
+    assert probe_module.first_look(job, rung) and rung.probes == {}  # a later rung
+    rung.index = 0
+    rung.results["rotate-d30"] = RungResult(exports={}, train_seconds=1.0, steps=1, score=0.1)
+    assert probe_module.first_look(job, rung) and rung.probes == {}  # begun by a version without looks
     earl_only = _job(tmp_path, [_candidate("earl-d40"), _candidate("earl-d20"), _candidate("rotate-d60", ("pq:15",))])
     assert probe_module.probed(earl_only, earl_only.state.rungs[0]) == []  # RotatE learns later: no evidence
 
