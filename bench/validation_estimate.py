@@ -17,9 +17,10 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from harness import add_datasets_argument, md_table, write_results
 
-from earl_service.compress.candidates import TIMING_TRIPLES, pass_seconds
+from earl_service.compress.candidates import TIMING_BATCHES, pass_seconds
 from earl_service.config import ModelConfig
 from earl_service.data import load_dataset
+from earl_service.train.evaluate import ranking_batch
 from earl_service.train.run import Run
 
 
@@ -27,7 +28,7 @@ def measure(run: Run, batch_size: int) -> dict:
     """The estimate and its cost, then the whole pass (the faster of two, after the estimate warmed it up)."""
     started = time.perf_counter()
     estimate = pass_seconds(lambda n: run.evaluate("valid", batch_size=batch_size, limit=n),
-                            len(run.ranked_triples("valid")))
+                            len(run.ranked_triples("valid")), ranking_batch(batch_size, run.dataset.num_train_entities))
     cost = time.perf_counter() - started
     whole = []
     for _ in range(2):
@@ -54,7 +55,7 @@ def main() -> None:
         run = Run.build(dataset, ModelConfig(model=model, dim=int(dim)), torch.device("cpu"))
         rows[item] = measure(run, args.batch_size)
         print(item, rows[item], flush=True)
-    md = [f"# Validation pass: estimated from subsets of {TIMING_TRIPLES} triples vs measured, {args.dataset}", "",
+    md = [f"# Validation pass: estimated from subsets of {TIMING_BATCHES} ranking batches vs measured, {args.dataset}", "",
           f"Untrained models, {args.threads} threads, batch {args.batch_size}, whole valid split (seen protocol).",
           "", md_table(["model:dim", "estimate s", "whole pass s", "error", "estimating took s"],
                        [[k, r["estimate_s"], r["whole_pass_s"], f"{100 * r['error']:+.1f}%", r["estimating_s"]]

@@ -19,6 +19,7 @@ from earl_service.config import ModelKind, TrainConfig
 from earl_service.data.dataset import Dataset
 from earl_service.errors import ConfigError
 from earl_service.train.distributed import Ranks
+from earl_service.train.evaluate import ranking_batch
 from earl_service.train.loop import Learner, train_step
 from earl_service.train.readout import LossReadout
 from earl_service.train.run import GraphCache, Run, resolve_device
@@ -28,10 +29,14 @@ from earl_service.train.state import TrainState
 log = logging.getLogger(__name__)
 
 EVAL_SHARE = 0.5  # most of the time limit the search's validations may take (candidates are dropped to fit)
-# A validation pass is timed on two fixed subsets of the valid split and fitted as fixed + per-triple seconds
-# (the fixed part: the model's embeddings of every entity). Timing whole passes took 101 of the 105 s of FB15k-237's
-# planning at 2 MB (8 passes of 17,535 triples, 2 cores), a third of a 5-minute search.
-TIMING_TRIPLES = (250, 1000)
+# A validation pass is timed on two fixed subsets of the valid split, of one and of three ranking batches, and
+# fitted as fixed + per-triple seconds (the fixed part: the model's embeddings of every entity), after a
+# one-triple warm-up that builds the caches. Timing whole passes took 101 of the 105 s of FB15k-237's planning at
+# 2 MB (8 passes of 17,535 triples, 2 cores), a third of a 5-minute search; subsets of 250 and 1,000 triples
+# (after a warm-up on 250) still took 221 of the 279 s that WordNet-full's planning at 8 MB spent timing (one core;
+# EARL d320 alone 155 s, at ~30 ms a triple), where a ranking batch holds 143 triples. Subsets of part of a batch
+# misjudge: 64 and 256 triples (a quarter of one of FB15k-237's batches, and one) put EARL d136's pass 24% short.
+TIMING_BATCHES = (1, 3)
 TIMING_STEPS = 3  # training steps timed per measured candidate (after one untimed)
 # Steps the first rung should give every candidate. At 116,650 entities (WordNet-full-noinv, 2 MB, 10 minutes, 2
 # cores) the search kept all 9 candidates that fit, and rung 0's 11-s slices trained EARL d96 for 3 steps and
@@ -145,7 +150,8 @@ def measure_costs(dataset: Dataset, sizes: BundleSizes, candidates: list[Candida
             def evaluate(limit: int, run: Run = run, batch_size: int = train_config.eval_batch_size) -> None:
                 run.evaluate("valid", batch_size=batch_size, limit=limit)
 
-            valid = pass_seconds(evaluate, len(run.ranked_triples("valid")))
+            batch = ranking_batch(train_config.eval_batch_size, run.dataset.num_train_entities)
+            valid = pass_seconds(evaluate, len(run.ranked_triples("valid")), batch)
             measured[model][dim] = valid, step_seconds(run, train_config)
     return measured
 
@@ -172,12 +178,13 @@ def step_seconds(run: Run, train_config: TrainConfig, steps: int = TIMING_STEPS)
     return seconds
 
 
-def pass_seconds(evaluate: Callable[[int], None], triples: int, clock: Callable[[], float] = time.perf_counter,
-                 ) -> float:
-    """Seconds of a validation pass over `triples` triples, from passes over TIMING_TRIPLES of them (each after
-    a warm-up that builds the known-answer filter): fixed + per-triple seconds, extrapolated linearly."""
-    small, large = (min(n, triples) for n in TIMING_TRIPLES)
-    evaluate(small)  # warm-up: caches, the known-answer filter
+def pass_seconds(evaluate: Callable[[int], None], triples: int, batch: int,
+                 clock: Callable[[], float] = time.perf_counter) -> float:
+    """Seconds of a validation pass over `triples` triples, from passes over TIMING_BATCHES ranking batches of
+    `batch` triples (after a one-triple warm-up that builds the caches and the known-answer filter): fixed +
+    per-triple seconds, extrapolated linearly."""
+    small, large = (min(n * batch, triples) for n in TIMING_BATCHES)
+    evaluate(1)  # warm-up: caches, the known-answer filter
 
     def timed(limit: int) -> float:
         start = clock()

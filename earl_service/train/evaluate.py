@@ -68,6 +68,11 @@ def realistic_ranks(dist: torch.Tensor, target: torch.Tensor, filtered: torch.Te
 
 
 @torch.no_grad()
+def ranking_batch(batch_size: int, candidates: int) -> int:
+    """Triples a ranking batch holds: at most `batch_size`, and at most MAX_BATCH_SCORES scores over `candidates`."""
+    return max(1, min(batch_size, MAX_BATCH_SCORES // max(candidates, 1)))
+
+
 def rank_triples(
     entities: torch.Tensor,
     relations: torch.Tensor,
@@ -83,7 +88,7 @@ def rank_triples(
     most `batch_size` triples and MAX_BATCH_SCORES scores.
     """
     n = entities.shape[0]
-    batch_size = max(1, min(batch_size, MAX_BATCH_SCORES // max(n, 1)))
+    batch_size = ranking_batch(batch_size, n)
     # Ranks are written in place and the allocator's free memory handed back as the process grows: a small ranks
     # tensor kept from every batch sat in the heap above that batch's freed (batch, N) temporaries, glibc could not
     # reuse them, and the heap grew by about one of them a batch: ranking 3,143 triples of a 1M-entity graph took

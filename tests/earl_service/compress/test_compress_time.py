@@ -88,7 +88,7 @@ def test_the_report_says_where_the_time_went(slow_validation_report, tmp_path):
 def test_a_validation_pass_is_timed_on_two_subsets_and_extrapolated():
     """Fixed seconds (the embeddings) plus seconds per triple, fitted from two timed subsets: a whole pass of
     FB15k-237's 17,535 valid triples is estimated without being run."""
-    from earl_service.compress.candidates import TIMING_TRIPLES, pass_seconds
+    from earl_service.compress.candidates import TIMING_BATCHES, pass_seconds
 
     now, asked = [0.0], []
 
@@ -96,8 +96,9 @@ def test_a_validation_pass_is_timed_on_two_subsets_and_extrapolated():
         asked.append(limit)
         now[0] += 2.0 + 0.01 * limit
 
-    assert pass_seconds(evaluate, 17_535, clock=lambda: now[0]) == pytest.approx(2.0 + 0.01 * 17_535)
-    assert max(asked) == max(TIMING_TRIPLES) < 17_535  # never the whole split
+    assert pass_seconds(evaluate, 17_535, 256, clock=lambda: now[0]) == pytest.approx(2.0 + 0.01 * 17_535)
+    assert asked == [1, *(256 * n for n in TIMING_BATCHES)]  # a one-triple warm-up, then whole ranking batches
+    assert max(asked) < 17_535  # never the whole split
     asked.clear()
-    assert pass_seconds(evaluate, 40, clock=lambda: now[0]) == pytest.approx(2.0 + 0.01 * 40)  # a tiny split
-    assert set(asked) == {40}
+    assert pass_seconds(evaluate, 40, 256, clock=lambda: now[0]) == pytest.approx(2.0 + 0.01 * 40)  # a tiny split
+    assert set(asked) == {1, 40}
