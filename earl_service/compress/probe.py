@@ -32,23 +32,26 @@ log = logging.getLogger(__name__)
 # trailed EARL at rung 0 of FB15k-237's 2 MB search on 2 cores (0.1916 against 0.2495) and was the pick.
 LEARNS_SOONER: dict[ModelKind, tuple[ModelKind, ...]] = {"earl": ("rotate",)}
 # The look comes after this share of a slice's training, or later if a challenger needs longer for PROBE_STEPS
-# steps (by its step estimated before the search); one that needs more than half its slice for them is not looked
-# at and trains its whole slice. EARL d335 on FB15k-237 validated at 0.0731 after 59 steps (chance is ~0.0005;
-# RotatE d255 0.1426 after the same 194 s); WordNet-full's EARL d200 takes 2.9 s a step on one core, so at 8 MB in
-# 30 minutes 50 steps would take more than half its 271-s slice, and 25 do not.
-PROBE_SHARE, PROBE_STEPS = 0.25, 25
+# steps (by its step estimated before the search); one that needs more than PROBE_LATEST of its slice for them is
+# not looked at and trains its whole slice. EARL d335 on FB15k-237 validated at 0.0731 after 59 steps (chance is
+# ~0.0005; RotatE d255 0.1426 after the same 194 s); WordNet-full's EARL d200 takes 2.9-5 s a step on one core, so
+# at 8 MB in 30 minutes 50 steps would take more than its 250-s slice. With half the slice as the latest, an
+# estimate of 5.09 s a step (127 s for 25) left EARL d200 unlooked at: it trained all 243 s to validate at 0.0035
+# against RotatE d27's 0.3738, and the pick trained 1,176 s of the 1,800 (3594f52).
+PROBE_SHARE, PROBE_STEPS, PROBE_LATEST = 0.25, 25, 0.75
 
 
 def probed(run: CompressRun, rung: Rung) -> list[str]:
     """Who `rung` looks at, baseline first: at rung 0 only, the baseline and each survivor whose model learns sooner
-    than the baseline's and can train PROBE_STEPS steps in half its slice; none if no challenger qualifies."""
+    than the baseline's and can train PROBE_STEPS steps in PROBE_LATEST of its slice; none if no challenger
+    qualifies."""
     base = baseline_name(run.state.candidates)
     if rung.index != 0 or rung.slice_seconds is None or base not in rung.survivors:
         return []
     kind = run.candidate(base).model
     challengers = [n for n in rung.survivors
                    if kind in LEARNS_SOONER.get(run.candidate(n).model, ())
-                   and PROBE_STEPS * run.candidate(n).step_seconds <= rung.slice_seconds / 2]
+                   and PROBE_STEPS * run.candidate(n).step_seconds <= PROBE_LATEST * rung.slice_seconds]
     return [base, *challengers] if challengers else []
 
 
@@ -128,4 +131,4 @@ def from_look(look: Export, key: str) -> RungResult:
     return RungResult(exports={}, train_seconds=look["train_seconds"], steps=look["steps"], score=look[key])
 
 
-__all__ = ["LEARNS_SOONER", "PROBE_SHARE", "PROBE_STEPS", "cut", "first_look", "look_seconds", "probe", "probed"]
+__all__ = ["LEARNS_SOONER", "PROBE_LATEST", "PROBE_SHARE", "PROBE_STEPS", "cut", "first_look", "look_seconds", "probe", "probed"]

@@ -45,9 +45,13 @@ def test_the_look_is_for_sooner_learners_beside_a_baseline_at_rung_0(tmp_path):
     job = _job(tmp_path, [_candidate("rotate-d30"), _candidate("rotate-d60", ("pq:15",)), _candidate("earl-d40"),
                           _candidate("earl-d60", step=1.6), _candidate("earl-d80", step=10.0)])
     rung = job.state.rungs[0]
-    # earl-d80's 25 steps take 250 s, more than half its 100-s slice; earl-d60's 40 s put the look after 40 s
+    # earl-d80's 25 steps take 250 s, more than 3/4 of its 100-s slice; earl-d60's 40 s put the look after 40 s
     assert probe_module.probed(job, rung) == ["rotate-d30", "earl-d40", "earl-d60"]  # the baseline first
     assert probe_module.look_seconds(job, rung) == pytest.approx(40.0)
+    job.candidate("earl-d80").step_seconds = 2.8  # 70 s: past half the slice, before three quarters
+    assert probe_module.probed(job, rung) == ["rotate-d30", "earl-d40", "earl-d60", "earl-d80"]
+    assert probe_module.look_seconds(job, rung) == pytest.approx(70.0)
+    job.candidate("earl-d80").step_seconds = 10.0
     job.candidate("earl-d60").step_seconds = 0.2
     assert probe_module.look_seconds(job, rung) == pytest.approx(25.0)  # a quarter of the slice at least
     rung.index = 1
