@@ -209,15 +209,18 @@ def test_successive_halving_keeps_the_best_half_and_each_models_best(tiny_job):
     assert len(rungs[-1]["survivors"]) == 1  # the last rung trains one
 
 
-def _cut(tmp_path, scores: dict[str, tuple[float, float]], rung_count: int) -> list[str]:
+def _cut(tmp_path, scores: dict[str, tuple[float, float]], rung_count: int,
+         steps: dict[str, int] | None = None) -> list[str]:
     """The survivors next_rung keeps from a rung 0 whose candidates scored `scores` (name: (MRR, its standard
-    error)); the candidates' dims and precisions as their names say."""
+    error)) after `steps` steps each in one second (default 1); the candidates' dims and precisions as their names
+    say."""
     units = [candidate(n.split("-d")[0], int(n.split("-d")[1]), {"int8": 1} if n.endswith("0") else {"pq:4": 1})
              for n in scores]
     state = search_state(units, rung_count=rung_count, validation_seconds={"rotate": 1.0, "earl": 1.0})
     job = CompressRun(tiny_dataset(), tmp_path, CompressConfig(max_bytes=10**6, time_limit_minutes=10), TINY, state)
     results = {n: RungResult(exports={"int8": {"mrr": mrr, "standard_error": {"mrr": se, "hits_at_10": se}}},
-                             train_seconds=1.0, steps=1, score=mrr) for n, (mrr, se) in scores.items()}
+                             train_seconds=1.0, steps=(steps or {}).get(n, 1), score=mrr)
+               for n, (mrr, se) in scores.items()}
     state.rungs.append(Rung(index=0, survivors=list(scores), results=results))
     compress_module.next_rung(job)
     return job.state.rungs[-1].survivors
@@ -243,6 +246,20 @@ def test_the_search_leaves_its_baseline_only_on_evidence(tmp_path):
     assert _cut(tmp_path / "d", far, rung_count=3) == ["earl-d40", "rotate-d61", "rotate-d30"]
     no_baseline = {"earl-d41": (0.33, 0.01), "earl-d21": (0.32, 0.01), "rotate-d61": (0.05, 0.01)}  # none at int8
     assert _cut(tmp_path / "e", no_baseline, rung_count=3) == ["earl-d41", "earl-d21"]
+
+
+def test_a_tie_inside_a_model_kind_goes_to_the_faster(tmp_path):
+    """Rung 0 of WordNet-full-noinv at 2 MB: two RotatE candidates near chance, apart by less than two standard
+    errors; the one stepping twice as fast goes on. A clear lead still decides, and EARL's slower steps are no
+    reason to drop it for a RotatE it ties."""
+    speeds = {"earl-d40": 5, "rotate-d32": 10, "rotate-d16": 20}
+    noise = {"earl-d40": (0.0045, 0.0008), "rotate-d32": (0.0007, 0.0003), "rotate-d16": (0.0003, 0.0002)}
+    assert _cut(tmp_path / "a", noise, rung_count=3, steps=speeds) == ["earl-d40", "rotate-d16"]
+    assert _cut(tmp_path / "b", noise, rung_count=3) == ["earl-d40", "rotate-d32"]  # same speed: the scores' order
+    clear = {**noise, "rotate-d32": (0.02, 0.003)}
+    assert _cut(tmp_path / "c", clear, rung_count=3, steps=speeds) == ["rotate-d32", "earl-d40"]
+    kinds = {"rotate-d32": (0.0050, 0.0008), "earl-d40": (0.0045, 0.0008), "earl-d20": (0.0010, 0.0003)}
+    assert _cut(tmp_path / "d", kinds, rung_count=3, steps={"earl-d20": 30, **speeds}) == ["rotate-d32", "earl-d40"]
 
 
 def test_survivors_keep_each_models_leader_however_it_ranks():
