@@ -67,12 +67,12 @@ def realistic_ranks(dist: torch.Tensor, target: torch.Tensor, filtered: torch.Te
     return 1.0 + better.double() + ties.double() / 2.0
 
 
-@torch.no_grad()
 def ranking_batch(batch_size: int, candidates: int) -> int:
     """Triples a ranking batch holds: at most `batch_size`, and at most MAX_BATCH_SCORES scores over `candidates`."""
     return max(1, min(batch_size, MAX_BATCH_SCORES // max(candidates, 1)))
 
 
+@torch.no_grad()
 def rank_triples(
     entities: torch.Tensor,
     relations: torch.Tensor,
