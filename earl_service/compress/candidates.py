@@ -9,6 +9,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 from functools import partial
+from typing import NamedTuple
 
 from earl_service.bundle.codebooks import NUMBERS_PER_CODE, codes_for
 from earl_service.bundle.precision import Precision, ProductQuantized
@@ -43,6 +44,14 @@ TIMING_STEPS = 3  # training steps timed per measured candidate (after one untim
 # d80 for 1: every export validated at chance (MRR 0.0003-0.0005), so the ranking was noise.
 MIN_FIRST_STEPS = 100
 PQDim = Callable[[BundleSizes, ModelKind, int], int | None]
+
+
+class Costs(NamedTuple):
+    """What planning measures of a (model, dim): seconds of one validation pass, its fixed part, one step."""
+
+    valid: float
+    fixed: float
+    step: float
 
 
 def plan(dataset: Dataset, config: CompressConfig, train_configs: Mapping[ModelKind, TrainConfig], *,
@@ -136,10 +145,10 @@ def pq_precisions(sizes: BundleSizes, config: CompressConfig, model: ModelKind, 
 
 def measure_costs(dataset: Dataset, sizes: BundleSizes, candidates: list[Candidate],
                   train_configs: Mapping[ModelKind, TrainConfig], graphs: GraphCache | None = None,
-                  ) -> dict[str, dict[int, tuple[float, float]]]:
-    """Seconds of one validation pass (estimated from two timed subsets, pass_seconds) and of one training step
-    (step_seconds) of each model's largest and smallest candidates, untrained: {model: {dim: (pass, step)}}."""
-    measured: dict[str, dict[int, tuple[float, float]]] = {}
+                  ) -> dict[str, dict[int, Costs]]:
+    """Seconds of one validation pass and its fixed part (estimated from two timed subsets, pass_seconds) and of one
+    training step (step_seconds) of each model's largest and smallest candidates, untrained: {model: {dim: costs}}."""
+    measured: dict[str, dict[int, Costs]] = {}
     for model in dict.fromkeys(c.model for c in candidates):
         dims = [c.dim for c in candidates if c.model == model]
         train_config = train_configs[model]
@@ -151,8 +160,8 @@ def measure_costs(dataset: Dataset, sizes: BundleSizes, candidates: list[Candida
                 run.evaluate("valid", batch_size=batch_size, limit=limit)
 
             batch = ranking_batch(train_config.eval_batch_size, run.dataset.num_train_entities)
-            valid = pass_seconds(evaluate, len(run.ranked_triples("valid")), batch)
-            measured[model][dim] = valid, step_seconds(run, train_config)
+            valid, fixed = pass_seconds(evaluate, len(run.ranked_triples("valid")), batch)
+            measured[model][dim] = Costs(valid, fixed, step_seconds(run, train_config))
     return measured
 
 
@@ -179,10 +188,10 @@ def step_seconds(run: Run, train_config: TrainConfig, steps: int = TIMING_STEPS)
 
 
 def pass_seconds(evaluate: Callable[[int], None], triples: int, batch: int,
-                 clock: Callable[[], float] = time.perf_counter) -> float:
-    """Seconds of a validation pass over `triples` triples, from passes over TIMING_BATCHES ranking batches of
-    `batch` triples (after a one-triple warm-up that builds the caches and the known-answer filter): fixed +
-    per-triple seconds, extrapolated linearly."""
+                 clock: Callable[[], float] = time.perf_counter) -> tuple[float, float]:
+    """Seconds of a validation pass over `triples` triples, and the fixed part of them, from passes over
+    TIMING_BATCHES ranking batches of `batch` triples (after a one-triple warm-up that builds the caches and the
+    known-answer filter): fixed + per-triple seconds, extrapolated linearly (a split of one batch: all per triple)."""
     small, large = (min(n * batch, triples) for n in TIMING_BATCHES)
     evaluate(1)  # warm-up: caches, the known-answer filter
 
@@ -193,30 +202,29 @@ def pass_seconds(evaluate: Callable[[int], None], triples: int, batch: int,
 
     first = timed(small)
     if large == small:
-        return first
+        return first, 0.0
     per_triple = max(timed(large) - first, 0.0) / (large - small)
-    return first + per_triple * (triples - small)
+    return first + per_triple * (triples - small), max(first - per_triple * small, 0.0)
 
 
-def with_estimates(candidates: list[Candidate], measured: Mapping[str, Mapping[int, tuple[float, float]]],
-                   ) -> list[Candidate]:
-    """Each candidate with the seconds of one validation pass and of one training step at its dim, interpolated
-    linearly in dim between its model's measured dims. Scoring every entity costs about the dim, so charging every
+def with_estimates(candidates: list[Candidate], measured: Mapping[str, Mapping[int, Costs]]) -> list[Candidate]:
+    """Each candidate with the seconds of one validation pass (and its fixed part) and of one training step at its
+    dim, interpolated linearly in dim between its model's measured dims. Scoring every entity costs about the dim, so charging every
     candidate its model's largest's time starved the small ones: on FB15k-237 at 8 MB (one core) RotatE d1540 took
     69 s a pass, and RotatE d32, charged that for each of its exports, trained 3 s of its 51-s slice."""
     estimated = []
     for c in candidates:
         points = sorted(measured[c.model].items())
-        (d0, (valid0, step0)), (d1, (valid1, step1)) = points[0], points[-1]
+        (d0, low), (d1, high) = points[0], points[-1]
         at = 0.0 if d1 == d0 else (c.dim - d0) / (d1 - d0)
-        estimated.append(replace(c, validation_seconds=max(valid0 + (valid1 - valid0) * at, 0.0),
-                                 step_seconds=max(step0 + (step1 - step0) * at, 0.0)))
+        valid, fixed, step = (max(a + (b - a) * at, 0.0) for a, b in zip(low, high, strict=True))
+        estimated.append(replace(c, validation_seconds=valid, validation_fixed=min(fixed, valid), step_seconds=step))
     return estimated
 
 
-def largest_validation_seconds(measured: Mapping[str, Mapping[int, tuple[float, float]]]) -> dict[str, float]:
+def largest_validation_seconds(measured: Mapping[str, Mapping[int, Costs]]) -> dict[str, float]:
     """Each model's validation pass at its largest candidate's dim (what the report and errors quote)."""
-    return {model: by_dim[max(by_dim)][0] for model, by_dim in measured.items()}
+    return {model: by_dim[max(by_dim)].valid for model, by_dim in measured.items()}
 
 
 def valid_fraction(dataset: Dataset, limit: int) -> float:
@@ -228,9 +236,9 @@ def validation_cost(candidates: list[Candidate], seconds: Mapping[str, float], e
                     early_fraction: float = 1.0) -> float:
     """Seconds the whole halving schedule spends validating: every export of each rung's survivors, on the
     subset (`early_fraction` of a whole validation) before the last rung."""
-    per_candidate = sum(c.validation_pass(seconds) * len(c.bytes) for c in candidates) / len(candidates)
     sizes = rung_sizes(len(candidates), eta)
-    return per_candidate * (early_fraction * sum(sizes[:-1]) + sizes[-1])
+    return sum(len(c.bytes) * (c.validation(seconds, early_fraction) * sum(sizes[:-1]) + c.validation(seconds)
+                               * sizes[-1]) for c in candidates) / len(candidates)
 
 
 def first_rung_trains(candidates: list[Candidate], config: CompressConfig, seconds: Mapping[str, float],
@@ -242,7 +250,7 @@ def first_rung_trains(candidates: list[Candidate], config: CompressConfig, secon
     share = config.time_limit_minutes * 60 * rung_weights(len(sizes))[0] / len(candidates)
     first = early_fraction if len(sizes) > 1 else 1.0
     for c in candidates:
-        validate = c.validation_pass(seconds) * len(c.bytes) * first
+        validate = c.validation(seconds, first) * len(c.bytes)
         if share - validate < max(validate, MIN_FIRST_STEPS * c.step_seconds):
             return False
     return True
@@ -289,7 +297,7 @@ def fit_to_time(config: CompressConfig, candidates: list[Candidate], seconds: Ma
         theirs = [c for c in kept if c.model == crowded]
         kept.remove(min(theirs, key=lambda c: (c is baseline_candidate(theirs), c.dim)))
     first = early_fraction if len(rung_sizes(len(kept), config.eta)) > 1 else 1.0  # rung 0's share of a validation
-    need = sum(c.validation_pass(seconds) * len(c.bytes) for c in kept) * first
+    need = sum(c.validation(seconds, first) * len(c.bytes) for c in kept)
     if limit < need:
         raise ConfigError(
             f"a time limit of {config.time_limit_minutes:g} min is too short: validating {len(kept)} "

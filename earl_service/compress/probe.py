@@ -89,7 +89,8 @@ def probe(run: CompressRun, rung: Rung, name: str) -> Export | None:
     stopped. The look records where that schedule starts and how long it runs."""
     assert rung.slice_seconds is not None
     candidate = run.candidate(name)
-    look = candidate.validation_pass(run.state.validation_seconds) * valid_fraction(run.dataset, EARLY_VALID_TRIPLES)
+    fraction = valid_fraction(run.dataset, EARLY_VALID_TRIPLES)
+    look = candidate.validation(run.state.validation_seconds, fraction)
     planned = max(slice_training(run, name, rung.slice_seconds, EARLY_VALID_TRIPLES) - look, 1e-3)
     start, seconds = candidate.train_seconds, min(look_seconds(run, rung), planned)
     run.emit("train", name, seconds=seconds, probe=True)
@@ -99,8 +100,10 @@ def probe(run: CompressRun, rung: Rung, name: str) -> Export | None:
     config = run.train_config(name)
     with run.timed("setup"):
         model_run = load_run(run.run_dir(name), run.dataset, device=config.device, graphs=run.graphs)
+    validating = run.clock()
     with run.timed("validate"):
         result = model_run.evaluate("valid", batch_size=config.eval_batch_size, limit=EARLY_VALID_TRIPLES)
+    candidate.calibrate(run.state.validation_seconds, run.clock() - validating, fraction)
     subset = EARLY_VALID_TRIPLES if len(model_run.ranked_triples("valid")) > EARLY_VALID_TRIPLES else 0
     log.info("rung %d %s: first look %.4f after %d steps", rung.index, name, result[METRICS[run.config.metric]],
              candidate.steps)

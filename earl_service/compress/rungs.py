@@ -148,8 +148,8 @@ def validations(run: CompressRun, name: str, limit: int) -> float:
     """Seconds of validating the current rung's exports of candidate `name` (rung_exports) on at most `limit`
     valid triples (0: all), from the validation pass timed before the search at its dim."""
     candidate = run.candidate(name)
-    return (candidate.validation_pass(run.state.validation_seconds) * len(rung_exports(run, name))
-            * valid_fraction(run.dataset, limit))
+    return (candidate.validation(run.state.validation_seconds, valid_fraction(run.dataset, limit))
+            * len(rung_exports(run, name)))
 
 
 def slice_training(run: CompressRun, name: str, share: float, limit: int) -> float:
@@ -185,14 +185,18 @@ def final_limit(run: CompressRun, split: str = "valid") -> int:
     """The triples of `split` the last rung validates on ("valid") or the pick is tested on ("test"): 0 (all) while
     a pass costs at most FINAL_EVAL_SHARE of the time limit at the current rung's slowest survivor, else the
     subset that does (at least EARLY_VALID_TRIPLES). A validation counts every export of the survivor."""
-    triples = len(run.dataset.split(split))
-    survivors = [run.candidate(n) for n in run.state.rungs[-1].survivors]
-    per_triple = max(c.validation_pass(run.state.validation_seconds) * (len(c.bytes) if split == "valid" else 1)
-                     for c in survivors) / max(len(run.dataset.split("valid")), 1)
-    share = FINAL_EVAL_SHARE * run.config.time_limit_minutes * 60
-    if per_triple * triples <= share:
+    triples, valid = len(run.dataset.split(split)), max(len(run.dataset.split("valid")), 1)
+    share, by_model = FINAL_EVAL_SHARE * run.config.time_limit_minutes * 60, run.state.validation_seconds
+    fitting = []  # the triples each survivor's pass (every export of it) can take in `share`
+    for c in (run.candidate(n) for n in run.state.rungs[-1].survivors):
+        exports = len(c.bytes) if split == "valid" else 1
+        fixed = c.validation(by_model, 0.0)
+        per_triple = (c.validation(by_model) - fixed) / valid
+        if exports * (fixed + per_triple * triples) > share:
+            fitting.append(int((share / exports - fixed) / per_triple) if per_triple > 0 else 0)
+    if not fitting:
         return 0
-    subset = max(int(share / per_triple), EARLY_VALID_TRIPLES)
+    subset = max(min(fitting), EARLY_VALID_TRIPLES)
     return 0 if subset >= triples else subset
 
 
@@ -205,7 +209,7 @@ def test_reserve(run: CompressRun) -> float:
         return 0.0
     tested = final_limit(run, "test") or len(test)
     survivors = [run.candidate(n) for n in run.state.rungs[-1].survivors]
-    return max(c.validation_pass(run.state.validation_seconds) * tested / max(len(valid), 1) + c.other_seconds
+    return max(c.validation(run.state.validation_seconds, tested / max(len(valid), 1)) + c.other_seconds
                for c in survivors)
 
 
@@ -293,7 +297,7 @@ def evaluate_exports(run: CompressRun, name: str, split: str = "valid", *, tune_
         model_run, source = trained(run, name)
     tuned = tuned_precisions(candidate)
     subset = limit if 0 < limit < len(model_run.ranked_triples(split)) else 0
-    results = {}
+    results, validating = {}, 0.0
     for precision in rung_exports(run, name):
         expected = candidate.bytes[precision]
         run.emit("evaluate", name, precision=precision)
@@ -312,9 +316,13 @@ def evaluate_exports(run: CompressRun, name: str, split: str = "valid", *, tune_
         with run.timed("export"):
             path = save_exact(source, run.export_path(name, precision), precision=precision,
                               metrics={"compress": {"candidate": name}}, expected=expected, pq_tables=tables)
+        started = run.clock()
         with run.timed("validate"):
             metrics = evaluate_bundle(model_run, path, split, batch_size=train_config.eval_batch_size, limit=limit)
+        validating += run.clock() - started
         results[precision] = {"bytes": path.stat().st_size, **tuning, "valid_subset": subset, **metrics}
+    if split == "valid" and results:
+        candidate.calibrate(run.state.validation_seconds, validating / len(results), valid_fraction(run.dataset, limit))
     return results
 
 

@@ -421,10 +421,11 @@ def test_each_candidate_is_charged_the_validations_of_its_own_dim(tmp_path):
     """Rung 0 charges a candidate its validations as estimated before the search: at its own dim, interpolated
     between its model's largest and smallest (both measured), not at its model's largest."""
     units = [candidate("rotate", d, {"fp32": 1, "int8": 1}) for d in (1000, 500, 100)]
-    measured = {"rotate": {1000: (20.0, 0.5), 100: (2.0, 0.1)}}
+    measured = {"rotate": {1000: candidates_module.Costs(20.0, 1.0, 0.5), 100: candidates_module.Costs(2.0, 0.1, 0.1)}}
     units = candidates_module.with_estimates(units, measured)
     assert [u.validation_seconds for u in units] == pytest.approx([20.0, 10.0, 2.0])
     assert [u.step_seconds for u in units] == pytest.approx([0.5, 0.5 - 0.4 * 500 / 900, 0.1])
+    assert [u.validation_fixed for u in units] == pytest.approx([1.0, 1.0 - 0.9 * 500 / 900, 0.1])
     assert candidates_module.largest_validation_seconds(measured) == {"rotate": 20.0}
     state = search_state(units, rung_count=2, validation_seconds={"rotate": 20.0})
     job = CompressRun(tiny_dataset(), tmp_path, CompressConfig(max_bytes=10**6, time_limit_minutes=10), TINY, state)

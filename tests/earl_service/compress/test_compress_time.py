@@ -13,8 +13,8 @@ from earl_service.compress import rungs as rungs_module
 from earl_service.compress import search as search_module
 from earl_service.compress.config import CompressConfig
 from earl_service.compress.search import compress
-from earl_service.compress.state import PHASES
-from earl_service.config import MODELS, TrainConfig
+from earl_service.compress.state import PHASES, Candidate
+from earl_service.config import MODELS, ModelConfig, TrainConfig
 
 TINY = dict.fromkeys(MODELS, TrainConfig(batch_size=64, negatives=8, eval_every=0, progress=False, threads=1))
 SLOW = 0.5  # seconds added to every validation of an export (above what bookkeeping takes on a loaded machine)
@@ -96,9 +96,33 @@ def test_a_validation_pass_is_timed_on_two_subsets_and_extrapolated():
         asked.append(limit)
         now[0] += 2.0 + 0.01 * limit
 
-    assert pass_seconds(evaluate, 17_535, 256, clock=lambda: now[0]) == pytest.approx(2.0 + 0.01 * 17_535)
+    assert pass_seconds(evaluate, 17_535, 256, clock=lambda: now[0]) == pytest.approx((2.0 + 0.01 * 17_535, 2.0))
     assert asked == [1, *(256 * n for n in TIMING_BATCHES)]  # a one-triple warm-up, then whole ranking batches
     assert max(asked) < 17_535  # never the whole split
     asked.clear()
-    assert pass_seconds(evaluate, 40, 256, clock=lambda: now[0]) == pytest.approx(2.0 + 0.01 * 40)  # a tiny split
+    assert pass_seconds(evaluate, 40, 256, clock=lambda: now[0]) == pytest.approx((2.0 + 0.01 * 40, 0.0))  # tiny
     assert set(asked) == {1, 40}
+
+
+def test_a_measured_validation_recalibrates_the_estimate_in_its_shape():
+    """A rung's validation on a subset rescales the estimate from before the search, fixed part and per-triple
+    part alike: a subset's time is mostly the fixed part, and scaling it up pro rata would charge a whole pass
+    several times what it costs."""
+    unit = Candidate(name="earl-d64", model="earl", dim=64, bytes={"int8": 1}, config=ModelConfig(model="earl", dim=64),
+                     validation_seconds=12.0, validation_fixed=2.0)  # 2 s + 10 s over the split
+    assert unit.validation({}, 0.1) == pytest.approx(3.0)
+    unit.calibrate({}, 1.5, 0.1)  # it took half the time estimated: the machine is twice as fast
+    assert (unit.validation_seconds, unit.validation_fixed) == pytest.approx((6.0, 1.0))
+    assert unit.validation({}) == pytest.approx(6.0)  # not 15 s: 1.5 s on a tenth, pro rata
+    unit.calibrate({}, 0.0, 0.1)  # nothing measured: nothing changes
+    assert unit.validation({}) == pytest.approx(6.0)
+
+
+def test_the_search_charges_validations_as_they_were_measured(slow_validation_report):
+    """Each validated candidate leaves the search with a validation estimate calibrated on its validations: the
+    injected SLOW seconds an export, far above what planning timed (it calls the model directly)."""
+    report, _ = slow_validation_report
+    validated = {row["candidate"] for row in report["exports"]}
+    for unit in report["candidates"]:
+        if unit["name"] in validated:
+            assert unit["validation_seconds"] >= SLOW
