@@ -90,23 +90,33 @@ def _draw(rng: np.random.Generator, members: np.ndarray, cumulative: np.ndarray,
     return members[np.minimum(pos, len(members) - 1)]
 
 
-def generate(config: SyntheticConfig) -> SyntheticKG:
-    """Draw the graph; the same config gives the same arrays on every machine (numpy PCG64)."""
-    cfg = config
-    rng = np.random.default_rng(cfg.seed)
-    n, num_rel = cfg.entities, cfg.relations
-    types = min(cfg.types, n, num_rel)  # every type is then the head type and the tail type of some relation
-    entity_type = rng.choice(types, size=n, p=_zipf_shares(types, cfg.type_zipf))
-    weight = (rng.permutation(n) + 1.0) ** -cfg.degree_alpha  # (N,) popularity, a random rank per entity
+@dataclass
+class Latent:
+    """What the graph is drawn from: each entity's type and popularity, each relation's head and tail types.
+    Relation `rel_perm[rank]` is the one of frequency rank `rank`, and head_type / tail_type are by rank."""
+
+    entity_type: np.ndarray  # (N,)
+    weight: np.ndarray  # (N,) popularity
+    members: list[np.ndarray]  # by type: its entities
+    head_type: np.ndarray  # (R,) by frequency rank
+    tail_type: np.ndarray
+    rel_perm: np.ndarray  # frequency rank -> relation id
+
+
+def latent(config: SyntheticConfig, rng: np.random.Generator) -> Latent:
+    """Draw the types, popularities and relation signatures (the first draws of `rng`, as generate makes them)."""
+    n, num_rel = config.entities, config.relations
+    types = min(config.types, n, num_rel)  # every type is then the head type and the tail type of some relation
+    entity_type = rng.choice(types, size=n, p=_zipf_shares(types, config.type_zipf))
+    weight = (rng.permutation(n) + 1.0) ** -config.degree_alpha  # (N,) popularity, a random rank per entity
     order = np.argsort(entity_type, kind="stable")
     bounds = np.searchsorted(entity_type[order], np.arange(types + 1))
     members = [order[bounds[k] : bounds[k + 1]] for k in range(types)]
-    cumulative = [np.cumsum(weight[m]) for m in members]
     nonempty = np.array([len(m) > 0 for m in members])
 
     # Each relation links a head type to a tail type (large types more often); the first relations cover every
     # type once as head and once as tail, so every entity can receive a triple.
-    type_p = np.where(nonempty, _zipf_shares(types, cfg.type_zipf), 0.0)
+    type_p = np.where(nonempty, _zipf_shares(types, config.type_zipf), 0.0)
     type_p /= type_p.sum()
     head_type = rng.choice(types, size=num_rel, p=type_p)
     tail_type = rng.choice(types, size=num_rel, p=type_p)
@@ -115,6 +125,18 @@ def generate(config: SyntheticConfig) -> SyntheticKG:
     head_type[:cover] = rng.permutation(live)[:cover]
     tail_type[:cover] = rng.permutation(live)[:cover]
     rel_perm = rng.permutation(num_rel)  # relation ids do not reveal frequency rank
+    return Latent(entity_type, weight, members, head_type, tail_type, rel_perm)
+
+
+def generate(config: SyntheticConfig) -> SyntheticKG:
+    """Draw the graph; the same config gives the same arrays on every machine (numpy PCG64)."""
+    cfg = config
+    rng = np.random.default_rng(cfg.seed)
+    n, num_rel = cfg.entities, cfg.relations
+    drawn = latent(cfg, rng)
+    entity_type, members, head_type, tail_type, rel_perm = (drawn.entity_type, drawn.members, drawn.head_type,
+                                                            drawn.tail_type, drawn.rel_perm)
+    cumulative = [np.cumsum(drawn.weight[m]) for m in members]
 
     target = round(n * cfg.triples_per_entity) + cfg.valid + cfg.test
     shares = _zipf_shares(num_rel, cfg.relation_zipf)
@@ -162,6 +184,39 @@ def _cover(rng, missing, entity_type, head_type, tail_type, rel_perm, members, c
             others = np.array([_draw(rng, members[head_type[r]], cumulative[head_type[r]], 1)[0] for r in ranks])
             rows.append(np.stack([others, rel_perm[ranks], ents], 1))
     return np.concatenate(rows).astype(np.int64)
+
+
+def oracle_ranks(kg: SyntheticKG, drawn: Latent, triples: np.ndarray, *, typed: bool = True) -> dict[str, np.ndarray]:
+    """Filtered ranks ("tail", "head") of `triples` as the generator's own odds order the answers: by popularity
+    inside the relation's tail (head) type (`typed`), or by popularity alone over every entity. Heads and tails are
+    drawn independently given the relation, so no model ranks better in expectation than the typed order: it is
+    the graph's ceiling. Entities outside the type (no chance) tie behind it, realistic ranks as evaluate's."""
+    n, rank_of = kg.num_entities, np.argsort(drawn.rel_perm)  # relation id -> frequency rank
+    pool = drawn.members if typed else [np.arange(n)]
+    ascending = [np.sort(drawn.weight[m]) for m in pool]
+    kind_of = drawn.entity_type if typed else np.zeros(n, dtype=np.int64)
+    known = np.concatenate([kg.train, kg.valid, kg.test])
+    ranks = {}
+    for side, anchor, target, side_type in (("tail", 0, 2, drawn.tail_type), ("head", 2, 0, drawn.head_type)):
+        keys = known[:, anchor] * kg.num_relations + known[:, 1]
+        order = np.argsort(keys, kind="stable")
+        keys, answers = keys[order], known[order, target]
+        out = np.empty(len(triples))
+        for i, (head, relation, tail) in enumerate(triples.tolist()):
+            query, answer = (head if side == "tail" else tail) * kg.num_relations + relation, (tail if side == "tail" else head)
+            kind = int(side_type[rank_of[relation]]) if typed else 0
+            known_answers = answers[np.searchsorted(keys, query) : np.searchsorted(keys, query, side="right")]
+            others = known_answers[known_answers != answer]
+            inside = others[kind_of[others] == kind]  # known answers the filter takes out of the ranking
+            w = drawn.weight[answer]
+            if kind_of[answer] == kind:
+                above = len(ascending[kind]) - np.searchsorted(ascending[kind], w, side="right")
+                out[i] = 1 + above - int((drawn.weight[inside] > w).sum())
+            else:  # no chance under the generator: tied with the rest of the entities outside the type
+                tied = n - len(ascending[kind]) - (len(others) - len(inside))
+                out[i] = len(ascending[kind]) - len(inside) + (tied + 1) / 2
+        ranks[side] = out
+    return ranks
 
 
 def main(argv: list[str] | None = None) -> int:
