@@ -173,8 +173,10 @@ def _encoded_zeros(precision: Precision, name: str, value: np.ndarray) -> dict[s
     8 MB search spent finding what fits (one core)."""
     if value.ndim < 2 or len(value) < 2:
         return precision.encode(name, value)
-    return {key: np.zeros((len(value), *row.shape[1:]), row.dtype)
-            for key, row in precision.encode(name, value[:1]).items()}
+    rows = precision.encode(name, value[:1])
+    if any(row.ndim == 0 or len(row) != 1 for row in rows.values()):  # not row by row after all: encode it all
+        return precision.encode(name, value)
+    return {key: np.zeros((len(value), *row.shape[1:]), row.dtype) for key, row in rows.items()}
 
 
 def _largest(fits: Callable[[int], bool], *, step: int) -> int | None:

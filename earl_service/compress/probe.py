@@ -16,10 +16,9 @@ import logging
 
 from earl_service.compress.candidates import baseline_name, valid_fraction
 from earl_service.compress.config import METRICS
-from earl_service.compress.rungs import EARLY_VALID_TRIPLES, slice_training, train_slice
+from earl_service.compress.rungs import EARLY_VALID_TRIPLES, evaluate_weights, slice_training, train_slice
 from earl_service.compress.state import CompressRun, Export, Rung, RungResult, ahead
 from earl_service.config import ModelKind
-from earl_service.train.evaluate import SUMMARY_KEYS
 from earl_service.train.run import load_run
 
 log = logging.getLogger(__name__)
@@ -102,13 +101,12 @@ def probe(run: CompressRun, rung: Rung, name: str) -> Export | None:
         model_run = load_run(run.run_dir(name), run.dataset, device=config.device, graphs=run.graphs)
     validating = run.clock()
     with run.timed("validate"):
-        result = model_run.evaluate("valid", batch_size=config.eval_batch_size, limit=EARLY_VALID_TRIPLES)
+        result = evaluate_weights(model_run, "valid", batch_size=config.eval_batch_size, limit=EARLY_VALID_TRIPLES)
     candidate.calibrate(run.state.validation_seconds, run.clock() - validating, fraction)
     subset = EARLY_VALID_TRIPLES if len(model_run.ranked_triples("valid")) > EARLY_VALID_TRIPLES else 0
     log.info("rung %d %s: first look %.4f after %d steps", rung.index, name, result[METRICS[run.config.metric]],
              candidate.steps)
-    return {**{k: result[k] for k in SUMMARY_KEYS}, "standard_error": result["standard_error"],
-            "valid_subset": subset, "steps": candidate.steps, "train_seconds": candidate.train_seconds,
+    return {**result, "valid_subset": subset, "steps": candidate.steps, "train_seconds": candidate.train_seconds,
             "schedule_start": start, "schedule_seconds": planned}
 
 

@@ -209,9 +209,11 @@ def oracle_ranks(kg: SyntheticKG, drawn: Latent, triples: np.ndarray, *, typed: 
             others = known_answers[known_answers != answer]
             inside = others[kind_of[others] == kind]  # known answers the filter takes out of the ranking
             w = drawn.weight[answer]
-            if kind_of[answer] == kind:
-                above = len(ascending[kind]) - np.searchsorted(ascending[kind], w, side="right")
-                out[i] = 1 + above - int((drawn.weight[inside] > w).sum())
+            if kind_of[answer] == kind:  # ties (equal popularity) count half, as evaluate counts equal distances
+                below, upto = np.searchsorted(ascending[kind], w), np.searchsorted(ascending[kind], w, side="right")
+                above = len(ascending[kind]) - upto - int((drawn.weight[inside] > w).sum())
+                tied = upto - below - 1 - int((drawn.weight[inside] == w).sum())
+                out[i] = 1 + above + tied / 2
             else:  # no chance under the generator: tied with the rest of the entities outside the type
                 tied = n - len(ascending[kind]) - (len(others) - len(inside))
                 out[i] = len(ascending[kind]) - len(inside) + (tied + 1) / 2

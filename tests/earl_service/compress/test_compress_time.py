@@ -10,7 +10,6 @@ from conftest import tiny_dataset
 
 from earl_service.bundle.sizes import BundleSizes
 from earl_service.compress import rungs as rungs_module
-from earl_service.compress import search as search_module
 from earl_service.compress.config import CompressConfig
 from earl_service.compress.search import compress
 from earl_service.compress.state import PHASES, Candidate
@@ -29,18 +28,17 @@ def slow_validation_report(tmp_path_factory):
     config = CompressConfig(max_bytes=BundleSizes(dataset).bytes("rotate", 32, "fp32"), time_limit_minutes=0.1,
                             precisions=("fp32", "int8"))
     calls: list[str] = []
-    real = rungs_module.evaluate_bundle
+    real = rungs_module.evaluate_weights
 
-    def slow(run, path, split, **kwargs):
+    def slow(run, split, **kwargs):
         calls.append(split)
         ballast = np.ones(BALLAST_MB << 17)  # float64: BALLAST_MB MiB, every page written
         time.sleep(SLOW)
         del ballast
-        return real(run, path, split, **kwargs)
+        return real(run, split, **kwargs)
 
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(rungs_module, "evaluate_bundle", slow)  # the rungs' validations
-        patch.setattr(search_module, "evaluate_bundle", slow)  # the pick's test
+        patch.setattr(rungs_module, "evaluate_weights", slow)  # the rungs' validations and the pick's test
         report = compress(dataset, tmp_path_factory.mktemp("slow"), config, train_configs=TINY)
     return report, calls
 

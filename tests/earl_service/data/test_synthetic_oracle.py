@@ -53,3 +53,16 @@ def test_the_typed_order_ranks_above_popularity_alone_and_chance(graph):
     mrr = {name: float(np.mean(1 / np.concatenate([r["tail"], r["head"]]))) for name, r in
            (("typed", typed), ("popular", popular))}
     assert mrr["typed"] > mrr["popular"] > 5 * np.log(kg.num_entities) / kg.num_entities  # chance: ~ ln N / N
+
+
+def test_equal_popularities_tie_as_evaluate_ties_equal_distances(graph):
+    """Popularities rounded so that many answers share one: each tie counts half, as realistic_ranks counts it."""
+    import dataclasses
+
+    kg, drawn = graph
+    coarse = dataclasses.replace(drawn, weight=np.round(drawn.weight * 50) / 50)
+    triples = kg.test[:25]
+    ours, expected = oracle_ranks(kg, coarse, triples), brute_force(kg, coarse, triples, typed=True)
+    assert len(np.unique(coarse.weight)) < 60  # ties everywhere
+    for side in ("tail", "head"):
+        np.testing.assert_allclose(ours[side], expected[side])
