@@ -209,9 +209,10 @@ def pass_seconds(evaluate: Callable[[int], None], triples: int, batch: int,
 
 def with_estimates(candidates: list[Candidate], measured: Mapping[str, Mapping[int, Costs]]) -> list[Candidate]:
     """Each candidate with the seconds of one validation pass (and its fixed part) and of one training step at its
-    dim, interpolated linearly in dim between its model's measured dims. Scoring every entity costs about the dim, so charging every
-    candidate its model's largest's time starved the small ones: on FB15k-237 at 8 MB (one core) RotatE d1540 took
-    69 s a pass, and RotatE d32, charged that for each of its exports, trained 3 s of its 51-s slice."""
+    dim, interpolated linearly in dim between its model's measured dims. Scoring every entity costs about the dim,
+    so charging every candidate its model's largest's time starved the small ones: on FB15k-237 at 8 MB (one
+    core) RotatE d1540 took 69 s a pass, and RotatE d32, charged that for each of its exports, trained 3 s of its
+    51-s slice."""
     estimated = []
     for c in candidates:
         points = sorted(measured[c.model].items())

@@ -16,7 +16,7 @@ import logging
 
 from earl_service.compress.candidates import baseline_name, valid_fraction
 from earl_service.compress.config import METRICS
-from earl_service.compress.rungs import EARLY_VALID_TRIPLES, evaluate_weights, slice_training, train_slice
+from earl_service.compress.rungs import EARLY_VALID_TRIPLES, slice_training, timed_validation, train_slice
 from earl_service.compress.state import CompressRun, Export, Rung, RungResult, ahead
 from earl_service.config import ModelKind
 from earl_service.train.run import load_run
@@ -99,10 +99,9 @@ def probe(run: CompressRun, rung: Rung, name: str) -> Export | None:
     config = run.train_config(name)
     with run.timed("setup"):
         model_run = load_run(run.run_dir(name), run.dataset, device=config.device, graphs=run.graphs)
-    validating = run.clock()
-    with run.timed("validate"):
-        result = evaluate_weights(model_run, "valid", batch_size=config.eval_batch_size, limit=EARLY_VALID_TRIPLES)
-    candidate.calibrate(run.state.validation_seconds, run.clock() - validating, fraction)
+    result, seconds = timed_validation(run, model_run, "valid", batch_size=config.eval_batch_size,
+                                       limit=EARLY_VALID_TRIPLES)
+    candidate.calibrate(run.state.validation_seconds, seconds, fraction)
     subset = EARLY_VALID_TRIPLES if len(model_run.ranked_triples("valid")) > EARLY_VALID_TRIPLES else 0
     log.info("rung %d %s: first look %.4f after %d steps", rung.index, name, result[METRICS[run.config.metric]],
              candidate.steps)

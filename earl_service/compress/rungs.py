@@ -318,10 +318,9 @@ def evaluate_exports(run: CompressRun, name: str, split: str = "valid", *, tune_
                               metrics={"compress": {"candidate": name}}, expected=expected, pq_tables=tables)
         with run.timed("setup"):
             load_weights(model_run, path)
-        started = run.clock()  # calibrate what planning timed: the ranking, not reading the file
-        with run.timed("validate"):
-            metrics = evaluate_weights(model_run, split, batch_size=train_config.eval_batch_size, limit=limit)
-        validating += run.clock() - started
+        metrics, seconds = timed_validation(run, model_run, split, batch_size=train_config.eval_batch_size,
+                                            limit=limit)
+        validating += seconds
         results[precision] = {"bytes": path.stat().st_size, **tuning, "valid_subset": subset, **metrics}
     if split == "valid" and results:
         candidate.calibrate(run.state.validation_seconds, validating / len(results), valid_fraction(run.dataset, limit))
@@ -370,6 +369,16 @@ def load_weights(run: Run, path: Path) -> None:
     run.model.load_state_dict(params, strict=False)  # every weight; the reserved ids are the run's own
 
 
+def timed_validation(run: CompressRun, model_run: Run, split: str, *, batch_size: int,
+                     limit: int) -> tuple[dict[str, Any], float]:
+    """evaluate_weights of `model_run`, charged to "validate", and its seconds: the ranking alone, as planning timed
+    it (what Candidate.calibrate scales a candidate's estimate to), not reading an export file."""
+    started = run.clock()
+    with run.timed("validate"):
+        metrics = evaluate_weights(model_run, split, batch_size=batch_size, limit=limit)
+    return metrics, run.clock() - started
+
+
 def evaluate_weights(run: Run, split: str, *, batch_size: int = 256, limit: int = 0) -> dict[str, Any]:
     """`split` metrics of `run`'s model as it stands (summary and standard errors), on at most `limit` triples."""
     result = run.evaluate(split, batch_size=batch_size, limit=limit)
@@ -377,5 +386,5 @@ def evaluate_weights(run: Run, split: str, *, batch_size: int = 256, limit: int 
 
 
 __all__ = ["EARLY_VALID_TRIPLES", "FINAL_EVAL_SHARE", "early_fraction", "evaluate_bundle", "evaluate_weights",
-           "final_limit", "load_weights", "open_rung",
-           "revalidate", "run_rung", "slice_training", "train_slice", "trained"]
+           "final_limit", "load_weights", "open_rung", "revalidate", "run_rung", "slice_training", "timed_validation",
+           "train_slice", "trained"]
