@@ -196,17 +196,25 @@ def test_quantized_exports_share_one_training(tiny_job):
 
 
 def test_successive_halving_keeps_the_best_half_and_each_models_best(tiny_job):
-    _, report, _ = tiny_job
-    rungs, models = report["rungs"], {u["name"]: u["model"] for u in report["candidates"]}
-    sizes = rung_sizes(len(report["candidates"]), 2)
-    assert len(rungs) == len(sizes)
+    """Each rung's survivors are the previous rung's cut replayed from the saved state: ties inside a kind broken
+    by the steps a second each candidate measured (so the test reads them, not the scores alone), the best half,
+    each kind's leader and the baseline."""
+    out, report, _ = tiny_job
+    state = SearchState.from_json(json.loads((out / STATE).read_text()))
+    job = CompressRun(tiny_dataset(), out, CompressConfig(max_bytes=report["max_bytes"], time_limit_minutes=0.05),
+                     TINY, state)
+    rungs, model_of = state.rungs, (lambda n: job.candidate(n).model)
+    sizes = rung_sizes(len(state.candidates), 2)
+    assert len(rungs) == len(sizes) == len(report["rungs"])
+    base = compress_module.baseline_name(state.candidates)
     for before, after, keep in zip(rungs[:-2], rungs[1:-1], sizes[1:-1], strict=True):
-        ranked = sorted(before["scores"], key=lambda n: -before["scores"][n])
-        kept = compress_module.survivors(ranked, keep, models.__getitem__, before["scores"])
-        base = compress_module.baseline_name([Candidate.from_json(u) for u in report["candidates"]])
-        assert set(kept) <= set(after["survivors"]) <= set(kept) | {base}
-        assert keep <= len(after["survivors"])
-    assert len(rungs[-1]["survivors"]) == 1  # the last rung trains one
+        ranked = sorted((n for n in before.survivors if n not in before.cut), key=lambda n: -before.results[n].score)
+        ordered = compress_module.faster_among_ties(job, before, ranked)
+        assert sorted(ordered) == sorted(ranked)
+        kept = compress_module.survivors(ordered, keep, model_of, {n: before.results[n].score for n in ranked})
+        assert set(after.survivors) == set(kept) | ({base} & set(ranked))
+        assert keep <= len(after.survivors)
+    assert len(rungs[-1].survivors) == 1  # the last rung trains one
 
 
 def _cut(tmp_path, scores: dict[str, tuple[float, float]], rung_count: int,
