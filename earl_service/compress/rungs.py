@@ -184,16 +184,18 @@ def tuning_cap(run: CompressRun, name: str) -> float:
 def final_limit(run: CompressRun, split: str = "valid") -> int:
     """The triples of `split` the last rung validates on ("valid") or the pick is tested on ("test"): 0 (all) while
     a pass costs at most FINAL_EVAL_SHARE of the time limit at the current rung's slowest survivor, else the
-    subset that does (at least EARLY_VALID_TRIPLES). A validation counts every export of the survivor."""
-    triples, valid = len(run.dataset.split(split)), max(len(run.dataset.split("valid")), 1)
+    subset that does (at least EARLY_VALID_TRIPLES). A validation counts every export of the survivor; a pass
+    whose cost is all fixed (ranking nothing per triple) gains nothing from a subset. Triples counted as ranked:
+    the seen ones."""
+    triples, valid = run.dataset.seen_count(split), max(run.dataset.seen_count("valid"), 1)
     share, by_model = FINAL_EVAL_SHARE * run.config.time_limit_minutes * 60, run.state.validation_seconds
     fitting = []  # the triples each survivor's pass (every export of it) can take in `share`
     for c in (run.candidate(n) for n in run.state.rungs[-1].survivors):
         exports = len(c.bytes) if split == "valid" else 1
         fixed = c.validation(by_model, 0.0)
         per_triple = (c.validation(by_model) - fixed) / valid
-        if exports * (fixed + per_triple * triples) > share:
-            fitting.append(int((share / exports - fixed) / per_triple) if per_triple > 0 else 0)
+        if per_triple > 0 and exports * (fixed + per_triple * triples) > share:
+            fitting.append(max(int((share / exports - fixed) / per_triple), 0))
     if not fitting:
         return 0
     subset = max(min(fitting), EARLY_VALID_TRIPLES)
@@ -204,13 +206,12 @@ def test_reserve(run: CompressRun) -> float:
     """Seconds to keep back for the pick's test evaluation after the last rung, at the slowest survivor's: a
     pass over the test split (or the subset final_limit allows) at its validation speed, and loading its run (its
     other overhead, as measured at its last rung)."""
-    test, valid = run.dataset.test, run.dataset.split("valid")
-    if test is None or not len(test):
+    if run.dataset.test is None or not len(run.dataset.test):
         return 0.0
-    tested = final_limit(run, "test") or len(test)
+    tested = final_limit(run, "test") or run.dataset.seen_count("test")
     survivors = [run.candidate(n) for n in run.state.rungs[-1].survivors]
-    return max(c.validation(run.state.validation_seconds, tested / max(len(valid), 1)) + c.other_seconds
-               for c in survivors)
+    return max(c.validation(run.state.validation_seconds, tested / max(run.dataset.seen_count("valid"), 1))
+               + c.other_seconds for c in survivors)
 
 
 # ---------------------------------------------------------------- which exports a rung makes

@@ -52,6 +52,14 @@ from earl_service.train.run import GraphCache
 # still goes on to the whole-split comparison.
 LEADER_FLOOR = 0.9
 
+# Halving fills its best half past each kind's leader with the next best, of whichever kind, but not with one
+# scoring under this share of its own kind's best: inside a kind an early lead can flip (CoDEx-S-like fillers at
+# 19-53% of their kind's leader went on to catch or pass it: WordNet-full-noinv RotatE d16 at 19% of d32, FB15k-237
+# RotatE d21 at 49% of d136 and EARL d39 at 50% of d48), but on FB15k-237 at 4 MB in 60 minutes RotatE d720 pq:180
+# at 5% of RotatE d118 (0.0165 against 0.3101 after equal seconds) filled rung 1 and took 489 s of training and
+# most of 181 s of codebooks and fine-tuning from the pick (bench/results/compress_fb15k-237_4MB_60min_h60_4_report.md).
+FILL_FLOOR = 0.1
+
 
 def compress(dataset: Dataset, out_dir: str | os.PathLike, config: CompressConfig, *,
              train_configs: Mapping[ModelKind, TrainConfig] | None = None,
@@ -100,7 +108,8 @@ def search(run: CompressRun) -> bool:
 
 def next_rung(run: CompressRun) -> None:
     """Keep the best 1/eta by score (each model's best and the baseline too), or mark the search done after the
-    last rung. Those the first look cut (probe.py) are out; one candidate left goes straight to the last rung."""
+    last rung. Those the first look cut (probe.py) are out; one candidate left, or kept, goes straight to the last
+    rung."""
     state = run.state
     rung = state.rungs[-1]
     if rung.index + 1 >= state.rung_count:
@@ -118,6 +127,8 @@ def next_rung(run: CompressRun) -> None:
             kept = survivors(faster_among_ties(run, rung, ranked), keep, lambda n: run.candidate(n).model,
                              {n: rung.results[n].score for n in ranked})
             kept += [base] if base is not None and base not in kept else []
+            if len([n for n in ranked if n in kept]) == 1:  # the fill left one: it trains on the rest of the time
+                state.rung_count = rung.index + 2
         state.rungs.append(Rung(index=rung.index + 1, survivors=[n for n in ranked if n in kept]))
     run.save()
 
@@ -180,7 +191,8 @@ def decisive(run: CompressRun, rung: Rung, leader: str, base: str) -> bool:
 def survivors(ranked: list[str], keep: int, model_of: Callable[[str], str],
               scores: Mapping[str, float] | None = None) -> list[str]:
     """The best `keep` of `ranked` (best first), and the best of each model kind scoring at least LEADER_FLOOR of
-    the best score (`scores`; without them, every kind's best).
+    the best score (`scores`; without them, every kind's best). With `scores`, the best `keep` leave out those
+    under FILL_FLOOR of their own kind's best.
 
     Model kinds learn at different speeds: on CoDEx-S at 0.5 MB, RotatE dim 27 scored 0.013 valid MRR after 18 s
     and EARL dim 40 0.247 (5.3%), yet given 10 minutes alone RotatE reached 0.358 test MRR and EARL 0.317
@@ -190,15 +202,19 @@ def survivors(ranked: list[str], keep: int, model_of: Callable[[str], str],
     against EARL's 0.027 (0.4%), and its place in the last rung took half the time from the pick.
     """
     best = max(scores.values(), default=0.0) if scores else 0.0
+    kind_best: dict[str, float] = {}
     leaders: dict[str, str] = {}
     for name in ranked:
+        if scores is not None:
+            kind_best[model_of(name)] = max(kind_best.get(model_of(name), 0.0), scores[name])
         if scores is None or scores[name] >= LEADER_FLOOR * best:
             leaders.setdefault(model_of(name), name)
     chosen = set(leaders.values())
     for name in ranked:
         if len(chosen) >= keep:
             break
-        chosen.add(name)
+        if scores is None or scores[name] >= FILL_FLOOR * kind_best[model_of(name)]:
+            chosen.add(name)
     return [n for n in ranked if n in chosen]
 
 

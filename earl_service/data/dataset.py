@@ -74,6 +74,10 @@ class Dataset:
         triples = np.asarray(triples)
         return (triples[:, 0] < self.num_train_entities) & (triples[:, 2] < self.num_train_entities)
 
+    def seen_count(self, split: str) -> int:
+        """How many of `split`'s triples the seen protocol ranks (both entities in training)."""
+        return int(self.seen_mask(self.split(split)).sum())
+
     def vocab_signature(self) -> dict[str, Any]:
         """What a trained model depends on: the training entities and the relations, counted and hashed in order
         (a checkpoint keeps it, so a run is never evaluated against other data)."""

@@ -222,6 +222,12 @@ def _cut(tmp_path, scores: dict[str, tuple[float, float]], rung_count: int,
     """The survivors next_rung keeps from a rung 0 whose candidates scored `scores` (name: (MRR, its standard
     error)) after `steps` steps each in one second (default 1); the candidates' dims and precisions as their names
     say."""
+    return _cut_job(tmp_path, scores, rung_count, steps).state.rungs[-1].survivors
+
+
+def _cut_job(tmp_path, scores: dict[str, tuple[float, float]], rung_count: int,
+             steps: dict[str, int] | None = None) -> CompressRun:
+    """The search after next_rung's cut of such a rung 0 (as _cut)."""
     units = [candidate(n.split("-d")[0], int(n.split("-d")[1]), {"int8": 1} if n.endswith("0") else {"pq:4": 1})
              for n in scores]
     state = search_state(units, rung_count=rung_count, validation_seconds={"rotate": 1.0, "earl": 1.0})
@@ -231,7 +237,7 @@ def _cut(tmp_path, scores: dict[str, tuple[float, float]], rung_count: int,
                for n, (mrr, se) in scores.items()}
     state.rungs.append(Rung(index=0, survivors=list(scores), results=results))
     compress_module.next_rung(job)
-    return job.state.rungs[-1].survivors
+    return job
 
 
 def test_the_search_leaves_its_baseline_only_on_evidence(tmp_path):
@@ -281,6 +287,20 @@ def test_survivors_keep_each_models_leader_however_it_ranks():
     behind = {**scores, "rotate-a": 0.21}  # 84% of the best, as EARL was behind RotatE on CoDEx-S: dropped
     assert compress_module.survivors(ranked, 1, model, behind) == ["earl-a"]
     assert compress_module.survivors(ranked, 4, model, behind) == ["earl-a", "earl-b", "earl-c", "rotate-a"]
+    far = {**scores, "earl-c": 0.02}  # 8% of its kind's best (rotate-b 4% of its): no place in the best half
+    assert compress_module.survivors(ranked, 4, model, far) == ["earl-a", "earl-b", "rotate-a"]
+
+
+def test_halving_leaves_out_who_is_far_behind_its_own_kind(tmp_path):
+    """RotatE d720 pq:180 at 5% of RotatE d118 after equal seconds (FB15k-237 at 4 MB) fills no place: the one
+    left goes straight to the last rung; at 20% of it (near where fillers caught up) it goes on."""
+    far = {"rotate-d120": (0.3101, 0.0104), "rotate-d721": (0.0165, 0.0030), "rotate-d361": (0.0100, 0.0020),
+           "rotate-d541": (0.0050, 0.0010)}  # the best half is two
+    job = _cut_job(tmp_path / "a", far, rung_count=3)
+    assert job.state.rungs[-1].survivors == ["rotate-d120"] and job.state.rung_count == 2
+    near = {**far, "rotate-d721": (0.062, 0.0060)}
+    job = _cut_job(tmp_path / "b", near, rung_count=3)
+    assert job.state.rungs[-1].survivors == ["rotate-d120", "rotate-d721"] and job.state.rung_count == 3
 
 
 def test_a_candidate_that_overruns_its_slice_takes_no_time_from_the_next(tmp_path, monkeypatch):
@@ -361,6 +381,28 @@ def test_a_final_pass_costing_more_than_its_share_runs_on_a_subset(tmp_path, mon
     monkeypatch.setattr(rungs_module, "EARLY_VALID_TRIPLES", 2)
     assert rungs_module.final_limit(job) == 3 and rungs_module.final_limit(job, "test") == 6
     assert rungs_module.test_reserve(job) == pytest.approx(10.0 * 6 / 20)
+
+
+def test_a_pass_of_fixed_cost_is_never_cut_to_a_subset(tmp_path):
+    """A pass whose estimate is all fixed (every entity's embeddings, no per-triple ranking) costs the same on any
+    subset, so the last rung and the test rank the whole split even when it exceeds FINAL_EVAL_SHARE."""
+    units = [candidate("rotate", 20, {"fp32": 1, "int8": 1}, validation_seconds=10.0, validation_fixed=10.0)]
+    state = search_state(units, rung_count=1, validation_seconds={"rotate": 10.0}, rungs=[Rung(0, ["rotate-d20"])])
+    job = CompressRun(tiny_dataset(), tmp_path, CompressConfig(max_bytes=10**6, time_limit_minutes=1), TINY, state)
+    assert units[0].validation({"rotate": 10.0}, 0.0) == 10.0  # 20 s a validation of both exports, 3 s the share
+    assert rungs_module.final_limit(job) == 0 and rungs_module.final_limit(job, "test") == 0
+
+
+def test_subsets_are_shares_of_the_triples_a_pass_ranks():
+    """A validation ranks the seen triples (both entities trained); a subset's share of a pass is of those, not of
+    the split, which also holds triples with entities training never saw."""
+    ds = tiny_dataset()  # 40 entities, all trained; 20 valid triples
+    unseen = ds.valid[:10].copy()
+    unseen[:, 2] = 40  # an entity only valid mentions
+    ds = replace(ds, entities=Vocab([*ds.entities.names, "new"]), valid=np.concatenate([ds.valid, unseen]))
+    assert len(ds.valid) == 30 and ds.seen_count("valid") == 20
+    assert candidates_module.valid_fraction(ds, 10) == 0.5
+    assert candidates_module.valid_fraction(ds, 25) == candidates_module.valid_fraction(ds, 0) == 1.0
 
 
 def test_choose_compares_rows_validated_on_the_most_triples():
