@@ -1,6 +1,7 @@
-"""What a compress survivor's restarts cost: one model trained for the same seconds either under one decaying
-schedule (a baseline trained alone) or in slices that each decay and warm up again (compress's rungs:
-rungs.train_slice), continuing the same weights. Both arms use the recipe compress trains candidates with.
+"""What a compress survivor's slices cost: one model trained for the same seconds under one decaying schedule (a
+baseline trained alone), in slices that each decay and warm up again (`restart`), or in slices that hold the rate
+and decay at their end, each going on from where the last one's decay began (`held`: compress's rungs,
+train/slices.py). Every arm uses the recipe compress trains candidates with.
 
     python bench/schedule_restart.py fb15k-237 --model rotate --dim 255 --slices 300,600 --threads 1 --tag s15
     # or one arm per core, then the table from both:
@@ -27,29 +28,33 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from compress import dataset_folder
 from harness import md_table, write_results
 
+from earl_service.compress.rungs import DECAY_SHARE
 from earl_service.config import ModelConfig
 from earl_service.config.options import train_configs_from_options
 from earl_service.config.recipes import DEFAULT
 from earl_service.data.dataset import load_dataset
-from earl_service.train.loop import train
+from earl_service.train.slices import rewind, train_slice
 
-ARMS = ("single", "restart")
+ARMS = ("single", "restart", "held")
 
 
-def run_arm(ds, model: ModelConfig, slices: list[float], out: Path, seed: int) -> dict:
-    """Train `model` over `slices` (seconds each), each slice's rate decaying over the slice alone, continuing the
-    checkpoint, as rungs.train_slice does; the last weights ranked on valid and test."""
-    recipe = train_configs_from_options({"progress": False}, recipe=DEFAULT)[model.model]
+def run_arm(ds, model: ModelConfig, slices: list[float], out: Path, seed: int, decay_share: float = 1.0) -> dict:
+    """Train `model` over `slices` (seconds each) as compress's rungs do (train/slices.py), each slice's rate
+    decaying over its last `decay_share` and the next slice going on from where that decay began (1: over the
+    whole slice, the next warming up again from its end); the last weights ranked on valid and test."""
+    recipe = replace(train_configs_from_options({"progress": False}, recipe=DEFAULT)[model.model], seed=seed,
+                     eval_every=0)
     trained, metrics, started = 0.0, {}, time.monotonic()
     for index, seconds in enumerate(slices):
-        config = replace(recipe, time_limit_minutes=(trained + seconds) / 60, schedule_minutes=seconds / 60,
-                         schedule_start_minutes=trained / 60, seed=seed, eval_every=0)
-        metrics = train(ds, model, config, out, resume=index > 0, final_eval=index == len(slices) - 1,
-                        write_bundle=False, curves=False)
+        if (held := rewind(out, trained)) is not None:
+            trained = held["train_seconds"]
+        metrics = train_slice(ds, model, recipe, out, trained=trained, seconds=seconds, schedule=(trained, seconds),
+                              decay_share=decay_share, final_eval=index == len(slices) - 1, write_bundle=False,
+                              curves=False)
         trained = metrics["train_seconds"]
     summary = {split: {k: metrics[split][k] for k in ("mrr", "hits_at_10", "standard_error") if k in metrics[split]}
                for split in ("valid", "test")}
-    return {"slices": slices, "steps": metrics["steps"], "train_seconds": trained,
+    return {"slices": slices, "decay_share": decay_share, "steps": metrics["steps"], "train_seconds": trained,
             "wall_seconds": time.monotonic() - started, **summary}
 
 
@@ -59,16 +64,20 @@ def markdown(args, results: dict[str, dict]) -> str:
         se = r["test"].get("standard_error", {}).get("mrr")
         rows.append([arm, " + ".join(f"{s:g}" for s in r["slices"]), r["steps"], round(r["train_seconds"]),
                      round(r["valid"]["mrr"], 4), round(r["test"]["mrr"], 4), se and round(se, 4)])
-    lines = [f"# One schedule or restarts per slice: {args.model} d{args.dim} on {args.dataset}", "",
+    lines = [f"# One schedule or slices: {args.model} d{args.dim} on {args.dataset}", "",
              md_table(["arm", "slices (s)", "steps", "train s", "valid MRR", "test MRR", "test SE"], rows)]
-    if set(ARMS) <= set(results):
-        a, b = results["single"]["test"], results["restart"]["test"]
-        se = math.hypot(a.get("standard_error", {}).get("mrr", 0.0), b.get("standard_error", {}).get("mrr", 0.0))
-        lines += ["", f"Restart minus single, test MRR: {b['mrr'] - a['mrr']:+.4f} ({se:.4f} standard error of the "
-                  "difference, unpaired; both rank the same triples, so on the safe side)."]
-    lines += ["", "Both arms train the same model for the same total seconds with the recipe compress trains its "
-              "candidates with (the default); `single` decays once over the whole time (a baseline trained alone), "
-              "`restart` decays over each slice and warms up again at the next (compress's rungs)."]
+    for arm in ARMS[1:]:
+        if {"single", arm} <= set(results):
+            a, b = results["single"]["test"], results[arm]["test"]
+            se = math.hypot(*(x.get("standard_error", {}).get("mrr", 0.0) for x in (a, b)))
+            lines += ["", f"{arm.capitalize()} minus single, test MRR: {b['mrr'] - a['mrr']:+.4f} ({se:.4f} standard "
+                      "error of the difference, unpaired; both rank the same triples, so on the safe side)."]
+    lines += ["", "Every arm trains the same model for the same total seconds with the recipe compress trains its "
+              "candidates with (the default): `single` decays once over the whole time (a baseline trained alone); "
+              "`restart` decays over each slice and warms up again at the next (compress's rungs until they held "
+              "the rate); `held` holds the rate and decays over each slice's last `decay_share`, the next slice "
+              "going on from where that decay began (compress's rungs now), so the decays of all slices but the last "
+              "are spent on judging the slice alone."]
     return "\n".join(lines) + "\n"
 
 
@@ -78,23 +87,26 @@ def main() -> int:
     parser.add_argument("--model", default="rotate", choices=("rotate", "earl"))
     parser.add_argument("--dim", type=int, required=True)
     parser.add_argument("--slices", required=True, help="seconds per slice, comma-separated (single: their sum)")
-    parser.add_argument("--arm", default="both", choices=(*ARMS, "both", "none"),
+    parser.add_argument("--arm", default="all", choices=(*ARMS, "all", "none"),
                         help="which arm to train now (none: only write the table from the arms already run)")
     parser.add_argument("--threads", type=int, default=0)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--decay-share", type=float, default=DECAY_SHARE,
+                        help="the held arm's decay: this last share of each slice (compress's)")
     parser.add_argument("--tag", default="run")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
     slices = [float(s) for s in args.slices.split(",")]
     root = Path("runs/schedule_restart") / f"{args.dataset}_{args.tag}"
-    arms = ARMS if args.arm == "both" else () if args.arm == "none" else (args.arm,)
+    arms = ARMS if args.arm == "all" else () if args.arm == "none" else (args.arm,)
     if arms:
         ds = load_dataset(dataset_folder(args.dataset), labels=False)
         for arm in arms:
             out = root / arm
             result = run_arm(ds, ModelConfig(model=args.model, dim=args.dim),
-                             [sum(slices)] if arm == "single" else slices, out / "run", args.seed)
+                             [sum(slices)] if arm == "single" else slices, out / "run", args.seed,
+                             args.decay_share if arm == "held" else 1.0)
             out.mkdir(parents=True, exist_ok=True)
             (out / "result.json").write_text(json.dumps(result, indent=2) + "\n")
     results = {arm: json.loads((root / arm / "result.json").read_text())

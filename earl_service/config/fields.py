@@ -188,6 +188,9 @@ class TrainConfig:
                             bounds={"ge": 0.0, "le": 1.0})
     lr_floor: float = setting(0.0, "the decayed rate at the end of the budget, as a fraction of --lr",
                               bounds={"ge": 0.0, "le": 1.0})
+    decay_share: float = setting(1.0, "the last fraction of the budget a decaying schedule decays over; the rate "
+                                      "holds at --lr before it (1: it decays from the warm-up's end)",
+                                 bounds={"gt": 0.0, "le": 1.0}, cli_only=True)
     encoder_lr: float = setting(0.0, "Adam rate of EARL's shared encoder weights (0: --lr); --lr then applies "
                                      "to the tables (reserved entities, relations)", bounds={"ge": 0.0},
                                 limits={"le": 1.0})

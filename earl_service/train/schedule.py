@@ -31,12 +31,16 @@ def budget_used(cfg: TrainConfig, step: int, elapsed: float) -> float:
 
 
 def lr_factor(cfg: TrainConfig, used: float) -> float:
-    """The multiple of the base rate at budget fraction `used`: a linear warm-up, then the decay to `lr_floor`."""
+    """The multiple of the base rate at budget fraction `used`: a linear warm-up, the base rate held until the
+    last `decay_share` of the budget, then the decay to `lr_floor` (warm-up, hold, decay)."""
     if cfg.lr_schedule == "constant":
         return 1.0
     if cfg.warmup and used < cfg.warmup:
         return max(used / cfg.warmup, 1e-3)  # never exactly 0: the first step still moves
-    progress = (used - cfg.warmup) / (1.0 - cfg.warmup) if cfg.warmup < 1.0 else 1.0
+    start = max(cfg.warmup, 1.0 - cfg.decay_share)  # where the decay begins
+    if used <= start and start < 1.0:
+        return 1.0
+    progress = (used - start) / (1.0 - start) if start < 1.0 else 1.0
     shape = 0.5 * (1.0 + math.cos(math.pi * progress)) if cfg.lr_schedule == "cosine" else 1.0 - progress
     return cfg.lr_floor + (1.0 - cfg.lr_floor) * shape
 

@@ -17,9 +17,9 @@ from api.compress_jobs import job_params  # noqa: E402
 from api.schemas import CompressForm, JobForm  # noqa: E402
 
 CLI_ONLY = {"temperature", "eval_batch_size", "eval_max_triples", "checkpoint_every", "compute", "schedule_minutes",
-            "device", "threads", "progress", "cuda_graphs", "row_updates"}  # the worker decides these (device,
-# threads, progress) or keeps the defaults (cuda_graphs: off until proven on a card, docs/scaling.md#gpus;
-# row_updates: auto, on the worker's device)
+            "device", "threads", "progress", "cuda_graphs", "row_updates", "decay_share"}  # the worker decides
+# these (device, threads, progress) or keeps the defaults (cuda_graphs: off until proven on a card,
+# docs/scaling.md#gpus; row_updates: auto, on the worker's device; decay_share: compress sets its slices')
 # How the service exports and launches a job, and a compress job's fields (`earl compress` options, below).
 # source_model names a registered model: the command line compresses a bundle file (`earl compress --from`), and
 # its retrain_minutes is that command's --retrain-minutes (test_compress_model_jobs.py).

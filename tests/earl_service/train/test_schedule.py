@@ -1,5 +1,6 @@
 """The learning-rate schedule: its shape over a budget, the split rates, and an exact resume."""
 
+import json
 import math
 
 import pytest
@@ -50,27 +51,74 @@ def test_a_slice_decays_its_own_budget_from_where_it_starts():
     assert budget_used(cfg, 50, 180.0) == 1.0
 
 
-def test_compress_slices_restart_the_schedule_at_each_rung(monkeypatch, tmp_path):
-    """Each slice of a candidate decays over that slice's training, from the training it had before."""
+def test_compress_slices_hold_then_decay_over_their_own_budget(monkeypatch, tmp_path):
+    """Each slice of a candidate holds the rate, then decays over the last DECAY_SHARE of that slice's training,
+    from the training it had before; the next slice goes on from where the decay began."""
     from types import SimpleNamespace
 
     from earl_service.compress import rungs
+    from earl_service.train import slices
 
     seen = []
 
     def fake_train(dataset, model_config, cfg, out, **kwargs):
         seen.append(cfg)
-        return {"train_seconds": cfg.time_limit_minutes * 60, "steps": 10, "stopped": "time_limit"}
+        (out / CHECKPOINT).write_text(f"at {cfg.time_limit_minutes * 60:g} s")
+        return {"train_seconds": cfg.time_limit_minutes * 60, "steps": len(seen) * 10, "stopped": "time_limit"}
 
-    monkeypatch.setattr(rungs, "train", fake_train)
+    monkeypatch.setattr(slices, "train", fake_train)
+    monkeypatch.setattr(rungs, "DECAY_SHARE", 0.25)
     candidate = SimpleNamespace(config=None, train_seconds=90.0, steps=5)
     job = SimpleNamespace(candidate=lambda name: candidate, config=SimpleNamespace(seed=0), dataset=None, graphs=None,
                           train_config=lambda name: TrainConfig(lr_schedule="cosine"), run_dir=lambda name: tmp_path,
                           clock=lambda: 0.0, charge=lambda *a, **k: None, emit=lambda *a, **k: None, should_stop=None)
     rungs.train_slice(job, "rotate-d10", 60.0)
-    assert seen[0].schedule_start_minutes == pytest.approx(1.5) and seen[0].schedule_minutes == pytest.approx(1.0)
-    assert seen[0].time_limit_minutes == pytest.approx(2.5)
-    assert candidate.train_seconds == pytest.approx(150.0)
+    assert all(c.schedule_start_minutes == pytest.approx(1.5) and c.schedule_minutes == pytest.approx(1.0)
+               and c.decay_share == 0.25 for c in seen)
+    assert [c.time_limit_minutes for c in seen] == pytest.approx([2.25, 2.5])  # held at 135 s, decayed to 150 s
+    assert candidate.train_seconds == pytest.approx(150.0) and candidate.steps == 20
+    assert (tmp_path / slices.HELD).read_text() == "at 135 s"
+    assert rungs.rewound(job, "rotate-d10") is candidate
+    assert (candidate.train_seconds, candidate.steps) == (135.0, 10)
+    assert (tmp_path / CHECKPOINT).read_text() == "at 135 s" and not (tmp_path / slices.HELD).exists()
+    assert rungs.rewound(job, "rotate-d10").train_seconds == 135.0  # nothing held any more: it stays
+
+
+def test_a_held_state_is_not_rewound_to_before_its_slice_is_done(tmp_path):
+    """A slice killed during its decay resumes the decay: its caller's record (the seconds before the slice) is
+    short of the held state."""
+    from earl_service.train import slices
+
+    (tmp_path / CHECKPOINT).write_text("decaying")
+    slices.keep_held(tmp_path, {"train_seconds": 135.0, "steps": 10})
+    assert slices.rewind(tmp_path, 90.0) is None and (tmp_path / CHECKPOINT).read_text() == "decaying"
+    assert slices.rewind(tmp_path, 150.0) == {"train_seconds": 135.0, "steps": 10}
+
+
+def test_a_decay_share_holds_the_rate_until_the_decay_begins():
+    cfg = TrainConfig(lr_schedule="cosine", warmup=0.1, decay_share=0.4)
+    assert lr_factor(cfg, 0.05) == pytest.approx(0.5)  # the warm-up as before
+    assert [lr_factor(cfg, u) for u in (0.1, 0.3, 0.6)] == pytest.approx([1.0, 1.0, 1.0])
+    assert lr_factor(cfg, 0.8) == pytest.approx(0.5) and lr_factor(cfg, 1.0) == pytest.approx(0.0)
+    whole = TrainConfig(lr_schedule="linear", warmup=0.2)  # decay_share 1: from the warm-up's end, as before
+    assert [lr_factor(whole, u) for u in (0.2, 0.6, 1.0)] == pytest.approx([1.0, 0.5, 0.0])
+
+
+def test_a_real_slice_holds_then_decays_and_keeps_where_the_decay_began(tmp_path):
+    from earl_service.train import slices
+
+    ds, cfg = tiny_dataset(), ModelConfig(dim=4, k=3, reserved_ratio=0.2)
+    tcfg = TrainConfig(lr_schedule="cosine", **FAST)
+    metrics = slices.train_slice(ds, cfg, tcfg, tmp_path, trained=0.0, seconds=1.0, schedule=(0.0, 1.0),
+                                 decay_share=0.5, final_eval=False, write_bundle=False)
+    held = json.loads((tmp_path / slices.HELD_AT).read_text())
+    factors = torch.load(tmp_path / CHECKPOINT, weights_only=True)["history"]["lr_factors"]
+    assert 0 < held["steps"] <= metrics["steps"] == len(factors)
+    assert factors[: held["steps"]] == pytest.approx([1.0] * held["steps"])  # held at the base rate
+    assert all(f < 1.0 for f in factors[held["steps"] + 1:])  # then decaying
+    assert slices.rewind(tmp_path, metrics["train_seconds"]) == held
+    state = torch.load(tmp_path / CHECKPOINT, weights_only=True)["state"]
+    assert (state["step"], state["elapsed"]) == (held["steps"], pytest.approx(held["train_seconds"]))
 
 
 def test_bad_schedule_values_are_refused():
