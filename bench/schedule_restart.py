@@ -1,7 +1,7 @@
 """What a compress survivor's slices cost: one model trained for the same seconds under one decaying schedule (a
 baseline trained alone), in slices that each decay and warm up again (`restart`), or in slices that hold the rate
-and decay at their end, each going on from where the last one's decay began (`held`: compress's rungs,
-train/slices.py). Every arm uses the recipe compress trains candidates with.
+and decay at their end, each going on from where the last one's decay began (`held`: train/slices.py). Every
+arm uses the recipe compress trains candidates with.
 
     python bench/schedule_restart.py fb15k-237 --model rotate --dim 255 --slices 300,600 --threads 1 --tag s15
     # or one arm per core, then the table from both:
@@ -28,7 +28,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from compress import dataset_folder
 from harness import md_table, write_results
 
-from earl_service.compress.rungs import DECAY_SHARE
 from earl_service.config import ModelConfig
 from earl_service.config.options import train_configs_from_options
 from earl_service.config.recipes import DEFAULT
@@ -36,10 +35,11 @@ from earl_service.data.dataset import load_dataset
 from earl_service.train.slices import rewind, train_slice
 
 ARMS = ("single", "restart", "held")
+DECAY_SHARE = 0.2  # the held arm's default: the last fifth of each slice
 
 
 def run_arm(ds, model: ModelConfig, slices: list[float], out: Path, seed: int, decay_share: float = 1.0) -> dict:
-    """Train `model` over `slices` (seconds each) as compress's rungs do (train/slices.py), each slice's rate
+    """Train `model` over `slices` (seconds each) through train/slices.py, each slice's rate
     decaying over its last `decay_share` and the next slice going on from where that decay began (1: over the
     whole slice, the next warming up again from its end); the last weights ranked on valid and test."""
     recipe = replace(train_configs_from_options({"progress": False}, recipe=DEFAULT)[model.model], seed=seed,
@@ -74,9 +74,9 @@ def markdown(args, results: dict[str, dict]) -> str:
                       "error of the difference, unpaired; both rank the same triples, so on the safe side)."]
     lines += ["", "Every arm trains the same model for the same total seconds with the recipe compress trains its "
               "candidates with (the default): `single` decays once over the whole time (a baseline trained alone); "
-              "`restart` decays over each slice and warms up again at the next (compress's rungs until they held "
-              "the rate); `held` holds the rate and decays over each slice's last `decay_share`, the next slice "
-              "going on from where that decay began (compress's rungs now), so the decays of all slices but the last "
+              "`restart` decays over each slice and warms up again at the next (compress's rungs); `held` holds "
+              "the rate and decays over each slice's last `decay_share`, the next slice going on from where that "
+              "decay began (train/slices.py), so the decays of all slices but the last "
               "are spent on judging the slice alone."]
     return "\n".join(lines) + "\n"
 
@@ -92,7 +92,7 @@ def main() -> int:
     parser.add_argument("--threads", type=int, default=0)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--decay-share", type=float, default=DECAY_SHARE,
-                        help="the held arm's decay: this last share of each slice (compress's)")
+                        help="the held arm's decay: this last share of each slice")
     parser.add_argument("--tag", default="run")
     args = parser.parse_args()
     if args.threads:

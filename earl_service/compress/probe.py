@@ -16,13 +16,7 @@ import logging
 
 from earl_service.compress.candidates import baseline_name, valid_fraction
 from earl_service.compress.config import METRICS
-from earl_service.compress.rungs import (
-    EARLY_VALID_TRIPLES,
-    rewound,
-    slice_training,
-    timed_validation,
-    train_slice,
-)
+from earl_service.compress.rungs import EARLY_VALID_TRIPLES, slice_training, timed_validation, train_slice
 from earl_service.compress.state import CompressRun, Export, Rung, RungResult, ahead
 from earl_service.config import ModelKind
 from earl_service.train.run import load_run
@@ -93,7 +87,7 @@ def probe(run: CompressRun, rung: Rung, name: str) -> Export | None:
     (the rest of the slice, rungs.run_slice, continues it), and validate its weights on the rung's subset; None if
     stopped. The look records where that schedule starts and how long it runs."""
     assert rung.slice_seconds is not None
-    candidate = rewound(run, name)  # the look starts its slice
+    candidate = run.candidate(name)
     fraction = valid_fraction(run.dataset, EARLY_VALID_TRIPLES)
     look = candidate.validation(run.state.validation_seconds, fraction)
     planned = max(slice_training(run, name, rung.slice_seconds, EARLY_VALID_TRIPLES) - look, 1e-3)

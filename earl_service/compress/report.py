@@ -9,7 +9,6 @@ from typing import Any
 from earl_service.atomic import replacing, write_bytes, write_json
 from earl_service.bundle.sizes import CODING, METRICS_ROOM
 from earl_service.compress.config import METRICS
-from earl_service.compress.rungs import DECAY_SHARE
 from earl_service.compress.state import CompressRun
 
 REPORT_JSON, REPORT_MD, FRONTIER_PNG = "report.json", "report.md", "frontier.png"
@@ -180,8 +179,7 @@ def _seconds_table(seconds: dict[str, float], limit: float, peaks: dict[str, flo
     head = ["| phase | seconds | share of the search | peak RSS MB |", "|---|---|---|---|"] if peaks else \
         ["| phase | seconds | share of the search |", "|---|---|---|"]
     return ["", f"Where the time went: the search took {seconds.get('search', 0.0):.1f} s of a {limit:.0f} s limit, "
-                f"then the pick's test evaluation {seconds.get('test', 0.0):.1f} s. Training counts each slice's "
-                f"decay (its last {DECAY_SHARE:.0%}), which a survivor's next slice does not go on from.", "", *head, *rows]
+                f"then the pick's test evaluation {seconds.get('test', 0.0):.1f} s.", "", *head, *rows]
 
 
 def plot_frontier(report: dict[str, Any], path: os.PathLike) -> None:

@@ -27,10 +27,9 @@ from earl_service.compress.state import (
     rung_budget,
 )
 from earl_service.data.dataset import Dataset
-from earl_service.train import slices
 from earl_service.train.evaluate import SUMMARY_KEYS
 from earl_service.train.finetune import FineTune, fine_tune
-from earl_service.train.loop import run_bundle
+from earl_service.train.loop import run_bundle, train
 from earl_service.train.run import Run, load_run
 
 log = logging.getLogger(__name__)
@@ -54,9 +53,6 @@ FINAL_EVAL_SHARE = 0.05
 # and its search spent 38% of 5 minutes exporting; 10 rounds cost 3.1 s at 1.8% more relative error (0.2164 vs
 # 0.2126), which the codebook fine-tuning then trains on; 3 warm rounds (0.95 s) matched 25 cold ones.
 COLD_ITERATIONS, WARM_ITERATIONS = 10, 3
-# A candidate's rate holds through each slice and decays over this last share of it; the next slice goes on from
-# where the decay began (train/slices.py says what the restarts this replaced cost).
-DECAY_SHARE = 0.2
 
 
 def early_fraction(dataset: Dataset) -> float:
@@ -126,13 +122,11 @@ def run_slice(run: CompressRun, rung: Rung, name: str, limit: int, share: float 
     """Candidate `name`'s slice of `rung` (`share` wall seconds; default the rung's slice): train, export, validate
     on at most `limit` triples (0: all), and measure the rest of its overhead for its next slice; None if stopped."""
     assert rung.slice_seconds is not None
+    seconds = slice_training(run, name, rung.slice_seconds if share is None else share, limit)
     schedule = None
     if look := rung.probes.get(name):  # the rest of the slice its first look (probe.py) started
         schedule = (look["schedule_start"], look["schedule_seconds"])
         seconds = max(sum(schedule) - run.candidate(name).train_seconds, 0.0)
-    else:
-        rewound(run, name)  # a new slice: on from where the last one's decay began
-        seconds = slice_training(run, name, rung.slice_seconds if share is None else share, limit)
     started = run.clock()
     run.emit("train", name, seconds=seconds)
     if train_slice(run, name, seconds, schedule=schedule) is None:
@@ -259,15 +253,21 @@ def rung_exports(run: CompressRun, name: str) -> list[str]:
 
 def train_slice(run: CompressRun, name: str, seconds: float,
                 schedule: tuple[float, float] | None = None) -> dict[str, Any] | None:
-    """Train candidate `name` for about `seconds` more (continuing its checkpoint); None if stopped. Its rate holds over `schedule` (start, length: seconds of its training; by default these `seconds`
-    from now) and decays over the last DECAY_SHARE of it (train/slices.py)."""
+    """Train candidate `name` for about `seconds` more (continuing its checkpoint); None if stopped. Its rate decays
+    over `schedule` (start, length: seconds of its training), by default over these `seconds` from now."""
     candidate = run.candidate(name)
     start, length = schedule or (candidate.train_seconds, seconds)
+    # train() counts time_limit_minutes from its checkpoint's elapsed time; 0 would mean no limit at all.
+    limit = max(candidate.train_seconds + seconds, 1e-3) / 60
     # No validation inside train(): evaluate_exports validates every slice's weights, export by export, and a
     # second pass would take time from training (best.pt is then the slice's last weights).
-    # Each slice decays on its own: decaying once over every rung left rung 0 ranking at the peak rate (CoDEx-S at
-    # 2 MB: RotatE d473 0.2210 there to EARL d182's 0.2764 and cut, though alone it tested 0.4218 to 0.3346).
-    config = replace(run.train_config(name), seed=run.config.seed, progress=False, eval_every=0)
+    # A decaying schedule decays over each slice, warming up again at the next (a restart per rung), so that a
+    # rung compares what each candidate reaches in its slice. Decaying once over what a survivor of every rung
+    # would train left rung 0 ranking at the peak rate: on CoDEx-S at 2 MB, RotatE d473 validated 0.2210 there
+    # against EARL d182's 0.2764 and was cut, though trained alone for the 10 minutes it tested 0.4218 to the
+    # pick's 0.3346.
+    config = replace(run.train_config(name), time_limit_minutes=limit, schedule_minutes=max(length, 1e-3) / 60,
+                     schedule_start_minutes=start / 60, seed=run.config.seed, progress=False, eval_every=0)
 
     def forward(progress: dict[str, Any]) -> None:
         run.emit("train", name, step=progress["step"], loss=progress["loss"], valid_mrr=progress["valid_mrr"])
@@ -275,10 +275,9 @@ def train_slice(run: CompressRun, name: str, seconds: float,
     # No bundle.safetensors per slice: evaluate_exports builds the source of the exports from the run's weights.
     # Writing one packed the training graph each time (xz), 71 s of a 1M-entity, 10M-triple slice on one core.
     started, trained_before = run.clock(), candidate.train_seconds
-    metrics = slices.train_slice(run.dataset, candidate.config, config, run.run_dir(name),
-                                 trained=candidate.train_seconds, seconds=seconds, schedule=(start, length),
-                                 decay_share=DECAY_SHARE, final_eval=False, on_progress=forward,
-                                 should_stop=run.should_stop, graphs=run.graphs, curves=False, write_bundle=False)
+    metrics = train(run.dataset, candidate.config, config, run.run_dir(name), resume=True, final_eval=False,
+                    on_progress=forward, should_stop=run.should_stop, graphs=run.graphs, curves=False,
+                    write_bundle=False)
     stepped = metrics["train_seconds"] - trained_before  # the steps; the rest of the call built the run
     run.charge("train", stepped)
     run.charge("setup", run.clock() - started - stepped, peak_mb=metrics.get("memory", {}).get("build_peak_rss_mb", 0.0))
@@ -286,14 +285,6 @@ def train_slice(run: CompressRun, name: str, seconds: float,
         return None
     candidate.train_seconds, candidate.steps = metrics["train_seconds"], metrics["steps"]
     return metrics
-
-
-def rewound(run: CompressRun, name: str) -> Candidate:
-    """Candidate `name`, its run put back where its last finished slice's decay began: at a slice's start only."""
-    candidate = run.candidate(name)
-    if (held := slices.rewind(run.run_dir(name), candidate.train_seconds)) is not None:
-        candidate.train_seconds, candidate.steps = held["train_seconds"], held["steps"]
-    return candidate
 
 
 def evaluate_exports(run: CompressRun, name: str, split: str = "valid", *, tune_seconds: float = 0.0,

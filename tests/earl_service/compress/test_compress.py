@@ -44,7 +44,6 @@ from earl_service.data.vocab import Vocab
 from earl_service.errors import BundleError, ConfigError, DatasetError
 from earl_service.model.graph import choose_reserved
 from earl_service.model.modules import build_model
-from earl_service.train import slices as slices_module
 
 TINY = dict.fromkeys(MODELS, TrainConfig(batch_size=64, negatives=8, eval_every=0, progress=False, threads=1))
 
@@ -592,14 +591,14 @@ def test_a_killed_job_continues_after_its_last_completed_rung(tmp_path, monkeypa
     before = _killed_in_rung_1(dataset, tmp_path, config)
     assert set(before["rungs"][0]["results"]) == set(before["rungs"][0]["survivors"]) and not before["done"]
     trained = []
-    real_train = slices_module.train
+    real_train = rungs_module.train
 
     def spy(dataset, model_config, train_config, out_dir, **kwargs):
         trained.append(Path(out_dir).name)
         assert kwargs["resume"]
         return real_train(dataset, model_config, train_config, out_dir, **kwargs)
 
-    monkeypatch.setattr(slices_module, "train", spy)
+    monkeypatch.setattr(rungs_module, "train", spy)
     report = compress(dataset, tmp_path, config, train_configs=TINY)
     later = [name for rung in report["rungs"][1:] for name in rung["survivors"]]
     assert trained == later  # rung 0 was not trained again
@@ -610,7 +609,7 @@ def test_a_killed_job_continues_after_its_last_completed_rung(tmp_path, monkeypa
 
 
 def test_a_stopped_job_returns_none_and_trains_nothing(tmp_path, monkeypatch):
-    monkeypatch.setattr(slices_module, "train", _never)
+    monkeypatch.setattr(rungs_module, "train", _never)
     config = CompressConfig(max_bytes=50_000, time_limit_minutes=1, models=("rotate",))
     assert compress(tiny_dataset(), tmp_path, config, train_configs=TINY, should_stop=lambda: True) is None
     assert json.loads((tmp_path / STATE).read_text())["rungs"][0]["results"] == {}
@@ -624,7 +623,7 @@ def _never(*args, **kwargs):
 
 
 def test_a_budget_below_the_smallest_bundle_fails_before_training(tmp_path, monkeypatch):
-    monkeypatch.setattr(slices_module, "train", _never)
+    monkeypatch.setattr(rungs_module, "train", _never)
     dataset = tiny_dataset()
     sizes = BundleSizes(dataset)
     smallest = min(sizes.bytes(m, MIN_DIM, p) for m in ("earl", "rotate") for p in PRECISIONS)
@@ -655,7 +654,7 @@ def test_timing_the_validations_counts_against_the_time_limit(tmp_path, monkeypa
 
 
 def test_a_time_limit_shorter_than_one_validation_fails(tmp_path, monkeypatch):
-    monkeypatch.setattr(slices_module, "train", _never)
+    monkeypatch.setattr(rungs_module, "train", _never)
     with pytest.raises(ConfigError, match="too short"):
         compress(tiny_dataset(), tmp_path, CompressConfig(max_bytes=50_000, time_limit_minutes=1e-6), train_configs=TINY)
 
@@ -803,13 +802,13 @@ def test_a_killed_job_with_pq_candidates_continues(tmp_path, monkeypatch):
     assert any(p.startswith("pq:") for r in first.values() for p in r["exports"])
     assert all("fine_tune_steps" in v for r in first.values() for p, v in r["exports"].items() if p.startswith("pq:"))
     trained = []
-    real_train = slices_module.train
+    real_train = rungs_module.train
 
     def spy(dataset, model_config, train_config, out_dir, **kwargs):
         trained.append(Path(out_dir).name)
         return real_train(dataset, model_config, train_config, out_dir, **kwargs)
 
-    monkeypatch.setattr(slices_module, "train", spy)
+    monkeypatch.setattr(rungs_module, "train", spy)
     report = compress(dataset, tmp_path, config, train_configs=TINY)
     assert trained == [name for rung in report["rungs"][1:] for name in rung["survivors"]]
     assert report["rungs"][0]["scores"] == {n: r["score"] for n, r in first.items()}

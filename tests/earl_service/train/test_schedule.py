@@ -51,37 +51,27 @@ def test_a_slice_decays_its_own_budget_from_where_it_starts():
     assert budget_used(cfg, 50, 180.0) == 1.0
 
 
-def test_compress_slices_hold_then_decay_over_their_own_budget(monkeypatch, tmp_path):
-    """Each slice of a candidate holds the rate, then decays over the last DECAY_SHARE of that slice's training,
-    from the training it had before; the next slice goes on from where the decay began."""
+def test_compress_slices_restart_the_schedule_at_each_rung(monkeypatch, tmp_path):
+    """Each slice of a candidate decays over that slice's training, from the training it had before."""
     from types import SimpleNamespace
 
     from earl_service.compress import rungs
-    from earl_service.train import slices
 
     seen = []
 
     def fake_train(dataset, model_config, cfg, out, **kwargs):
         seen.append(cfg)
-        (out / CHECKPOINT).write_text(f"at {cfg.time_limit_minutes * 60:g} s")
-        return {"train_seconds": cfg.time_limit_minutes * 60, "steps": len(seen) * 10, "stopped": "time_limit"}
+        return {"train_seconds": cfg.time_limit_minutes * 60, "steps": 10, "stopped": "time_limit"}
 
-    monkeypatch.setattr(slices, "train", fake_train)
-    monkeypatch.setattr(rungs, "DECAY_SHARE", 0.25)
+    monkeypatch.setattr(rungs, "train", fake_train)
     candidate = SimpleNamespace(config=None, train_seconds=90.0, steps=5)
     job = SimpleNamespace(candidate=lambda name: candidate, config=SimpleNamespace(seed=0), dataset=None, graphs=None,
                           train_config=lambda name: TrainConfig(lr_schedule="cosine"), run_dir=lambda name: tmp_path,
                           clock=lambda: 0.0, charge=lambda *a, **k: None, emit=lambda *a, **k: None, should_stop=None)
     rungs.train_slice(job, "rotate-d10", 60.0)
-    assert all(c.schedule_start_minutes == pytest.approx(1.5) and c.schedule_minutes == pytest.approx(1.0)
-               and c.decay_share == 0.25 for c in seen)
-    assert [c.time_limit_minutes for c in seen] == pytest.approx([2.25, 2.5])  # held at 135 s, decayed to 150 s
-    assert candidate.train_seconds == pytest.approx(150.0) and candidate.steps == 20
-    assert (tmp_path / slices.HELD).read_text() == "at 135 s"
-    assert rungs.rewound(job, "rotate-d10") is candidate
-    assert (candidate.train_seconds, candidate.steps) == (135.0, 10)
-    assert (tmp_path / CHECKPOINT).read_text() == "at 135 s" and not (tmp_path / slices.HELD).exists()
-    assert rungs.rewound(job, "rotate-d10").train_seconds == 135.0  # nothing held any more: it stays
+    assert seen[0].schedule_start_minutes == pytest.approx(1.5) and seen[0].schedule_minutes == pytest.approx(1.0)
+    assert seen[0].time_limit_minutes == pytest.approx(2.5)
+    assert candidate.train_seconds == pytest.approx(150.0)
 
 
 def test_a_held_state_is_not_rewound_to_before_its_slice_is_done(tmp_path):
