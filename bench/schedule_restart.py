@@ -34,21 +34,25 @@ from earl_service.config.recipes import DEFAULT
 from earl_service.data.dataset import load_dataset
 from earl_service.train.slices import rewind, train_slice
 
-ARMS = ("single", "restart", "held")
+ARMS = ("single", "restart", "held", "continued")
 DECAY_SHARE = 0.2  # the held arm's default: the last fifth of each slice
 
 
-def run_arm(ds, model: ModelConfig, slices: list[float], out: Path, seed: int, decay_share: float = 1.0) -> dict:
+def run_arm(ds, model: ModelConfig, slices: list[float], out: Path, seed: int, decay_share: float = 1.0,
+            continued: bool = False) -> dict:
     """Train `model` over `slices` (seconds each) through train/slices.py, each slice's rate
     decaying over its last `decay_share` and the next slice going on from where that decay began (1: over the
-    whole slice, the next warming up again from its end); the last weights ranked on valid and test."""
+    whole slice, the next warming up again from its end); with `continued`, every slice after the first runs on
+    one schedule over all the slices, its rate going back to where that schedule is rather than to the peak. The
+    last weights ranked on valid and test."""
     recipe = replace(train_configs_from_options({"progress": False}, recipe=DEFAULT)[model.model], seed=seed,
                      eval_every=0)
     trained, metrics, started = 0.0, {}, time.monotonic()
     for index, seconds in enumerate(slices):
         if (held := rewind(out, trained)) is not None:
             trained = held["train_seconds"]
-        metrics = train_slice(ds, model, recipe, out, trained=trained, seconds=seconds, schedule=(trained, seconds),
+        schedule = (0.0, sum(slices)) if continued and index else (trained, seconds)
+        metrics = train_slice(ds, model, recipe, out, trained=trained, seconds=seconds, schedule=schedule,
                               decay_share=decay_share, final_eval=index == len(slices) - 1, write_bundle=False,
                               curves=False)
         trained = metrics["train_seconds"]
@@ -77,7 +81,8 @@ def markdown(args, results: dict[str, dict]) -> str:
               "`restart` decays over each slice and warms up again at the next (compress's rungs); `held` holds "
               "the rate and decays over each slice's last `decay_share`, the next slice going on from where that "
               "decay began (train/slices.py), so the decays of all slices but the last "
-              "are spent on judging the slice alone."]
+              "are spent on judging the slice alone; `continued` decays over the first slice, then runs the rest on "
+              "one schedule over all the slices (the rate back to where that schedule is, not to the peak)."]
     return "\n".join(lines) + "\n"
 
 
@@ -106,7 +111,7 @@ def main() -> int:
             out = root / arm
             result = run_arm(ds, ModelConfig(model=args.model, dim=args.dim),
                              [sum(slices)] if arm == "single" else slices, out / "run", args.seed,
-                             args.decay_share if arm == "held" else 1.0)
+                             args.decay_share if arm == "held" else 1.0, continued=arm == "continued")
             out.mkdir(parents=True, exist_ok=True)
             (out / "result.json").write_text(json.dumps(result, indent=2) + "\n")
     results = {arm: json.loads((root / arm / "result.json").read_text())
