@@ -127,9 +127,10 @@ def next_rung(run: CompressRun) -> None:
             kept = survivors(faster_among_ties(run, rung, ranked), keep, lambda n: run.candidate(n).model,
                              {n: rung.results[n].score for n in ranked})
             kept += [base] if base is not None and base not in kept else []
-            if len([n for n in ranked if n in kept]) == 1:  # the fill left one: it trains on the rest of the time
-                state.rung_count = rung.index + 2
-        state.rungs.append(Rung(index=rung.index + 1, survivors=[n for n in ranked if n in kept]))
+        going_on = [n for n in ranked if n in kept]
+        if len(going_on) == 1:  # the fill kept one: it trains on the rest of the time
+            state.rung_count = rung.index + 2
+        state.rungs.append(Rung(index=rung.index + 1, survivors=going_on))
     run.save()
 
 

@@ -40,7 +40,7 @@ def train_slice(dataset: Dataset, model: ModelConfig, config: TrainConfig, out: 
     train()'s metrics of the last call."""
     start, length = schedule
     config = replace(config, schedule_minutes=max(length, 1e-3) / 60, schedule_start_minutes=start / 60,
-                     decay_share=decay_share if config.lr_schedule != "constant" else config.decay_share)
+                     decay_share=decay_share)
     folder, end = Path(out), trained + seconds
     hold_until = start + (1.0 - decay_share) * length
     if config.lr_schedule != "constant" and trained < hold_until < end:
