@@ -70,11 +70,12 @@ def markdown(args, results: dict[str, dict]) -> str:
                      round(r["valid"]["mrr"], 4), round(r["test"]["mrr"], 4), se and round(se, 4)])
     lines = [f"# One schedule or slices: {args.model} d{args.dim} on {args.dataset}", "",
              md_table(["arm", "slices (s)", "steps", "train s", "valid MRR", "test MRR", "test SE"], rows)]
-    for arm in ARMS[1:]:
-        if {"single", arm} <= set(results):
-            a, b = results["single"]["test"], results[arm]["test"]
+    base = next((arm for arm in ("single", "restart") if arm in results), None)  # what the others are set against
+    for arm in ARMS:
+        if base is not None and arm in results and arm != base:
+            a, b = results[base]["test"], results[arm]["test"]
             se = math.hypot(*(x.get("standard_error", {}).get("mrr", 0.0) for x in (a, b)))
-            lines += ["", f"{arm.capitalize()} minus single, test MRR: {b['mrr'] - a['mrr']:+.4f} ({se:.4f} standard "
+            lines += ["", f"{arm.capitalize()} minus {base}, test MRR: {b['mrr'] - a['mrr']:+.4f} ({se:.4f} standard "
                       "error of the difference, unpaired; both rank the same triples, so on the safe side)."]
     lines += ["", "Every arm trains the same model for the same total seconds with the recipe compress trains its "
               "candidates with (the default): `single` decays once over the whole time (a baseline trained alone); "
