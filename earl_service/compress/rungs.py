@@ -123,15 +123,20 @@ def run_slice(run: CompressRun, rung: Rung, name: str, limit: int, share: float 
     on at most `limit` triples (0: all), and measure the rest of its overhead for its next slice; None if stopped."""
     assert rung.slice_seconds is not None
     seconds = slice_training(run, name, rung.slice_seconds if share is None else share, limit)
-    schedule = None
+    trained_in_slice, schedule = seconds, None
     if look := rung.probes.get(name):  # the rest of the slice its first look (probe.py) started
         schedule = (look["schedule_start"], look["schedule_seconds"])
-        seconds = max(sum(schedule) - run.candidate(name).train_seconds, 0.0)
+        trained_in_slice, seconds = schedule[1], max(sum(schedule) - run.candidate(name).train_seconds, 0.0)
+    elif rung.index == run.state.rung_count - 1:
+        # The last rung trains the one candidate left and ranks it against no one: its rate goes on along one
+        # schedule over all of its training, back to where that schedule stands rather than to the peak.
+        # RotatE d255 on FB15k-237 in 300 + 660 s tested 0.3162 so and 0.3133 warming up again (one core each,
+        # bench/results/schedule_restart_fb15k-237_rotate-d255_r17.md).
+        schedule = (0.0, run.candidate(name).train_seconds + seconds)
     started = run.clock()
     run.emit("train", name, seconds=seconds)
     if train_slice(run, name, seconds, schedule=schedule) is None:
         return None
-    trained_in_slice = schedule[1] if schedule else seconds
     tune_seconds = FINE_TUNE_SHARE * trained_in_slice if fine_tuned(run.candidate(name)) else 0.0
     exports = evaluate_exports(run, name, tune_seconds=tune_seconds, limit=limit)
     tuned = sum(e.get("fine_tune_seconds", 0.0) for e in exports.values())
@@ -261,11 +266,11 @@ def train_slice(run: CompressRun, name: str, seconds: float,
     limit = max(candidate.train_seconds + seconds, 1e-3) / 60
     # No validation inside train(): evaluate_exports validates every slice's weights, export by export, and a
     # second pass would take time from training (best.pt is then the slice's last weights).
-    # A decaying schedule decays over each slice, warming up again at the next (a restart per rung), so that a
-    # rung compares what each candidate reaches in its slice. Decaying once over what a survivor of every rung
-    # would train left rung 0 ranking at the peak rate: on CoDEx-S at 2 MB, RotatE d473 validated 0.2210 there
-    # against EARL d182's 0.2764 and was cut, though trained alone for the 10 minutes it tested 0.4218 to the
-    # pick's 0.3346.
+    # A decaying schedule decays over each slice, warming up again at the next (a restart per rung but the last:
+    # run_slice), so that a rung compares what each candidate reaches in its slice. Decaying once over what a
+    # survivor of every rung would train left rung 0 ranking at the peak rate: on CoDEx-S at 2 MB, RotatE d473
+    # validated 0.2210 there against EARL d182's 0.2764 and was cut, though trained alone for the 10 minutes it
+    # tested 0.4218 to the pick's 0.3346.
     config = replace(run.train_config(name), time_limit_minutes=limit, schedule_minutes=max(length, 1e-3) / 60,
                      schedule_start_minutes=start / 60, seed=run.config.seed, progress=False, eval_every=0)
 

@@ -142,5 +142,8 @@ def test_a_real_search_looks_once_and_continues_each_schedule(tmp_path, monkeypa
     assert all(json.loads((tmp_path / STATE).read_text())["rungs"][0]["probes"][n]["schedule_seconds"] > 0
                for n in looks)
     saved = json.loads((tmp_path / STATE).read_text())["rungs"][0]["probes"]
-    rest = {name: schedule for name, schedule in schedules if name in looks and schedule is not None}
+    rest = {}  # each looked-at candidate's first slice after its look: the rest of its rung-0 slice
+    for name, schedule in schedules:
+        if name in looks:
+            rest.setdefault(name, schedule)
     assert rest == {n: (saved[n]["schedule_start"], saved[n]["schedule_seconds"]) for n in looks}
