@@ -173,13 +173,16 @@ def _seconds_table(seconds: dict[str, float], limit: float, peaks: dict[str, flo
         return f" {peaks[phase]:,.0f} |" if phase in peaks else " - |"
 
     rows = [f"| {phase} | {value:.1f} | {100 * value / search:.0f}% |{peak(phase) if peaks else ''}"
-            for phase, value in seconds.items() if phase not in ("search", "test")]
+            for phase, value in seconds.items() if phase not in ("search", "test", "kernel")]
     if peaks and "test" in seconds:
         rows.append(f"| test (after the search) | {seconds['test']:.1f} | - |{peak('test')}")
     head = ["| phase | seconds | share of the search | peak RSS MB |", "|---|---|---|---|"] if peaks else \
         ["| phase | seconds | share of the search |", "|---|---|---|"]
-    return ["", f"Where the time went: the search took {seconds.get('search', 0.0):.1f} s of a {limit:.0f} s limit, "
-                f"then the pick's test evaluation {seconds.get('test', 0.0):.1f} s.", "", *head, *rows]
+    kernel = seconds.get("kernel", 0.0)
+    before = (f" (before its clock started, the C++ kernel took {kernel:.1f} s to load: a first use on a machine "
+              "builds it)" if kernel >= 1 else "")
+    return ["", f"Where the time went: the search took {seconds.get('search', 0.0):.1f} s of a {limit:.0f} s limit"
+                f"{before}, then the pick's test evaluation {seconds.get('test', 0.0):.1f} s.", "", *head, *rows]
 
 
 def plot_frontier(report: dict[str, Any], path: os.PathLike) -> None:

@@ -250,6 +250,7 @@ class CompressRun:
     graphs: GraphCache | None = None  # the dataset's graphs, built once for every candidate and rung (None: each
     # training and evaluation builds its own)
     fixed_parts: dict[bool, dict[str, Any]] = field(default_factory=dict)  # shipped(): packed once, by graphless
+    kernel_seconds: float = 0.0  # loading (or building) the C++ kernel before the clock started
 
     def __post_init__(self) -> None:
         if self.started is None:

@@ -90,21 +90,35 @@ def _cflags() -> list[str]:
 
 
 def build_dir() -> Path:
-    """Where this source is built: one directory per CPU architecture, torch version, source and flags.
+    """Where this source is built: one directory per CPU architecture, torch version and install, source and flags.
 
     -march=native code must not be reused by another kind of machine sharing the cache directory. The build
     compiles a copy of the source kept in this directory: the build files name the source's path, so compiling
     each checkout's file in place would rebuild it whenever another checkout of the same code had used the
-    cache last.
+    cache last. They also name the torch and Python installs they include and link (install_paths), so each
+    environment builds in its own folder: keyed on the source and flags alone, two virtual environments sharing
+    the cache (a checkout's and a benchmark worktree's, or CI's clone) rebuilt it in turn, 30-45 s on one core
+    each time, and those seconds landed inside compress searches' planning (40 of 603 s at CoDEx-S 0.5 MB).
     """
     from torch.utils import cpp_extension
 
     tag = (f"{platform.machine()}_py{sys.version_info.major}{sys.version_info.minor}_"
            f"{torch.__version__.replace('.', '_').replace('+', '_')}")
-    digest = hashlib.sha256(_SOURCE.read_bytes() + " ".join(_cflags()).encode()).hexdigest()[:12]
+    key = " ".join([*_cflags(), *install_paths()]).encode()
+    digest = hashlib.sha256(_SOURCE.read_bytes() + key).hexdigest()[:12]
     # torch's own variable, read as torch's builds read it (torch's default root ignores it).
     root = os.environ.get("TORCH_EXTENSIONS_DIR") or cpp_extension.get_default_build_root()
     return Path(root) / f"earl_kernels_{tag}_{digest}"
+
+
+def install_paths() -> list[str]:
+    """The folders a build's command names (its -isystem and -L paths), spelt as torch spells them there: a
+    worktree that links a checkout's virtual environment names it by the link's path."""
+    import sysconfig
+
+    from torch.utils import cpp_extension
+
+    return [*cpp_extension.include_paths(), *cpp_extension.library_paths(), sysconfig.get_paths()["include"]]
 
 
 def _is_built(folder: Path) -> bool:

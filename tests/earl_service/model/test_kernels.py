@@ -161,6 +161,18 @@ def test_kernel_march_is_a_setting_with_its_own_build_folder(monkeypatch):
     assert kernels.build_dir() != native and kernels.build_dir().parent == native.parent
 
 
+def test_each_torch_install_builds_in_its_own_folder(monkeypatch):
+    """The build command names torch's include and library folders: two virtual environments sharing the cache
+    (a checkout's, a worktree's or CI's clone) must not rebuild one folder in turn."""
+    from torch.utils import cpp_extension
+
+    here = kernels.build_dir()
+    assert kernels.build_dir() == here  # the same install: the same folder, built once
+    other = [p.replace("site-packages", "other-env") for p in cpp_extension.include_paths()]
+    monkeypatch.setattr(cpp_extension, "include_paths", lambda *a, **k: other)
+    assert kernels.build_dir() != here and kernels.build_dir().parent == here.parent
+
+
 def test_importing_the_kernels_reads_no_environment():
     import subprocess
     import sys
