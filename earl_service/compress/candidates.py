@@ -39,6 +39,9 @@ EVAL_SHARE = 0.5  # most of the time limit the search's validations may take (ca
 # misjudge: 64 and 256 triples (a quarter of one of FB15k-237's batches, and one) put EARL d136's pass 24% short.
 TIMING_BATCHES = (1, 3)
 TIMING_STEPS = 3  # training steps timed per measured candidate (after one untimed)
+# ... or fewer, once they have taken this long: EARL d320's steps on WordNet-full take ~9 s each on one core, and
+# four of them were a fifth of that search's planning; a step that long varies by a few percent.
+TIMING_SECONDS = 5.0
 # Steps the first rung should give every candidate. At 116,650 entities (WordNet-full-noinv, 2 MB, 10 minutes, 2
 # cores) the search kept all 9 candidates that fit, and rung 0's 11-s slices trained EARL d96 for 3 steps and
 # d80 for 1: every export validated at chance (MRR 0.0003-0.0005), so the ranking was noise.
@@ -165,9 +168,11 @@ def measure_costs(dataset: Dataset, sizes: BundleSizes, candidates: list[Candida
     return measured
 
 
-def step_seconds(run: Run, train_config: TrainConfig, steps: int = TIMING_STEPS) -> float:
-    """Mean seconds of `steps` training steps of `run`'s model as train() takes them, after one untimed (its
-    first builds caches), on a copy of the weights: `run` is left as it was."""
+def step_seconds(run: Run, train_config: TrainConfig, steps: int = TIMING_STEPS,
+                 seconds: float = TIMING_SECONDS) -> float:
+    """Mean seconds of `steps` training steps of `run`'s model as train() takes them (fewer once they have taken
+    `seconds`, at least one), after one untimed (its first builds caches), on a copy of the weights: `run` is left
+    as it was."""
     weights = {k: v.clone() for k, v in run.model.state_dict().items()}
     learner = Learner.build(run, build_optimizer(run.model, train_config), train_config, ranks=Ranks(),
                             device=run.device)
@@ -176,15 +181,15 @@ def step_seconds(run: Run, train_config: TrainConfig, steps: int = TIMING_STEPS)
     run.model.train()
     losses.add(state.step, train_step(learner, state))
     losses.read()
-    started = time.perf_counter()
-    for _ in range(steps):
-        loss = train_step(learner, state)
-        losses.add(state.step, loss)
-    losses.read()
-    seconds = (time.perf_counter() - started) / steps
+    started, timed = time.perf_counter(), 0
+    while timed < steps and (timed == 0 or time.perf_counter() - started < seconds):
+        losses.add(state.step, train_step(learner, state))
+        timed += 1
+    losses.read()  # on a GPU the clock above saw queued steps: all `steps` run, and the read waits for them
+    mean = (time.perf_counter() - started) / timed
     run.model.eval()
     run.model.load_state_dict(weights)
-    return seconds
+    return mean
 
 
 def pass_seconds(evaluate: Callable[[int], None], triples: int, batch: int,

@@ -587,6 +587,27 @@ def test_planning_times_a_training_step_and_leaves_the_model_as_it_was():
     assert all(torch.equal(before[k], after[k]) for k in before)
 
 
+def test_planning_times_fewer_steps_once_they_take_long(monkeypatch):
+    """One untimed step, then TIMING_STEPS timed, or fewer once they have taken TIMING_SECONDS (at least one):
+    EARL d320's ~9-s steps on WordNet-full are not timed four times over."""
+    from earl_service.compress import candidates as candidates_module
+    from earl_service.train.run import Run
+
+    run = Run.build(tiny_dataset(), ModelConfig(model="rotate", dim=16), torch.device("cpu"))
+    calls, real = [], candidates_module.train_step
+
+    def counted(learner, state):
+        calls.append(state.step)
+        return real(learner, state)
+
+    monkeypatch.setattr(candidates_module, "train_step", counted)
+    assert candidates_module.step_seconds(run, TINY["rotate"], steps=3, seconds=0.0) > 0
+    assert len(calls) == 2  # the untimed step and one timed
+    calls.clear()
+    candidates_module.step_seconds(run, TINY["rotate"], steps=3, seconds=600.0)
+    assert len(calls) == 4
+
+
 class Killed(Exception):
     pass
 
