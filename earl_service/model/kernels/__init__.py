@@ -97,8 +97,9 @@ def build_dir() -> Path:
     each checkout's file in place would rebuild it whenever another checkout of the same code had used the
     cache last. They also name the torch and Python installs they include and link (install_paths), so each
     environment builds in its own folder: keyed on the source and flags alone, two virtual environments sharing
-    the cache (a checkout's and a benchmark worktree's, or CI's clone) rebuilt it in turn, 30-45 s on one core
-    each time, and those seconds landed inside compress searches' planning (40 of 603 s at CoDEx-S 0.5 MB).
+    the cache (a checkout's and a benchmark worktree's, or CI's clone) rebuilt it in turn, 27-44 s on one core
+    each time, and those seconds landed inside compress searches' planning (35 of the 40 s a CoDEx-S 0.5 MB
+    search planned).
     """
     from torch.utils import cpp_extension
 
