@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 import os
-import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -41,7 +40,7 @@ from earl_service.config.recipes import DEFAULT
 from earl_service.data.dataset import Dataset
 from earl_service.errors import DatasetError
 from earl_service.memory import peak_rss_mb
-from earl_service.model.kernels import extension_available
+from earl_service.model import kernels
 from earl_service.train.evaluate import SUMMARY_KEYS
 from earl_service.train.run import GraphCache
 
@@ -77,7 +76,7 @@ def compress(dataset: Dataset, out_dir: str | os.PathLike, config: CompressConfi
         raise DatasetError("compress picks on validation metrics: the dataset needs a valid split")
     out = Path(out_dir)
     train_configs = train_configs or train_configs_from_options({"progress": False}, recipe=DEFAULT)
-    kernel_seconds = load_kernel()
+    _, kernel_seconds = kernels.load_timed()  # before the clock, as training; the report states the seconds
     state, graphs = load_state(out, config, dataset), GraphCache(dataset)
     if state is None:
         state = plan(dataset, config, train_configs, early_fraction=early_fraction(dataset), graphs=graphs)
@@ -90,14 +89,6 @@ def compress(dataset: Dataset, out_dir: str | os.PathLike, config: CompressConfi
     if not search(run):
         return None
     return finish(run)
-
-
-def load_kernel() -> float:
-    """Build or load the C++ CPU kernel before the search's clock starts, as training does before its own (a first
-    build on a machine takes 30-45 s on one core): seconds taken, which the report states beside the search's."""
-    started = time.perf_counter()
-    extension_available()
-    return time.perf_counter() - started
 
 
 # ---------------------------------------------------------------- successive halving

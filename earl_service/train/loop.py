@@ -19,7 +19,7 @@ from earl_service.config import ModelConfig, TrainConfig
 from earl_service.data.dataset import Dataset
 from earl_service.data.vocab import Vocab
 from earl_service.memory import peak_rss_mb, reset_peak_rss
-from earl_service.model.kernels import extension_available
+from earl_service.model import kernels
 from earl_service.model.modules import trainable_parameters
 from earl_service.provenance import provenance
 from earl_service.train.checkpoint import CHECKPOINT, Checkpointer
@@ -249,7 +249,8 @@ def train(
     learner.graphed = GraphedStep.build(learner, eager_step, step_on_batch)
     if state.best_mrr < 0 and not checkpoints.has_best():
         checkpoints.save_best()  # best.pt exists however the run ends
-    extension = _load_kernel(memory)
+    available, memory.kernel_load_seconds = kernels.load_timed()  # before the clock starts
+    extension = "cpp" if available else "torch"  # which distance path the steps use
     peak_reset = reset_peak_rss()  # from here on the peak is the training steps' own
     stop = StopRules.for_run(cfg, ranks, should_stop, has_valid=dataset.valid is not None and len(dataset.valid) > 0)
     start = time.perf_counter() - state.elapsed
@@ -325,15 +326,6 @@ def _mrr_at(state: TrainState, step: int) -> float | None:
     history = state.history
     known = [mrr for at, mrr in zip(history.eval_steps, history.eval_mrr, strict=True) if at <= step]
     return known[-1] if known else None
-
-
-def _load_kernel(memory: MemoryUse) -> str:
-    """Build or load the fused CPU kernel before the clock starts (a first build takes a while; see README),
-    so that a time budget is spent on steps. Returns which distance path the steps use: "cpp" or "torch"."""
-    kernel_start = time.perf_counter()
-    extension = "cpp" if extension_available() else "torch"
-    memory.kernel_load_seconds = time.perf_counter() - kernel_start
-    return extension
 
 
 def _final_metrics(

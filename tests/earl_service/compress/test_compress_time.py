@@ -15,6 +15,7 @@ from earl_service.compress.config import CompressConfig
 from earl_service.compress.search import compress
 from earl_service.compress.state import PHASES, Candidate
 from earl_service.config import MODELS, ModelConfig, TrainConfig
+from earl_service.model import kernels
 
 TINY = dict.fromkeys(MODELS, TrainConfig(batch_size=64, negatives=8, eval_every=0, progress=False, threads=1))
 SLOW = 0.5  # seconds added to every validation of an export (above what bookkeeping takes on a loaded machine)
@@ -29,7 +30,7 @@ def slow_validation_report(tmp_path_factory):
     config = CompressConfig(max_bytes=BundleSizes(dataset).bytes("rotate", 32, "fp32"), time_limit_minutes=0.1,
                             precisions=("fp32", "int8"))
     calls: list[str] = []
-    real, real_kernel, real_plan = rungs_module.evaluate_weights, search_module.extension_available, search_module.plan
+    real, real_kernel, real_plan = rungs_module.evaluate_weights, kernels.extension_available, search_module.plan
 
     def slow(run, split, **kwargs):
         calls.append(split)
@@ -49,7 +50,7 @@ def slow_validation_report(tmp_path_factory):
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(rungs_module, "evaluate_weights", slow)  # the rungs' validations and the pick's test
-        patch.setattr(search_module, "extension_available", slow_kernel)
+        patch.setattr(kernels, "extension_available", slow_kernel)
         patch.setattr(search_module, "plan", plan)
         report = compress(dataset, tmp_path_factory.mktemp("slow"), config, train_configs=TINY)
     return report, calls

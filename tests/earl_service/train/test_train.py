@@ -57,7 +57,7 @@ def test_training_is_deterministic(tmp_path):
 
 def test_the_kernel_is_loaded_before_the_time_budget_starts(tmp_path, monkeypatch):
     """A first build of the C++ kernel takes a while: it must not be spent out of a run's wall-clock budget."""
-    from earl_service.train import loop as train_module
+    from earl_service.model import kernels
 
     events = []
 
@@ -66,7 +66,7 @@ def test_the_kernel_is_loaded_before_the_time_budget_starts(tmp_path, monkeypatc
         time.sleep(0.3)
         return False  # no C++ kernel: the steps use the torch path
 
-    monkeypatch.setattr(train_module, "extension_available", slow_load)
+    monkeypatch.setattr(kernels, "extension_available", slow_load)
     metrics = train(tiny_dataset(), ModelConfig(dim=4, k=3, reserved_ratio=0.2), TrainConfig(steps=3, **FAST),
                     tmp_path, final_eval=False, on_progress=lambda p: events.append(p["step"]))
     assert events == ["kernel", 1, 2, 3] and metrics["extension"] == "torch"
