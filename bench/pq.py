@@ -89,7 +89,7 @@ def measure_exports(ds, sizes: BundleSizes, config: ModelConfig, train_config: T
         if m is None or not sizes.pq_codes(config.model, config.dim, f"pq:{m}"):
             continue  # no table of this model pays for codebooks at this size: pq would be int8 by another name
         start = time.perf_counter()
-        tables = ProductQuantized(m).encode_tables(source.config, source.params)
+        tables = ProductQuantized(m).encode_tables(source.config, source.params, weights=source.row_weights())
         export(f"pq:{m}", tables, numbers_per_code=per_code, encode_seconds=time.perf_counter() - start)
         tuned, info = fine_tune(run, source.params, tables, train_config, FineTune(ft.steps, ft.seconds))
         export(f"pq:{m}", tuned, tuned=True, numbers_per_code=per_code, fine_tune_steps=len(info.losses),

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from earl_service.bundle.codebooks import PQTables
+from earl_service.bundle.codebooks import PQTables, row_weights
 from earl_service.bundle.decode import decode, decode_stored
 from earl_service.bundle.format import (
     FORMAT,
@@ -27,7 +27,7 @@ from earl_service.bundle.format import (
     read_safetensors,
     write_safetensors,
 )
-from earl_service.bundle.precision import DEFAULT, Precision
+from earl_service.bundle.precision import DEFAULT, Precision, ProductQuantized
 from earl_service.config import GRAPH_OPTIONAL, IMPORTED, ModelConfig
 from earl_service.data.dataset import load_triples_file
 from earl_service.data.labels import Labels
@@ -112,11 +112,19 @@ class Bundle:
             return torch.from_numpy(self.params["relations"])
         return self._embed()[1]
 
+    def row_weights(self) -> dict[str, np.ndarray]:
+        """How much each row of a coded table counts when codebooks are fit (codebooks.row_weights): its entity's
+        degree in the bundle's graph; none for a bundle without one."""
+        return row_weights(self.config.model, self.triples, len(self.entities))
+
     def to_tensors(self, precision: str | Precision | None = None, coding: str | None = None, *,
                    pq_tables: PQTables | None = None) -> tuple[dict[str, np.ndarray], dict[str, str]]:
         """Tensors and metadata of the bundle file; coding (CODINGS) defaults to the precision's. A precision that
-        codes tables (pq) stores `pq_tables`, or codebooks faiss trains on the weights here when None."""
+        codes tables (pq) stores `pq_tables`, or codebooks faiss trains on the weights here when None (rows drawn by
+        their degree in the bundle's graph, where it has one: codebooks.row_weights)."""
         chosen = Precision.parse(precision or self.precision).resolve(self.config.dim)
+        if pq_tables is None and isinstance(chosen, ProductQuantized):
+            pq_tables = chosen.encode_tables(self.config, self.params, weights=self.row_weights())
         tensors: dict[str, np.ndarray] = {}
         coded = set(pq_tables or ())  # replaced by their codes in with_tables: not int8-encoded only to be dropped
         for name, value in self.params.items():

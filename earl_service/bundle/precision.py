@@ -237,13 +237,15 @@ class ProductQuantized(Precision):
                 if lay.nbytes < lay.rows * self.FALLBACK.row_bytes(lay.width)}
 
     def encode_tables(self, config: ModelConfig, params: dict[str, np.ndarray], *, seed: int = 0,
-                      iterations: int = codebooks.ITERATIONS, start: PQTables | None = None) -> PQTables:
+                      iterations: int = codebooks.ITERATIONS, start: PQTables | None = None,
+                      weights: dict[str, np.ndarray] | None = None) -> PQTables:
         """Post-hoc faiss codebooks for every table a bundle of these weights codes at this M: k-means for
-        `iterations` rounds, warm from `start`'s codebooks for each table it holds at the same layout."""
+        `iterations` rounds, warm from `start`'s codebooks for each table it holds at the same layout, on rows
+        drawn by `weights` (codebooks.row_weights) for each table it weighs."""
         layouts = self.resolve(config.dim).plan(config.model, config.dim, _shapes(params))
-        start = start or {}
+        start, weights = start or {}, weights or {}
         return {name: codebooks.encode_table(params[name], lay.codes, seed=seed, iterations=iterations,
-                                             start=_fitting(start.get(name), lay))
+                                             start=_fitting(start.get(name), lay), weights=weights.get(name))
                 for name, lay in layouts.items()}
 
     def with_tables(self, tensors: dict[str, np.ndarray], metadata: dict[str, str], config: ModelConfig,

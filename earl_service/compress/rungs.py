@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from earl_service.bundle.codebooks import stored_tables
+from earl_service.bundle.codebooks import row_weights, stored_tables
 from earl_service.bundle.format import read_safetensors
 from earl_service.bundle.model_io import Bundle, load_bundle
 from earl_service.bundle.precision import Precision, ProductQuantized
@@ -304,13 +304,14 @@ def evaluate_exports(run: CompressRun, name: str, split: str = "valid", *, tune_
     tuned = tuned_precisions(candidate)
     subset = limit if 0 < limit < len(model_run.ranked_triples(split)) else 0
     results, validating = {}, 0.0
+    weights = row_weights(source.config.model, run.dataset.train, run.dataset.num_train_entities)
     for precision in rung_exports(run, name):
         expected = candidate.bytes[precision]
         run.emit("evaluate", name, precision=precision)
         tables, tuning = None, {}
         if isinstance(chosen := Precision.parse(precision), ProductQuantized):
             with run.timed("codebooks"):
-                tables = chosen.encode_tables(source.config, source.params, seed=run.config.seed,
+                tables = chosen.encode_tables(source.config, source.params, seed=run.config.seed, weights=weights,
                                               **warm_start(run.export_path(name, precision)))
             tuning = {"fine_tune_steps": 0, "fine_tune_seconds": 0.0}
             if precision in tuned:

@@ -138,7 +138,8 @@ class Search:
             return {**row, "fits": None, "skipped": "time limit"}
         tables = None
         if isinstance(precision, ProductQuantized):
-            tables = precision.encode_tables(self.bundle.config, self.bundle.params, seed=self.search.seed)
+            tables = precision.encode_tables(self.bundle.config, self.bundle.params, seed=self.search.seed,
+                                             weights=self.bundle.row_weights())
             tables = self._tuned(tables, row, tune_seconds)
         path = self.out / "candidates" / f"{precision.name.replace(':', '-')}.safetensors"
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -298,3 +298,29 @@ def test_a_warm_start_begins_from_the_codebooks_given(pq_bundle):
     other = ProductQuantized(4).encode_tables(bundle.config, bundle.params)  # (4, 256, 8) books: no fit for pq:8
     ignored = pq.encode_tables(bundle.config, bundle.params, iterations=1, start=other)
     assert np.array_equal(ignored["entities"][1], cold["entities"][1])
+
+
+def test_codebooks_fit_the_rows_queries_meet(pq_bundle):
+    """Rows drawn by degree: where a few rows carry the triples and the rest barely trained (a big table), codebooks
+    fit on them code the busy rows finer than codebooks fit on a uniform draw; a row of degree 0 is never drawn."""
+    from earl_service.bundle.codebooks import encode_table, row_weights, training_rows
+
+    rng = np.random.default_rng(0)
+    busy = rng.normal(0.0, 1.0, (5, 16)).repeat(100, 0) + rng.normal(0.0, 0.05, (500, 16))  # 5 tight clusters
+    table = np.concatenate([busy, rng.uniform(-1, 1, (20_000, 16))]).astype(np.float32)
+    weights = np.r_[np.full(500, 40.0), np.ones(20_000)]  # the busy rows hold half the triples
+    error = {}
+    for label, w in (("uniform", None), ("degree", weights)):
+        codes, books = encode_table(table, 4, weights=w)
+        error[label] = float(((decode_table(codes, books)[:500] - table[:500]) ** 2).sum(1).mean())
+    assert error["degree"] < 0.5 * error["uniform"]
+    ids = np.arange(len(table), dtype=np.float32)[:, None]
+    drawn = training_rows(ids, np.r_[np.zeros(10_000), np.ones(10_500)], seed=0)
+    assert len(drawn) == len(table) and drawn.min() >= 10_000
+    assert training_rows(table, None, seed=0) is table and training_rows(table, np.zeros(len(table)), 0) is table
+    # RotatE's rows are entities, weighed by their degree; no graph, no weights.
+    _, bundle, _ = pq_bundle
+    degree = np.bincount(np.r_[bundle.triples[:, 0], bundle.triples[:, 2]], minlength=len(bundle.entities))
+    assert np.array_equal(bundle.row_weights()["entities"], degree)
+    assert row_weights("rotate", bundle.triples[:0], len(bundle.entities)) == {}
+    assert row_weights("earl", bundle.triples, len(bundle.entities)) == {}  # reserved rows: every entity's
