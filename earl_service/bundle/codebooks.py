@@ -180,11 +180,11 @@ CODE_BLOCK_BYTES = 64 << 20  # the most faiss's distance table may take while en
 def row_weights(model: str, triples: np.ndarray, num_entities: int) -> dict[str, np.ndarray]:
     """How much each row of a coded per-entity table counts when its codebooks are fit: the entity's degree in
     `triples` (how often it is a head or a tail), since queries and their answers are drawn as the triples are.
-    None for EARL (its coded rows are reserved entities and relations, which every entity shares: unmeasured) or
-    without triples. Post-hoc codebooks fit on rows drawn by degree rather than uniformly, valid MRR: RotatE d50
-    on FB15k-237 at pq:25 0.2684 -> 0.2773, d16 on WordNet-full at pq:8 0.3251 -> 0.3392, d20 on a synthetic 1M
-    graph at pq:5 0.0038 -> 0.0072, where the uniform draw spent the centroids on rows that barely trained
-    (docs/design.md#codebooks-the-pq-precision)."""
+    No weights (an empty dict) for EARL, whose coded rows (reserved entities, relations) every entity reads
+    (unmeasured), or without triples. Post-hoc codebooks fit on rows drawn by degree rather than uniformly, valid
+    MRR (bench/results/pq_rows_*.md): RotatE d50 on FB15k-237 at pq:25 0.2704 -> 0.2785, d16 on WordNet-full at
+    pq:4 0.0538 -> 0.0635, d20 on a synthetic 1M graph at pq:5 0.0023 -> 0.0048, where a uniform draw spends the
+    centroids on rows that barely trained (docs/design.md#codebooks-the-pq-precision)."""
     if not len(triples) or "entities" not in CODABLE.get(model, ()):
         return {}
     return {"entities": np.bincount(np.concatenate([triples[:, 0], triples[:, 2]]),
