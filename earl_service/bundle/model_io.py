@@ -247,4 +247,8 @@ def export_bundle(run_dir: str | os.PathLike, out_path: str | os.PathLike, *,
     if not source.exists():
         raise BundleError(f"{run_dir} holds no bundle.safetensors: is it a run directory written by `earl train`?")
     bundle = load_bundle(source)
-    return (bundle if graph else bundle.without_graph()).save(out_path, precision=precision, coding=coding)
+    chosen, tables = Precision.parse(precision).resolve(bundle.config.dim), None
+    if not graph and isinstance(chosen, ProductQuantized):  # codebooks fit by the degrees of the graph left out
+        tables = chosen.encode_tables(bundle.config, bundle.params, weights=bundle.row_weights())
+    return (bundle if graph else bundle.without_graph()).save(out_path, precision=chosen, coding=coding,
+                                                              pq_tables=tables)

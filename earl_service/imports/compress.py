@@ -119,6 +119,7 @@ class Search:
         self.deadline = time.monotonic() + search.time_limit_minutes * 60 - spent  # `spent`: by the attempts before
         self.known = graph.known(len(bundle.relations)) if graph else None
         self.eval = self._eval_triples()
+        self.row_weights = bundle.row_weights()  # what pq codebooks fit by: once, not per candidate
         self.rows: list[dict[str, Any]] = []
 
     def _eval_triples(self) -> np.ndarray | None:
@@ -139,7 +140,7 @@ class Search:
         tables = None
         if isinstance(precision, ProductQuantized):
             tables = precision.encode_tables(self.bundle.config, self.bundle.params, seed=self.search.seed,
-                                             weights=self.bundle.row_weights())
+                                             weights=self.row_weights)
             tables = self._tuned(tables, row, tune_seconds)
         path = self.out / "candidates" / f"{precision.name.replace(':', '-')}.safetensors"
         path.parent.mkdir(parents=True, exist_ok=True)

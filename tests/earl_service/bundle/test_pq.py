@@ -324,3 +324,19 @@ def test_codebooks_fit_the_rows_queries_meet(pq_bundle):
     assert np.array_equal(bundle.row_weights()["entities"], degree)
     assert row_weights("rotate", bundle.triples[:0], len(bundle.entities)) == {}
     assert row_weights("earl", bundle.triples, len(bundle.entities)) == {}  # reserved rows: every entity's
+
+
+def test_an_export_without_its_graph_fits_codebooks_by_that_graph(rotate_run, tmp_path):
+    """`earl export --no-graph` leaves the graph out of the file, not out of the codebooks' fit: the same codes
+    and codebooks as the export that keeps it (which compress, shipping RotatE without a graph, also writes)."""
+    from earl_service.bundle.codebooks import stored_tables
+    from earl_service.bundle.format import read_safetensors
+    from earl_service.bundle.model_io import export_bundle
+
+    out, _ = rotate_run
+    tables = {}
+    for graph in (True, False):
+        path = export_bundle(out, tmp_path / f"{graph}.safetensors", precision="pq:8", graph=graph)
+        tables[graph] = stored_tables(read_safetensors(path)[1])["entities"]
+        assert load_bundle(path).has_graph is graph
+    assert all(np.array_equal(a, b) for a, b in zip(tables[True], tables[False], strict=True))
