@@ -114,8 +114,8 @@ class Bundle:
 
     def row_weights(self) -> dict[str, np.ndarray]:
         """How much each row of a coded table counts when codebooks are fit (codebooks.row_weights): its entity's
-        degree in the bundle's graph; none for a bundle without one."""
-        return row_weights(self.config.model, self.triples, len(self.entities))
+        degree in the bundle's graph, or in the graph without_graph left out; none for a bundle that never had one."""
+        return row_weights(self.config.model, self._cache.get("fit_triples", self.triples), len(self.entities))
 
     def to_tensors(self, precision: str | Precision | None = None, coding: str | None = None, *,
                    pq_tables: PQTables | None = None) -> tuple[dict[str, np.ndarray], dict[str, str]]:
@@ -192,11 +192,14 @@ class Bundle:
 
     def without_graph(self) -> Bundle:
         """This bundle with no graph: its bytes go to the weights (a RotatE bundle only; EARL rebuilds every entity
-        from the graph)."""
+        from the graph). Its pq codebooks are still fit by the graph's degrees (row_weights): the file leaves the
+        graph out, not the codebooks' fit."""
         if self.config.model not in GRAPH_OPTIONAL:
             raise BundleError(f"a {self.config.model} bundle needs its graph: its encoder rebuilds each entity from "
                               "its neighbours")
-        return replace(self, triples=np.zeros((0, 3), dtype=np.int64), sha256="", num_bytes=0, path=None, _cache={})
+        left_out = self._cache.get("fit_triples", self.triples)  # a reference, counted only if pq codebooks are fit
+        return replace(self, triples=np.zeros((0, 3), dtype=np.int64), sha256="", num_bytes=0, path=None,
+                       _cache={"fit_triples": left_out})
 
     def extend(self, triples_path: str | os.PathLike) -> Bundle:
         """A new bundle whose graph also holds the triples of `triples_path`; unseen entities join the
@@ -247,8 +250,4 @@ def export_bundle(run_dir: str | os.PathLike, out_path: str | os.PathLike, *,
     if not source.exists():
         raise BundleError(f"{run_dir} holds no bundle.safetensors: is it a run directory written by `earl train`?")
     bundle = load_bundle(source)
-    chosen, tables = Precision.parse(precision).resolve(bundle.config.dim), None
-    if not graph and isinstance(chosen, ProductQuantized):  # codebooks fit by the degrees of the graph left out
-        tables = chosen.encode_tables(bundle.config, bundle.params, weights=bundle.row_weights())
-    return (bundle if graph else bundle.without_graph()).save(out_path, precision=chosen, coding=coding,
-                                                              pq_tables=tables)
+    return (bundle if graph else bundle.without_graph()).save(out_path, precision=precision, coding=coding)

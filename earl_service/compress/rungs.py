@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from earl_service.bundle.codebooks import row_weights, stored_tables
+from earl_service.bundle.codebooks import stored_tables
 from earl_service.bundle.format import read_safetensors
 from earl_service.bundle.model_io import Bundle, load_bundle
 from earl_service.bundle.precision import Precision, ProductQuantized
@@ -304,7 +304,7 @@ def evaluate_exports(run: CompressRun, name: str, split: str = "valid", *, tune_
     tuned = tuned_precisions(candidate)
     subset = limit if 0 < limit < len(model_run.ranked_triples(split)) else 0
     results, validating = {}, 0.0
-    weights = row_weights(source.config.model, run.dataset.train, run.dataset.num_train_entities)
+    weights = source.row_weights()  # the dataset's degrees, the graph shipped or not
     for precision in rung_exports(run, name):
         expected = candidate.bytes[precision]
         run.emit("evaluate", name, precision=precision)
