@@ -32,7 +32,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import torch
-from harness import REPO, default_datasets, environment, md_table, pyplot, save_png, write_results
+from harness import REPO, dataset_folder, environment, md_table, pyplot, save_png, write_results
 
 from earl_service.bundle.model_io import load_bundle
 from earl_service.bundle.precision import registered
@@ -50,7 +50,6 @@ from earl_service.train.run import load_run
 TABLES = {"codex-s": (("0.5MB", "1MB", "2MB"), 10.0), "fb15k-237": (("2MB", "4MB", "8MB"), 60.0),
           "wn18rr": (("4MB",), 60.0), "wordnet-full-noinv": (("2MB", "8MB"), 30.0),
           "wordnet-full": (("2MB", "8MB"), 30.0)}
-BUILT = REPO / "data"  # graphs built here (make wordnet-full) rather than shared
 QUICK_MINUTES = 3.0
 UNIFORM = tuple(p.family for p in registered() if not p.codes_tables)  # fp32, fp16, int8: best first
 
@@ -108,11 +107,6 @@ def search_summary(report: dict) -> dict:
 # the older columns: EARL at its default dim 150, RotatE at the largest fp32 dim.
 METHODS = ("compress", "rotate_int8", "earl_int8", "earl_default", "rotate_matched")
 MATCHED = {"rotate_int8": ("rotate", "int8"), "earl_int8": ("earl", "int8"), "rotate_matched": ("rotate", "fp32")}
-
-
-def dataset_folder(name: str) -> Path:
-    built = BUILT / name
-    return built if built.is_dir() else default_datasets() / name
 
 
 def run_method(method: str, name: str, budget_text: str, minutes: float, root: Path,

@@ -21,7 +21,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import numpy as np
 import torch
-from harness import REPO, add_datasets_argument, md_table, write_results
+from harness import REPO, add_datasets_argument, dataset_folder, md_table, write_results
 
 from earl_service.bundle.codebooks import decode_table, encode_table, row_weights
 from earl_service.cli.main import main as earl
@@ -29,11 +29,6 @@ from earl_service.data.dataset import load_dataset
 from earl_service.train.run import load_run
 
 DRAWS = {"uniform (faiss's draw)": None, "by degree (exports)": lambda d: d, "by sqrt(degree)": np.sqrt}
-
-
-def folder(name: str, datasets: Path) -> Path:
-    built = REPO / "data" / name  # graphs built here (make wordnet-full, the synthetic generator)
-    return built if built.is_dir() else datasets / name
 
 
 def main() -> None:
@@ -49,7 +44,7 @@ def main() -> None:
     add_datasets_argument(parser)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    data = folder(args.dataset, args.datasets)
+    data = dataset_folder(args.dataset, args.datasets)
     run_dir = args.run or args.runs / f"{args.dataset}_d{args.dim}_{args.minutes:g}min"
     if not (run_dir / "best.pt").exists():
         earl(["train", str(data), "--out", str(run_dir), "--model", "rotate", "--dim", str(args.dim), "--time-limit",
