@@ -292,8 +292,11 @@ def _loop(
     losses = LossReadout(read_every(learner.device), learner.ranks)
     learner.run.model.train()
     while state.step < cfg.steps:
-        if (reason := stop.before_step(time.perf_counter() - start)) is not None:
+        clock = time.perf_counter() - start
+        if (reason := stop.before_step(clock)) is not None:
             state.stopped = reason
+            if reason == "time_limit":  # the clock ran on since the last step (a checkpoint's write, a validation):
+                state.elapsed = clock  # a resume goes on from the reading that stopped it, past the limit
             break
         # A time-based schedule reads the clock: rank 0's reading, so that DDP ranks keep identical weights.
         timed = cfg.time_limit_minutes and cfg.lr_schedule != "constant"

@@ -2,6 +2,7 @@
 
 import json
 import math
+import time
 
 import pytest
 import torch
@@ -105,10 +106,33 @@ def test_a_real_slice_holds_then_decays_and_keeps_where_the_decay_began(tmp_path
     factors = torch.load(tmp_path / CHECKPOINT, weights_only=True)["history"]["lr_factors"]
     assert 0 < held["steps"] <= metrics["steps"] == len(factors)
     assert factors[: held["steps"]] == pytest.approx([1.0] * held["steps"])  # held at the base rate
-    assert all(f < 1.0 for f in factors[held["steps"] + 1:])  # then decaying
+    assert all(f < 1.0 for f in factors[held["steps"]:])  # then decaying, from the first step after it
     assert slices.rewind(tmp_path, metrics["train_seconds"]) == held
     state = torch.load(tmp_path / CHECKPOINT, weights_only=True)["state"]
     assert (state["step"], state["elapsed"]) == (held["steps"], pytest.approx(held["train_seconds"]))
+
+
+def test_a_slice_stopped_after_a_slow_write_goes_on_from_the_clock_that_stopped_it(tmp_path, monkeypatch):
+    """The clock runs on while a checkpoint is written; the held state records the reading that ended the hold,
+    so that the next steps decay rather than repeat the held rate (a slow disk made the CI see this)."""
+    from earl_service.train import slices
+    from earl_service.train.checkpoint import Checkpointer
+
+    save = Checkpointer.save
+
+    def slow_save(self, *args, **kwargs):
+        time.sleep(0.05)
+        return save(self, *args, **kwargs)
+
+    monkeypatch.setattr(Checkpointer, "save", slow_save)
+    ds, cfg = tiny_dataset(), ModelConfig(dim=4, k=3, reserved_ratio=0.2)
+    tcfg = TrainConfig(lr_schedule="cosine", **{**FAST, "checkpoint_every": 1})
+    slices.train_slice(ds, cfg, tcfg, tmp_path, trained=0.0, seconds=1.0, schedule=(0.0, 1.0), decay_share=0.5,
+                       final_eval=False, write_bundle=False)
+    held = json.loads((tmp_path / slices.HELD_AT).read_text())
+    factors = torch.load(tmp_path / CHECKPOINT, weights_only=True)["history"]["lr_factors"]
+    assert held["train_seconds"] > 0.5  # the hold's end, not the end of its last step
+    assert factors[held["steps"]] < 1.0
 
 
 def test_bad_schedule_values_are_refused():
