@@ -1,0 +1,165 @@
+"""Memory at scale: peak RSS and seconds of each stage of the RotatE path, each in its own process, by graph size.
+
+The graphs are earl_service/data/synthetic.py's (typed, power-law degrees, 10 train triples per entity, 200
+relations), drawn once into data/synthetic-<N> (the draw is measured when this run makes it). Then, for each size:
+- train: `earl train DATA --model rotate --dim D --steps S` on one thread (no validation, no final evaluation;
+  from 500,000 entities the steps share corruptions and update rows, as compress trains RotatE there);
+- export: `earl export RUN --precision pq:M --no-graph` (faiss codebooks fit on rows drawn by degree);
+- serve: the API (`uvicorn api.main:app`, one thread) registers the bundle by POST /models and answers its first
+  GET /predict (which loads the bundle and builds the search index); its peak RSS is the API process's VmHWM;
+- compress (with --compress-minutes): `earl compress DATA --max-bytes BYTES --time-limit M --models rotate
+  --known-answers none --no-labels --threads 1`, BYTES = --bytes-per-entity x N.
+Every child's peak RSS is its own maximum resident set (os.wait4's ru_maxrss), so a figure covers loading the
+data too. Nothing runs beside a stage but this script, which only waits.
+
+    python bench/memory_scale.py --sizes 100000,1000000,5000000 --compress-minutes 10
+    python bench/memory_scale.py --quick     # 20,000 entities, 30 steps, a 1-minute compress: a smoke run
+    # writes bench/results/memory_scale.{json,md} (--name to keep another)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from harness import REPO, api_server, md_table, write_results
+from harness.processes import status_kib
+
+EARL = [sys.executable, "-m", "earl_service.cli.main"]
+
+
+def measured(command: list[str], log: Path) -> dict:
+    """Run `command` from the repository (one torch thread), its output in `log`; wall seconds and peak RSS."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    t0 = time.perf_counter()
+    with log.open("w") as out:
+        proc = subprocess.Popen(command, cwd=REPO, stdout=out, stderr=subprocess.STDOUT, env=env)
+        _, status, usage = os.wait4(proc.pid, 0)
+    seconds = time.perf_counter() - t0
+    code = os.waitstatus_to_exitcode(status)
+    if code != 0:
+        raise RuntimeError(f"{' '.join(command)} exited with {code}; see {log}")
+    return {"seconds": round(seconds, 1), "peak_rss_mib": round(usage.ru_maxrss / 1024, 1)}
+
+
+def graph(n: int, data: Path, folder: Path) -> tuple[Path, dict | None]:
+    """data/synthetic-<n>, drawn (and measured) if it is not there yet."""
+    path = data / (f"synthetic-{n // 1_000_000}m" if n % 1_000_000 == 0 else f"synthetic-{n // 1000}k")
+    if (path / "train.tsv").exists():
+        return path, None
+    return path, measured([*EARL[:2], "earl_service.data.synthetic", "--entities", str(n), "--out", str(path)],
+                          folder / "draw.log")
+
+
+def train(data: Path, run: Path, args: argparse.Namespace, folder: Path) -> dict:
+    stage = measured([*EARL, "train", str(data), "--out", str(run), "--model", "rotate", "--dim", str(args.dim),
+                      "--steps", str(args.steps), "--eval-every", "0", "--no-final-eval", "--threads", "1",
+                      "--checkpoint-every", "0", "--no-progress"], folder / "train.log")
+    median = json.loads((run / "metrics.json").read_text()).get("median_step_seconds")
+    return {**stage, "median_step_s": round(median, 4) if median else None}
+
+
+def export(run: Path, bundle: Path, codes: int, folder: Path) -> dict:
+    stage = measured([*EARL, "export", str(run), "--out", str(bundle), "--precision", f"pq:{codes}", "--no-graph"],
+                     folder / "export.log")
+    return {**stage, "bytes": bundle.stat().st_size}
+
+
+def serve(bundle: Path, data: Path, folder: Path) -> dict:
+    """Register `bundle` with a fresh API and ask its first question; the API's peak and current RSS."""
+    head, relation, _ = (data / "test.tsv").open().readline().rstrip("\n").split("\t")
+    env = {"EARL_MAX_UPLOAD_MB": str(max(100, 2 * bundle.stat().st_size // 2**20)), "OMP_NUM_THREADS": "1"}
+    with api_server(Path(tempfile.mkdtemp(dir=folder)), env=env, timeout=300, log=folder / "api.log") as (base, proc):
+        with httpx.Client(base_url=base, timeout=1800) as http, bundle.open("rb") as f:
+            t0 = time.perf_counter()
+            model = http.post("/models", files={"bundle": (bundle.name, f)})
+            model.raise_for_status()
+            answer = http.get("/predict", params={"model": model.json()["id"], "head": head, "relation": relation})
+            answer.raise_for_status()
+            seconds = time.perf_counter() - t0
+        return {"seconds": round(seconds, 1), "peak_rss_mib": round(status_kib(proc.pid, "VmHWM") / 1024, 1),
+                "rss_mib": round(status_kib(proc.pid, "VmRSS") / 1024, 1)}
+
+
+def compress(data: Path, out: Path, n: int, args: argparse.Namespace, folder: Path) -> dict:
+    budget = args.bytes_per_entity * n
+    stage = measured([*EARL, "compress", str(data), "--out", str(out), "--max-bytes", str(budget), "--time-limit",
+                      str(args.compress_minutes), "--models", "rotate", "--known-answers", "none", "--no-labels",
+                      "--threads", "1"], folder / "compress.log")
+    report = json.loads((out / "report.json").read_text())
+    pick, test = report.get("pick") or {}, report.get("test") or {}
+    return {**stage, "budget": budget, "pick": f"{pick.get('candidate')} {pick.get('precision')}",
+            "test_mrr": test.get("mrr"), "test_triples": test.get("test_subset"), "peak_rss_mb_by_phase":
+            report.get("peak_rss_mb_by_phase")}
+
+
+def one_size(n: int, args: argparse.Namespace, work: Path) -> dict:
+    folder = work / str(n)
+    folder.mkdir(parents=True, exist_ok=True)
+    data, draw = graph(n, args.data, folder)
+    with (data / "train.tsv").open("rb") as f:
+        triples = sum(1 for _ in f)
+    row: dict = {"entities": n, "train_triples": triples, "draw": draw}
+    row["train"] = train(data, folder / "run", args, folder)
+    print(f"{n:,}: train {row['train']}", flush=True)
+    bundle = folder / "bundle.safetensors"
+    row["export"] = export(folder / "run", bundle, args.codes, folder)
+    print(f"{n:,}: export {row['export']}", flush=True)
+    row["serve"] = serve(bundle, data, folder)
+    print(f"{n:,}: serve {row['serve']}", flush=True)
+    if args.compress_minutes:
+        row["compress"] = compress(data, folder / "compress", n, args, folder)
+        print(f"{n:,}: compress {row['compress']}", flush=True)
+    return row
+
+
+def markdown(rows: list[dict], args: argparse.Namespace) -> str:
+    def cell(stage: dict | None) -> str:
+        return "-" if not stage else f"{stage['peak_rss_mib']:,.0f} MiB, {stage['seconds']:,.0f} s"
+
+    table = md_table(
+        ["entities", "train triples", "draw", f"train ({args.steps} steps)", "s/step", f"export pq:{args.codes}",
+         "bundle", "serve (register + first answer)", "compress"],
+        [[f"{r['entities']:,}", f"{r['train_triples']:,}", cell(r["draw"]), cell(r["train"]),
+          r["train"].get("median_step_s"), cell(r["export"]), f"{r['export']['bytes']:,} B", cell(r["serve"]),
+          cell(r.get("compress"))] for r in rows])
+    picks = [f"- {r['entities']:,}: {r['compress']['budget']:,} B, pick {r['compress']['pick']}, test MRR "
+             f"{r['compress']['test_mrr']:.4f} on {r['compress']['test_triples'] or 'all the'} test triples" for r in rows if r.get("compress")]
+    return (f"# Memory at scale: the RotatE path by graph size\n\nPeak RSS (each stage's own process, loading the "
+            f"data included) and wall seconds; RotatE d{args.dim}, one thread. A draw shows only where this run "
+            "made the graph.\n\n" + table + "\n\n"
+            + ("Compress picks (the search's own test subset):\n" + "\n".join(picks) + "\n" if picks else ""))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sizes", default="100000,1000000,5000000", help="comma-separated entity counts")
+    parser.add_argument("--dim", type=int, default=20)
+    parser.add_argument("--codes", type=int, default=5, help="pq codes a row of the export")
+    parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument("--compress-minutes", type=float, default=0.0, help="0: no compress stage")
+    parser.add_argument("--bytes-per-entity", type=int, default=8, help="the compress budget per entity")
+    parser.add_argument("--data", type=Path, default=REPO / "data")
+    parser.add_argument("--work", type=Path, default=REPO / "bench" / "runs" / "memory_scale")
+    parser.add_argument("--name", default="memory_scale")
+    parser.add_argument("--quick", action="store_true", help="20,000 entities, 30 steps, a 1-minute compress")
+    args = parser.parse_args()
+    if args.quick:
+        args.sizes, args.steps, args.compress_minutes, args.name = "20000", 30, 1.0, args.name + "_quick"
+    rows = [one_size(int(n), args, args.work) for n in args.sizes.split(",")]
+    md = markdown(rows, args)
+    write_results(args.name, {"rows": rows, "settings": {k: str(v) for k, v in vars(args).items()}}, md)
+    print(md)
+
+
+if __name__ == "__main__":
+    main()
