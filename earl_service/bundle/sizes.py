@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import builtins
+import copy
 import json
 import math
 import os
@@ -79,6 +80,14 @@ class BundleSizes:
         self._bytes: dict[tuple[str, int, str], int] = {}
         self._packed: dict[str, tuple[dict[str, np.ndarray], dict[str, str]]] = {}
         self._fixed: dict[bool, dict[str, np.ndarray]] = {}  # by graphless: the packed graph, names, labels
+
+    def leaving_out_graph(self, models: tuple[ModelKind, ...]) -> BundleSizes:
+        """These sizes with `models`' bundles left without the graph too (the vocabularies and labels, packed
+        once, are shared; nothing is packed until a size is asked)."""
+        bare = copy.copy(self)
+        bare.graphless = tuple(dict.fromkeys((*self.graphless, *models)))
+        bare._bytes, bare._packed = {}, {}
+        return bare
 
     def config(self, model: ModelKind, dim: int) -> ModelConfig:
         return replace(self.base, model=model, dim=dim)

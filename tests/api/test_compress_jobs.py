@@ -82,8 +82,11 @@ def test_a_budget_under_the_graphs_own_bytes_is_422_with_the_minimum(client, tmp
     floor = sizes.fixed_bytes()  # what the API computes from the upload, without torch
     r = post(client, {"max_bytes": str(floor), "time_limit": "1"})
     assert r.status_code == 422 and f"alone take {floor} bytes" in r.json()["detail"]
+    assert "or known_answers none: rotate bundles then leave the graph out" in r.json()["detail"]  # the way out
     assert client.get("/jobs").json() == [] and not any((tmp_path / "uploads").iterdir())
     assert post(client, {"max_bytes": str(floor + 1), "time_limit": "1"}).status_code == 202  # the worker decides
+    r = post(client, {"max_bytes": str(floor), "time_limit": "1", "models": "earl"})
+    assert r.status_code == 422 and "known_answers" not in r.json()["detail"]  # EARL reads its graph
 
 
 def test_a_compress_job_without_valid_file_is_422(client, tmp_path):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -679,6 +680,16 @@ def test_a_budget_below_the_smallest_bundle_fails_before_training(tmp_path, monk
         compress(dataset, tmp_path / "job", CompressConfig(max_bytes=smallest - 1, time_limit_minutes=1))
     assert f"alone take {sizes.fixed_bytes()} bytes" in str(error.value)
     assert not (tmp_path / "job").exists()
+    # The way out, named: RotatE without the graph, from as many bytes as its smallest bundle then takes.
+    found = re.search(r"rotate fits without the graph, from (\d+) bytes \(rotate dim 8 (\S+)\): --known-answers none",
+                      str(error.value))
+    assert found, str(error.value)
+    bare, precision = int(found[1]), found[2]
+    assert bare == BundleSizes(dataset, graphless=("rotate",)).bytes("rotate", MIN_DIM, precision) < smallest
+    with pytest.raises(AssertionError, match="nothing may be trained"):  # that budget plans, then trains
+        compress(dataset, tmp_path / "bare", CompressConfig(max_bytes=bare, time_limit_minutes=1, known_answers="none"))
+    with pytest.raises(ConfigError, match=f"without the graph \\(--known-answers none\\) rotate still takes {bare}"):
+        compress(dataset, tmp_path / "job", CompressConfig(max_bytes=bare - 1, time_limit_minutes=1))
 
 
 def test_timing_the_validations_counts_against_the_time_limit(tmp_path, monkeypatch):
