@@ -121,7 +121,8 @@ def _without_graph(sizes: BundleSizes, config: CompressConfig, uniform: list[str
     if smallest[0] > config.max_bytes:
         return f"; without the graph (--known-answers none) {smallest[1]} still takes {smallest[0]} bytes"
     return (f"; {smallest[1]} fits without the graph, from {smallest[0]} bytes ({smallest[1]} dim {MIN_DIM} "
-            f"{smallest[2]}): --known-answers none (answers may then include facts the graph holds)")
+            f"{smallest[2]}): --known-answers none (a job's known_answers=none; answers may then include facts the "
+            "graph holds)")
 
 
 def pq_searches(config: CompressConfig) -> list[PQDim]:
