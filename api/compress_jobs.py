@@ -18,7 +18,6 @@ from typing import Any
 from earl_service.bundle.precision import Precision
 from earl_service.compress.config import CompressConfig, budget_floor, checked_models, parse_size, split_names
 from earl_service.compress.job import compress_settings
-from earl_service.config import GRAPH_OPTIONAL
 from earl_service.config.options import recipe_options
 from earl_service.core import scorers
 from earl_service.data.triples import TripleTable
@@ -72,21 +71,21 @@ def check_uploads(home: ServiceHome, job_id: str, files: dict[str, str], config:
     try:
         if "valid" not in files:
             raise DatasetError("a compress job picks on validation metrics: upload a valid file too")
-        graph = len(config.graphless) < len(config.models)  # a model searched keeps its graph
+        graph = not config.graphless  # the smallest bundle of any model searched: one without the graph if any
         floor = budget_floor(config.max_bytes, train.ids, train.entities, train.relations, graph=graph)
         if floor is not None:
             kept = "the graph and vocabularies" if graph else "the vocabularies"
             raise ConfigError(f"max_bytes {config.max_bytes} is below the smallest bundle for this graph: {kept} "
                               f"alone take {floor} bytes, the weights come on top; give more than {floor} bytes"
-                              + _without_graph(config, train))
+                              + _graphless_way_out(config, train))
     except BaseException:
         shutil.rmtree(home.upload_dir(job_id), ignore_errors=True)
         raise
 
 
-def _without_graph(config: CompressConfig, train: TripleTable) -> str:
+def _graphless_way_out(config: CompressConfig, train: TripleTable) -> str:
     """The way out where the graph fills the budget but a searched model could leave it out."""
-    optional = [m for m in config.models if m in GRAPH_OPTIONAL and m not in config.graphless]
+    optional = config.could_leave_graph
     if not optional or budget_floor(config.max_bytes, train.ids, train.entities, train.relations, graph=False):
         return ""
     return (f", or known_answers none: {', '.join(optional)} bundles then leave the graph out (answers may include "

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from earl_service.bundle.codebooks import Layout, PQTables, codes_for, zero_tables
-from earl_service.bundle.format import PAD_KEY
+from earl_service.bundle.format import PAD_KEY, pack_graph
 from earl_service.bundle.model_io import Bundle
 from earl_service.bundle.precision import DEFAULT, Precision, ProductQuantized
 from earl_service.config import ModelConfig, ModelKind
@@ -82,8 +82,8 @@ class BundleSizes:
         self._fixed: dict[bool, dict[str, np.ndarray]] = {}  # by graphless: the packed graph, names, labels
 
     def leaving_out_graph(self, models: tuple[ModelKind, ...]) -> BundleSizes:
-        """These sizes with `models`' bundles left without the graph too (the vocabularies and labels, packed
-        once, are shared; nothing is packed until a size is asked)."""
+        """These sizes with `models`' bundles left without the graph too: the packed parts are shared (fixed_parts
+        packs only the graph where the other packing has the vocabularies), the sizes asked are not."""
         bare = copy.copy(self)
         bare.graphless = tuple(dict.fromkeys((*self.graphless, *models)))
         bare._bytes, bare._packed = {}, {}
@@ -151,10 +151,15 @@ class BundleSizes:
         """The graph (or, `graphless`, an empty one), vocabularies and labels as every bundle here stores them:
         xz-packed once for all models (2.5 s a packing at WordNet-full's 117k entities, one core)."""
         if graphless not in self._fixed:
-            bundle = Bundle(self.base, {}, np.zeros(0, np.int64), self.entities, self.relations,
-                            self.triples[:0] if graphless else self.triples,
-                            relation_labels=self.labels.relations, entity_labels=self.labels.entities)
-            self._fixed[graphless] = bundle.fixed_parts()
+            other = self._fixed.get(not graphless)
+            triples = self.triples[:0] if graphless else self.triples
+            if other is not None:  # the vocabularies and labels are the same packed: pack only the graph
+                self._fixed[graphless] = {**other, "graph.packed": pack_graph(triples, len(self.entities),
+                                                                              len(self.relations))}
+            else:
+                bundle = Bundle(self.base, {}, np.zeros(0, np.int64), self.entities, self.relations, triples,
+                                relation_labels=self.labels.relations, entity_labels=self.labels.entities)
+                self._fixed[graphless] = bundle.fixed_parts()
         return self._fixed[graphless]
 
     def max_dim(self, model: ModelKind, precision: str | Precision, max_bytes: int) -> int | None:

@@ -16,7 +16,7 @@ from earl_service.bundle.precision import Precision, ProductQuantized
 from earl_service.bundle.sizes import MIN_DIM, BundleSizes
 from earl_service.compress.config import CompressConfig
 from earl_service.compress.state import Candidate, SearchState, rung_sizes, rung_weights, search_settings
-from earl_service.config import GRAPH_OPTIONAL, ModelKind, TrainConfig
+from earl_service.config import ModelKind, TrainConfig
 from earl_service.data.dataset import Dataset
 from earl_service.errors import ConfigError
 from earl_service.train.distributed import Ranks
@@ -105,19 +105,21 @@ def plan_candidates(sizes: BundleSizes, config: CompressConfig) -> list[Candidat
         raise ConfigError(
             f"max_bytes {config.max_bytes} is below the smallest bundle for this graph: {smallest[0]} bytes "
             f"({smallest[1]} dim {MIN_DIM} {smallest[2]}); the graph and vocabularies alone take "
-            f"{sizes.fixed_bytes()} bytes{_without_graph(sizes, config, uniform)}")
+            f"{sizes.fixed_bytes()} bytes{_smallest_without_graph(sizes, config, floors)}")
     return candidates
 
 
-def _without_graph(sizes: BundleSizes, config: CompressConfig, uniform: list[str]) -> str:
-    """The way out of a budget the graph fills: the models that can leave it out, and their smallest bundle then
+def _smallest_without_graph(sizes: BundleSizes, config: CompressConfig, floors: list[str]) -> str:
+    """The way out of a budget the graph fills: the models that could leave it out, and their smallest bundle then
     (MIN_DIM at the smallest precision asked, pq codes included)."""
-    optional = [m for m in config.models if m in GRAPH_OPTIONAL and m not in sizes.graphless]
+    optional = config.could_leave_graph
     if not optional:
         return ""
-    bare = sizes.leaving_out_graph(tuple(optional))
-    smallest = min((bare.bytes(m, MIN_DIM, p), m, p) for m in optional
-                   for p in uniform + pq_precisions(bare, config, m, MIN_DIM))
+    bare = sizes.leaving_out_graph(optional)
+    smallest = min(((bare.bytes(m, MIN_DIM, p), m, p) for m in optional
+                    for p in dict.fromkeys(floors + pq_precisions(bare, config, m, MIN_DIM))), default=None)
+    if smallest is None:
+        return ""
     if smallest[0] > config.max_bytes:
         return f"; without the graph (--known-answers none) {smallest[1]} still takes {smallest[0]} bytes"
     return (f"; {smallest[1]} fits without the graph, from {smallest[0]} bytes ({smallest[1]} dim {MIN_DIM} "

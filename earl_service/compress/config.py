@@ -167,6 +167,12 @@ class CompressConfig:
         """The models whose bundles leave the training graph out."""
         return tuple(m for m in self.models if m in GRAPH_OPTIONAL) if self.known_answers == "none" else ()
 
+    @property
+    def could_leave_graph(self) -> tuple[ModelKind, ...]:
+        """The models searched that keep the graph but could leave it out (known_answers none): a way out of a
+        budget the graph fills."""
+        return tuple(m for m in self.models if m in GRAPH_OPTIONAL and m not in self.graphless)
+
 
 __all__ = ["EXACT_FLOOR_RAW_BYTES", "KNOWN_ANSWERS", "METRICS", "SEARCHED", "CompressConfig", "budget_floor",
            "parse_size", "split_models", "split_names"]

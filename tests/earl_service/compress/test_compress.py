@@ -690,6 +690,8 @@ def test_a_budget_below_the_smallest_bundle_fails_before_training(tmp_path, monk
         compress(dataset, tmp_path / "bare", CompressConfig(max_bytes=bare, time_limit_minutes=1, known_answers="none"))
     with pytest.raises(ConfigError, match=f"without the graph \\(--known-answers none\\) rotate still takes {bare}"):
         compress(dataset, tmp_path / "job", CompressConfig(max_bytes=bare - 1, time_limit_minutes=1))
+    with pytest.raises(ConfigError, match="below the smallest bundle"):  # a code size that codes nothing at dim 8
+        compress(dataset, tmp_path / "job", CompressConfig(max_bytes=100, time_limit_minutes=1, precisions=("pq:3",)))
 
 
 def test_timing_the_validations_counts_against_the_time_limit(tmp_path, monkeypatch):
