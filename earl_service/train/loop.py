@@ -251,6 +251,8 @@ def train(
         checkpoints.save_best()  # best.pt exists however the run ends
     available, memory.kernel_load_seconds = kernels.load_timed()  # before the clock starts
     extension = "cpp" if available else "torch"  # which distance path the steps use
+    # The build's peak covers what came after it too (a checkpoint's restore, the optimizer, the kernel's load):
+    memory.build_peak_rss_mb = max(memory.build_peak_rss_mb, peak_rss_mb())
     peak_reset = reset_peak_rss()  # from here on the peak is the training steps' own
     stop = StopRules.for_run(cfg, ranks, should_stop, has_valid=dataset.valid is not None and len(dataset.valid) > 0)
     start = time.perf_counter() - state.elapsed
