@@ -118,10 +118,12 @@ def test_a_slice_stopped_after_a_slow_write_goes_on_from_the_clock_that_stopped_
     from earl_service.train import slices
     from earl_service.train.checkpoint import Checkpointer
 
-    save = Checkpointer.save
+    save, saves = Checkpointer.save, []
 
     def slow_save(self, *args, **kwargs):
-        time.sleep(0.05)
+        if not saves:  # the first step's checkpoint takes past the hold's end (0.5 s)
+            time.sleep(0.6)
+        saves.append(1)
         return save(self, *args, **kwargs)
 
     monkeypatch.setattr(Checkpointer, "save", slow_save)
