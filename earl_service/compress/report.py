@@ -111,7 +111,7 @@ def markdown(report: dict[str, Any]) -> str:
     lines += _seconds_table(report.get("seconds") or {}, report["time_limit_minutes"] * 60,
                             report.get("peak_rss_mb_by_phase") or {})
     if report.get("peak_rss_mb"):
-        lines += ["", f"Peak memory (RSS) of the process: {report['peak_rss_mb']:,.0f} MB."]
+        lines += ["", f"Peak memory (RSS) of the process: {report['peak_rss_mb']:,.0f} MiB."]
     lines += ["", f"![valid {report['metric']} against bytes]({FRONTIER_PNG})", ""]
     return "\n".join(lines)
 
@@ -176,7 +176,7 @@ def _seconds_table(seconds: dict[str, float], limit: float, peaks: dict[str, flo
             for phase, value in seconds.items() if phase not in ("search", "test", "kernel")]
     if peaks and "test" in seconds:
         rows.append(f"| test (after the search) | {seconds['test']:.1f} | - |{peak('test')}")
-    head = ["| phase | seconds | share of the search | peak RSS MB |", "|---|---|---|---|"] if peaks else \
+    head = ["| phase | seconds | share of the search | peak RSS MiB |", "|---|---|---|---|"] if peaks else \
         ["| phase | seconds | share of the search |", "|---|---|---|"]
     kernel = seconds.get("kernel", 0.0)
     before = (f" (before its clock started, the C++ kernel took {kernel:.1f} s to load: a first use on a machine "

@@ -104,7 +104,7 @@ def test_the_report_says_where_the_time_went(slow_validation_report, tmp_path):
 
     text = markdown(slow_validation_report[0])
     assert "Where the time went" in text and "| validate |" in text and "| other |" in text
-    assert "peak RSS MB" in text and "| test (after the search) |" in text and "| kernel |" not in text
+    assert "peak RSS MiB" in text and "| test (after the search) |" in text and "| kernel |" not in text
     assert slow_validation_report[0]["peak_rss_mb"] > 50 and "Peak memory (RSS) of the process" in text
 
 
