@@ -11,7 +11,7 @@ relations), drawn once into data/synthetic-<N> (the draw is measured when this r
   --known-answers none --no-labels --threads 1`, BYTES = --bytes-per-entity x N.
 A stage's peak RSS covers its whole process, loading the data included: the largest of the kernel's count at
 exit, VmRSS sampled every 50 ms and the child's own figure (`measured`: the kernel's count alone, what `time -v`
-prints, holds only the last phase's peak where earl restarts it). Nothing runs beside a stage but this script,
+prints, holds only the peak since earl last restarted it). Nothing runs beside a stage but this script,
 which samples and waits.
 
     python bench/memory_scale.py --sizes 100000,1000000,5000000 --compress-minutes 10
@@ -49,7 +49,7 @@ def measured(command: list[str], log: Path, *, own_peak_mib: Callable[[], float]
     The peak is the largest of: the kernel's count at exit (os.wait4's ru_maxrss, what `time -v` prints), the
     child's VmRSS sampled every SAMPLE_S, and `own_peak_mib()`, what the child reports itself. The kernel's count
     alone is not enough: earl's training and compress restart it to tell their phases apart
-    (earl_service/memory.reset_peak_rss), so at exit it holds only the last phase's peak."""
+    (earl_service/memory.reset_peak_rss), so at exit it holds only the peak since the last restart."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
     t0, sampled_kib = time.perf_counter(), 0
     with log.open("w") as out:
@@ -57,14 +57,14 @@ def measured(command: list[str], log: Path, *, own_peak_mib: Callable[[], float]
         while True:
             pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
             if pid:
+                proc.returncode = os.waitstatus_to_exitcode(status)  # reaped here: Popen must not wait again
                 break
             with contextlib.suppress(OSError, RuntimeError):  # exiting between the two calls
                 sampled_kib = max(sampled_kib, status_kib(proc.pid, "VmRSS"))
             time.sleep(SAMPLE_S)
     seconds = time.perf_counter() - t0
-    code = os.waitstatus_to_exitcode(status)
-    if code != 0:
-        raise RuntimeError(f"{' '.join(command)} exited with {code}; see {log}")
+    if proc.returncode != 0:
+        raise RuntimeError(f"{' '.join(command)} exited with {proc.returncode}; see {log}")
     peaks = {"exit_count": usage.ru_maxrss / 1024, "sampled": sampled_kib / 1024,
              "own": own_peak_mib() if own_peak_mib else 0.0}
     return {"seconds": round(seconds, 1), "peak_rss_mib": round(max(peaks.values()), 1),
@@ -97,7 +97,8 @@ def export(run: Path, bundle: Path, codes: int, folder: Path) -> dict:
 
 def serve(bundle: Path, data: Path, folder: Path) -> dict:
     """Register `bundle` with a fresh API and ask its first question; the API's peak and current RSS."""
-    head, relation, _ = (data / "test.tsv").open().readline().rstrip("\n").split("\t")
+    with (data / "test.tsv").open() as f:
+        head, relation, _ = f.readline().rstrip("\n").split("\t")
     env = {"EARL_MAX_UPLOAD_MB": str(max(100, 2 * bundle.stat().st_size // 2**20)), "OMP_NUM_THREADS": "1"}
     with api_server(Path(tempfile.mkdtemp(dir=folder)), env=env, timeout=300, log=folder / "api.log") as (base, proc):
         with httpx.Client(base_url=base, timeout=1800) as http, bundle.open("rb") as f:
@@ -132,16 +133,20 @@ def one_size(n: int, args: argparse.Namespace, work: Path) -> dict:
     with (data / "train.tsv").open("rb") as f:
         triples = sum(1 for _ in f)
     row: dict = {"entities": n, "train_triples": triples, "draw": draw}
-    row["train"] = train(data, folder / "run", args, folder)
-    print(f"{n:,}: train {row['train']}", flush=True)
     bundle = folder / "bundle.safetensors"
-    row["export"] = export(folder / "run", bundle, args.codes, folder)
-    print(f"{n:,}: export {row['export']}", flush=True)
-    row["serve"] = serve(bundle, data, folder)
-    print(f"{n:,}: serve {row['serve']}", flush=True)
+    stages = {"train": lambda: train(data, folder / "run", args, folder),
+              "export": lambda: export(folder / "run", bundle, args.codes, folder),
+              "serve": lambda: serve(bundle, data, folder)}
     if args.compress_minutes:
-        row["compress"] = compress(data, folder / "compress", n, args, folder)
-        print(f"{n:,}: compress {row['compress']}", flush=True)
+        stages["compress"] = lambda: compress(data, folder / "compress", n, args, folder)
+    for name, stage in stages.items():
+        try:
+            row[name] = stage()
+        except Exception as exc:  # an out-of-memory kill, a failed command: kept in the table, the rest skipped
+            row["failed"] = f"{name}: {exc}"
+            break
+        finally:
+            print(f"{n:,}: {name} {row.get(name) or row.get('failed')}", flush=True)
     return row
 
 
@@ -149,23 +154,28 @@ def markdown(rows: list[dict], args: argparse.Namespace) -> str:
     def cell(stage: dict | None) -> str:
         return "-" if not stage else f"{stage['peak_rss_mib']:,.0f} MiB, {stage['seconds']:,.0f} s"
 
+    def bundle_bytes(row: dict) -> str:
+        return f"{row['export']['bytes']:,} B" if row.get("export") else "-"
+
     table = md_table(
         ["entities", "train triples", "draw", f"train ({args.steps} steps)", "s/step", f"export pq:{args.codes}",
          "bundle", "serve (register + first answer)", "compress"],
-        [[f"{r['entities']:,}", f"{r['train_triples']:,}", cell(r["draw"]), cell(r["train"]),
-          r["train"].get("median_step_s"), cell(r["export"]), f"{r['export']['bytes']:,} B", cell(r["serve"]),
+        [[f"{r['entities']:,}", f"{r['train_triples']:,}", cell(r["draw"]), cell(r.get("train")),
+          (r.get("train") or {}).get("median_step_s"), cell(r.get("export")), bundle_bytes(r), cell(r.get("serve")),
           cell(r.get("compress"))] for r in rows])
+    failed = [f"- {r['entities']:,}: {r['failed']}" for r in rows if r.get("failed")]
     low = [f"{r['entities']:,} {name} {stage['peaks_mib']['exit_count']:,.0f} MiB"
            for r in rows for name in ("train", "compress") if (stage := r.get(name))
            and stage["peaks_mib"]["exit_count"] < 0.95 * stage["peak_rss_mib"]]
     picks = [f"- {r['entities']:,}: {r['compress']['budget']:,} B, pick {r['compress']['pick']}, test MRR "
-             f"{r['compress']['test_mrr']:.4f} on {r['compress']['test_triples'] or 'all the'} test triples" for r in rows if r.get("compress")]
+             f"{r['compress']['test_mrr'] or 0:.4f} on {r['compress']['test_triples'] or 'all the'} test triples" for r in rows if r.get("compress")]
     return (f"# Memory at scale: the RotatE path by graph size\n\nPeak RSS (each stage's own process, loading the "
             f"data included) and wall seconds; RotatE d{args.dim}, one thread. A draw shows only where this run "
             "made the graph.\n\n" + table + "\n\n"
             + ("The kernel's peak count at exit (what `time -v` prints) understates where earl restarted it between "
                "phases: " + "; ".join(low) + ".\n\n" if low else "")
-            + ("Compress picks (the search's own test subset):\n" + "\n".join(picks) + "\n" if picks else ""))
+            + ("Compress picks (the search's own test subset):\n" + "\n".join(picks) + "\n\n" if picks else "")
+            + ("Failed (the size's later stages not run):\n" + "\n".join(failed) + "\n" if failed else ""))
 
 
 def main() -> None:
@@ -183,9 +193,11 @@ def main() -> None:
     args = parser.parse_args()
     if args.quick:
         args.sizes, args.steps, args.compress_minutes, args.name = "20000", 30, 1.0, args.name + "_quick"
-    rows = [one_size(int(n), args, args.work) for n in args.sizes.split(",")]
-    md = markdown(rows, args)
-    write_results(args.name, {"rows": rows, "settings": {k: str(v) for k, v in vars(args).items()}}, md)
+    rows: list[dict] = []
+    for n in args.sizes.split(","):  # the results are written after each size: a later one may run for hours
+        rows.append(one_size(int(n), args, args.work))
+        md = markdown(rows, args)
+        write_results(args.name, {"rows": rows, "settings": {k: str(v) for k, v in vars(args).items()}}, md)
     print(md)
 
 
