@@ -186,8 +186,8 @@ def cmd_evaluate(a: argparse.Namespace) -> int:
     from earl_service.train.run import load_run
 
     run = load_run(a.run_dir, load_dataset(a.data, data=data_config_from_options(vars(a))), device=a.device)
-    print(json.dumps(run.evaluate(a.split, a.protocol, batch_size=a.batch_size, per_relation=a.per_relation),
-                     indent=2))
+    print(json.dumps(run.evaluate(a.split, a.protocol, batch_size=a.batch_size, limit=a.limit,
+                                  per_relation=a.per_relation), indent=2))
     return 0
 
 
@@ -231,6 +231,9 @@ def add_evaluate_command(sub) -> None:
     p.add_argument("--batch-size", type=int, default=TrainConfig.eval_batch_size, help="(default: %(default)s)")
     p.add_argument("--device", default=TrainConfig.device, help="auto | cpu | cuda | cuda:N (default: %(default)s)")
     p.add_argument("--per-relation", action="store_true", help="add MRR / Hits@k of each relation ('per_relation')")
+    p.add_argument("--limit", type=int, default=0, metavar="N",
+                   help="rank a fixed random subset of N triples (seed 0: the same N every time), not the whole split: "
+                        "a pass over a million entities takes minutes (default: 0, all)")
     add_data_options(p)
     p.set_defaults(func=cmd_evaluate)
 

@@ -191,6 +191,14 @@ def test_evaluate_per_relation(codex_bundle, capsys):
                                           "--split", "valid", "--device", "cpu")
 
 
+def test_evaluate_limit_ranks_the_same_subset_each_time(codex_bundle, capsys):
+    """--limit N: a fixed random N of the split (both directions counted), the same on every call."""
+    args = ("evaluate", str(codex_bundle.parent / "run"), str(codex_s_path()), "--split", "valid", "--device", "cpu")
+    some = run_json(capsys, *args, "--limit", "100")
+    assert some["count"] == 200 < run_json(capsys, *args)["count"]
+    assert run_json(capsys, *args, "--limit", "100") == some
+
+
 def test_predict_runs_without_torch(codex_bundle, query):
     """`earl predict` and `earl export --format npy` with torch, faiss and scipy made unimportable: the edge path
     loads none of them."""
