@@ -23,6 +23,7 @@ from earl_service.train.distributed import Ranks
 from earl_service.train.evaluate import ranking_batch
 from earl_service.train.loop import Learner, train_step
 from earl_service.train.readout import LossReadout
+from earl_service.train.rows import table_config
 from earl_service.train.run import GraphCache, Run, resolve_device
 from earl_service.train.schedule import build_optimizer
 from earl_service.train.state import TrainState
@@ -192,6 +193,7 @@ def step_seconds(run: Run, train_config: TrainConfig, steps: int = TIMING_STEPS,
     `seconds`, at least one), after one untimed (its first builds caches), on a copy of the weights: `run` is left
     as it was."""
     weights = {k: v.clone() for k, v in run.model.state_dict().items()}
+    train_config = table_config(run.model, train_config)  # as train() will step it
     learner = Learner.build(run, build_optimizer(run.model, train_config), train_config, ranks=Ranks(),
                             device=run.device)
     state = TrainState.start(train_config.seed, run.device)

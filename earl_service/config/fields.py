@@ -180,6 +180,9 @@ class TrainConfig:
     batch_size: int = setting(1024, "positive triples per step", bounds={"ge": 1}, limits={"le": 65_536})
     negatives: int = setting(256, "negatives per side (this many head and this many tail corruptions)",
                              bounds={"ge": 1}, limits={"le": 4096})
+    big_table_negatives: int = setting(0, "negatives per side for RotatE on a big table (from 500,000 entities on a "
+                                          "CPU, where positives share corruptions; docs/scaling.md): fewer buy more "
+                                          "steps there (0: --negatives)", bounds={"ge": 0}, limits={"le": 4096})
     lr: float = setting(1e-3, "Adam learning rate", bounds={"gt": 0.0}, limits={"le": 1.0})
     lr_schedule: str = setting("constant", "the rate over the budget (--steps or --time-limit, whichever ends "
                                            "first): constant, or warm-up then cosine or linear decay to --lr-floor",

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from earl_service.config import MODELS, DataConfig, ModelConfig, ModelKind, Text, TrainConfig
 from earl_service.config.fields import out_of_bounds
-from earl_service.config.recipes import DEFAULT, RECIPES, recipe_fields, recipe_values
+from earl_service.config.recipes import DEFAULT, RECIPES, YIELDS_TO, recipe_fields, recipe_values
 from earl_service.errors import ConfigError
 
 if TYPE_CHECKING:  # pydantic comes with the service extras; `earl train` runs without it
@@ -109,6 +109,8 @@ def configs_from_options(values: Mapping[str, Any], *, recipe: str | None = None
                 kwargs[cls][field] = option.value(values[option.name])
     model = ModelConfig(**kwargs[ModelConfig])
     base = recipe_values(recipe, model.model) if recipe else {}
+    # A recipe value that refines an option yields where the user set that option (YIELDS_TO).
+    base = {k: v for k, v in base.items() if YIELDS_TO.get(k) not in kwargs[TrainConfig] or k in kwargs[TrainConfig]}
     return model, TrainConfig(**{**base, **kwargs[TrainConfig]})
 
 

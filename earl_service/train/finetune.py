@@ -16,6 +16,7 @@ from earl_service.config import TrainConfig
 from earl_service.train.distributed import Ranks
 from earl_service.train.loop import Learner, train_step
 from earl_service.train.readout import LossReadout, read_every
+from earl_service.train.rows import table_config
 from earl_service.train.run import Run
 from earl_service.train.state import TrainState
 
@@ -50,8 +51,8 @@ def fine_tune(run: Run, params: dict[str, np.ndarray], tables: PQTables, cfg: Tr
     """Train the codebooks of `tables` (codes fixed) with the ordinary training step, for at most budget.steps
     steps and budget.seconds; every other weight is frozen at its stored (ProductQuantized.FALLBACK) value.
     run.model is left holding the weights the returned tables decode to."""
-    budget = budget or FineTune()
-    model = run.model
+    budget, model = budget or FineTune(), run.model
+    cfg = table_config(model, cfg)  # as the table trained (read before the parametrization decodes it)
     stored = ProductQuantized.stored_values(params, tables)
     model.load_state_dict({k: torch.from_numpy(v) for k, v in stored.items()}, strict=False)
     frozen = {name: p.requires_grad for name, p in model.named_parameters()}

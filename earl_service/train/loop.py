@@ -29,7 +29,7 @@ from earl_service.train.loss import NegativeSampler, loss_fn, sampled_loss
 from earl_service.train.memory import MemoryUse
 from earl_service.train.outputs import BUNDLE, write_run_outputs
 from earl_service.train.readout import LossReadout, StepRecord, read_every
-from earl_service.train.rows import RowAdam, gather_rows, negative_chunk
+from earl_service.train.rows import RowAdam, gather_rows, negative_chunk, table_config
 from earl_service.train.run import GraphCache, Run, bf16_autocast, resolve_device
 from earl_service.train.sampling import check_sampled
 from earl_service.train.schedule import build_optimizer, set_lr
@@ -237,6 +237,7 @@ def train(
     ranks = Ranks.current(device)
     check_sampled(cfg, model_config)
     run, memory = _build(dataset, model_config, cfg, device, graphs)
+    cfg = table_config(run.model, cfg)  # fewer negatives on a big RotatE table, as the recipe asks
     optimizer = build_optimizer(run.model, cfg)
     state = TrainState.start(cfg.seed, device)
     checkpoints = Checkpointer(out, run.model, optimizer, state, writes=ranks.is_main,

@@ -20,6 +20,7 @@ what sharing costs given longer budgets: docs/scaling.md#big-rotate-tables-share
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -36,6 +37,14 @@ def big_table(model: torch.nn.Module) -> bool:
     """A RotatE table on a CPU of at least BIG_TABLE_ROWS entities, where a step's O(N) passes dominate."""
     return (isinstance(model, RotatEModel) and model.entities.device.type == "cpu"
             and model.entities.shape[0] >= BIG_TABLE_ROWS)
+
+
+def table_config(model: torch.nn.Module, cfg: TrainConfig) -> TrainConfig:
+    """`cfg` as `model`'s table trains with it: TrainConfig.big_table_negatives a side on a big table (sharing
+    corruptions, a step then costs less and the budget covers more epochs), `cfg` elsewhere."""
+    if cfg.big_table_negatives and big_table(model) and not cfg.sampled:
+        return replace(cfg, negatives=cfg.big_table_negatives)
+    return cfg
 
 
 def negative_chunk(model: torch.nn.Module, cfg: TrainConfig) -> int:

@@ -28,7 +28,7 @@ WORKER = WorkerConfig(device="cpu", threads=3)
 # One non-default value for every form option, as a client would type it.
 CHANGED = {"model": "rotate", "dim": "32", "reserved_ratio": "0.2", "k": "5", "layers": "1", "gamma": "6.5",
            "epsilon": "1.5", "no_reserved": "true", "no_conrel": "true", "no_knn": "true", "no_conrel_knn": "true",
-           "no_mulhop": "true", "seed": "7", "steps": "50", "batch_size": "64", "negatives": "8", "lr": "0.01",
+           "no_mulhop": "true", "seed": "7", "steps": "50", "batch_size": "64", "negatives": "8", "big_table_negatives": "16", "lr": "0.01",
            "eval_every": "5", "patience": "3", "time_limit": "2.5", "sampled": "true", "fanout": "5,all",
            "negative_chunk": "16", "lr_schedule": "cosine", "warmup": "0.1", "lr_floor": "0.05",
            "encoder_lr": "0.0005", "header": "true", "columns": "h,t,r", "recipe": "paper"}

@@ -76,6 +76,16 @@ def test_an_option_given_wins_over_the_recipe(recipe, model):
     assert cli_train_config("--recipe", recipe, "--model", model, "--lr", str(TrainConfig.lr)).lr == TrainConfig.lr
 
 
+def test_big_table_negatives_give_way_to_negatives_given():
+    """The default recipe's negatives on a big RotatE table refine --negatives: given, that wins everywhere."""
+    assert cli_train_config("--model", "rotate").big_table_negatives == RECIPES[DEFAULT]["rotate"]["big_table_negatives"]
+    given = cli_train_config("--model", "rotate", "--negatives", "128")
+    assert (given.negatives, given.big_table_negatives) == (128, 0)
+    both = cli_train_config("--model", "rotate", "--negatives", "128", "--big-table-negatives", "16")
+    assert (both.negatives, both.big_table_negatives) == (128, 16)
+    assert configs_from_options({"model": "rotate", "negatives": 64}, recipe=DEFAULT)[1].big_table_negatives == 0
+
+
 def test_applying_one_recipe_after_another_leaves_nothing_of_the_first():
     for model in MODELS:
         for name in RECIPES:

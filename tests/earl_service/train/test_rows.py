@@ -1,6 +1,8 @@
 """Row updates: RowAdam is Adam on dense gradients and SparseAdam on row gradients, a step on the gathered rows
 is the full-table step's loss and gradient, the auto rule, and a row-updated run resumes bit for bit."""
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 import torch
@@ -9,6 +11,7 @@ from conftest import tiny_dataset
 from earl_service.config import ModelConfig, TrainConfig
 from earl_service.errors import ConfigError
 from earl_service.model.modules import RotatE, RotatEModel, build_model
+from earl_service.train import rows as rows_module
 from earl_service.train.loop import CHECKPOINT, train
 from earl_service.train.loss import loss_fn
 from earl_service.train.rows import (
@@ -18,6 +21,7 @@ from earl_service.train.rows import (
     draws_per_step,
     gather_rows,
     negative_chunk,
+    table_config,
     wants_row_updates,
 )
 from earl_service.train.schedule import build_optimizer
@@ -127,6 +131,24 @@ def test_big_tables_share_corruptions_in_chunks_unless_told():
     assert negative_chunk(table, TrainConfig(negative_chunk=1)) == 1 == negative_chunk(below, TrainConfig(negative_chunk=1))
     earl = build_model(ModelConfig(dim=4), 40, 3, torch.arange(8))
     assert negative_chunk(earl, cfg) == 0
+
+
+def test_big_tables_train_with_their_own_negatives(tmp_path, monkeypatch):
+    """TrainConfig.big_table_negatives replaces --negatives where the table is big (as negative_chunk decides),
+    in the run's steps and in the config its checkpoint records; nowhere else."""
+    cfg = TrainConfig(negatives=128, big_table_negatives=32)
+    below, _ = _rotate(n=BIG_TABLE_ROWS - 1, dim=1)
+    table, _ = _rotate(n=BIG_TABLE_ROWS, dim=1)
+    assert table_config(table, cfg).negatives == 32 and table_config(below, cfg) == cfg
+    assert table_config(table, TrainConfig(negatives=128)).negatives == 128  # 0: --negatives everywhere
+    assert table_config(table, replace(cfg, sampled=True)).negatives == 128
+    earl = build_model(ModelConfig(dim=4), 40, 3, torch.arange(8))
+    assert table_config(earl, cfg) == cfg
+    monkeypatch.setattr(rows_module, "BIG_TABLE_ROWS", 10)  # the tiny graph's 40 entities make a big table
+    ds = tiny_dataset()
+    train(ds, ModelConfig(model="rotate", dim=4), TrainConfig(steps=2, batch_size=32, negatives=8, big_table_negatives=3,
+          eval_every=0, progress=False), tmp_path, final_eval=False, write_bundle=False)
+    assert torch.load(tmp_path / CHECKPOINT, weights_only=True)["train_config"]["negatives"] == 3
 
 
 def test_a_row_updated_run_learns_and_resumes_bit_for_bit(tmp_path):
