@@ -95,11 +95,13 @@ def export(run: Path, bundle: Path, codes: int, folder: Path) -> dict:
     return {**stage, "bytes": bundle.stat().st_size}
 
 
-def serve(bundle: Path, data: Path, folder: Path) -> dict:
+def serve(bundle: Path, data: Path, entities: int, folder: Path) -> dict:
     """Register `bundle` with a fresh API and ask its first question; the API's peak and current RSS."""
     with (data / "test.tsv").open() as f:
         head, relation, _ = f.readline().rstrip("\n").split("\t")
-    env = {"EARL_MAX_UPLOAD_MB": str(max(100, 2 * bundle.stat().st_size // 2**20)), "OMP_NUM_THREADS": "1"}
+    # The server's defaults refuse bundles over 2,000,000 names (EARL_MAX_BUNDLE_ENTITIES): raised to this graph's.
+    env = {"EARL_MAX_UPLOAD_MB": str(max(100, 2 * bundle.stat().st_size // 2**20)), "OMP_NUM_THREADS": "1",
+           "EARL_MAX_BUNDLE_ENTITIES": str(max(2_000_000, entities))}
     with api_server(Path(tempfile.mkdtemp(dir=folder)), env=env, timeout=300, log=folder / "api.log") as (base, proc):
         with httpx.Client(base_url=base, timeout=1800) as http, bundle.open("rb") as f:
             t0 = time.perf_counter()
@@ -136,7 +138,7 @@ def one_size(n: int, args: argparse.Namespace, work: Path) -> dict:
     bundle = folder / "bundle.safetensors"
     stages = {"train": lambda: train(data, folder / "run", args, folder),
               "export": lambda: export(folder / "run", bundle, args.codes, folder),
-              "serve": lambda: serve(bundle, data, folder)}
+              "serve": lambda: serve(bundle, data, n, folder)}
     if args.compress_minutes:
         stages["compress"] = lambda: compress(data, folder / "compress", n, args, folder)
     for name, stage in stages.items():
