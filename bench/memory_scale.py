@@ -64,7 +64,8 @@ def measured(command: list[str], log: Path, *, own_peak_mib: Callable[[], float]
             time.sleep(SAMPLE_S)
     seconds = time.perf_counter() - t0
     if proc.returncode != 0:
-        raise RuntimeError(f"{' '.join(command)} exited with {proc.returncode}; see {log}")
+        last = (log.read_text().strip().splitlines() or [""])[-1]
+        raise RuntimeError(f"{' '.join(command[2:4])} exited with {proc.returncode}: {last} (log: {log})")
     peaks = {"exit_count": usage.ru_maxrss / 1024, "sampled": sampled_kib / 1024,
              "own": own_peak_mib() if own_peak_mib else 0.0}
     return {"seconds": round(seconds, 1), "peak_rss_mib": round(max(peaks.values()), 1),
