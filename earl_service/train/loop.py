@@ -18,7 +18,7 @@ from earl_service.bundle.model_io import Bundle, bundle_from_model
 from earl_service.config import ModelConfig, TrainConfig
 from earl_service.data.dataset import Dataset
 from earl_service.data.vocab import Vocab
-from earl_service.memory import peak_rss_mb, reset_peak_rss
+from earl_service.memory import peak_rss_mb
 from earl_service.model import kernels
 from earl_service.model.modules import trainable_parameters
 from earl_service.provenance import provenance
@@ -252,9 +252,7 @@ def train(
         checkpoints.save_best()  # best.pt exists however the run ends
     available, memory.kernel_load_seconds = kernels.load_timed()  # before the clock starts
     extension = "cpp" if available else "torch"  # which distance path the steps use
-    # The build's peak covers what came after it too (a checkpoint's restore, the optimizer, the kernel's load):
-    memory.build_peak_rss_mb = max(memory.build_peak_rss_mb, peak_rss_mb())
-    peak_reset = reset_peak_rss()  # from here on the peak is the training steps' own
+    peak_reset = memory.restart_peak()  # from here on the peak is the training steps' own
     stop = StopRules.for_run(cfg, ranks, should_stop, has_valid=dataset.valid is not None and len(dataset.valid) > 0)
     start = time.perf_counter() - state.elapsed
     _loop(learner, state, stop, checkpoints, Progress(cfg, state.step, on_progress, enabled=ranks.is_main), start)
