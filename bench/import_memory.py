@@ -4,7 +4,7 @@ float32 entity table as .npy (1M x 256 = 1.02 GB by default), DistMult, no graph
     python bench/import_memory.py                      # 1,000,000 x 256, fp32 and int8
     python bench/import_memory.py --rows 200000        # quicker
 
-Each import runs in its own process; its peak RSS is that child's ru_maxrss (os.wait4). The npy file is
+Each import runs in its own process; its peak RSS is that child's whole peak (harness.processes.child_peak). The npy file is
 memory-mapped, so its pages count in the RSS as they are read (file-backed, given back under pressure); the
 ratio to the table's bytes is the figure: under 2 the table was not held twice. Then each import is loaded as the
 server loads it (its predictor and index) and asked one query: peak RSS, and the RSS the process keeps (--no-serve
@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 import tempfile
@@ -26,6 +25,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from harness import REPO, md_table, write_results  # noqa: E402
+from harness.processes import child_peak  # noqa: E402
 
 
 def make_table(folder: Path, rows: int, width: int) -> int:
@@ -43,20 +43,17 @@ def make_table(folder: Path, rows: int, width: int) -> int:
     return rows * width * 4
 
 
-def child(cmd: list[str]) -> tuple[float, float]:
-    """Run `cmd` in a child process from the repository: (seconds, its peak RSS in MiB from its own rusage)."""
-    start = time.perf_counter()
-    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL)
-    _, status, usage = os.wait4(proc.pid, 0)  # this child's own rusage
-    if code := os.waitstatus_to_exitcode(status):
-        raise SystemExit(f"{' '.join(cmd)} exited {code}")
-    return round(time.perf_counter() - start, 1), round(usage.ru_maxrss / 1024, 1)
+def child(cmd: list[str], log: Path) -> tuple[float, float]:
+    """Run `cmd` in a child process from the repository, its output in `log`: (seconds, its peak RSS in MiB)."""
+    measured = child_peak(cmd, log)
+    return measured["seconds"], measured["peak_rss_mib"]
 
 
 def measure(folder: Path, out: Path, precision: str) -> dict:
     """One `earl import` in a child process: seconds, peak RSS, file bytes."""
     seconds, rss = child([sys.executable, "-m", "earl_service.cli.main", "import", str(folder), "--scorer",
-                          "distmult", "--no-graph", "--precision", precision, "--coding", "plain", "--out", str(out)])
+                          "distmult", "--no-graph", "--precision", precision, "--coding", "plain", "--out", str(out)],
+                         out.parent / f"{out.name}.log")
     return {"step": f"import --precision {precision}", "precision": precision, "seconds": seconds,
             "peak_rss_mib": rss, "bytes": out.stat().st_size}
 
@@ -102,7 +99,8 @@ def measure_compress(bundle: Path, out: Path, max_bytes: str, minutes: float, gr
     or with one (each size scored on `eval_triples` valid triples, pq codebooks fine-tuned)."""
     extra = ["--graph", str(graph), "--eval-triples", str(eval_triples)] if graph else []
     seconds, rss = child([sys.executable, "-m", "earl_service.cli.main", "compress", "--from", str(bundle),
-                          "--max-bytes", max_bytes, "--time-limit", f"{minutes:g}", "--out", str(out), *extra])
+                          "--max-bytes", max_bytes, "--time-limit", f"{minutes:g}", "--out", str(out), *extra],
+                          out.parent / f"{out.name}.log")
     pick = out / "bundle.safetensors"
     step = f"compress --from (fp32) --max-bytes {max_bytes}" + (f", a graph, {eval_triples} valid triples"
                                                                   if graph else "")
@@ -140,8 +138,8 @@ def main() -> None:
         row["rss_over_table"] = round(row["peak_rss_mib"] * 2**20 / table_bytes, 2)
     data = {"rows": a.rows, "width": a.width, "table_bytes": table_bytes, "imports": rows}
     md = (f"# `earl import` peak RSS: a {a.rows:,} x {a.width} float32 table ({table_bytes / 1e9:.2f} GB .npy)\n\n"
-          "DistMult, no graph, plain weights; each step its own process (peak RSS: its ru_maxrss, from "
-          "os.wait4). The npy file is memory-mapped: its pages count as they are read. `compress --from` reads "
+          "DistMult, no graph, plain weights; each step its own process (peak RSS: its whole peak, "
+          "harness.processes.child_peak). The npy file is memory-mapped: its pages count as they are read. `compress --from` reads "
           "the fp32 import (no graph: it keeps the largest size that fits; with a random graph: each size scored on its "
           "valid triples, pq codebooks fine-tuned). A served import: the server's load (`load_bundle(keep_codes=True)`, "
           "its predictor and FAISS index) and one query; kept RSS: what the process holds after it.\n\n"

@@ -10,7 +10,7 @@ relations), drawn once into data/synthetic-<N> (the draw is measured when this r
 - compress (with --compress-minutes): `earl compress DATA --max-bytes BYTES --time-limit M --models rotate
   --known-answers none --no-labels --threads 1`, BYTES = --bytes-per-entity x N.
 A stage's peak RSS covers its whole process, loading the data included: the largest of the kernel's count at
-exit, VmRSS sampled every 50 ms and the child's own figure (`measured`: the kernel's count alone, what `time -v`
+exit, VmRSS sampled every 50 ms and the child's own figure (harness.processes.child_peak: the kernel's count alone, what `time -v`
 prints, holds only the peak since earl last restarted it). Nothing runs beside a stage but this script,
 which samples and waits.
 
@@ -22,54 +22,22 @@ which samples and waits.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
-import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from harness import REPO, api_server, md_table, write_results
-from harness.processes import status_kib
+from harness.processes import child_peak, status_kib
 
 EARL = [sys.executable, "-m", "earl_service.cli.main"]
-SAMPLE_S = 0.05
-
-
-def measured(command: list[str], log: Path, *, own_peak_mib: Callable[[], float] | None = None) -> dict:
-    """Run `command` from the repository (one torch thread), its output in `log`; wall seconds and peak RSS.
-
-    The peak is the largest of: the kernel's count at exit (os.wait4's ru_maxrss, what `time -v` prints), the
-    child's VmRSS sampled every SAMPLE_S, and `own_peak_mib()`, what the child reports itself. The kernel's count
-    alone is not enough: earl's training and compress restart it to tell their phases apart
-    (earl_service/memory.reset_peak_rss), so at exit it holds only the peak since the last restart."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-    t0, sampled_kib = time.perf_counter(), 0
-    with log.open("w") as out:
-        proc = subprocess.Popen(command, cwd=REPO, stdout=out, stderr=subprocess.STDOUT, env=env)
-        while True:
-            pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
-            if pid:
-                proc.returncode = os.waitstatus_to_exitcode(status)  # reaped here: Popen must not wait again
-                break
-            with contextlib.suppress(OSError, RuntimeError):  # exiting between the two calls
-                sampled_kib = max(sampled_kib, status_kib(proc.pid, "VmRSS"))
-            time.sleep(SAMPLE_S)
-    seconds = time.perf_counter() - t0
-    if proc.returncode != 0:
-        last = (log.read_text().strip().splitlines() or [""])[-1]
-        raise RuntimeError(f"{' '.join(command[2:4])} exited with {proc.returncode}: {last} (log: {log})")
-    peaks = {"exit_count": usage.ru_maxrss / 1024, "sampled": sampled_kib / 1024,
-             "own": own_peak_mib() if own_peak_mib else 0.0}
-    return {"seconds": round(seconds, 1), "peak_rss_mib": round(max(peaks.values()), 1),
-            "peaks_mib": {k: round(v, 1) for k, v in peaks.items()}}
+measured = partial(child_peak, env={"OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"})  # one torch thread
 
 
 def graph(n: int, data: Path, folder: Path) -> tuple[Path, dict | None]:

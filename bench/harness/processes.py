@@ -3,17 +3,20 @@ its memory read from /proc."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 from harness.machine import REPO
+
+SAMPLE_S = 0.05  # child_peak's VmRSS sampling period
 
 
 def train_process(args: list[str], out: Path) -> subprocess.Popen:
@@ -57,6 +60,36 @@ def status_kib(pid: int, key: str) -> int:
         if line.startswith(key + ":"):
             return int(line.split()[1])
     raise RuntimeError(f"no {key} for process {pid}")
+
+
+def child_peak(command: list[str], log: Path, *, own_peak_mib: Callable[[], float] | None = None,
+               env: dict[str, str] | None = None) -> dict:
+    """Run `command` from the repository (`env` over this environment), its output in `log`; wall seconds and its
+    whole peak RSS.
+
+    The peak is the largest of: the kernel's count at exit (os.wait4's ru_maxrss, what `time -v` prints), the
+    child's VmRSS sampled every SAMPLE_S, and `own_peak_mib()`, what the child reports itself. The kernel's count
+    alone is not enough: earl's training and compress restart it to tell their phases apart
+    (earl_service/memory.reset_peak_rss), so at exit it holds only the peak since the last restart."""
+    t0, sampled_kib = time.perf_counter(), 0
+    with log.open("w") as out:
+        proc = subprocess.Popen(command, cwd=REPO, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
+        while True:
+            pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+            if pid:
+                proc.returncode = os.waitstatus_to_exitcode(status)  # reaped here: Popen must not wait again
+                break
+            with contextlib.suppress(OSError, RuntimeError):  # exiting between the two calls
+                sampled_kib = max(sampled_kib, status_kib(proc.pid, "VmRSS"))
+            time.sleep(SAMPLE_S)
+    seconds = time.perf_counter() - t0
+    if proc.returncode != 0:
+        last = (log.read_text().strip().splitlines() or [""])[-1]
+        raise RuntimeError(f"{' '.join(command[2:4])} exited with {proc.returncode}: {last} (log: {log})")
+    peaks = {"exit_count": usage.ru_maxrss / 1024, "sampled": sampled_kib / 1024,
+             "own": own_peak_mib() if own_peak_mib else 0.0}
+    return {"seconds": round(seconds, 1), "peak_rss_mib": round(max(peaks.values()), 1),
+            "peaks_mib": {k: round(v, 1) for k, v in peaks.items()}}
 
 
 def reset_peak(pid: int) -> int:
