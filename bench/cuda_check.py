@@ -32,6 +32,8 @@ from harness import REPO, RESULTS, add_datasets_argument, md_table, write_result
 
 EARL_PAPER = ["--dim", "150", "--recipe", "paper"]  # the paper's FB15k-237 settings: batch 1024 x 256
 ROTATE_500 = ["--model", "rotate", "--dim", "500", "--batch-size", "1024", "--negatives", "256", "--recipe", "paper"]
+STEP_RUNS = [("EARL, paper settings", EARL_PAPER), ("RotatE dim 500, 1024 x 256", ROTATE_500)]
+GRAPHED = ["--cuda-graphs"]  # the step replayed from a CUDA graph (train/graphed.py); refused on a CPU
 
 
 class Utilisation:
@@ -39,6 +41,7 @@ class Utilisation:
 
     def __init__(self, every: float = 0.2) -> None:
         self.every, self.samples, self._stop = every, [], threading.Event()
+        self.times: list[float] = []
         self._thread = threading.Thread(target=self._sample, daemon=True)
 
     def _sample(self) -> None:
@@ -46,6 +49,7 @@ class Utilisation:
             out = _nvidia_smi("utilization.gpu")
             if out and out[0].isdigit():
                 self.samples.append(float(out[0]))
+                self.times.append(time.perf_counter())
             self._stop.wait(self.every)
 
     def __enter__(self) -> Utilisation:
@@ -59,8 +63,15 @@ class Utilisation:
             self._thread.join()
 
     def summary(self) -> dict:
+        """Over the whole process, and over its busy window (first to last sample above 0%): loading the graph and
+        starting CUDA leave the card idle for seconds that a short timed run would otherwise average in."""
         s = self.samples
-        return {"mean": sum(s) / len(s), "max": max(s), "samples": len(s)} if s else {"samples": 0}
+        if not s:
+            return {"samples": 0}
+        busy = [i for i, value in enumerate(s) if value > 0] or [0]
+        window = s[busy[0]:busy[-1] + 1]
+        return {"mean": sum(s) / len(s), "max": max(s), "samples": len(s),
+                "busy_mean": sum(window) / len(window), "busy_seconds": round(self.times[busy[-1]] - self.times[busy[0]], 1)}
 
 
 def _nvidia_smi(query: str) -> list[str]:
@@ -135,6 +146,10 @@ def short_compress(data: Path, minutes: float, max_bytes: str, device: str) -> d
             "test": report.get("test"), "gpu_utilisation": gpu.summary()}
 
 
+def _busy(util: dict) -> str:
+    return f"{util['busy_mean']:.1f} ({util['busy_seconds']})" if "busy_mean" in util else "-"
+
+
 def markdown(result: dict) -> str:
     facts, tests, comp = result["facts"], result["tests"], result["compress"]
     md = [f"# cuda-check: {facts.get('gpu', facts['device'])}", "",
@@ -142,9 +157,10 @@ def markdown(result: dict) -> str:
           "", f"**CUDA tests** ({', '.join(CUDA_TESTS)}): {tests['summary']} (exit {tests['exit_code']}, {tests['seconds']} s)."]
     md += [f"- FAILED {name}" for name in tests["failed"]]
     md += ["", md_table(["run", "steps", "ms/step (mean)", "ms/step (median)", "positive triples/s", "GPU util mean %",
-                         "GPU util max %"],
+                         "GPU util mean % while busy (s)", "GPU util max %"],
                         [[r["label"], r["steps"], r["mean_step_ms"], r["median_step_ms"], r["triples_per_second"],
-                          r["gpu_utilisation"].get("mean"), r["gpu_utilisation"].get("max")] for r in result["steps"]])]
+                          r["gpu_utilisation"].get("mean"), _busy(r["gpu_utilisation"]),
+                          r["gpu_utilisation"].get("max")] for r in result["steps"]])]
     if comp is None:
         return "\n".join(md + ["", "**compress**: not run (--no-compress)."])
     test_mrr = (comp.get("test") or {}).get("mrr")
@@ -164,7 +180,7 @@ def main() -> None:
     add_datasets_argument(parser)
     parser.add_argument("--dataset", default="fb15k-237", help="the speed runs' and the compress's graph")
     parser.add_argument("--device", default="cuda")
-    parser.add_argument("--steps", type=int, default=200, help="steps of each timed run")
+    parser.add_argument("--steps", type=int, default=600, help="steps of each timed run")
     parser.add_argument("--compress-minutes", type=float, default=3.0)
     parser.add_argument("--max-bytes", default="2MB")
     parser.add_argument("--quick", action="store_true", help="CoDEx-S, 20 steps, a 1-minute compress (a smoke test)")
@@ -179,8 +195,9 @@ def main() -> None:
     folder = REPO / "runs" if smoke else RESULTS
     result["tests"] = (run_tests(folder / "cuda_check_tests.log") if args.device.startswith("cuda") else
                        {"exit_code": None, "summary": "not run (no CUDA device asked for)", "failed": [], "seconds": 0})
-    result["steps"] = [time_steps(data, "EARL, paper settings", EARL_PAPER, args.steps, args.device),
-                       time_steps(data, "RotatE dim 500, 1024 x 256", ROTATE_500, args.steps, args.device)]
+    runs = STEP_RUNS + ([(f"{label}, CUDA graph", extra + GRAPHED) for label, extra in STEP_RUNS]
+                        if args.device.startswith("cuda") else [])
+    result["steps"] = [time_steps(data, label, extra, args.steps, args.device) for label, extra in runs]
     result["compress"] = None if args.no_compress else short_compress(data, args.compress_minutes, args.max_bytes,
                                                                        args.device)
     _, md_path = write_results("cuda_check", result, markdown(result), folder=folder if smoke else None)
