@@ -49,7 +49,7 @@ class Utilisation:
             out = _nvidia_smi("utilization.gpu")
             if out and out[0].isdigit():
                 self.samples.append(float(out[0]))
-                self.times.append(time.perf_counter())
+                self.times.append(time.time())
             self._stop.wait(self.every)
 
     def __enter__(self) -> Utilisation:
@@ -62,16 +62,20 @@ class Utilisation:
         if self._thread.is_alive():
             self._thread.join()
 
-    def summary(self) -> dict:
-        """Over the whole process, and over its busy window (first to last sample above 0%): loading the graph and
-        starting CUDA leave the card idle for seconds that a short timed run would otherwise average in."""
+    def summary(self, steps: tuple[float, float] | None = None) -> dict:
+        """Over the whole process, and while the steps ran (`steps`: the run's first and last step in Unix seconds,
+        metrics.json's steps_wall_clock): loading the graph, starting CUDA, a graph's capture before the clock and
+        the run's final save leave the card idle for seconds that a short timed run would otherwise average in."""
         s = self.samples
         if not s:
             return {"samples": 0}
-        busy = [i for i, value in enumerate(s) if value > 0] or [0]
-        window = s[busy[0]:busy[-1] + 1]
-        return {"mean": sum(s) / len(s), "max": max(s), "samples": len(s),
-                "busy_mean": sum(window) / len(window), "busy_seconds": round(self.times[busy[-1]] - self.times[busy[0]], 1)}
+        summary = {"mean": sum(s) / len(s), "max": max(s), "samples": len(s)}
+        if steps is not None:
+            during = [value for value, at in zip(s, self.times, strict=True) if steps[0] <= at <= steps[1]]
+            if during:
+                summary.update(steps_mean=sum(during) / len(during), steps_samples=len(during),
+                               steps_seconds=round(steps[1] - steps[0], 1))
+        return summary
 
 
 def _nvidia_smi(query: str) -> list[str]:
@@ -124,7 +128,7 @@ def time_steps(data: Path, label: str, extra: list[str], steps: int, device: str
     return {"label": label, "steps": steps, "median_step_ms": step * 1000, "mean_step_ms": mean * 1000,
             "triples_per_second": batch / mean,
             "train_seconds": metrics["train_seconds"], "process_seconds": round(wall, 1),
-            "device": metrics["device"], "gpu_utilisation": gpu.summary()}
+            "device": metrics["device"], "gpu_utilisation": gpu.summary(metrics.get("steps_wall_clock"))}
 
 
 def short_compress(data: Path, minutes: float, max_bytes: str, device: str) -> dict:
@@ -146,8 +150,8 @@ def short_compress(data: Path, minutes: float, max_bytes: str, device: str) -> d
             "test": report.get("test"), "gpu_utilisation": gpu.summary()}
 
 
-def _busy(util: dict) -> str:
-    return f"{util['busy_mean']:.1f} ({util['busy_seconds']})" if "busy_mean" in util else "-"
+def _during_steps(util: dict) -> str:
+    return f"{util['steps_mean']:.1f} ({util['steps_seconds']} s)" if "steps_mean" in util else "-"
 
 
 def markdown(result: dict) -> str:
@@ -157,9 +161,9 @@ def markdown(result: dict) -> str:
           "", f"**CUDA tests** ({', '.join(CUDA_TESTS)}): {tests['summary']} (exit {tests['exit_code']}, {tests['seconds']} s)."]
     md += [f"- FAILED {name}" for name in tests["failed"]]
     md += ["", md_table(["run", "steps", "ms/step (mean)", "ms/step (median)", "positive triples/s", "GPU util mean %",
-                         "GPU util mean % while busy (s)", "GPU util max %"],
+                         "GPU util mean % during the steps", "GPU util max %"],
                         [[r["label"], r["steps"], r["mean_step_ms"], r["median_step_ms"], r["triples_per_second"],
-                          r["gpu_utilisation"].get("mean"), _busy(r["gpu_utilisation"]),
+                          r["gpu_utilisation"].get("mean"), _during_steps(r["gpu_utilisation"]),
                           r["gpu_utilisation"].get("max")] for r in result["steps"]])]
     if comp is None:
         return "\n".join(md + ["", "**compress**: not run (--no-compress)."])
@@ -180,7 +184,7 @@ def main() -> None:
     add_datasets_argument(parser)
     parser.add_argument("--dataset", default="fb15k-237", help="the speed runs' and the compress's graph")
     parser.add_argument("--device", default="cuda")
-    parser.add_argument("--steps", type=int, default=600, help="steps of each timed run")
+    parser.add_argument("--steps", type=int, default=2000, help="steps of each timed run")
     parser.add_argument("--compress-minutes", type=float, default=3.0)
     parser.add_argument("--max-bytes", default="2MB")
     parser.add_argument("--quick", action="store_true", help="CoDEx-S, 20 steps, a 1-minute compress (a smoke test)")

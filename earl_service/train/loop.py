@@ -254,8 +254,9 @@ def train(
     extension = "cpp" if available else "torch"  # which distance path the steps use
     peak_reset = memory.restart_peak()  # from here on the peak is the training steps' own
     stop = StopRules.for_run(cfg, ranks, should_stop, has_valid=dataset.valid is not None and len(dataset.valid) > 0)
-    start = time.perf_counter() - state.elapsed
+    start, began = time.perf_counter() - state.elapsed, time.time()
     _loop(learner, state, stop, checkpoints, Progress(cfg, state.step, on_progress, enabled=ranks.is_main), start)
+    steps_wall = (began, time.time())  # the loop ends on a loss read: on a GPU, after the card's last step
     memory.train_peak_rss_mb = peak_rss_mb() if peak_reset else None
     # A run that ends between validations (a time limit, a step count off the cadence) would otherwise lose
     # every step since the last one. Validated outside the budget; off the cadence, so it counts for no patience.
@@ -266,7 +267,7 @@ def train(
         return {"rank": ranks.rank, "world_size": ranks.world, "steps": state.step, "stopped": state.stopped}
     metrics = _final_metrics(learner, state, checkpoints, memory=memory, extension=extension, protocol=protocol,
                              final_eval=final_eval, command=command)
-    metrics["recipe"] = recipe
+    metrics["recipe"], metrics["steps_wall_clock"] = recipe, steps_wall  # Unix seconds (bench/cuda_check.py)
     bundle = run_bundle(run, metrics) if write_bundle else None
     write_run_outputs(out, metrics, state.history, bundle=bundle, curves=curves)
     return metrics

@@ -95,6 +95,15 @@ def test_steps_zero_writes_metrics(tmp_path):
     assert metrics["config"]["model"]["dim"] == 8
 
 
+def test_metrics_say_when_the_steps_ran(tmp_path):
+    before = time.time()
+    metrics = train(tiny_dataset(), ModelConfig(dim=4, k=3), TrainConfig(steps=5, eval_every=0, **{
+        k: v for k, v in FAST.items() if k != "eval_every"}), tmp_path, final_eval=False, write_bundle=False)
+    began, ended = metrics["steps_wall_clock"]  # what bench/cuda_check.py reads the GPU's utilisation over
+    assert before <= began <= ended <= time.time()
+    assert ended - began == pytest.approx(metrics["train_seconds"], abs=0.5)
+
+
 @pytest.mark.parametrize("native", [True, False])
 def test_bf16_trains_and_warns_where_the_cpu_only_emulates_it(tmp_path, monkeypatch, caplog, native):
     from earl_service.train import run as run_module
