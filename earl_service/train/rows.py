@@ -40,9 +40,10 @@ def big_table(model: torch.nn.Module) -> bool:
 
 
 def table_config(model: torch.nn.Module, cfg: TrainConfig) -> TrainConfig:
-    """`cfg` as `model`'s table trains with it: TrainConfig.big_table_negatives a side on a big table (sharing
-    corruptions, a step then costs less and the budget covers more epochs), `cfg` elsewhere."""
-    if cfg.big_table_negatives and big_table(model) and not cfg.sampled:
+    """`cfg` as `model`'s table trains with it: TrainConfig.big_table_negatives a side on a big table whose
+    positives share corruptions (a step then costs less and the budget covers more epochs), `cfg` elsewhere and
+    where `--negative-chunk 1` gives each positive its own (measured only with sharing: 8472610)."""
+    if cfg.big_table_negatives and big_table(model) and not cfg.sampled and negative_chunk(model, cfg) > 1:
         return replace(cfg, negatives=cfg.big_table_negatives)
     return cfg
 

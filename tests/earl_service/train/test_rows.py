@@ -142,6 +142,8 @@ def test_big_tables_train_with_their_own_negatives(tmp_path, monkeypatch):
     assert table_config(table, cfg).negatives == 32 and table_config(below, cfg) == cfg
     assert table_config(table, TrainConfig(negatives=128)).negatives == 128  # 0: --negatives everywhere
     assert table_config(table, replace(cfg, sampled=True)).negatives == 128
+    assert table_config(table, replace(cfg, negative_chunk=1)).negatives == 128  # no sharing: the field's premise
+    assert table_config(table, replace(cfg, negative_chunk=16)).negatives == 32
     earl = build_model(ModelConfig(dim=4), 40, 3, torch.arange(8))
     assert table_config(earl, cfg) == cfg
     monkeypatch.setattr(rows_module, "BIG_TABLE_ROWS", 10)  # the tiny graph's 40 entities make a big table
