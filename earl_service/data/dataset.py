@@ -18,7 +18,15 @@ from earl_service.data import readers as readers
 from earl_service.data.labels import Labels, read_labels
 from earl_service.data.readers import Batch, ReadReport, Triple
 from earl_service.data.readers.report import row_error
-from earl_service.data.triples import DEFAULT_MAX_BYTES, PathLike, TableBuilder, TripleTable, fill_table, read_table
+from earl_service.data.triples import (
+    DEFAULT_MAX_BYTES,
+    PathLike,
+    TableBuilder,
+    TripleTable,
+    fill_table,
+    name_order,
+    read_table,
+)
 from earl_service.data.vocab import Vocab
 from earl_service.errors import (
     DatasetError,
@@ -154,14 +162,19 @@ def _split_file(folder: Path, split: str) -> Path | None:
 
 def _to_ids(table: TripleTable, entities: dict[str, int], relations: dict[str, int]) -> np.ndarray:
     """Map the table's triples whose relation is in ``relations`` to an ``(n, 3)`` id array, appending unseen
-    entities to ``entities`` in order of first appearance (head, tail, next head, ...)."""
+    entities to ``entities`` in name order (name_order).
+
+    Ids are only positions, so any order serves the model; this one packs a bundle's names and graph smaller than
+    file order (bench/results/vocab_order.md) and is the same for the same data in any file order."""
     relation_ids = np.array([relations.get(r, -1) for r in table.relations], dtype=np.int64)[table.ids[:, 1]]
     kept = relation_ids >= 0
     heads_tails = table.ids[kept][:, ::2]  # (n, 2) ids into table.entities
-    local, first = np.unique(heads_tails, return_index=True)  # flattened row-major: head0, tail0, head1, ...
+    local = np.unique(heads_tails).tolist()
+    names = [table.entities[i] for i in local]
+    for name in sorted((name for name in names if name not in entities), key=name_order):
+        entities[name] = len(entities)
     entity_ids = np.full(len(table.entities), -1, dtype=np.int64)
-    for i in local[np.argsort(first)].tolist():
-        entity_ids[i] = entities.setdefault(table.entities[i], len(entities))
+    entity_ids[local] = np.fromiter((entities[name] for name in names), dtype=np.int64, count=len(names))
     out = np.empty((len(heads_tails), 3), dtype=np.int64)
     out[:, ::2] = entity_ids[heads_tails]
     out[:, 1] = relation_ids[kept]
@@ -252,7 +265,7 @@ def load_triples_file(path: PathLike, entities: Vocab, relations: Vocab, *, allo
     """Map a triple file onto existing vocabularies, e.g. to extend a trained graph.
 
     Returns the ``(n, 3)`` int64 id array and the names of new entities, which get ids
-    ``len(entities) + i`` in order of first appearance. An unknown relation, or an unknown entity when
+    ``len(entities) + i`` sorted by name. An unknown relation, or an unknown entity when
     ``allow_new_entities`` is false, raises :class:`TripleFileError` naming the (first) offending line.
     """
     table = read_table(path, max_bytes=max_bytes, data=data)

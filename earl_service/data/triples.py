@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -80,6 +82,20 @@ def _key_bits(path: Path, entities: int, relations: int) -> tuple[int, int]:
     return e_bits, 63 - 2 * e_bits
 
 
+_DIGITS = re.compile(r"([0-9]+)")
+
+
+def name_order(name: str) -> tuple[list[Any], str]:
+    """Sort key of entity names: text by code point, runs of digits by their value ("e9" before "e10", "Q42" before
+    "Q100"), then the name itself (so "a07" and "a7" keep one order). Sorted so, names share prefixes with their
+    neighbours and xz packs a bundle's vocabulary in a fraction of its bytes in file order: 2.94 to 0.16 bytes a
+    name at 1M synthetic entities, names and graph together 5-38% smaller on CoDEx-S, FB15k-237, WN18RR and
+    WordNet-full (bench/results/vocab_order.md)."""
+    parts: list[Any] = _DIGITS.split(name)
+    parts[1::2] = [(len(digits), digits) for digits in (run.lstrip("0") for run in parts[1::2])]
+    return parts, name
+
+
 def _intern(index: dict[str, int], names: list[str]) -> np.ndarray:
     """The ids of ``names`` in ``index``, adding unseen names in order of first appearance."""
     # Look each distinct name up once in the big index; the rest are lookups in a small, cache-warm dict.
@@ -110,6 +126,16 @@ class TripleTable:
     def longest_name(self) -> int:
         """Characters in the longest entity or relation name."""
         return max(map(len, self.entities + self.relations), default=0)
+
+    def in_name_order(self) -> TripleTable:
+        """This table with its entities numbered in name order (name_order), as load_dataset numbers a train file's:
+        what a bundle of it would pack."""
+        order = sorted(range(len(self.entities)), key=lambda i: name_order(self.entities[i]))
+        position = np.empty(len(order), dtype=np.int64)
+        position[order] = np.arange(len(order))
+        ids = self.ids.copy()
+        ids[:, 0], ids[:, 2] = position[self.ids[:, 0]], position[self.ids[:, 2]]
+        return replace(self, entities=[self.entities[i] for i in order], ids=ids)
 
     def triples(self) -> list[Triple]:
         """The triples as names."""

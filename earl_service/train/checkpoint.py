@@ -8,6 +8,7 @@ from typing import Any, Protocol
 import torch
 
 from earl_service.atomic import replacing
+from earl_service.errors import DatasetError
 
 CHECKPOINT = "checkpoint.pt"  # last state, for --resume
 BEST = "best.pt"  # best weights by valid MRR
@@ -28,6 +29,21 @@ def load_best(out: Path, model: torch.nn.Module) -> None:
     """Load OUT/best.pt into `model`, onto the device of its parameters."""
     device = next(model.parameters()).device
     model.load_state_dict(torch.load(out / BEST, map_location=device, weights_only=True))
+
+
+def check_vocab(run_dir: Path, trained: dict[str, Any] | None, given: dict[str, Any]) -> None:
+    """DatasetError unless the data's training entities and relations (`given`: Dataset.vocab_signature) are the
+    ones the run in `run_dir` was trained on (`trained`, from its checkpoint), in the same order."""
+    if trained is None or trained == given:
+        return
+    counts = (f"the run was trained on {trained['entities']:,} entities and {trained['relations']:,} relations, "
+              f"this data has {given['entities']:,} training entities and {given['relations']:,} relations")
+    if (trained["entities"], trained["relations"]) == (given["entities"], given["relations"]):
+        counts = ("the counts agree but the names (or their order) differ; runs trained before entity ids were put "
+                  "in name order (earl_service.data.dataset.name_order) numbered them in file order: their "
+                  "bundle.safetensors carries its own names and still serves and evaluates")
+    raise DatasetError(f"this data does not match the run in {run_dir}: {counts}; use the data it was trained on "
+                       "(the same train file)")
 
 
 def portable_optimizer_state(state_dict: dict) -> dict:
@@ -63,6 +79,8 @@ class Checkpointer:
         # On the CPU first: the RNG states must be CPU tensors; the weights and the optimizer's moments follow
         # their parameters' device as they load.
         ckpt = torch.load(self.out / CHECKPOINT, map_location="cpu", weights_only=True)
+        if "vocab" in self.configs:  # resuming on other entities would train each row as another entity
+            check_vocab(self.out, ckpt.get("vocab"), self.configs["vocab"])
         self.model.load_state_dict(ckpt["model"])
         self.optimizer.load_state_dict(ckpt["optimizer"])
         self.state.load_state_dict(ckpt)
@@ -83,4 +101,4 @@ class Checkpointer:
         load_best(self.out, self.model)
 
 
-__all__ = ["BEST", "CHECKPOINT", "Checkpointer", "load_best", "portable_optimizer_state", "save"]
+__all__ = ["BEST", "CHECKPOINT", "Checkpointer", "check_vocab", "load_best", "portable_optimizer_state", "save"]

@@ -250,8 +250,7 @@ def train(
     learner.graphed = GraphedStep.build(learner, eager_step, step_on_batch)
     if state.best_mrr < 0 and not checkpoints.has_best():
         checkpoints.save_best()  # best.pt exists however the run ends
-    available, memory.kernel_load_seconds = kernels.load_timed()  # before the clock starts
-    extension = "cpp" if available else "torch"  # which distance path the steps use
+    available, memory.kernel_load_seconds = kernels.load_timed()  # before the clock starts; the steps' distance path
     peak_reset = memory.restart_peak()  # from here on the peak is the training steps' own
     stop = StopRules.for_run(cfg, ranks, should_stop, has_valid=dataset.valid is not None and len(dataset.valid) > 0)
     start, began = time.perf_counter() - state.elapsed, time.time()
@@ -265,8 +264,8 @@ def train(
     checkpoints.save()
     if not ranks.is_main:
         return {"rank": ranks.rank, "world_size": ranks.world, "steps": state.step, "stopped": state.stopped}
-    metrics = _final_metrics(learner, state, checkpoints, memory=memory, extension=extension, protocol=protocol,
-                             final_eval=final_eval, command=command)
+    metrics = _final_metrics(learner, state, checkpoints, memory=memory, extension="cpp" if available else "torch",
+                             protocol=protocol, final_eval=final_eval, command=command)
     metrics["recipe"], metrics["steps_wall_clock"] = recipe, steps_wall  # Unix seconds (bench/cuda_check.py)
     bundle = run_bundle(run, metrics) if write_bundle else None
     write_run_outputs(out, metrics, state.history, bundle=bundle, curves=curves)

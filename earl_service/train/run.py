@@ -19,7 +19,7 @@ from earl_service.data.dataset import Dataset
 from earl_service.errors import ConfigError, DatasetError, RunError
 from earl_service.model.graph import Graph, build_graph, choose_reserved
 from earl_service.model.modules import EARL, RotatE, build_model
-from earl_service.train.checkpoint import CHECKPOINT, load_best
+from earl_service.train.checkpoint import CHECKPOINT, check_vocab, load_best
 from earl_service.train.evaluate import rank_triples, standard_errors, summarize, summarize_per_relation
 from earl_service.train.sampling import NeighborIndex, embed_all
 
@@ -235,7 +235,7 @@ def load_run(run_dir: str | os.PathLike, dataset: Dataset, *, device: str = "aut
         raise RunError(f"{run_dir} holds no {CHECKPOINT}: is it a run directory written by `earl train`?")
     dev = resolve_device(device)
     ckpt = torch.load(run_dir / CHECKPOINT, map_location="cpu", weights_only=True)
-    _check_vocab(run_dir, ckpt.get("vocab"), dataset)
+    check_vocab(run_dir, ckpt.get("vocab"), dataset.vocab_signature())
     sampled = bool(ckpt.get("train_config", {}).get("sampled", False))  # evaluate a big graph layer by layer too
     run = Run.build(dataset, ModelConfig.from_dict(ckpt["model_config"]), dev, sampled=sampled, graphs=graphs)
     try:
@@ -248,19 +248,6 @@ def load_run(run_dir: str | os.PathLike, dataset: Dataset, *, device: str = "aut
                            f"{dataset.num_relations:,} relations); evaluate against the data it was trained on"
                            ) from None
     return run
-
-
-def _check_vocab(run_dir: Path, trained: dict[str, Any] | None, dataset: Dataset) -> None:
-    """DatasetError unless ``dataset``'s training entities and relations are the run's, in the same order."""
-    given = dataset.vocab_signature()
-    if trained is None or trained == given:
-        return
-    counts = (f"the run was trained on {trained['entities']:,} entities and {trained['relations']:,} relations, "
-              f"this data has {given['entities']:,} training entities and {given['relations']:,} relations")
-    if (trained["entities"], trained["relations"]) == (given["entities"], given["relations"]):
-        counts = "the counts agree but the names (or their order) differ"
-    raise DatasetError(f"this data does not match the run in {run_dir}: {counts}; evaluate against the data it "
-                       "was trained on (the same train file)")
 
 
 __all__ = ["GraphCache", "Run", "bf16_autocast", "cpu_has_native_bf16", "load_run", "native_bf16", "resolve_device"]

@@ -336,6 +336,21 @@ def test_load_dataset(tmp_path):
     assert ds.split("test") is ds.test
 
 
+def test_entity_ids_follow_name_order_whatever_the_file_order(tmp_path):
+    rows = ["e10\tr\te9", "Q100\tr\tQ42", "e9\tr\tb", "a7\tr\ta07"]
+    for n, order in enumerate((rows, rows[::-1])):
+        folder = tmp_path / f"kg{n}"
+        folder.mkdir()
+        write(folder / "train.txt", "\n".join(order) + "\n")
+        write(folder / "valid.txt", "e2\tr\tzz\naa\tr\te9\n")
+        ds = load_dataset(folder)
+        # digit runs by value, then code points ("Q" < "a"), then the name itself where values tie ("a07", "a7")
+        assert ds.entities.names == ["Q42", "Q100", "a07", "a7", "b", "e9", "e10", "aa", "e2", "zz"]
+        assert ds.num_train_entities == 7  # entities first seen in valid come after train's, in name order too
+        names = ds.entities.names
+        assert {f"{names[h]}\tr\t{names[t]}" for h, _, t in ds.train.tolist()} == set(rows)
+
+
 def test_entities_only_in_dropped_triples_get_no_id(tmp_path):
     folder = tmp_path / "kg"
     folder.mkdir()

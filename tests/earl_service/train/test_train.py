@@ -95,6 +95,24 @@ def test_steps_zero_writes_metrics(tmp_path):
     assert metrics["config"]["model"]["dim"] == 8
 
 
+def test_a_run_resumes_only_on_the_entities_it_trained_on(tmp_path):
+    """Each row of a model is one entity: resuming on data whose names (or their order) differ would train every
+    row as another entity; the same counts hide it from the weights' shapes."""
+    from dataclasses import replace
+
+    from earl_service.data.vocab import Vocab
+    from earl_service.errors import DatasetError
+
+    ds, model = tiny_dataset(), ModelConfig(model="rotate", dim=4)
+    cfg = TrainConfig(steps=2, eval_every=0, **{k: v for k, v in FAST.items() if k != "eval_every"})
+    train(ds, model, cfg, tmp_path, final_eval=False, write_bundle=False)
+    renamed = replace(ds, entities=Vocab(ds.entities.names[::-1]))
+    with pytest.raises(DatasetError, match="names .or their order. differ"):
+        train(renamed, model, replace(cfg, steps=4), tmp_path, resume=True, final_eval=False, write_bundle=False)
+    assert train(ds, model, replace(cfg, steps=4), tmp_path, resume=True, final_eval=False,
+                 write_bundle=False)["steps"] == 4
+
+
 def test_metrics_say_when_the_steps_ran(tmp_path):
     before = time.time()
     metrics = train(tiny_dataset(), ModelConfig(dim=4, k=3), TrainConfig(steps=5, eval_every=0, **{
