@@ -68,7 +68,6 @@ def check_uploads(home: ServiceHome, job_id: str, files: dict[str, str], config:
                   train: TripleTable) -> None:
     """Refuse a compress job whose uploads cannot give a pick (`train`: its train file, as the upload check read
     it); the job's upload folder is removed then."""
-    train = train.in_name_order()  # numbered as the worker's load_dataset numbers it: the bundle's bytes
     try:
         if "valid" not in files:
             raise DatasetError("a compress job picks on validation metrics: upload a valid file too")

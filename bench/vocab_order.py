@@ -1,6 +1,6 @@
 """Bytes of a bundle's fixed part (entity names and the training graph, each xz -9e as the bundle packs them) with
 entity ids in file order (each entity numbered where it first appears, as load_dataset did before) and in name
-order (as it does now: earl_service/data/dataset.py `name_order`, digit runs by value), and plainly sorted.
+order (as it does now: earl_service/data/triples.py `name_order`, digit runs by value), and plainly sorted.
 
 Ids are positions and any order serves the model; the order decides what xz finds: sorted names share prefixes with
 their neighbours, and related entities with nearby names (WordNet's byte offsets, Freebase's mids) get nearby ids in

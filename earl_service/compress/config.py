@@ -16,6 +16,7 @@ from earl_service.bundle.format import graph_bytes, graph_csr, joined_strings
 from earl_service.bundle.precision import Precision, choices, names
 from earl_service.config import GRAPH_OPTIONAL, MODELS, ModelKind, Text
 from earl_service.config.fields import setting
+from earl_service.data.triples import in_name_order
 from earl_service.errors import ConfigError
 
 # What compress searches by default: every registered precision (pq: at each code size that fits).
@@ -102,6 +103,7 @@ def budget_floor(max_bytes: int, triples: np.ndarray, entities: Sequence[str], r
            len(joined_strings(list(relations)))]
     if max_bytes > sum(map(_xz_bound, raw)) or sum(raw) > EXACT_FLOOR_RAW_BYTES:
         return None
+    triples, entities = in_name_order(triples, entities)  # as the worker's load_dataset numbers them
     floor = graph_bytes(triples, entities, relations)
     return floor if max_bytes <= floor else None
 

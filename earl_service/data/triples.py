@@ -5,8 +5,8 @@ from __future__ import annotations
 import logging
 import os
 import re
-from collections.abc import Iterable
-from dataclasses import dataclass, field, replace
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -96,6 +96,17 @@ def name_order(name: str) -> tuple[list[Any], str]:
     return parts, name
 
 
+def in_name_order(triples: np.ndarray, entities: Sequence[str]) -> tuple[np.ndarray, list[str]]:
+    """`triples` ((n, 3) ids into `entities`) renumbered so that the entities come in name order, and the names in
+    that order: how load_dataset numbers a train file's entities, so what a bundle of them packs."""
+    order = sorted(range(len(entities)), key=lambda i: name_order(entities[i]))
+    position = np.empty(len(order), dtype=np.int64)
+    position[order] = np.arange(len(order))
+    renumbered = np.array(triples, dtype=np.int64)
+    renumbered[:, 0], renumbered[:, 2] = position[renumbered[:, 0]], position[renumbered[:, 2]]
+    return renumbered, [entities[i] for i in order]
+
+
 def _intern(index: dict[str, int], names: list[str]) -> np.ndarray:
     """The ids of ``names`` in ``index``, adding unseen names in order of first appearance."""
     # Look each distinct name up once in the big index; the rest are lookups in a small, cache-warm dict.
@@ -126,16 +137,6 @@ class TripleTable:
     def longest_name(self) -> int:
         """Characters in the longest entity or relation name."""
         return max(map(len, self.entities + self.relations), default=0)
-
-    def in_name_order(self) -> TripleTable:
-        """This table with its entities numbered in name order (name_order), as load_dataset numbers a train file's:
-        what a bundle of it would pack."""
-        order = sorted(range(len(self.entities)), key=lambda i: name_order(self.entities[i]))
-        position = np.empty(len(order), dtype=np.int64)
-        position[order] = np.arange(len(order))
-        ids = self.ids.copy()
-        ids[:, 0], ids[:, 2] = position[self.ids[:, 0]], position[self.ids[:, 2]]
-        return replace(self, entities=[self.entities[i] for i in order], ids=ids)
 
     def triples(self) -> list[Triple]:
         """The triples as names."""

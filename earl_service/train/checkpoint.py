@@ -40,7 +40,7 @@ def check_vocab(run_dir: Path, trained: dict[str, Any] | None, given: dict[str, 
               f"this data has {given['entities']:,} training entities and {given['relations']:,} relations")
     if (trained["entities"], trained["relations"]) == (given["entities"], given["relations"]):
         counts = ("the counts agree but the names (or their order) differ; runs trained before entity ids were put "
-                  "in name order (earl_service.data.dataset.name_order) numbered them in file order: their "
+                  "in name order (earl_service.data.triples.name_order) numbered them in file order: their "
                   "bundle.safetensors carries its own names and still serves and evaluates")
     raise DatasetError(f"this data does not match the run in {run_dir}: {counts}; use the data it was trained on "
                        "(the same train file)")
