@@ -23,7 +23,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from harness import REPO, add_datasets_argument, md_table, write_results
 
 from earl_service.bundle.format import pack_graph, pack_strings
-from earl_service.data.dataset import load_dataset, name_order
+from earl_service.data.dataset import load_dataset
+from earl_service.data.triples import name_order, renumbered
 
 DATASETS = ("codex-s", "fb15k-237", "wn18rr")
 
@@ -47,12 +48,8 @@ def fixed_bytes(path: Path) -> dict:
     plain = np.array(sorted(range(n), key=names.__getitem__), dtype=np.int64)  # code-point order
     orders = {"file": old, "name": np.arange(n), "plain": plain}  # position -> id
     for order, ids in orders.items():
-        position = np.empty(n, dtype=np.int64)
-        position[ids] = np.arange(n)
-        triples = ds.train.copy()
-        triples[:, 0], triples[:, 2] = position[ds.train[:, 0]], position[ds.train[:, 2]]
         row[f"names_{order}"] = int(pack_strings([names[i] for i in ids.tolist()]).nbytes)
-        row[f"graph_{order}"] = int(pack_graph(triples, n, ds.num_relations).nbytes)
+        row[f"graph_{order}"] = int(pack_graph(renumbered(ds.train, ids), n, ds.num_relations).nbytes)
         row[f"fixed_{order}"] = row[f"names_{order}"] + row[f"graph_{order}"]
     row["change"] = row["fixed_name"] / row["fixed_file"] - 1
     row["seconds"] = round(time.perf_counter() - started, 1)

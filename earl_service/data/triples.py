@@ -96,15 +96,21 @@ def name_order(name: str) -> tuple[list[Any], str]:
     return parts, name
 
 
+def renumbered(triples: np.ndarray, order: Sequence[int] | np.ndarray) -> np.ndarray:
+    """`triples` ((n, 3) entity ids) with each entity's id replaced by its position in `order` (the old ids, new id
+    by new id)."""
+    position = np.empty(len(order), dtype=np.int64)
+    position[np.asarray(order, dtype=np.int64)] = np.arange(len(order))
+    out = np.array(triples, dtype=np.int64)
+    out[:, 0], out[:, 2] = position[out[:, 0]], position[out[:, 2]]
+    return out
+
+
 def in_name_order(triples: np.ndarray, entities: Sequence[str]) -> tuple[np.ndarray, list[str]]:
     """`triples` ((n, 3) ids into `entities`) renumbered so that the entities come in name order, and the names in
     that order: how load_dataset numbers a train file's entities, so what a bundle of them packs."""
     order = sorted(range(len(entities)), key=lambda i: name_order(entities[i]))
-    position = np.empty(len(order), dtype=np.int64)
-    position[order] = np.arange(len(order))
-    renumbered = np.array(triples, dtype=np.int64)
-    renumbered[:, 0], renumbered[:, 2] = position[renumbered[:, 0]], position[renumbered[:, 2]]
-    return renumbered, [entities[i] for i in order]
+    return renumbered(triples, order), [entities[i] for i in order]
 
 
 def _intern(index: dict[str, int], names: list[str]) -> np.ndarray:
