@@ -87,9 +87,8 @@ cuda-wheels: venv
 CUDA_DATA = $(if $(wildcard .cuda-data),.cuda-data,$(DATASETS))
 CUDA_CHECK_ARGS ?=
 cuda-check:
-	if [ -d .cuda-wheels ]; then $(PY) -m pip install -q --no-index --no-deps .cuda-wheels/*.whl; fi
-	PYTHONPATH=$(CURDIR) $(PY) bench/cuda_check.py --datasets $(CUDA_DATA) $(CUDA_CHECK_ARGS)
-	PYTHONPATH=$(CURDIR) timeout 240 $(PY) bench/cuda_profile.py --graph --datasets $(CUDA_DATA)
+	PY=$(PY) DATA=$(CUDA_DATA) CHECK_ARGS="$(CUDA_CHECK_ARGS)" COMPRESS_MIN=3 CHECK_S=600 PROFILE_S=240 \
+		bash bench/cuda_device_run.sh
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache
