@@ -61,7 +61,7 @@ def portable_optimizer_state(state_dict: dict) -> dict:
 class Checkpointer:
     """Saves and restores one run's model, optimizer and loop state; only the writing rank (rank 0) writes.
 
-    checkpoint.pt holds {"model", "optimizer", the loop state's own keys, "model_config", "train_config"}.
+    checkpoint.pt holds {"model", "optimizer", the loop state's own keys, "model_config", "train_config", "vocab"}.
     """
 
     def __init__(
@@ -69,7 +69,7 @@ class Checkpointer:
         configs: dict[str, Any], writes: bool = True,
     ) -> None:
         self.out, self.model, self.optimizer, self.state = out, model, optimizer, state
-        self.configs = configs  # {"model_config": ..., "train_config": ...}, for load_run
+        self.configs = configs  # {"model_config", "train_config", "vocab"}: for load_run and restore's check
         self.writes = writes
 
     def can_resume(self) -> bool:
@@ -79,8 +79,8 @@ class Checkpointer:
         # On the CPU first: the RNG states must be CPU tensors; the weights and the optimizer's moments follow
         # their parameters' device as they load.
         ckpt = torch.load(self.out / CHECKPOINT, map_location="cpu", weights_only=True)
-        if "vocab" in self.configs:  # resuming on other entities would train each row as another entity
-            check_vocab(self.out, ckpt.get("vocab"), self.configs["vocab"])
+        # Resuming on other entities would train each row as another entity.
+        check_vocab(self.out, ckpt.get("vocab"), self.configs["vocab"])
         self.model.load_state_dict(ckpt["model"])
         self.optimizer.load_state_dict(ckpt["optimizer"])
         self.state.load_state_dict(ckpt)
