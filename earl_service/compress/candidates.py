@@ -11,7 +11,7 @@ from dataclasses import replace
 from functools import partial
 from typing import NamedTuple
 
-from earl_service.bundle.codebooks import NUMBERS_PER_CODE, codes_for
+from earl_service.bundle.codebooks import NUMBERS_PER_CODE, codes_for, default_codes
 from earl_service.bundle.precision import Precision, ProductQuantized
 from earl_service.bundle.sizes import MIN_DIM, BundleSizes
 from earl_service.compress.config import CompressConfig
@@ -284,14 +284,21 @@ def first_rung_trains(candidates: list[Candidate], config: CompressConfig, secon
 
 
 def baseline_candidate(candidates: list[Candidate]) -> Candidate | None:
-    """The simplest baseline among one model's candidates: the widest exported at int8 (a user's obvious choice,
-    four times fp32's dims for a few thousandths of MRR), else the widest. When the time allows one candidate per
-    model, this is the one kept: at CoDEx-S 1 MB in 3 minutes the search kept RotatE d604 pq:151 (the widest) and
-    tested 0.3465, where RotatE d230 int8 alone tested 0.4011 (bench/results/compress_codex-s_3min.md)."""
+    """The simplest baseline among one model's candidates, a user's obvious choice: the widest exported at int8
+    (four times fp32's dims for a few thousandths of MRR); where no int8 fits, the widest exported at `--precision
+    pq`'s own code size (default_codes: about DEFAULT_NUMBERS_PER_CODE numbers a byte); else the narrowest. When
+    the time allows one candidate per model, this is the one kept: at CoDEx-S 1 MB in 3 minutes the search kept
+    RotatE d604 pq:151 (the widest) and tested 0.3465, where RotatE d230 int8 alone tested 0.4011
+    (bench/results/compress_codex-s_3min.md). Where only pq fits, every pick so far coded 4 numbers a byte: WordNet-full
+    2 MB in 30 minutes (one core) picked d16 pq:8 (0.4235) over d32 pq:8, and once the plan widened and kept the
+    widest, d44 pq:11 tested 0.3276; the 1M-entity graph at 8 MB picked d14 pq:7 over d28 pq:7."""
     if not candidates:
         return None
     int8 = [c for c in candidates if "int8" in c.bytes]
-    return max(int8 or candidates, key=lambda c: c.dim)
+    default_pq = [c for c in candidates if ProductQuantized(default_codes(c.dim)).name in c.bytes]
+    if int8 or default_pq:
+        return max(int8 or default_pq, key=lambda c: c.dim)
+    return min(candidates, key=lambda c: c.dim)
 
 
 def baseline_name(candidates: list[Candidate]) -> str | None:
@@ -304,12 +311,20 @@ def baseline_name(candidates: list[Candidate]) -> str | None:
     return None
 
 
+def _drop_order(baseline: Candidate | None, theirs: list[Candidate], c: Candidate) -> tuple[bool, int]:
+    """Which of a model's candidates fit_to_time drops first (the smallest key): the narrowest where an int8 export
+    fits (the baseline is the widest at int8), else the widest (wide pq-only candidates code 8 numbers a byte: the
+    ones that lost at WordNet-full 2 MB and at 1M entities)."""
+    pq_only = not any("int8" in t.bytes for t in theirs)
+    return c is baseline, -c.dim if pq_only else c.dim
+
+
 def fit_to_time(config: CompressConfig, candidates: list[Candidate], seconds: Mapping[str, float],
                 early_fraction: float = 1.0) -> list[Candidate]:
     """Drop the smallest candidates of the model with the most until the schedule's validations take at most
     EVAL_SHARE of the time limit, and (down to one candidate per model) until the first rung trains each
     candidate enough (first_rung_trains); refuse a limit shorter than validating the remaining candidates once.
-    A model's baseline candidate (baseline_candidate) goes last."""
+    A model's baseline candidate (baseline_candidate) goes last, the others farthest from it first."""
     limit, kept = config.time_limit_minutes * 60, list(candidates)
     models = len({c.model for c in candidates})
 
@@ -322,7 +337,7 @@ def fit_to_time(config: CompressConfig, candidates: list[Candidate], seconds: Ma
         counts = {m: sum(c.model == m for c in kept) for m in seconds}
         crowded = max(counts, key=lambda m: counts[m])  # keep every model while another has more candidates
         theirs = [c for c in kept if c.model == crowded]
-        kept.remove(min(theirs, key=lambda c: (c is baseline_candidate(theirs), c.dim)))
+        kept.remove(min(theirs, key=partial(_drop_order, baseline_candidate(theirs), theirs)))
     first = early_fraction if len(rung_sizes(len(kept), config.eta)) > 1 else 1.0  # rung 0's share of a validation
     need = sum(c.validation(seconds, first) * len(c.bytes) for c in kept)
     if limit < need:

@@ -573,7 +573,30 @@ def test_the_last_candidate_of_a_model_is_its_int8_baseline():
     config = CompressConfig(max_bytes=10**7, time_limit_minutes=3)
     kept = candidates_module.fit_to_time(config, units, {"rotate": 1.0}, 0.1)
     assert [c.name for c in kept] == ["rotate-d230"]
-    assert candidates_module.baseline_candidate(units[:1]).name == "rotate-d604"  # no int8 export: the widest
+    assert candidates_module.baseline_candidate(units[:1]).name == "rotate-d604"  # the only one
+
+
+def test_the_last_candidate_of_a_pq_only_model_codes_pqs_default_width():
+    """Where no int8 export fits (WordNet-full at 2 MB), the one kept is the widest at `--precision pq`'s own code
+    size (4 numbers a byte), and wider pq-only candidates go first: name order's freed bytes widened WordNet-full's
+    plan to RotatE d44 pq:11, d22 pq:11 and d11 pq:11, and keeping the widest tested 0.3276 where d16 pq:8 had
+    tested 0.4235."""
+    def units(step: float) -> list[Candidate]:
+        return [candidate("rotate", 44, {"pq:11": 1}, validation_seconds=1.0, step_seconds=step),
+                candidate("rotate", 22, {"pq:11": 1}, validation_seconds=1.0, step_seconds=step),
+                candidate("rotate", 11, {"pq:11": 1}, validation_seconds=1.0, step_seconds=step),
+                candidate("earl", 48, {"int8": 1}, validation_seconds=1.0, step_seconds=step),
+                candidate("earl", 24, {"int8": 1}, validation_seconds=1.0, step_seconds=step)]
+
+    config = CompressConfig(max_bytes=10**7, time_limit_minutes=3)
+    seconds = {"rotate": 1.0, "earl": 1.0}
+    kept = candidates_module.fit_to_time(config, units(100.0), seconds, 0.1)
+    assert sorted(c.name for c in kept) == ["earl-d48", "rotate-d22"]
+    some = candidates_module.fit_to_time(config, units(0.05), seconds, 0.1)
+    assert sorted(c.name for c in some) == ["earl-d24", "earl-d48", "rotate-d11", "rotate-d22"]  # widest pq first
+    assert candidates_module.baseline_candidate(units(1.0)[:3]).name == "rotate-d22"
+    narrow = [candidate("rotate", 44, {"pq:11": 1}), candidate("rotate", 11, {"pq:11": 1})]
+    assert candidates_module.baseline_candidate(narrow).name == "rotate-d11"  # no default pq: the narrowest
 
 
 def test_planning_times_a_training_step_and_leaves_the_model_as_it_was():
