@@ -80,15 +80,15 @@ def baseline(ds, sizes: BundleSizes, config: ModelConfig, minutes: float, budget
             "steps": metrics["steps"], "train_seconds": metrics["train_seconds"], "validated_during_training": False}
 
 
-def compress_method(ds, minutes: float, budget: int, out: Path, known_answers: str) -> dict:
+def compress_method(ds, minutes: float, budget: int, out: Path, known_answers: str, parallel: int = 1) -> dict:
     start = time.monotonic()
     report = compress(ds, out, CompressConfig(max_bytes=budget, time_limit_minutes=minutes,
-                                              known_answers=known_answers))
+                                              known_answers=known_answers, parallel=parallel))
     assert report is not None
     pick = report["pick"]
     return {"model": pick["model"], "dim": pick["dim"], "precision": pick["precision"], "bytes": pick["bytes"],
             "test_mrr": report["test"]["mrr"], "fits": True, "seconds": time.monotonic() - start,
-            "candidates": len(report["candidates"]), **search_summary(report)}
+            "candidates": len(report["candidates"]), "parallel": parallel, **search_summary(report)}
 
 
 def search_summary(report: dict) -> dict:
@@ -110,7 +110,7 @@ MATCHED = {"rotate_int8": ("rotate", "int8"), "earl_int8": ("earl", "int8"), "ro
 
 
 def run_method(method: str, name: str, budget_text: str, minutes: float, root: Path,
-               known_answers: str = "graph") -> dict:
+               known_answers: str = "graph", parallel: int = 1) -> dict:
     # Without labels (entity labels would take 90 KB of FB15k-237's budgets): the budgets buy weights, as in the
     # committed results, which carried no entity labels.
     ds = load_dataset(dataset_folder(name), labels=False)
@@ -118,7 +118,7 @@ def run_method(method: str, name: str, budget_text: str, minutes: float, root: P
     graphless = CompressConfig(max_bytes=budget, time_limit_minutes=1, known_answers=known_answers).graphless
     sizes = BundleSizes(ds, graphless=graphless)
     if method == "compress":
-        return compress_method(ds, minutes, budget, root / "compress", known_answers)
+        return compress_method(ds, minutes, budget, root / "compress", known_answers, parallel)
     if method == "earl_default":
         return baseline(ds, sizes, ModelConfig(), minutes, budget, root / "earl-default")
     model, precision = MATCHED[method]
@@ -199,6 +199,7 @@ def main() -> int:
     parser.add_argument("--known-answers", choices=("graph", "none"), default="graph",
                         help="none: RotatE bundles (the search's and the baselines') leave the graph out")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    parser.add_argument("--parallel", type=int, default=1, help="compress: candidates a rung trains at once")
     parser.add_argument("--fresh", action="store_true", help="forget the methods already measured")
     parser.add_argument("--tag", default="", help="a table of its own (compress_DATASET..._TAG): two sittings pinned "
                                                   "to one core each write apart, then --merge joins them")
@@ -224,7 +225,8 @@ def main() -> int:
         for method in METHODS:
             if method in row or (a.budget and budget not in a.budget) or (a.method and method not in a.method):
                 continue
-            row[method] = run_method(method, a.dataset, budget, minutes, a.runs / name / budget, a.known_answers)
+            row[method] = run_method(method, a.dataset, budget, minutes, a.runs / name / budget, a.known_answers,
+                                     a.parallel)
             # Each method records where it ran: pieces of one table may come from different sittings.
             env = environment()
             row[method]["environment"], row[method]["commit"] = env["machine"], env["commit"]

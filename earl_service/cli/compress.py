@@ -5,9 +5,11 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from earl_service.compress.config import PARALLEL_HELP
 from earl_service.compress.options import add_compress_options, compress_config_from_options
 from earl_service.config.options import add_data_options, add_recipe_option, data_config_from_options
 from earl_service.errors import ConfigError
@@ -46,6 +48,7 @@ def add_compress_command(sub) -> None:
     add_compress_options(p)
     p.add_argument("--device", default="auto", help="auto | cpu | cuda")
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch default)")
+    p.add_argument("--parallel", type=int, default=1, metavar="N", help=f"{PARALLEL_HELP} (default: 1)")
     p.add_argument("--no-labels", dest="labels", action="store_false",
                    help="leave the label files beside the triples out of every bundle (their bytes too)")
     add_recipe_option(p)
@@ -73,7 +76,7 @@ def cmd_compress(a: argparse.Namespace) -> int:
     from earl_service.config.options import train_configs_from_options
     from earl_service.data.dataset import load_dataset
 
-    config = compress_config_from_options(vars(a))
+    config = replace(compress_config_from_options(vars(a)), parallel=a.parallel)
     train_configs = train_configs_from_options({"progress": False, "device": a.device, "threads": a.threads,
                                                 "seed": config.seed}, recipe=a.recipe)
     dataset = load_dataset(a.data, data=data_config_from_options(vars(a)), labels=a.labels)

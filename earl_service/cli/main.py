@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 from earl_service.cli.answers import add_answer_commands
 from earl_service.cli.home import add_service_options
+from earl_service.compress.config import PARALLEL_HELP
 from earl_service.errors import ConfigError, EarlError
 
 if TYPE_CHECKING:
@@ -330,6 +331,8 @@ def add_worker_command(sub) -> None:
     p.add_argument("--id", dest="worker_id", default=None, help="worker name (default host-pid)")
     p.add_argument("--nproc-per-node", type=int, default=0, metavar="N",
                    help="train every job with N DDP processes through torchrun (a job's own nproc_per_node wins)")
+    p.add_argument("--compress-parallel", type=int, default=1, metavar="N",
+                   help=f"compress jobs: {PARALLEL_HELP} (default: 1)")
     p.set_defaults(func=cmd_worker)
 
 
@@ -342,7 +345,7 @@ def cmd_worker(a: argparse.Namespace) -> int:
     worker = Worker(WorkerConfig(home=Path(a.home), store=a.store, worker_id=a.worker_id or default_worker_id(),
                                  threads=a.threads, device=a.device, poll_seconds=a.poll, stale_after=a.stale_after,
                                  max_attempts=a.max_attempts, max_jobs=a.max_jobs,
-                                 nproc_per_node=a.nproc_per_node))
+                                 nproc_per_node=a.nproc_per_node, compress_parallel=a.compress_parallel))
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, lambda *_: worker.stop())
     worker.run()

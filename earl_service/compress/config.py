@@ -28,6 +28,9 @@ KNOWN_ANSWERS = ("graph", "none")  # --known-answers: where a bundle's answers l
 # Raw graph and name bytes up to which the API packs them (xz -9e) to know a budget's floor exactly: past it the
 # request would wait on a compression the worker repeats anyway, and the worker's exact check decides.
 EXACT_FLOOR_RAW_BYTES = 2**20
+MAX_PARALLEL = 16  # most candidates trained at once (each process holds the data and its graphs)
+PARALLEL_HELP = ("candidates a rung before the last trains at once, each in its own process (a CPU's threads split "
+                 "among them, a GPU shared by them; each holds the data and its graphs); 1: one after another")
 
 # SI prefixes are powers of ten (2MB = 2,000,000 bytes), as disk and network sizes are; KiB/MiB/GiB powers of two.
 _UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9, "gb": 10**9,
@@ -141,6 +144,9 @@ class CompressConfig:
     metric: str = setting("mrr", "the validation metric that picks", choices=tuple(METRICS))
     seed: int = setting(0, "seed of every candidate's training and of the pq codebooks")
     eta: int = setting(2, "successive halving keeps the best 1/eta of the candidates at each rung", option=None)
+    # Where and how the search runs, not what it searches (as --device and --threads): `earl compress --parallel`,
+    # `earl worker --compress-parallel`; no job form field, and a resumed job may change it.
+    parallel: int = setting(1, PARALLEL_HELP, option=None)
 
     def __post_init__(self) -> None:
         if self.max_bytes < 1:
@@ -158,6 +164,8 @@ class CompressConfig:
             raise ConfigError(f"unknown metric {self.metric!r}; choose from {', '.join(METRICS)}")
         if self.eta < 2:
             raise ConfigError("eta must be at least 2")
+        if not 1 <= self.parallel <= MAX_PARALLEL:
+            raise ConfigError(f"parallel must be between 1 and {MAX_PARALLEL}, not {self.parallel}")
 
     def settings(self) -> dict[str, Any]:
         """What a resumed job must share with the one it continues (the time limit may change)."""

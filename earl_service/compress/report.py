@@ -32,6 +32,7 @@ def build_report(run: CompressRun, rows: list[dict[str, Any]], pick: dict[str, A
     return {
         "max_bytes": config.max_bytes, "time_limit_minutes": config.time_limit_minutes,
         "metric": config.metric, "metric_key": key, "seed": config.seed, "eta": config.eta,
+        "parallel": config.parallel, "lane_seconds": round(state.lane_seconds, 3),
         "known_answers": config.known_answers, "graphless": list(config.graphless),
         "dataset": {"entities": ds.num_entities, "train_entities": ds.num_train_entities,
                     "relations": ds.num_relations, "train": len(ds.train), "valid": len(ds.split("valid")),
@@ -109,9 +110,11 @@ def markdown(report: dict[str, Any]) -> str:
     lines += _first_look(report)
     lines += _revalidated(report)
     lines += _seconds_table(report.get("seconds") or {}, report["time_limit_minutes"] * 60,
-                            report.get("peak_rss_mb_by_phase") or {})
+                            report.get("peak_rss_mb_by_phase") or {}, report.get("lane_seconds") or 0.0)
     if report.get("peak_rss_mb"):
-        lines += ["", f"Peak memory (RSS) of the process: {report['peak_rss_mb']:,.0f} MiB."]
+        lanes = (f"; each of the {report['parallel']} lane processes peaked apart (their phases' peaks above), "
+                 "all at once in the machine's memory" if report.get("lane_seconds") else "")
+        lines += ["", f"Peak memory (RSS) of the process: {report['peak_rss_mb']:,.0f} MiB{lanes}."]
     lines += ["", f"![valid {report['metric']} against bytes]({FRONTIER_PNG})", ""]
     return "\n".join(lines)
 
@@ -162,12 +165,14 @@ def _graphless(report: dict[str, Any]) -> str:
             if models else "")
 
 
-def _seconds_table(seconds: dict[str, float], limit: float, peaks: dict[str, float]) -> list[str]:
+def _seconds_table(seconds: dict[str, float], limit: float, peaks: dict[str, float],
+                   lane_seconds: float = 0.0) -> list[str]:
     """Where the time went: each phase's seconds and share of the search (and its peak RSS where measured: reports
-    of earlier versions have none), then the test after it."""
+    of earlier versions have none), then the test after it. Slices run in lanes count each lane's seconds: the
+    shares are of the search's wall clock plus `lane_seconds`, what the lanes ran beyond it."""
     if not seconds:
         return []
-    search = seconds.get("search", 0.0) or 1e-9
+    search = seconds.get("search", 0.0) + lane_seconds or 1e-9
 
     def peak(phase: str) -> str:
         return f" {peaks[phase]:,.0f} |" if phase in peaks else " - |"
@@ -181,8 +186,11 @@ def _seconds_table(seconds: dict[str, float], limit: float, peaks: dict[str, flo
     kernel = seconds.get("kernel", 0.0)
     before = (f" (before its clock started, the C++ kernel took {kernel:.1f} s to load: a first use on a machine "
               "builds it)" if kernel >= 1 else "")
+    lanes = (f" Slices ran in lanes, several at once: each phase counts every lane's seconds, {lane_seconds:.1f} s "
+             "beyond the search's wall clock, and the shares are of both together." if lane_seconds else "")
     return ["", f"Where the time went: the search took {seconds.get('search', 0.0):.1f} s of a {limit:.0f} s limit"
-                f"{before}, then the pick's test evaluation {seconds.get('test', 0.0):.1f} s.", "", *head, *rows]
+                f"{before}, then the pick's test evaluation {seconds.get('test', 0.0):.1f} s.{lanes}", "", *head,
+            *rows]
 
 
 def plot_frontier(report: dict[str, Any], path: os.PathLike) -> None:

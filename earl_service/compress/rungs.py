@@ -75,6 +75,8 @@ def run_rung(run: CompressRun) -> bool:
     # The last rung runs its leader last, on whatever time the others left: estimates made before the search are
     # on the safe side, and on CoDEx-S at 1 MB in 10 minutes the rest of the rungs' slices went unused (51 s).
     order = rung.survivors[::-1] if rungs_left == 1 else rung.survivors
+    if run.lanes is not None and rungs_left > 1:
+        return run_in_lanes(run, rung, order, limit, slice_seconds)
     for name in order:
         if name in rung.results:
             continue  # done before a restart
@@ -92,14 +94,28 @@ def run_rung(run: CompressRun) -> bool:
     return True
 
 
+def run_in_lanes(run: CompressRun, rung: Rung, order: list[str], limit: int, slice_seconds: float) -> bool:
+    """run_rung's slices in the search's lanes (lanes.py), several at once; those that carry their result over
+    (carried_over) here first. False if stopped."""
+    pending = {}
+    for name in (n for n in order if n not in rung.results):
+        if (result := carried_over(run, rung, name, limit)) is not None:
+            rung.results[name] = result
+        else:
+            pending[name] = slice_seconds
+    run.save()
+    return not pending or run.lanes.run_slices(run, rung, pending, limit)
+
+
 def open_rung(run: CompressRun, rung: Rung) -> float:
     """Fix `rung`'s budget (its share of the time left) and each survivor's slice of it, once, at its start; returns
-    the slice."""
+    the slice. Slices run in lanes (config.parallel at once, before the last rung) share the budget's wall clock."""
     if rung.budget_seconds is None:
         rung.budget_seconds = rung_budget(max(run.time_left - test_reserve(run), 0.0), rung.index,
                                           run.state.rung_count)
     if rung.slice_seconds is None:
-        rung.slice_seconds = rung.budget_seconds / len(rung.survivors)
+        at_once = min(run.config.parallel, len(rung.survivors)) if run.state.rung_count - rung.index > 1 else 1
+        rung.slice_seconds = rung.budget_seconds * at_once / len(rung.survivors)
     return rung.slice_seconds
 
 

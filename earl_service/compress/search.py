@@ -86,8 +86,16 @@ def compress(dataset: Dataset, out_dir: str | os.PathLike, config: CompressConfi
     run = CompressRun(dataset, out, config, train_configs, state, on_progress, should_stop,
                       spent_before=state.spent_seconds, graphs=graphs, kernel_seconds=kernel_seconds)
     run.save()
-    if not search(run):
-        return None
+    if config.parallel > 1:
+        from earl_service.compress.lanes import Lanes
+
+        run.lanes = Lanes(run, config.parallel)
+    try:
+        if not search(run):
+            return None
+    finally:
+        if run.lanes is not None:
+            run.lanes.close()
     return finish(run)
 
 

@@ -190,6 +190,9 @@ class SearchState:
     done: bool = False
     seconds: dict[str, float] = field(default_factory=dict)  # per PHASES entry, over every attempt
     peak_rss_mb: dict[str, float] = field(default_factory=dict)  # per phase (and "test"): the highest RSS in it
+    # Seconds that slices run in lanes (lanes.py) added beyond the search's clock: the phases' sums count every
+    # lane's seconds, so they may add up to more than the wall clock by this much.
+    lane_seconds: float = 0.0
 
     def candidate(self, name: str) -> Candidate:
         return next(c for c in self.candidates if c.name == name)
@@ -199,7 +202,7 @@ class SearchState:
                 "validation_seconds": self.validation_seconds,
                 "candidates": [c.to_json() for c in self.candidates], "rung_count": self.rung_count,
                 "rungs": [r.to_json() for r in self.rungs], "spent_seconds": self.spent_seconds, "done": self.done,
-                "seconds": self.seconds, "peak_rss_mb": self.peak_rss_mb}
+                "seconds": self.seconds, "peak_rss_mb": self.peak_rss_mb, "lane_seconds": self.lane_seconds}
 
     @classmethod
     def from_json(cls, values: Mapping[str, Any]) -> SearchState:
@@ -251,6 +254,7 @@ class CompressRun:
     # training and evaluation builds its own)
     fixed_parts: dict[bool, dict[str, Any]] = field(default_factory=dict)  # shipped(): packed once, by graphless
     kernel_seconds: float = 0.0  # loading (or building) the C++ kernel before the clock started
+    lanes: Any = None  # lanes.Lanes when slices run several at once (config.parallel > 1), else None
 
     def __post_init__(self) -> None:
         if self.started is None:
@@ -294,9 +298,11 @@ class CompressRun:
             self.charge(phase, self.clock() - started)
 
     def accounting(self) -> dict[str, float]:
-        """Seconds by phase so far, with "other" the rest of what the search spent (never below 0)."""
+        """Seconds by phase so far, with "other" the rest of what the search spent (never below 0), lanes' seconds
+        beyond the wall clock included (SearchState.lane_seconds)."""
         phases = {p: round(self.state.seconds.get(p, 0.0), 3) for p in PHASES}
-        return {**phases, "other": round(max(self.spent - sum(phases.values()), 0.0), 3)}
+        spent = self.spent + self.state.lane_seconds
+        return {**phases, "other": round(max(spent - sum(phases.values()), 0.0), 3)}
 
     def save(self) -> None:
         self.state.spent_seconds = self.spent

@@ -13,7 +13,7 @@ import os
 import socket
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +56,7 @@ class WorkerConfig:
     max_attempts: int = 3
     max_jobs: int = 0  # stop after this many jobs (0: run until stopped)
     nproc_per_node: int = 0  # > 0: train through torchrun with this many DDP processes (a job's own value wins)
+    compress_parallel: int = 1  # a compress job's candidates trained at once (CompressConfig.parallel)
 
 
 def _given(params: dict[str, Any], cfg: WorkerConfig) -> dict[str, Any]:
@@ -285,6 +286,7 @@ class Worker:
             pick = compress_model(self.registry, job, on_progress=forward, should_stop=should_stop,
                                   train_configs=train_configs_from_params(job.params, self.config))
         else:
+            search = replace(search, parallel=self.config.compress_parallel)
             pick = run_compress(self.home, job, search=search, train_configs=train_configs_from_params(
                 job.params, self.config), on_progress=forward, should_stop=should_stop)
         if pick is None:

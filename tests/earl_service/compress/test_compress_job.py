@@ -120,6 +120,23 @@ def test_a_cancelled_compress_job_ends_cancelled(worker, monkeypatch):
     assert worker.store.get_model(job.id) is None
 
 
+def test_the_workers_compress_parallel_is_the_searchs(tmp_path, monkeypatch):
+    """How many candidates train at once is the worker's setting (`earl worker --compress-parallel`), not the
+    job's: the search runs with it."""
+    seen = []
+
+    def fake_compress(dataset, out, config, **kwargs):
+        seen.append(config.parallel)
+        out.mkdir(parents=True, exist_ok=True)
+        return finish_like_compress(out, dataset)
+
+    monkeypatch.setattr(compress_module, "compress", fake_compress)
+    w = Worker(WorkerConfig(home=tmp_path, heartbeat_seconds=0.05, poll_seconds=0.05, threads=1, compress_parallel=3))
+    submit(w, {"max_bytes": "2MB", "parallel": 9})  # not a job field: ignored
+    assert w.run_once().state == "succeeded" and seen == [3]
+    w.store.close()
+
+
 def test_a_budget_under_the_smallest_bundle_fails_the_job_with_the_minimum(worker, tmp_path):
     """The API refuses budgets under the graph's own bytes; between those and the smallest bundle (weights
     included) the worker's search refuses, before training, and the job's error says the minimum."""

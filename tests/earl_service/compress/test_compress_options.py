@@ -18,7 +18,7 @@ from api.compress_jobs import job_params  # noqa: E402
 from api.schemas import CompressForm, JobForm  # noqa: E402
 
 # `earl compress` arguments that are no search setting: where and how its candidates train and read the data.
-NOT_SEARCH = {"help", "data", "out", "device", "threads", "labels", "recipe", "header", "columns", "func",
+NOT_SEARCH = {"help", "data", "out", "device", "threads", "parallel", "labels", "recipe", "header", "columns", "func",
               "from_bundle", "graph", "eval_triples", "retrain_minutes"}  # --from, --graph, --eval-triples,
 # --retrain-minutes: an imported bundle's search
 # One non-default value for every compress option, as a client (or a user on the command line) would type it.
