@@ -87,7 +87,7 @@ cuda-wheels: venv
 CUDA_DATA = $(if $(wildcard .cuda-data),.cuda-data,$(DATASETS))
 CUDA_CHECK_ARGS ?=
 cuda-check:
-	PY=$(PY) DATA=$(CUDA_DATA) CHECK_ARGS="$(CUDA_CHECK_ARGS)" COMPRESS_MIN=3 CHECK_S=600 PROFILE_S=240 \
+	PY=$(PY) DATA=$(CUDA_DATA) CHECK_ARGS="$(CUDA_CHECK_ARGS)" COMPRESS_MIN=2 CHECK_S=600 PROFILE_S=240 \
 		bash bench/cuda_device_run.sh
 
 clean:

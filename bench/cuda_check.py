@@ -6,7 +6,8 @@ on one GPU, in about 8 minutes, written to bench/results/cuda_check.{json,md} wi
    (`earl train --steps N --eval-every 0`), with positive triples per second and the GPU's utilisation sampled
    by nvidia-smi every 0.2 s while each runs;
 3. `earl compress DATA --max-bytes 2MB --time-limit MINUTES --device cuda` with the default precisions (pq
-   included), its pick, test MRR and where the minutes went.
+   included), its pick, test MRR and where the minutes went; then the same with `--parallel 4` (candidates at
+   once on the card: its utilisation beside the first's).
 
     python bench/cuda_check.py                          # on the GPU machine, ~8 minutes
     python bench/cuda_check.py --device cpu --quick     # here: the script itself on CoDEx-S (runs/cuda_check.md)
@@ -131,11 +132,12 @@ def time_steps(data: Path, label: str, extra: list[str], steps: int, device: str
             "device": metrics["device"], "gpu_utilisation": gpu.summary(metrics.get("steps_wall_clock"))}
 
 
-def short_compress(data: Path, minutes: float, max_bytes: str, device: str) -> dict:
-    """`earl compress` with the default precisions: the pick, its test metrics and where the time went."""
+def short_compress(data: Path, minutes: float, max_bytes: str, device: str, parallel: int = 1) -> dict:
+    """`earl compress` with the default precisions (`parallel` candidates at once): the pick, its test metrics and
+    where the time went."""
     with tempfile.TemporaryDirectory() as out, Utilisation() as gpu:
         cmd = [sys.executable, "-m", "earl_service.cli.main", "compress", str(data), "--out", out,
-               "--max-bytes", max_bytes, "--time-limit", str(minutes), "--device", device]
+               "--max-bytes", max_bytes, "--time-limit", str(minutes), "--device", device, "--parallel", str(parallel)]
         started = time.perf_counter()
         proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, check=False)
         wall = time.perf_counter() - started
@@ -145,7 +147,8 @@ def short_compress(data: Path, minutes: float, max_bytes: str, device: str) -> d
     trained = {r["candidate"]: r.get("train_seconds") or 0.0 for r in report.get("exports", [])}
     return {"training_seconds": round(sum(trained.values()), 1), "spent_seconds": report.get("spent_seconds"),
             "exit_code": proc.returncode, "error": proc.stderr.strip().splitlines()[-1:] if proc.returncode else [],
-            "wall_seconds": round(wall, 1), "limit_seconds": minutes * 60, "max_bytes": max_bytes,
+            "wall_seconds": round(wall, 1), "limit_seconds": minutes * 60, "max_bytes": max_bytes, "parallel": parallel,
+            "lane_seconds": report.get("lane_seconds", 0.0),
             "pick": {k: pick.get(k) for k in ("candidate", "model", "dim", "precision", "bytes")},
             "test": report.get("test"), "gpu_utilisation": gpu.summary()}
 
@@ -167,16 +170,24 @@ def markdown(result: dict) -> str:
                           r["gpu_utilisation"].get("max")] for r in result["steps"]])]
     if comp is None:
         return "\n".join(md + ["", "**compress**: not run (--no-compress)."])
+    for run in (comp, result.get("compress_parallel")):
+        if run is not None:
+            md += compress_lines(run)
+    return "\n".join(md)
+
+
+def compress_lines(comp: dict) -> list[str]:
+    """A compress run's line: the pick, its test MRR, the seconds training and the GPU's utilisation."""
     test_mrr = (comp.get("test") or {}).get("mrr")
     spent = comp["spent_seconds"]
-    md += ["", f"**compress** (`--max-bytes {comp['max_bytes']} --time-limit {comp['limit_seconds'] / 60:g}`): exit "
+    lanes = f" --parallel {comp['parallel']}" if comp.get("parallel", 1) > 1 else ""
+    md = ["", f"**compress** (`--max-bytes {comp['max_bytes']} --time-limit {comp['limit_seconds'] / 60:g}{lanes}`): exit "
                f"{comp['exit_code']}, {comp['wall_seconds']} s wall for a {comp['limit_seconds']:.0f} s limit; pick "
                f"{comp['pick'].get('candidate')} {comp['pick'].get('precision')} ({comp['pick'].get('bytes')} B), "
                f"test MRR {'-' if test_mrr is None else f'{test_mrr:.4f}'}; {comp['training_seconds']} s of it training "
                f"candidates (sum over candidates) of {'-' if spent is None else f'{spent:.1f}'} s the search spent; "
                f"GPU util {comp['gpu_utilisation']}."]
-    md += [f"  {line}" for line in comp["error"]]
-    return "\n".join(md)
+    return md + [f"  {line}" for line in comp["error"]]
 
 
 def main() -> None:
@@ -189,6 +200,8 @@ def main() -> None:
     parser.add_argument("--max-bytes", default="2MB")
     parser.add_argument("--quick", action="store_true", help="CoDEx-S, 20 steps, a 1-minute compress (a smoke test)")
     parser.add_argument("--no-compress", action="store_true", help="tests and step speed only")
+    parser.add_argument("--compress-parallel", type=int, default=4,
+                        help="then the same compress with --parallel N (candidates at once on the card; 1: not run)")
     args = parser.parse_args()
     data = args.datasets / args.dataset
     if args.quick:
@@ -204,6 +217,9 @@ def main() -> None:
     result["steps"] = [time_steps(data, label, extra, args.steps, args.device) for label, extra in runs]
     result["compress"] = None if args.no_compress else short_compress(data, args.compress_minutes, args.max_bytes,
                                                                        args.device)
+    if not args.no_compress and args.compress_parallel > 1:
+        result["compress_parallel"] = short_compress(data, args.compress_minutes, args.max_bytes, args.device,
+                                                     args.compress_parallel)
     _, md_path = write_results("cuda_check", result, markdown(result), folder=folder if smoke else None)
     print(md_path.read_text())
 
