@@ -14,7 +14,6 @@ from typing import TYPE_CHECKING
 
 from earl_service.cli.answers import add_answer_commands
 from earl_service.cli.home import add_service_options
-from earl_service.compress.config import PARALLEL_HELP
 from earl_service.errors import ConfigError, EarlError
 
 if TYPE_CHECKING:
@@ -332,7 +331,8 @@ def add_worker_command(sub) -> None:
     p.add_argument("--nproc-per-node", type=int, default=0, metavar="N",
                    help="train every job with N DDP processes through torchrun (a job's own nproc_per_node wins)")
     p.add_argument("--compress-parallel", type=int, default=1, metavar="N",
-                   help=f"compress jobs: {PARALLEL_HELP} (default: 1)")
+                   help="compress jobs: candidates a rung trains at once, each in its own process, as `earl "
+                        "compress --parallel` (default: 1)")
     p.set_defaults(func=cmd_worker)
 
 
