@@ -16,10 +16,9 @@ from earl_service.bundle.format import read_safetensors
 from earl_service.bundle.model_io import Bundle, load_bundle
 from earl_service.bundle.precision import Precision, ProductQuantized
 from earl_service.bundle.sizes import save_exact
-from earl_service.compress.candidates import valid_fraction
+from earl_service.compress.candidates import dominated, fine_tuned, tuned_precisions, valid_fraction
 from earl_service.compress.config import METRICS
 from earl_service.compress.state import (
-    Candidate,
     CompressRun,
     Export,
     Rung,
@@ -236,27 +235,6 @@ def test_reserve(run: CompressRun) -> float:
 
 
 # ---------------------------------------------------------------- which exports a rung makes
-
-
-def dominated(candidate: Candidate) -> list[str]:
-    """The pq precisions of `candidate` that an export keeping its tables (int8, fp16, fp32) outranks: both fit
-    the budget and come from the same weights, the pq one coded more coarsely. They validated lower in every
-    search so far, fine-tuned or not (CoDEx-S at 1 MB: RotatE d230 int8 0.3926, its fine-tuned pq:230 0.3620)."""
-    coded = [p for p in candidate.bytes if Precision.parse(p).codes_tables]
-    return coded if len(coded) < len(candidate.bytes) else []
-
-
-def tuned_precisions(candidate: Candidate) -> list[str]:
-    """The candidate's pq precisions that get codebook fine-tuning: only those that may be the pick, the ones no
-    table-keeping export outranks (dominated). Fine-tuning dominated ones took 75 s (13%) of CoDEx-S's 1 MB
-    search in 10 minutes, which int8 then won."""
-    skipped = dominated(candidate)
-    return [p for p in candidate.bytes if Precision.parse(p).codes_tables and p not in skipped]
-
-
-def fine_tuned(candidate: Candidate) -> bool:
-    """Whether any of the candidate's exports gets codebook fine-tuning (tuned_precisions)."""
-    return bool(tuned_precisions(candidate))
 
 
 def rung_exports(run: CompressRun, name: str) -> list[str]:

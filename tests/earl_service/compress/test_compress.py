@@ -832,8 +832,8 @@ def test_pq_exports_that_int8_outranks_are_made_at_the_last_rung_untuned(tmp_pat
     state = search_state([both, coded], rung_count=2, validation_seconds={"rotate": 10.0})
     job = CompressRun(tiny_dataset(), tmp_path, CompressConfig(max_bytes=10**6, time_limit_minutes=10), TINY, state)
     state.rungs.append(Rung(index=0, survivors=[both.name, coded.name]))
-    assert rungs_module.dominated(both) == ["pq:10", "pq:5"] and rungs_module.dominated(coded) == []
-    assert not rungs_module.fine_tuned(both) and rungs_module.fine_tuned(coded)
+    assert candidates_module.dominated(both) == ["pq:10", "pq:5"] and candidates_module.dominated(coded) == []
+    assert not candidates_module.fine_tuned(both) and candidates_module.fine_tuned(coded)
     assert rungs_module.rung_exports(job, both.name) == ["int8"]
     assert rungs_module.rung_exports(job, coded.name) == ["pq:20", "pq:10"]
     assert rungs_module.slice_training(job, both.name, 60.0, 0) == pytest.approx(60 - 10.0)
