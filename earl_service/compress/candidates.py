@@ -335,12 +335,11 @@ def baseline_name(candidates: list[Candidate]) -> str | None:
     return None
 
 
-def _drop_order(baseline: Candidate | None, theirs: list[Candidate], c: Candidate) -> tuple[bool, int]:
+def _drop_order(baseline: Candidate, c: Candidate) -> tuple[bool, int]:
     """Which of a model's candidates fit_to_time drops first (the smallest key): the narrowest where an int8 export
-    fits (the baseline is the widest at int8), else the widest (wide pq-only candidates code 8 numbers a byte: the
-    ones that lost at WordNet-full 2 MB and at 1M entities)."""
-    pq_only = not any("int8" in t.bytes for t in theirs)
-    return c is baseline, -c.dim if pq_only else c.dim
+    fits (the baseline is then the widest at int8), else the widest (wide pq-only candidates code 8 numbers a byte:
+    the ones that lost at WordNet-full 2 MB and at 1M entities)."""
+    return c is baseline, c.dim if "int8" in baseline.bytes else -c.dim
 
 
 def fit_to_time(config: CompressConfig, candidates: list[Candidate], seconds: Mapping[str, float],
@@ -361,7 +360,9 @@ def fit_to_time(config: CompressConfig, candidates: list[Candidate], seconds: Ma
         counts = {m: sum(c.model == m for c in kept) for m in seconds}
         crowded = max(counts, key=lambda m: counts[m])  # keep every model while another has more candidates
         theirs = [c for c in kept if c.model == crowded]
-        kept.remove(min(theirs, key=partial(_drop_order, baseline_candidate(theirs), theirs)))
+        baseline = baseline_candidate(theirs)
+        assert baseline is not None  # the crowded model has candidates
+        kept.remove(min(theirs, key=partial(_drop_order, baseline)))
     first = early_fraction if len(rung_sizes(len(kept), config.eta)) > 1 else 1.0  # rung 0's share of a validation
     need = sum(c.validation(seconds, first) * len(c.bytes) for c in kept)
     if limit < need:

@@ -108,12 +108,14 @@ def run_in_lanes(run: CompressRun, rung: Rung, order: list[str], limit: int, sli
 
 def open_rung(run: CompressRun, rung: Rung) -> float:
     """Fix `rung`'s budget (its share of the time left) and each survivor's slice of it, once, at its start; returns
-    the slice. Slices run in lanes (config.parallel at once, before the last rung) share the budget's wall clock."""
+    the slice. Slices run in the search's lanes (several at once, before the last rung: run_rung) share the
+    budget's wall clock."""
     if rung.budget_seconds is None:
         rung.budget_seconds = rung_budget(max(run.time_left - test_reserve(run), 0.0), rung.index,
                                           run.state.rung_count)
     if rung.slice_seconds is None:
-        at_once = min(run.config.parallel, len(rung.survivors)) if run.state.rung_count - rung.index > 1 else 1
+        in_lanes = run.lanes is not None and run.state.rung_count - rung.index > 1
+        at_once = min(run.lanes.lanes, len(rung.survivors)) if in_lanes else 1
         rung.slice_seconds = rung.budget_seconds * at_once / len(rung.survivors)
     return rung.slice_seconds
 
