@@ -18,7 +18,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from harness import add_datasets_argument, md_table, write_results
 
-from earl_service.compress.candidates import TIMING_BATCHES, pass_seconds
+from earl_service.compress.costs import TIMING_BATCHES, pass_seconds
 from earl_service.compress.rungs import EARLY_VALID_TRIPLES
 from earl_service.compress.state import Candidate
 from earl_service.config import ModelConfig

@@ -7,42 +7,23 @@ import logging
 import math
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import replace
 from functools import partial
-from typing import NamedTuple
+from pathlib import Path
 
 from earl_service.bundle.codebooks import NUMBERS_PER_CODE, codes_for, default_codes
 from earl_service.bundle.precision import Precision, ProductQuantized
 from earl_service.bundle.sizes import MIN_DIM, BundleSizes
 from earl_service.compress.config import CompressConfig
+from earl_service.compress.costs import largest_validation_seconds, measure_costs, with_estimates
 from earl_service.compress.state import Candidate, SearchState, rung_sizes, rung_weights, search_settings
 from earl_service.config import ModelKind, TrainConfig
 from earl_service.data.dataset import Dataset
 from earl_service.errors import ConfigError
-from earl_service.train.distributed import Ranks
-from earl_service.train.evaluate import ranking_batch
-from earl_service.train.loop import Learner, train_step
-from earl_service.train.readout import LossReadout
-from earl_service.train.rows import table_config
-from earl_service.train.run import GraphCache, Run, resolve_device
-from earl_service.train.schedule import build_optimizer
-from earl_service.train.state import TrainState
+from earl_service.train.run import GraphCache
 
 log = logging.getLogger(__name__)
 
 EVAL_SHARE = 0.5  # most of the time limit the search's validations may take (candidates are dropped to fit)
-# A validation pass is timed on two fixed subsets of the valid split, of one and of three ranking batches, and
-# fitted as fixed + per-triple seconds (the fixed part: the model's embeddings of every entity), after a
-# one-triple warm-up that builds the caches. Timing whole passes took 101 of the 105 s of FB15k-237's planning at
-# 2 MB (8 passes of 17,535 triples, 2 cores), a third of a 5-minute search; subsets of 250 and 1,000 triples
-# (after a warm-up on 250) still took 221 of the 279 s that WordNet-full's planning at 8 MB spent timing (one core;
-# EARL d320 alone 155 s, at ~30 ms a triple), where a ranking batch holds 143 triples. Subsets of part of a batch
-# misjudge: 64 and 256 triples (a quarter of one of FB15k-237's batches, and one) put EARL d136's pass 24% short.
-TIMING_BATCHES = (1, 3)
-TIMING_STEPS = 3  # training steps timed per measured candidate (after one untimed)
-# ... or fewer, once they have taken this long: EARL d320's steps on WordNet-full take ~9 s each on one core, and
-# four of them were a fifth of that search's planning; a step that long varies by a few percent.
-TIMING_SECONDS = 5.0
 # Steps the first rung should give every candidate. At 116,650 entities (WordNet-full-noinv, 2 MB, 10 minutes, 2
 # cores) the search kept all 9 candidates that fit, and rung 0's 11-s slices trained EARL d96 for 3 steps and
 # d80 for 1: every export validated at chance (MRR 0.0003-0.0005), so the ranking was noise.
@@ -50,24 +31,17 @@ MIN_FIRST_STEPS = 100
 PQDim = Callable[[BundleSizes, ModelKind, int], int | None]
 
 
-class Costs(NamedTuple):
-    """What planning measures of a (model, dim): seconds of one validation pass, its fixed part, one step."""
-
-    valid: float
-    fixed: float
-    step: float
-
-
 def plan(dataset: Dataset, config: CompressConfig, train_configs: Mapping[ModelKind, TrainConfig], *,
-         early_fraction: float, graphs: GraphCache | None = None) -> SearchState:
+         early_fraction: float, graphs: GraphCache | None = None, scratch: Path | None = None) -> SearchState:
     """A new search: the candidates that fit the budget, their validations timed here, as many kept as the time
     limit can validate (`early_fraction`: the share of a whole validation a rung before the last costs).
     Timing the validations is part of the search: on one core it took 3 of FB15k-237's 60 minutes at 8 MB.
-    `graphs`: the search's cache, so that the graphs and known answers built for the timings serve it too."""
+    `graphs`: the search's cache, so that the graphs and known answers built for the timings serve it too;
+    `scratch`: a folder on the disk the search writes to, where the timings write checkpoints (measure_costs)."""
     started = time.monotonic()
     sizes = BundleSizes(dataset, seed=config.seed, graphless=config.graphless)
     candidates = plan_candidates(sizes, config)
-    measured = measure_costs(dataset, sizes, candidates, train_configs, graphs)
+    measured = measure_costs(dataset, sizes, candidates, train_configs, graphs, scratch)
     candidates, seconds = with_estimates(candidates, measured), largest_validation_seconds(measured)
     candidates = fit_to_time(config, candidates, seconds, early_fraction)
     # What the candidates carry: a graphless search's RotatE packs no graph (xz over a 10M-triple graph took minutes
@@ -187,94 +161,6 @@ def fine_tuned(candidate: Candidate) -> bool:
 
 
 # ---------------------------------------------------------------- what fits the time limit
-
-
-def measure_costs(dataset: Dataset, sizes: BundleSizes, candidates: list[Candidate],
-                  train_configs: Mapping[ModelKind, TrainConfig], graphs: GraphCache | None = None,
-                  ) -> dict[str, dict[int, Costs]]:
-    """Seconds of one validation pass and its fixed part (estimated from two timed subsets, pass_seconds) and of one
-    training step (step_seconds) of each model's largest and smallest candidates, untrained: {model: {dim: costs}}."""
-    measured: dict[str, dict[int, Costs]] = {}
-    for model in dict.fromkeys(c.model for c in candidates):
-        dims = [c.dim for c in candidates if c.model == model]
-        train_config = train_configs[model]
-        measured[model] = {}
-        for dim in sorted({max(dims), min(dims)}, reverse=True):
-            run = Run.build(dataset, sizes.config(model, dim), resolve_device(train_config.device), graphs=graphs)
-
-            def evaluate(limit: int, run: Run = run, batch_size: int = train_config.eval_batch_size) -> None:
-                run.evaluate("valid", batch_size=batch_size, limit=limit)
-
-            batch = ranking_batch(train_config.eval_batch_size, run.dataset.num_train_entities)
-            valid, fixed = pass_seconds(evaluate, len(run.ranked_triples("valid")), batch)
-            measured[model][dim] = Costs(valid, fixed, step_seconds(run, train_config))
-    return measured
-
-
-def step_seconds(run: Run, train_config: TrainConfig, steps: int = TIMING_STEPS,
-                 seconds: float = TIMING_SECONDS) -> float:
-    """Mean seconds of `steps` training steps of `run`'s model as train() takes them (fewer once they have taken
-    `seconds`, at least one), after one untimed (its first builds caches), on a copy of the weights: `run` is left
-    as it was."""
-    weights = {k: v.clone() for k, v in run.model.state_dict().items()}
-    train_config = table_config(run.model, train_config)  # as train() will step it
-    learner = Learner.build(run, build_optimizer(run.model, train_config), train_config, ranks=Ranks(),
-                            device=run.device)
-    state = TrainState.start(train_config.seed, run.device)
-    losses = LossReadout(steps)  # read once a pass: the read waits for a GPU to finish the steps it queued
-    run.model.train()
-    losses.add(state.step, train_step(learner, state))
-    losses.read()
-    started, timed = time.perf_counter(), 0
-    while timed < steps and (timed == 0 or time.perf_counter() - started < seconds):
-        losses.add(state.step, train_step(learner, state))
-        timed += 1
-    losses.read()  # on a GPU the clock above saw queued steps: all `steps` run, and the read waits for them
-    mean = (time.perf_counter() - started) / timed
-    run.model.eval()
-    run.model.load_state_dict(weights)
-    return mean
-
-
-def pass_seconds(evaluate: Callable[[int], None], triples: int, batch: int,
-                 clock: Callable[[], float] = time.perf_counter) -> tuple[float, float]:
-    """Seconds of a validation pass over `triples` triples, and the fixed part of them, from passes over
-    TIMING_BATCHES ranking batches of `batch` triples (after a one-triple warm-up that builds the caches and the
-    known-answer filter): fixed + per-triple seconds, extrapolated linearly (a split of one batch: all per triple)."""
-    small, large = (min(n * batch, triples) for n in TIMING_BATCHES)
-    evaluate(1)  # warm-up: caches, the known-answer filter
-
-    def timed(limit: int) -> float:
-        start = clock()
-        evaluate(limit)
-        return clock() - start
-
-    first = timed(small)
-    if large == small:
-        return first, 0.0
-    per_triple = max(timed(large) - first, 0.0) / (large - small)
-    return first + per_triple * (triples - small), max(first - per_triple * small, 0.0)
-
-
-def with_estimates(candidates: list[Candidate], measured: Mapping[str, Mapping[int, Costs]]) -> list[Candidate]:
-    """Each candidate with the seconds of one validation pass (and its fixed part) and of one training step at its
-    dim, interpolated linearly in dim between its model's measured dims. Scoring every entity costs about the dim,
-    so charging every candidate its model's largest's time starved the small ones: on FB15k-237 at 8 MB (one
-    core) RotatE d1540 took 69 s a pass, and RotatE d32, charged that for each of its exports, trained 3 s of its
-    51-s slice."""
-    estimated = []
-    for c in candidates:
-        points = sorted(measured[c.model].items())
-        (d0, low), (d1, high) = points[0], points[-1]
-        at = 0.0 if d1 == d0 else (c.dim - d0) / (d1 - d0)
-        valid, fixed, step = (max(a + (b - a) * at, 0.0) for a, b in zip(low, high, strict=True))
-        estimated.append(replace(c, validation_seconds=valid, validation_fixed=min(fixed, valid), step_seconds=step))
-    return estimated
-
-
-def largest_validation_seconds(measured: Mapping[str, Mapping[int, Costs]]) -> dict[str, float]:
-    """Each model's validation pass at its largest candidate's dim (what the report and errors quote)."""
-    return {model: by_dim[max(by_dim)].valid for model, by_dim in measured.items()}
 
 
 def valid_fraction(dataset: Dataset, limit: int) -> float:

@@ -111,7 +111,7 @@ def test_the_report_says_where_the_time_went(slow_validation_report, tmp_path):
 def test_a_validation_pass_is_timed_on_two_subsets_and_extrapolated():
     """Fixed seconds (the embeddings) plus seconds per triple, fitted from two timed subsets: a whole pass of
     FB15k-237's 17,535 valid triples is estimated without being run."""
-    from earl_service.compress.candidates import TIMING_BATCHES, pass_seconds
+    from earl_service.compress.costs import TIMING_BATCHES, pass_seconds
 
     now, asked = [0.0], []
 
