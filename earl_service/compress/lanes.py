@@ -114,7 +114,7 @@ def _start_lane(dataset: Dataset, out: Path, config: CompressConfig, train_confi
 
     kernels.load_timed()
     _LANE.update(dataset=dataset, out=out, config=config, train_configs=train_configs, stop=stop, events=events,
-                 graphs=GraphCache(dataset), fixed_parts={})
+                 graphs=GraphCache(dataset))
 
 
 def _lane_slice(state: dict[str, Any], name: str, limit: int, share: float,
@@ -128,7 +128,7 @@ def _lane_slice(state: dict[str, Any], name: str, limit: int, share: float,
     search.seconds, search.peak_rss_mb = {}, {}
     run = CompressRun(_LANE["dataset"], _LANE["out"], _LANE["config"], _LANE["train_configs"], search,
                       on_progress=_LANE["events"].put, should_stop=_LANE["stop"].is_set, spent_before=spent,
-                      graphs=_LANE["graphs"], fixed_parts=_LANE["fixed_parts"])
+                      graphs=_LANE["graphs"])
     result = run_slice(run, search.rungs[-1], name, limit, share)
     return (result, run.candidate(name).to_json(), dict(search.seconds), dict(search.peak_rss_mb),
             time.monotonic() - started)

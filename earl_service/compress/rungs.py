@@ -150,7 +150,7 @@ def run_slice(run: CompressRun, rung: Rung, name: str, limit: int, share: float 
         # RotatE d255 on FB15k-237 in 300 + 660 s tested 0.3162 so and 0.3133 warming up again (one core each,
         # bench/results/schedule_restart_fb15k-237_rotate-d255_r17.md).
         schedule = (0.0, run.candidate(name).train_seconds + seconds)
-    started = run.clock()
+    started, cached = run.clock(), run.cache_seconds
     run.emit("train", name, seconds=seconds)
     if train_slice(run, name, seconds, schedule=schedule) is None:
         return None
@@ -158,7 +158,9 @@ def run_slice(run: CompressRun, rung: Rung, name: str, limit: int, share: float 
     exports = evaluate_exports(run, name, tune_seconds=tune_seconds, limit=limit)
     tuned = sum(e.get("fine_tune_seconds", 0.0) for e in exports.values())
     candidate = run.candidate(name)
-    candidate.other_seconds = max(run.clock() - started - seconds - tuned - validations(run, name, limit), 0.0)
+    once = run.cache_seconds - cached  # graphs and packed parts built for the rest of the search: not again
+    candidate.other_seconds = max(run.clock() - started - seconds - tuned - validations(run, name, limit) - once,
+                                  0.0)
     return RungResult(exports=exports, train_seconds=candidate.train_seconds, steps=candidate.steps,
                       score=max(e[METRICS[run.config.metric]] for e in exports.values()))
 

@@ -250,9 +250,9 @@ class CompressRun:
     clock: Callable[[], float] = time.monotonic  # wall seconds, for the time limit (a test's own clock)
     started: float | None = None  # clock() when this attempt started (None: now)
     spent_before: float = 0.0  # seconds earlier attempts spent
-    graphs: GraphCache | None = None  # the dataset's graphs, built once for every candidate and rung (None: each
-    # training and evaluation builds its own)
-    fixed_parts: dict[bool, dict[str, Any]] = field(default_factory=dict)  # shipped(): packed once, by graphless
+    # The dataset's graphs and what else every candidate and rung shares (the shipped bundles' packed parts),
+    # built once (None: each training, evaluation and export builds its own).
+    graphs: GraphCache | None = None
     kernel_seconds: float = 0.0  # loading (or building) the C++ kernel before the clock started
     lanes: Any = None  # lanes.Lanes when slices run several at once (config.parallel > 1), else None
 
@@ -333,9 +333,15 @@ class CompressRun:
         its graph, vocabularies and labels packed once per search (every candidate's are the dataset's)."""
         graphless = bundle.config.model in self.config.graphless
         shipped = bundle.without_graph() if graphless else bundle
-        if graphless not in self.fixed_parts:
-            self.fixed_parts[graphless] = shipped.fixed_parts()
-        return shipped.with_fixed_parts(self.fixed_parts[graphless])
+        if self.graphs is None:
+            return shipped
+        return shipped.with_fixed_parts(self.graphs.shared(("fixed_parts", graphless), shipped.fixed_parts))
+
+    @property
+    def cache_seconds(self) -> float:
+        """Seconds this process has spent building what `graphs` keeps for the rest of the search: paid once, so
+        not part of the overhead a slice measures to plan the next (a lane's first slice builds its own)."""
+        return 0.0 if self.graphs is None else self.graphs.build_seconds
 
 
 __all__ = ["MARGIN_SE", "PHASES", "PICK", "STATE", "Candidate", "CompressRun", "Export", "ProgressCallback", "Rung",

@@ -400,6 +400,39 @@ def test_a_one_candidate_search_plans_for_the_setup_it_has_not_measured(tmp_path
     assert job.spent + test_seconds == pytest.approx(600.0 if estimated else 600.0 + 2 * setup)
 
 
+def test_a_slices_overhead_leaves_out_what_the_search_builds_once(tmp_path, monkeypatch):
+    """Graphs and packed parts built into the search's cache during a slice (a lane's first slice builds its own)
+    are not overhead its later slices pay again: counting them, a lane's next rung planned for an overhead the
+    search's own process did not have, and the lanes' last rung ended 32 s early."""
+    from earl_service.train.run import GraphCache
+
+    clock = {"now": 0.0}
+    unit = candidate("rotate", 20, {"fp32": 1, "int8": 1}, validation_seconds=2.0)
+    state = search_state([unit], rungs=[Rung(index=0, survivors=[unit.name])], rung_count=2,
+                         validation_seconds={"rotate": 2.0})
+    dataset = tiny_dataset()
+    job = CompressRun(dataset, tmp_path, CompressConfig(max_bytes=10**6, time_limit_minutes=10), TINY, state,
+                      clock=lambda: clock["now"], graphs=GraphCache(dataset))
+
+    def train_slice(job, name, seconds, schedule=None):
+        clock["now"] += seconds + 20.0  # training, and a graph built into the cache
+        job.graphs.build_seconds += 20.0
+        job.candidate(name).train_seconds, job.candidate(name).steps = seconds, 1
+        return {}
+
+    def evaluate_exports(job, name, *, tune_seconds, limit):
+        exports = rungs_module.rung_exports(job, name)
+        clock["now"] += 5.0 + job.candidate(name).validation(job.state.validation_seconds, 0.5) * len(exports)
+        return {p: {"mrr": 0.1, "hits_at_10": 0.2} for p in exports}
+
+    monkeypatch.setattr(rungs_module, "train_slice", train_slice)
+    monkeypatch.setattr(rungs_module, "evaluate_exports", evaluate_exports)
+    monkeypatch.setattr(rungs_module, "validations", lambda job, name, limit: 2 * 1.0)
+    rungs_module.open_rung(job, job.state.rungs[0])
+    assert rungs_module.run_slice(job, job.state.rungs[0], unit.name, 0) is not None
+    assert job.candidate(unit.name).other_seconds == pytest.approx(5.0)
+
+
 def test_the_last_rung_goes_on_along_one_schedule(tmp_path, monkeypatch):
     """Each slice before the last rung decays on its own, so that a rung compares what each candidate reaches in
     its slice; the last rung's one survivor goes on along one schedule over all of its training (RotatE d255 on

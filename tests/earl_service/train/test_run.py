@@ -70,3 +70,27 @@ def test_learners_of_one_cache_share_their_negative_sampler():
     fresh = learner(Run.build(ds, ModelConfig(model="rotate", dim=4), cpu)).sampler
     assert fresh is not first and isinstance(fresh, NegativeSampler)
     assert torch.equal(fresh.tail_keys, first.tail_keys) and torch.equal(fresh.head_keys, first.head_keys)
+
+
+def test_the_cache_counts_the_seconds_of_what_it_builds_not_of_what_it_reuses(monkeypatch):
+    """A compress slice's overhead, measured to plan the next, leaves out what the cache built once
+    (GraphCache.build_seconds): a lane's first slice builds its graphs again."""
+    import time
+
+    from earl_service.train import run as run_module
+
+    slow, real = 0.2, run_module.build_graph
+
+    def build_graph(*args, **kwargs):
+        time.sleep(slow)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(run_module, "build_graph", build_graph)
+    ds = tiny_dataset()
+    graphs = GraphCache(ds)
+    Run.build(ds, ModelConfig(dim=4, k=3, reserved_ratio=0.2), torch.device("cpu"), graphs=graphs)
+    built = graphs.build_seconds
+    assert built >= slow
+    Run.build(ds, ModelConfig(dim=8, k=3, reserved_ratio=0.2), torch.device("cpu"), graphs=graphs)  # reused
+    assert graphs.shared("parts", lambda: time.sleep(slow) or 1) == graphs.shared("parts", lambda: 2) == 1
+    assert built + slow <= graphs.build_seconds < built + 2 * slow
