@@ -76,7 +76,8 @@ def baseline(ds, sizes: BundleSizes, config: ModelConfig, minutes: float, budget
     path = save_exact(trained if graph else trained.without_graph(), out / f"export-{precision}.safetensors",
                       precision=precision, metrics={}, expected=expected)
     test = evaluate_bundle(load_run(out, ds), path, "test")
-    return {**row, "bytes": expected, "test_mrr": test["mrr"], "fits": True, "seconds": time.monotonic() - start,
+    return {**row, "bytes": expected, "test_mrr": test["mrr"], "test_se": test["standard_error"]["mrr"], "fits": True,
+            "seconds": time.monotonic() - start,
             "steps": metrics["steps"], "train_seconds": metrics["train_seconds"], "validated_during_training": False}
 
 
