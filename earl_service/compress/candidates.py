@@ -8,7 +8,6 @@ import math
 import time
 from collections.abc import Callable, Mapping
 from functools import partial
-from pathlib import Path
 
 from earl_service.bundle.codebooks import NUMBERS_PER_CODE, codes_for, default_codes
 from earl_service.bundle.precision import Precision, ProductQuantized
@@ -32,16 +31,15 @@ PQDim = Callable[[BundleSizes, ModelKind, int], int | None]
 
 
 def plan(dataset: Dataset, config: CompressConfig, train_configs: Mapping[ModelKind, TrainConfig], *,
-         early_fraction: float, graphs: GraphCache | None = None, scratch: Path | None = None) -> SearchState:
+         early_fraction: float, graphs: GraphCache | None = None) -> SearchState:
     """A new search: the candidates that fit the budget, their validations timed here, as many kept as the time
     limit can validate (`early_fraction`: the share of a whole validation a rung before the last costs).
     Timing the validations is part of the search: on one core it took 3 of FB15k-237's 60 minutes at 8 MB.
-    `graphs`: the search's cache, so that the graphs and known answers built for the timings serve it too;
-    `scratch`: a folder on the disk the search writes to, where the timings write checkpoints (measure_costs)."""
+    `graphs`: the search's cache, so that the graphs and known answers built for the timings serve it too."""
     started = time.monotonic()
     sizes = BundleSizes(dataset, seed=config.seed, graphless=config.graphless)
     candidates = plan_candidates(sizes, config)
-    measured = measure_costs(dataset, sizes, candidates, train_configs, graphs, scratch)
+    measured = measure_costs(dataset, sizes, candidates, train_configs, graphs)
     candidates, seconds = with_estimates(candidates, measured), largest_validation_seconds(measured)
     candidates = fit_to_time(config, candidates, seconds, early_fraction)
     # What the candidates carry: a graphless search's RotatE packs no graph (xz over a 10M-triple graph took minutes

@@ -4,20 +4,15 @@ other dim between them."""
 
 from __future__ import annotations
 
-import tempfile
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import replace
-from pathlib import Path
 from typing import NamedTuple
-
-import torch
 
 from earl_service.bundle.sizes import BundleSizes
 from earl_service.compress.state import Candidate
 from earl_service.config import ModelKind, TrainConfig
 from earl_service.data.dataset import Dataset
-from earl_service.train.checkpoint import Checkpointer
 from earl_service.train.distributed import Ranks
 from earl_service.train.evaluate import ranking_batch
 from earl_service.train.loop import Learner, train_step
@@ -41,9 +36,19 @@ TIMING_STEPS = 3  # training steps timed per measured candidate (after one untim
 TIMING_SECONDS = 5.0
 
 
+# A slice builds its candidate's run twice: train() to train it, and again with the trained weights for its
+# exports. Until its first slice has measured its whole overhead (Candidate.other_seconds), that is its estimate:
+# a one-candidate search has one rung, and no later rung takes up what its only slice did not plan for (at 5M
+# entities, 40 MB in 30 minutes on one core, 56 s of setup, and the search ended 5.6% past its limit with the
+# pick's test). Timing a checkpoint written and read back besides cost that planning 36 s and 3.5 GB more at 5M
+# and still saw a quarter of the slice's 70 s of setup: the writes and reads of a search under memory pressure are
+# not those of planning's.
+SLICE_BUILDS = 2
+
+
 class Costs(NamedTuple):
     """What planning measures of a (model, dim): seconds of one validation pass, its fixed part, one step, and a
-    slice's setup (setup_seconds)."""
+    slice's builds of its run (SLICE_BUILDS)."""
 
     valid: float
     fixed: float
@@ -55,10 +60,10 @@ class Costs(NamedTuple):
 
 def measure_costs(dataset: Dataset, sizes: BundleSizes, candidates: list[Candidate],
                   train_configs: Mapping[ModelKind, TrainConfig], graphs: GraphCache | None = None,
-                  scratch: Path | None = None) -> dict[str, dict[int, Costs]]:
+                  ) -> dict[str, dict[int, Costs]]:
     """Seconds of one validation pass and its fixed part (estimated from two timed subsets, pass_seconds), of one
-    training step (step_seconds) and of a slice's setup (setup_seconds; its checkpoints written in `scratch`, not
-    timed without one) of each model's largest and smallest candidates, untrained: {model: {dim: costs}}."""
+    training step (step_seconds) and of building the run (SLICE_BUILDS of them: a slice's setup) of each model's
+    largest and smallest candidates, untrained: {model: {dim: costs}}."""
     measured: dict[str, dict[int, Costs]] = {}
     for model in dict.fromkeys(c.model for c in candidates):
         dims = [c.dim for c in candidates if c.model == model]
@@ -74,31 +79,19 @@ def measure_costs(dataset: Dataset, sizes: BundleSizes, candidates: list[Candida
 
             batch = ranking_batch(train_config.eval_batch_size, run.dataset.num_train_entities)
             valid, fixed = pass_seconds(evaluate, len(run.ranked_triples("valid")), batch)
-            step, saved = step_seconds(run, train_config, scratch=scratch)
-            measured[model][dim] = Costs(valid, fixed, step, setup_seconds(built, saved))
+            measured[model][dim] = Costs(valid, fixed, step_seconds(run, train_config), SLICE_BUILDS * built)
     return measured
 
 
-def setup_seconds(built: float, saved: float) -> float:
-    """A slice's seconds besides its steps, codebooks and validations, before its first slice has measured them
-    (Candidate.other_seconds): its run built twice (by train(), and again with the trained weights for the
-    exports) in `built` seconds each, and its checkpoint and best weights written and read back in `saved`.
-    Counting none of it, the 5M-entity search (one candidate, so one rung and no later rung to take up an overrun)
-    spent 56 s of setup it had not planned for, and ended 5.6% past its 30 minutes with the pick's test. A build
-    that fills the search's GraphCache (a model's first) is timed without the filling, which happens once."""
-    return 2 * built + saved
-
-
-def step_seconds(run: Run, train_config: TrainConfig, steps: int = TIMING_STEPS, seconds: float = TIMING_SECONDS,
-                 *, scratch: Path | None = None) -> tuple[float, float]:
+def step_seconds(run: Run, train_config: TrainConfig, steps: int = TIMING_STEPS,
+                 seconds: float = TIMING_SECONDS) -> float:
     """Mean seconds of `steps` training steps of `run`'s model as train() takes them (fewer once they have taken
     `seconds`, at least one), after one untimed (its first builds caches), on a copy of the weights: `run` is left
-    as it was. And, with a `scratch` folder, the seconds of writing its checkpoint there as those steps leave it
-    (the optimizer's moments included) and its best weights, and reading both back (0.0 without)."""
+    as it was."""
     weights = {k: v.clone() for k, v in run.model.state_dict().items()}
     train_config = table_config(run.model, train_config)  # as train() will step it
-    optimizer = build_optimizer(run.model, train_config)
-    learner = Learner.build(run, optimizer, train_config, ranks=Ranks(), device=run.device)
+    learner = Learner.build(run, build_optimizer(run.model, train_config), train_config, ranks=Ranks(),
+                            device=run.device)
     state = TrainState.start(train_config.seed, run.device)
     losses = LossReadout(steps)  # read once a pass: the read waits for a GPU to finish the steps it queued
     run.model.train()
@@ -111,27 +104,8 @@ def step_seconds(run: Run, train_config: TrainConfig, steps: int = TIMING_STEPS,
     losses.read()  # on a GPU the clock above saw queued steps: all `steps` run, and the read waits for them
     mean = (time.perf_counter() - started) / timed
     run.model.eval()
-    saved = 0.0 if scratch is None else checkpoint_seconds(run, optimizer, state, train_config, scratch)
     run.model.load_state_dict(weights)
-    return mean, saved
-
-
-def checkpoint_seconds(run: Run, optimizer: torch.optim.Optimizer, state: TrainState, train_config: TrainConfig,
-                       scratch: Path) -> float:
-    """Seconds of what a slice writes and reads of `run` (its model, `optimizer` and loop `state`): train()'s
-    checkpoint and best weights, written (and the checkpoint read back to resume the next slice), and the best
-    weights read back for the exports; in a temporary folder of `scratch`, on the disk the search writes to. At
-    1M entities RotatE d20's two files take 687 MB."""
-    configs = {"model_config": run.model_config.to_dict(), "train_config": train_config.to_dict(),
-               "vocab": run.dataset.vocab_signature()}
-    with tempfile.TemporaryDirectory(dir=scratch, prefix="timing-") as folder:
-        checkpoints = Checkpointer(Path(folder), run.model, optimizer, state, configs=configs)
-        started = time.perf_counter()
-        checkpoints.save()
-        checkpoints.save_best()
-        checkpoints.restore()
-        checkpoints.load_best()
-        return time.perf_counter() - started
+    return mean
 
 
 def pass_seconds(evaluate: Callable[[int], None], triples: int, batch: int,
@@ -156,7 +130,7 @@ def pass_seconds(evaluate: Callable[[int], None], triples: int, batch: int,
 
 def with_estimates(candidates: list[Candidate], measured: Mapping[str, Mapping[int, Costs]]) -> list[Candidate]:
     """Each candidate with the seconds of one validation pass (and its fixed part), of one training step and of a
-    slice's setup (its other_seconds until its first slice measures them) at its dim, interpolated linearly in dim
+    slice's builds (its other_seconds until its first slice measures them) at its dim, interpolated linearly in dim
     between its model's measured dims. Scoring every entity costs about the dim, so charging every candidate its
     model's largest's time starved the small ones: on FB15k-237 at 8 MB (one core) RotatE d1540 took 69 s a pass,
     and RotatE d32, charged that for each of its exports, trained 3 s of its 51-s slice."""
@@ -176,5 +150,5 @@ def largest_validation_seconds(measured: Mapping[str, Mapping[int, Costs]]) -> d
     return {model: by_dim[max(by_dim)].valid for model, by_dim in measured.items()}
 
 
-__all__ = ["TIMING_BATCHES", "TIMING_SECONDS", "TIMING_STEPS", "Costs", "checkpoint_seconds", "largest_validation_seconds",
-           "measure_costs", "pass_seconds", "setup_seconds", "step_seconds", "with_estimates"]
+__all__ = ["SLICE_BUILDS", "TIMING_BATCHES", "TIMING_SECONDS", "TIMING_STEPS", "Costs", "largest_validation_seconds",
+           "measure_costs", "pass_seconds", "step_seconds", "with_estimates"]

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 import os
-import shutil
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -31,7 +30,6 @@ from earl_service.compress.state import (
     ProgressCallback,
     Rung,
     RungResult,
-    SearchState,
     ahead,
     load_state,
     rung_sizes,
@@ -81,7 +79,9 @@ def compress(dataset: Dataset, out_dir: str | os.PathLike, config: CompressConfi
     _, kernel_seconds = kernels.load_timed()  # before the clock, as training; the report states the seconds
     state, graphs = load_state(out, config, dataset), GraphCache(dataset)
     if state is None:
-        state = planned(dataset, out, config, train_configs, graphs)
+        state = plan(dataset, config, train_configs, early_fraction=early_fraction(dataset), graphs=graphs)
+        state.seconds["plan"] = state.spent_seconds  # planning counts its own seconds as spent
+        state.peak_rss_mb["plan"] = round(peak_rss_mb(), 1)  # reading the data included
     out.mkdir(parents=True, exist_ok=True)
     run = CompressRun(dataset, out, config, train_configs, state, on_progress, should_stop,
                       spent_before=state.spent_seconds, graphs=graphs, kernel_seconds=kernel_seconds)
@@ -97,24 +97,6 @@ def compress(dataset: Dataset, out_dir: str | os.PathLike, config: CompressConfi
         if run.lanes is not None:
             run.lanes.close()
     return finish(run)
-
-
-def planned(dataset: Dataset, out: Path, config: CompressConfig, train_configs: Mapping[ModelKind, TrainConfig],
-            graphs: GraphCache) -> SearchState:
-    """A new search's plan (candidates.plan), its timings' checkpoints written in OUT, the job's own disk; a plan
-    refused (nothing fits the budget, too short a limit) leaves no OUT behind."""
-    made = not out.exists()
-    out.mkdir(parents=True, exist_ok=True)
-    try:
-        state = plan(dataset, config, train_configs, early_fraction=early_fraction(dataset), graphs=graphs,
-                     scratch=out)
-    except BaseException:
-        if made:
-            shutil.rmtree(out, ignore_errors=True)
-        raise
-    state.seconds["plan"] = state.spent_seconds  # planning counts its own seconds as spent
-    state.peak_rss_mb["plan"] = round(peak_rss_mb(), 1)  # reading the data included
-    return state
 
 
 # ---------------------------------------------------------------- successive halving
