@@ -21,7 +21,6 @@ from earl_service.bundle.model_io import Bundle
 from earl_service.bundle.precision import DEFAULT, Precision, ProductQuantized
 from earl_service.config import ModelConfig, ModelKind
 from earl_service.data.dataset import Dataset
-from earl_service.data.vocab import Vocab
 from earl_service.errors import BundleError
 from earl_service.model.graph import choose_reserved
 from earl_service.model.modules import build_model
@@ -71,7 +70,7 @@ class BundleSizes:
                  graphless: tuple[ModelKind, ...] = ()) -> None:
         # What train() puts in its bundle: the training entities, every relation, the training graph, the labels;
         # bundles of the `graphless` models leave the graph out (Bundle.without_graph).
-        self.entities = Vocab(dataset.entities.names[: dataset.num_train_entities])
+        self.entities = dataset.train_entities()
         self.relations = dataset.relations
         self.triples = dataset.train
         self.graphless = graphless

@@ -86,6 +86,13 @@ class Dataset:
         """How many of `split`'s triples the seen protocol ranks (both entities in training)."""
         return int(self.seen_mask(self.split(split)).sum())
 
+    def train_entities(self) -> Vocab:
+        """The training entities' vocabulary (ids 0 .. num_train_entities - 1): the entities themselves when every
+        one occurs in train (rebuilding it took 2.9 s a compress slice at 5M entities)."""
+        if self.num_train_entities == len(self.entities):
+            return self.entities
+        return Vocab(self.entities.names[: self.num_train_entities])
+
     def vocab_signature(self) -> dict[str, Any]:
         """What a trained model depends on: the training entities and the relations, counted and hashed in order
         (a checkpoint keeps it, so a run is never evaluated against other data)."""

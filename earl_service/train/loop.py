@@ -17,7 +17,6 @@ import torch
 from earl_service.bundle.model_io import Bundle, bundle_from_model
 from earl_service.config import ModelConfig, TrainConfig
 from earl_service.data.dataset import Dataset
-from earl_service.data.vocab import Vocab
 from earl_service.memory import peak_rss_mb
 from earl_service.model import kernels
 from earl_service.model.modules import trainable_parameters
@@ -374,8 +373,8 @@ def _final_metrics(
 def run_bundle(run: Run, metrics: dict[str, Any] | None = None) -> Bundle:
     """The deployable bundle of the current (best) weights over the training entities, with the dataset's labels."""
     ds = run.dataset
-    return bundle_from_model(run.model, run.model_config, Vocab(ds.entities.names[: ds.num_train_entities]),
-                             ds.relations, ds.train, metrics=metrics, labels=ds.labels)
+    return bundle_from_model(run.model, run.model_config, ds.train_entities(), ds.relations, ds.train,
+                             metrics=metrics, labels=ds.labels)
 
 
 def _progress_bar(cfg: TrainConfig, initial: int):
