@@ -14,7 +14,7 @@ from earl_service.bundle.precision import Precision, ProductQuantized
 from earl_service.bundle.sizes import MIN_DIM, BundleSizes
 from earl_service.compress.config import CompressConfig
 from earl_service.compress.costs import largest_validation_seconds, measure_costs, with_estimates
-from earl_service.compress.state import Candidate, SearchState, rung_sizes, rung_weights, search_settings
+from earl_service.compress.state import FIXED_PARTS, Candidate, SearchState, rung_sizes, rung_weights, search_settings
 from earl_service.config import ModelKind, TrainConfig
 from earl_service.data.dataset import Dataset
 from earl_service.errors import ConfigError
@@ -45,6 +45,9 @@ def plan(dataset: Dataset, config: CompressConfig, train_configs: Mapping[ModelK
     # What the candidates carry: a graphless search's RotatE packs no graph (xz over a 10M-triple graph took minutes
     # of a 1M-entity search's planning for this one figure).
     fixed = max(sizes.fixed_bytes(model) for model in {c.model for c in candidates})
+    if graphs is not None:  # packed here for the sizes: the same parts every bundle of the search ships
+        for graphless in {model in sizes.graphless for model in {c.model for c in candidates}}:
+            graphs.shared((FIXED_PARTS, graphless), partial(sizes.fixed_parts, graphless))
     return SearchState(settings=search_settings(config, dataset), graph_bytes=fixed,
                        validation_seconds=seconds, candidates=candidates,
                        rung_count=len(rung_sizes(len(candidates), config.eta)),

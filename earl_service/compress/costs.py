@@ -9,6 +9,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import NamedTuple
 
+import torch
+
 from earl_service.bundle.sizes import BundleSizes
 from earl_service.compress.state import Candidate
 from earl_service.config import ModelKind, TrainConfig
@@ -69,9 +71,11 @@ def measure_costs(dataset: Dataset, sizes: BundleSizes, candidates: list[Candida
         dims = [c.dim for c in candidates if c.model == model]
         train_config = train_configs[model]
         measured[model] = {}
+        device = resolve_device(train_config.device)
+        torch.empty(0, device=device)  # a GPU's context, created once, is not a build's
         for dim in sorted({max(dims), min(dims)}, reverse=True):
             started, cached = time.perf_counter(), graphs.build_seconds if graphs is not None else 0.0
-            run = Run.build(dataset, sizes.config(model, dim), resolve_device(train_config.device), graphs=graphs)
+            run = Run.build(dataset, sizes.config(model, dim), device, graphs=graphs)
             built = time.perf_counter() - started - (graphs.build_seconds - cached if graphs is not None else 0.0)
 
             def evaluate(limit: int, run: Run = run, batch_size: int = train_config.eval_batch_size) -> None:

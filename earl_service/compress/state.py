@@ -33,6 +33,9 @@ Export = dict[str, Any]
 # setting a candidate up (its graph features, kNN and model, loading its run), training steps, k-means of pq
 # codebooks, fine-tuning them, writing exports, validating exports. What none of them holds is
 # "other" in the report (saving state, the pick's file); the pick's test evaluation is timed apart as "test".
+# The GraphCache key (with the graphless flag) of the packed graph, names and labels every bundle of a search
+# ships: planning packs them for the sizes (candidates.plan), and every export of the search reuses them.
+FIXED_PARTS = "fixed_parts"
 PHASES = ("plan", "setup", "train", "codebooks", "fine_tune", "export", "validate")
 
 # The search (search.py) leaves its simplest baseline (baseline_name: what a user would train without a search) only on
@@ -335,7 +338,7 @@ class CompressRun:
         shipped = bundle.without_graph() if graphless else bundle
         if self.graphs is None:
             return shipped
-        return shipped.with_fixed_parts(self.graphs.shared(("fixed_parts", graphless), shipped.fixed_parts))
+        return shipped.with_fixed_parts(self.graphs.shared((FIXED_PARTS, graphless), shipped.fixed_parts))
 
     @property
     def cache_seconds(self) -> float:
@@ -344,6 +347,6 @@ class CompressRun:
         return 0.0 if self.graphs is None else self.graphs.build_seconds
 
 
-__all__ = ["MARGIN_SE", "PHASES", "PICK", "STATE", "Candidate", "CompressRun", "Export", "ProgressCallback", "Rung",
+__all__ = ["FIXED_PARTS", "MARGIN_SE", "PHASES", "PICK", "STATE", "Candidate", "CompressRun", "Export", "ProgressCallback", "Rung",
            "RungResult", "SearchState", "ahead", "load_state", "rung_budget", "rung_sizes", "rung_weights",
            "search_settings"]

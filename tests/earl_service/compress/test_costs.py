@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -75,3 +76,29 @@ def test_a_candidates_setup_is_estimated_before_its_first_slice(monkeypatch):
     estimated = costs_module.with_estimates(units, measured)
     assert all(u.other_seconds >= 2 * slow for u in estimated)
     assert min(u.other_seconds for u in estimated) == pytest.approx(min(c.setup for c in measured["rotate"].values()))
+
+
+def test_the_parts_planning_packs_for_the_sizes_serve_every_export(monkeypatch):
+    """Planning packs the graph, names and labels to know the bundles' bytes; the search's exports ship those same
+    parts from its cache (the search's process first exported at its last rung when its slices ran in lanes,
+    packing there, unplanned: minutes for a 10M-triple graph)."""
+    from earl_service.bundle.model_io import Bundle
+    from earl_service.compress.candidates import plan
+    from earl_service.compress.state import CompressRun
+    from earl_service.train.loop import run_bundle
+
+    dataset = tiny_dataset()
+    config = CompressConfig(max_bytes=BundleSizes(dataset).bytes("rotate", 32, "fp32"), time_limit_minutes=1,
+                            precisions=("fp32", "int8"))
+    graphs = GraphCache(dataset)
+    state = plan(dataset, config, TINY, early_fraction=1.0, graphs=graphs)
+    job = CompressRun(dataset, Path("unused"), config, TINY, state, graphs=graphs)
+    bundle = run_bundle(Run.build(dataset, state.candidates[0].config, torch.device("cpu"), graphs=graphs))
+    expected = bundle.fixed_parts()
+
+    def packed_again(self):
+        raise AssertionError("packed again")
+
+    monkeypatch.setattr(Bundle, "fixed_parts", packed_again)
+    parts = job.shipped(bundle)._cache["packed"]  # what its file will hold: planning's parts, equal to its own
+    assert {k: v.tobytes() for k, v in parts.items()} == {k: v.tobytes() for k, v in expected.items()}

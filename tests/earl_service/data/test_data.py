@@ -437,3 +437,17 @@ def test_codex_s():
     assert ds.train.shape == (32888, 3) and ds.test.shape == (1828, 3) and ds.valid.shape == (1827, 3)
     assert ds.train[:, [0, 2]].max() == 2033 and ds.train[:, 1].max() == 41
     assert ds.entities.name(int(ds.train[0, 0])) == "Q7604" and ds.relations.names[0] == "P1412"
+
+
+def test_the_training_entities_are_the_datasets_own_vocabulary_when_every_entity_trains():
+    """A bundle's entities: the dataset's vocabulary itself when train holds every entity (no 5M-name copy a
+    compress slice), else the prefix of ids that train holds, in order."""
+    from earl_service.data.dataset import Dataset
+
+    train = np.array([[0, 0, 1], [1, 0, 2]])
+    every = Dataset(entities=Vocab(["a", "b", "c"]), relations=Vocab(["r"], kind="relation"), num_train_entities=3,
+                    train=train)
+    assert every.train_entities() is every.entities
+    some = Dataset(entities=Vocab(["a", "b", "c", "d"]), relations=Vocab(["r"], kind="relation"),
+                   num_train_entities=3, train=train, valid=np.array([[0, 0, 3]]))
+    assert some.train_entities().names == ["a", "b", "c"] and len(some.entities) == 4

@@ -94,3 +94,25 @@ def test_the_cache_counts_the_seconds_of_what_it_builds_not_of_what_it_reuses(mo
     Run.build(ds, ModelConfig(dim=8, k=3, reserved_ratio=0.2), torch.device("cpu"), graphs=graphs)  # reused
     assert graphs.shared("parts", lambda: time.sleep(slow) or 1) == graphs.shared("parts", lambda: 2) == 1
     assert built + slow <= graphs.build_seconds < built + 2 * slow
+
+
+def test_rotate_runs_of_one_cache_share_their_edgeless_graph(monkeypatch):
+    """RotatE reads only the graph's entity count: its edgeless graph (4 s a build at 5M entities) is built once
+    per cache, not twice a compress slice."""
+    from earl_service.train import run as run_module
+
+    calls, real = [], run_module.build_graph
+
+    def counted(*args, **kwargs):
+        calls.append(args[1])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(run_module, "build_graph", counted)
+    ds = tiny_dataset()
+    graphs = GraphCache(ds)
+    first, second = (Run.build(ds, ModelConfig(model="rotate", dim=d), torch.device("cpu"), graphs=graphs)
+                     for d in (4, 8))
+    assert calls == [ds.num_train_entities]  # one build; each run holds it moved to its device (here: shared)
+    assert first.graph.num_entities == second.graph.num_entities == ds.num_train_entities
+    Run.build(ds, ModelConfig(model="rotate", dim=4), torch.device("cpu"))  # no cache: its own
+    assert len(calls) == 2
