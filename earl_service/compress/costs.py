@@ -20,7 +20,7 @@ from earl_service.train.evaluate import ranking_batch
 from earl_service.train.loop import Learner, train_step
 from earl_service.train.readout import LossReadout
 from earl_service.train.rows import table_config
-from earl_service.train.run import GraphCache, Run, resolve_device
+from earl_service.train.run import GraphCache, Run, cache_seconds, resolve_device
 from earl_service.train.schedule import build_optimizer
 from earl_service.train.state import TrainState
 
@@ -74,9 +74,9 @@ def measure_costs(dataset: Dataset, sizes: BundleSizes, candidates: list[Candida
         device = resolve_device(train_config.device)
         torch.empty(0, device=device)  # a GPU's context, created once, is not a build's
         for dim in sorted({max(dims), min(dims)}, reverse=True):
-            started, cached = time.perf_counter(), graphs.build_seconds if graphs is not None else 0.0
+            started, cached = time.perf_counter(), cache_seconds(graphs)
             run = Run.build(dataset, sizes.config(model, dim), device, graphs=graphs)
-            built = time.perf_counter() - started - (graphs.build_seconds - cached if graphs is not None else 0.0)
+            built = time.perf_counter() - started - (cache_seconds(graphs) - cached)
 
             def evaluate(limit: int, run: Run = run, batch_size: int = train_config.eval_batch_size) -> None:
                 run.evaluate("valid", batch_size=batch_size, limit=limit)
