@@ -37,7 +37,7 @@ from harness import REPO, dataset_folder, environment, md_table, pyplot, save_pn
 from earl_service.bundle.model_io import load_bundle
 from earl_service.bundle.precision import registered
 from earl_service.bundle.sizes import BundleSizes, save_exact
-from earl_service.compress.config import CompressConfig, parse_size
+from earl_service.compress.config import RESERVED_RATIO, CompressConfig, parse_size, split_ratios
 from earl_service.compress.rungs import evaluate_bundle
 from earl_service.compress.search import choose, compress
 from earl_service.config import ModelConfig
@@ -81,13 +81,16 @@ def baseline(ds, sizes: BundleSizes, config: ModelConfig, minutes: float, budget
             "steps": metrics["steps"], "train_seconds": metrics["train_seconds"], "validated_during_training": False}
 
 
-def compress_method(ds, minutes: float, budget: int, out: Path, known_answers: str, parallel: int = 1) -> dict:
+def compress_method(ds, minutes: float, budget: int, out: Path, known_answers: str, parallel: int = 1,
+                    reserved_ratios: tuple[float, ...] = (RESERVED_RATIO,)) -> dict:
     start = time.monotonic()
     report = compress(ds, out, CompressConfig(max_bytes=budget, time_limit_minutes=minutes,
-                                              known_answers=known_answers, parallel=parallel))
+                                              known_answers=known_answers, parallel=parallel,
+                                              reserved_ratios=reserved_ratios))
     assert report is not None
     pick = report["pick"]
     return {"model": pick["model"], "dim": pick["dim"], "precision": pick["precision"], "bytes": pick["bytes"],
+            "candidate": pick["candidate"], "reserved_ratios": list(reserved_ratios),
             "test_mrr": report["test"]["mrr"], "fits": True, "seconds": time.monotonic() - start,
             "candidates": len(report["candidates"]), "parallel": parallel, **search_summary(report)}
 
@@ -111,7 +114,8 @@ MATCHED = {"rotate_int8": ("rotate", "int8"), "earl_int8": ("earl", "int8"), "ro
 
 
 def run_method(method: str, name: str, budget_text: str, minutes: float, root: Path,
-               known_answers: str = "graph", parallel: int = 1) -> dict:
+               known_answers: str = "graph", parallel: int = 1,
+               reserved_ratios: tuple[float, ...] = (RESERVED_RATIO,)) -> dict:
     # Without labels (entity labels would take 90 KB of FB15k-237's budgets): the budgets buy weights, as in the
     # committed results, which carried no entity labels.
     ds = load_dataset(dataset_folder(name), labels=False)
@@ -119,7 +123,7 @@ def run_method(method: str, name: str, budget_text: str, minutes: float, root: P
     graphless = CompressConfig(max_bytes=budget, time_limit_minutes=1, known_answers=known_answers).graphless
     sizes = BundleSizes(ds, graphless=graphless)
     if method == "compress":
-        return compress_method(ds, minutes, budget, root / "compress", known_answers, parallel)
+        return compress_method(ds, minutes, budget, root / "compress", known_answers, parallel, reserved_ratios)
     if method == "earl_default":
         return baseline(ds, sizes, ModelConfig(), minutes, budget, root / "earl-default")
     model, precision = MATCHED[method]
@@ -135,7 +139,8 @@ def _cell(method: dict | None) -> str:
         return "not run yet"
     if not method["fits"]:
         return "does not fit"
-    return f"{method['test_mrr']:.4f} ({method['model']} d{method['dim']} {method['precision']}, {method['bytes']:,} B)"
+    name = method.get("candidate") or f"{method['model']} d{method['dim']}"  # rows before the candidate was recorded
+    return f"{method['test_mrr']:.4f} ({name} {method['precision']}, {method['bytes']:,} B)"
 
 
 def _best_cell(compress_row: dict | None, model: str) -> str:
@@ -194,13 +199,16 @@ def main() -> int:
     parser.add_argument("dataset", choices=sorted(TABLES))
     parser.add_argument("--quick", action="store_true", help=f"{QUICK_MINUTES:g} minutes per method and row")
     parser.add_argument("--runs", type=Path, default=REPO / "runs" / "bench_compress")
-    parser.add_argument("--budget", action="append", help="run only this row (repeatable)")
+    parser.add_argument("--budget", action="append", help="run only this row (repeatable); a budget outside the "
+                                                          "dataset's table is a row of its own")
     parser.add_argument("--method", action="append", choices=METHODS, help="run only this method (repeatable)")
     parser.add_argument("--minutes", type=float, default=None, help="minutes per method and row (a table of its own)")
     parser.add_argument("--known-answers", choices=("graph", "none"), default="graph",
                         help="none: RotatE bundles (the search's and the baselines') leave the graph out")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     parser.add_argument("--parallel", type=int, default=1, help="compress: candidates a rung trains at once")
+    parser.add_argument("--reserved-ratios", type=split_ratios, default=(RESERVED_RATIO,),
+                        help="compress: EARL's reserved shares to search, e.g. 0.1,0.4 (earl compress's option)")
     parser.add_argument("--fresh", action="store_true", help="forget the methods already measured")
     parser.add_argument("--tag", default="", help="a table of its own (compress_DATASET..._TAG): two sittings pinned "
                                                   "to one core each write apart, then --merge joins them")
@@ -210,6 +218,7 @@ def main() -> int:
     if a.threads:
         torch.set_num_threads(a.threads)
     budgets, minutes = TABLES[a.dataset]
+    budgets += tuple(b for b in a.budget or () if b not in budgets)
     minutes = a.minutes or (QUICK_MINUTES if a.quick else minutes)
     name = (f"compress_{a.dataset}" + ("_quick" if a.quick else "") + (f"_{a.minutes:g}min" if a.minutes else "")
             + ("_nograph" if a.known_answers == "none" else "") + (f"_{a.tag}" if a.tag else ""))
@@ -227,7 +236,7 @@ def main() -> int:
             if method in row or (a.budget and budget not in a.budget) or (a.method and method not in a.method):
                 continue
             row[method] = run_method(method, a.dataset, budget, minutes, a.runs / name / budget, a.known_answers,
-                                     a.parallel)
+                                     a.parallel, a.reserved_ratios)
             # Each method records where it ran: pieces of one table may come from different sittings.
             env = environment()
             row[method]["environment"], row[method]["commit"] = env["machine"], env["commit"]

@@ -83,10 +83,22 @@ class BundleSizes:
     def leaving_out_graph(self, models: tuple[ModelKind, ...]) -> BundleSizes:
         """These sizes with `models`' bundles left without the graph too: the packed parts are shared (fixed_parts
         packs only the graph where the other packing has the vocabularies), the sizes asked are not."""
-        bare = copy.copy(self)
-        bare.graphless = tuple(dict.fromkeys((*self.graphless, *models)))
-        bare._bytes, bare._packed = {}, {}
-        return bare
+        return self._variant(graphless=tuple(dict.fromkeys((*self.graphless, *models))))
+
+    def with_reserved_ratio(self, ratio: float) -> BundleSizes:
+        """These sizes with EARL's reserved share `ratio` (its reserved table and ids grow with it): the packed
+        graph, names and labels are shared, the sizes asked are not."""
+        return self if ratio == self.base.reserved_ratio else self._variant(base=replace(self.base,
+                                                                                          reserved_ratio=ratio))
+
+    def _variant(self, **changes: Any) -> BundleSizes:
+        """A copy with `changes` to its attributes that shares the packed fixed parts (graph, names, labels:
+        fixed_parts' cache) and nothing that depends on the changes (the sizes, the packed bundles)."""
+        variant = copy.copy(self)
+        for name, value in changes.items():
+            setattr(variant, name, value)
+        variant._bytes, variant._packed = {}, {}
+        return variant
 
     def config(self, model: ModelKind, dim: int) -> ModelConfig:
         return replace(self.base, model=model, dim=dim)

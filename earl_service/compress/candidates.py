@@ -12,9 +12,18 @@ from functools import partial
 from earl_service.bundle.codebooks import NUMBERS_PER_CODE, codes_for, default_codes
 from earl_service.bundle.precision import Precision, ProductQuantized
 from earl_service.bundle.sizes import MIN_DIM, BundleSizes
-from earl_service.compress.config import CompressConfig
+from earl_service.compress.config import RESERVED_RATIO, CompressConfig
 from earl_service.compress.costs import largest_validation_seconds, measure_costs, with_estimates
-from earl_service.compress.state import FIXED_PARTS, Candidate, SearchState, rung_sizes, rung_weights, search_settings
+from earl_service.compress.state import (
+    FIXED_PARTS,
+    Candidate,
+    SearchState,
+    family,
+    family_name,
+    rung_sizes,
+    rung_weights,
+    search_settings,
+)
 from earl_service.config import ModelKind, TrainConfig
 from earl_service.data.dataset import Dataset
 from earl_service.errors import ConfigError
@@ -39,9 +48,9 @@ def plan(dataset: Dataset, config: CompressConfig, train_configs: Mapping[ModelK
     started = time.monotonic()
     sizes = BundleSizes(dataset, seed=config.seed, graphless=config.graphless)
     candidates = plan_candidates(sizes, config)
-    measured = measure_costs(dataset, sizes, candidates, train_configs, graphs)
-    candidates, seconds = with_estimates(candidates, measured), largest_validation_seconds(measured)
-    candidates = fit_to_time(config, candidates, seconds, early_fraction)
+    measured = measure_costs(dataset, candidates, train_configs, graphs)
+    planned, seconds = with_estimates(candidates, measured), largest_validation_seconds(measured)
+    candidates = fit_to_time(config, planned, seconds, early_fraction)
     # What the candidates carry: a graphless search's RotatE packs no graph (xz over a 10M-triple graph took minutes
     # of a 1M-entity search's planning for this one figure).
     fixed = max(sizes.fixed_bytes(model) for model in {c.model for c in candidates})
@@ -51,7 +60,8 @@ def plan(dataset: Dataset, config: CompressConfig, train_configs: Mapping[ModelK
     return SearchState(settings=search_settings(config, dataset), graph_bytes=fixed,
                        validation_seconds=seconds, candidates=candidates,
                        rung_count=len(rung_sizes(len(candidates), config.eta)),
-                       spent_seconds=time.monotonic() - started)
+                       spent_seconds=time.monotonic() - started,
+                       dropped=[c.name for c in planned if c not in candidates])
 
 
 # ---------------------------------------------------------------- what fits the byte budget
@@ -63,26 +73,37 @@ def plan_candidates(sizes: BundleSizes, config: CompressConfig) -> list[Candidat
     candidates = []
     uniform = [p for p in config.precisions if not Precision.parse(p).codes_tables]
     for model in config.models:
-        tops = [d for p in uniform if (d := sizes.max_dim(model, p, config.max_bytes))]
-        tops += [d for dim_of in pq_searches(config) if (d := dim_of(sizes, model, config.max_bytes))]
-        if not tops:
-            continue
-        dims = set(tops) | ({min(tops) // 2} if min(tops) // 2 >= MIN_DIM else set())
-        for dim in sorted(dims, reverse=True):
-            wanted = uniform + pq_precisions(sizes, config, model, dim)
-            fitting = {p: b for p in wanted if (b := sizes.bytes(model, dim, p)) <= config.max_bytes}
-            if not fitting:  # half a pq:M dim that M does not divide, or where M codes nothing
+        for prefix, at in shares(sizes, config, model):
+            tops = [d for p in uniform if (d := at.max_dim(model, p, config.max_bytes))]
+            tops += [d for dim_of in pq_searches(config) if (d := dim_of(at, model, config.max_bytes))]
+            if not tops:
                 continue
-            candidates.append(Candidate(name=f"{model}-d{dim}", model=model, dim=dim, bytes=fitting,
-                                        config=sizes.config(model, dim)))
+            dims = set(tops) | ({min(tops) // 2} if min(tops) // 2 >= MIN_DIM else set())
+            for dim in sorted(dims, reverse=True):
+                wanted = uniform + pq_precisions(at, config, model, dim)
+                fitting = {p: b for p in wanted if (b := at.bytes(model, dim, p)) <= config.max_bytes}
+                if not fitting:  # half a pq:M dim that M does not divide, or where M codes nothing
+                    continue
+                candidates.append(Candidate(name=f"{prefix}-d{dim}", model=model, dim=dim, bytes=fitting,
+                                            config=at.config(model, dim)))
     if not candidates:
         floors = uniform or [ProductQuantized.FALLBACK.name]  # pq alone: no smaller than its fallback's weights
-        smallest = min((sizes.bytes(m, MIN_DIM, p), m, p) for m in config.models for p in floors)
+        smallest = min((at.bytes(m, MIN_DIM, p), m, p) for m in config.models for _, at in shares(sizes, config, m)
+                       for p in floors)
         raise ConfigError(
             f"max_bytes {config.max_bytes} is below the smallest bundle for this graph: {smallest[0]} bytes "
             f"({smallest[1]} dim {MIN_DIM} {smallest[2]}); the graph and vocabularies alone take "
             f"{sizes.fixed_bytes()} bytes{_smallest_without_graph(sizes, config, floors)}")
     return candidates
+
+
+def shares(sizes: BundleSizes, config: CompressConfig, model: ModelKind) -> list[tuple[str, BundleSizes]]:
+    """Where `model`'s candidates are planned: (the name their dims follow, the sizes at that share) for each of
+    EARL's reserved shares (config.reserved_ratios: `earl` at the default share, `earl-r40` at 0.4), RotatE's one
+    table (`rotate`). A share is a model of its own: its widest dims and their halves, its own bytes."""
+    if model != "earl":
+        return [(model, sizes)]
+    return [(family_name(model, ratio), sizes.with_reserved_ratio(ratio)) for ratio in config.reserved_ratios]
 
 
 def _smallest_without_graph(sizes: BundleSizes, config: CompressConfig, floors: list[str]) -> str:
@@ -202,14 +223,24 @@ def baseline_candidate(candidates: list[Candidate]) -> Candidate | None:
     RotatE d604 pq:151 (the widest) and tested 0.3465, where RotatE d230 int8 alone tested 0.4011
     (bench/results/compress_codex-s_3min.md). Where only pq fits, every pick so far coded 4 numbers a byte: WordNet-full
     2 MB in 30 minutes (one core) picked d16 pq:8 (0.4235) over d32 pq:8, and once the plan widened and kept the
-    widest, d44 pq:11 tested 0.3276; the 1M-entity graph at 8 MB picked d14 pq:7 over d28 pq:7."""
+    widest, d44 pq:11 tested 0.3276; the 1M-entity graph at 8 MB picked d14 pq:7 over d28 pq:7. Among EARL's
+    reserved shares, the baseline is at the share a user gets without asking (primary_family)."""
     if not candidates:
         return None
+    candidates = primary_family(candidates)
     int8 = [c for c in candidates if "int8" in c.bytes]
     default_pq = [c for c in candidates if ProductQuantized(default_codes(c.dim)).name in c.bytes]
     if int8 or default_pq:
         return max(int8 or default_pq, key=lambda c: c.dim)
     return min(candidates, key=lambda c: c.dim)
+
+
+def primary_family(candidates: list[Candidate]) -> list[Candidate]:
+    """The candidates of one model at its baseline's share: EARL's default reserved share where it was planned,
+    else the first share listed (candidates keep the plan's order); RotatE's all."""
+    shares = [c.config.reserved_ratio for c in candidates]
+    share = RESERVED_RATIO if RESERVED_RATIO in shares else shares[0]
+    return [c for c in candidates if c.config.reserved_ratio == share]
 
 
 def baseline_name(candidates: list[Candidate]) -> str | None:
@@ -229,12 +260,28 @@ def _drop_order(baseline: Candidate, c: Candidate) -> tuple[bool, int]:
     return c is baseline, c.dim if "int8" in baseline.bytes else -c.dim
 
 
+def _next_to_drop(theirs: list[Candidate]) -> Candidate:
+    """Which of one model's candidates fit_to_time drops next: from its share with the most candidates (EARL's
+    reserved shares; the one without the model's baseline on a tie), that share's farthest from its own baseline
+    (_drop_order). So each share keeps its baseline until it is the share's last, and the model's baseline goes
+    last of all."""
+    model_baseline = baseline_candidate(theirs)
+    by_share: dict[tuple[ModelKind, float], list[Candidate]] = {}
+    for c in theirs:
+        by_share.setdefault(family(c), []).append(c)
+    members = max(by_share.values(), key=lambda cs: (len(cs), model_baseline not in cs))
+    baseline = baseline_candidate(members)
+    assert baseline is not None  # the share has candidates
+    return min(members, key=partial(_drop_order, baseline))
+
+
 def fit_to_time(config: CompressConfig, candidates: list[Candidate], seconds: Mapping[str, float],
                 early_fraction: float = 1.0) -> list[Candidate]:
     """Drop the smallest candidates of the model with the most until the schedule's validations take at most
     EVAL_SHARE of the time limit, and (down to one candidate per model) until the first rung trains each
     candidate enough (first_rung_trains); refuse a limit shorter than validating the remaining candidates once.
-    A model's baseline candidate (baseline_candidate) goes last, the others farthest from it first."""
+    A model's baseline candidate (baseline_candidate) goes last, the others farthest from it first; among EARL's
+    reserved shares, from the share with the most candidates first (_next_to_drop)."""
     limit, kept = config.time_limit_minutes * 60, list(candidates)
     models = len({c.model for c in candidates})
 
@@ -246,10 +293,7 @@ def fit_to_time(config: CompressConfig, candidates: list[Candidate], seconds: Ma
     while len(kept) > 1 and too_many():
         counts = {m: sum(c.model == m for c in kept) for m in seconds}
         crowded = max(counts, key=lambda m: counts[m])  # keep every model while another has more candidates
-        theirs = [c for c in kept if c.model == crowded]
-        baseline = baseline_candidate(theirs)
-        assert baseline is not None  # the crowded model has candidates
-        kept.remove(min(theirs, key=partial(_drop_order, baseline)))
+        kept.remove(_next_to_drop([c for c in kept if c.model == crowded]))
     first = early_fraction if len(rung_sizes(len(kept), config.eta)) > 1 else 1.0  # rung 0's share of a validation
     need = sum(c.validation(seconds, first) * len(c.bytes) for c in kept)
     if limit < need:
@@ -265,6 +309,6 @@ def fit_to_time(config: CompressConfig, candidates: list[Candidate], seconds: Ma
     return kept
 
 
-__all__ = ["EVAL_SHARE", "MIN_FIRST_STEPS", "baseline_candidate", "baseline_name", "dominated", "fine_tuned",
-           "first_rung_trains", "fit_to_time", "plan", "plan_candidates", "tuned_precisions", "valid_fraction",
+__all__ = ["EVAL_SHARE", "MIN_FIRST_STEPS", "baseline_candidate", "baseline_name", "dominated", "fine_tuned", "first_rung_trains", "fit_to_time", "plan", "plan_candidates",
+           "primary_family", "shares", "tuned_precisions", "valid_fraction",
            "validation_cost"]

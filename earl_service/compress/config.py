@@ -14,7 +14,7 @@ import numpy as np
 
 from earl_service.bundle.format import graph_bytes, graph_csr, joined_strings
 from earl_service.bundle.precision import Precision, choices, names
-from earl_service.config import GRAPH_OPTIONAL, MODELS, ModelKind, Text
+from earl_service.config import GRAPH_OPTIONAL, MODELS, ModelConfig, ModelKind, Text
 from earl_service.config.fields import setting
 from earl_service.data.triples import in_name_order
 from earl_service.errors import ConfigError
@@ -28,6 +28,7 @@ KNOWN_ANSWERS = ("graph", "none")  # --known-answers: where a bundle's answers l
 # Raw graph and name bytes up to which the API packs them (xz -9e) to know a budget's floor exactly: past it the
 # request would wait on a compression the worker repeats anyway, and the worker's exact check decides.
 EXACT_FLOOR_RAW_BYTES = 2**20
+RESERVED_RATIO = ModelConfig().reserved_ratio  # EARL's default share of reserved entities (`earl train`'s)
 MAX_PARALLEL = 16  # most candidates trained at once (each process holds the data and its graphs)
 PARALLEL_HELP = ("candidates a rung before the last trains at once, each in its own process (a CPU's threads split "
                  "among them, a GPU shared by them; each holds the data and its graphs); 1: one after another")
@@ -83,11 +84,42 @@ def _models_error(models: Sequence[str]) -> str | None:
     return f"unknown model {', '.join(unknown)}; choose from {', '.join(MODELS)}" if unknown else None
 
 
+# EARL's reserved share as compress searches it: shares of at most this many decimals (0.025, not 0.0251), so
+# that two shares never round to one candidate name (earl-r2.5-d96) or one run folder.
+RESERVED_DECIMALS = 3
+
+
+def split_ratios(text: str) -> tuple[float, ...]:
+    """'0.1, 0.4' -> (0.1, 0.4): the --reserved-ratios list (CompressConfig checks each share)."""
+    try:
+        return tuple(float(x) for x in split_names(text))
+    except ValueError:
+        raise ConfigError(f"cannot read {text!r} as reserved ratios; write shares of the training entities, "
+                          "e.g. 0.1,0.4") from None
+
+
+def _ratios_error(ratios: Sequence[float]) -> str | None:
+    """Why `ratios` are no reserved shares to search (None when they are)."""
+    if not ratios:
+        return "reserved_ratios needs at least one share, e.g. 0.1"
+    bad = [r for r in ratios if not (math.isfinite(r) and 0 < r <= 1)]
+    if bad:
+        return f"reserved_ratios must each be above 0 and at most 1, not {', '.join(map(repr, bad))}"
+    fine = [r for r in ratios if abs(r * 10**RESERVED_DECIMALS - round(r * 10**RESERVED_DECIMALS)) > 1e-6]
+    if fine:
+        return (f"reserved_ratios take at most {RESERVED_DECIMALS} decimals (0.025, not 0.0251), not "
+                f"{', '.join(map(repr, fine))}")
+    if len({round(r, RESERVED_DECIMALS) for r in ratios}) < len(ratios):
+        return f"reserved_ratios lists a share twice: {', '.join(map(repr, ratios))}"
+    return None
+
+
 # How the size and the name lists are written in `earl compress` and the job form; each read into the config by
 # compress_config_from_options (a bad one is the config's ConfigError, with the choices, not a form pattern's).
 SIZE_TEXT = Text(parse_size, str)
 MODELS_TEXT = Text(split_models, ",".join)
 NAMES_TEXT = Text(split_names, ",".join)
+RATIOS_TEXT = Text(split_ratios, lambda ratios: ",".join(f"{r:g}" for r in ratios))
 
 
 def _xz_bound(raw: int) -> int:
@@ -137,6 +169,11 @@ class CompressConfig:
     precisions: tuple[str, ...] = setting(
         SEARCHED, "comma-separated precisions to export, from {registered}; pq alone: each code size that fits "
                   "(GET /precisions lists them)", limits={"max_length": 200}, text=NAMES_TEXT)
+    reserved_ratios: tuple[float, ...] = setting(
+        (RESERVED_RATIO,), "comma-separated shares of the training entities that EARL candidates give a row of their "
+                           "own (each above 0, at most 1, 3 decimals): each share's candidates are planned at their "
+                           "own dims (named earl-r40-d85 for 0.4; no rN at the default share); RotatE has none",
+        metavar="RATIOS", limits={"max_length": 100}, text=RATIOS_TEXT)
     known_answers: str = setting(
         "graph", "how answers leave out facts the training graph holds: graph (every bundle carries the graph) or "
                  "none (RotatE bundles leave it out and spend its bytes on weights, so their answers include known "
@@ -158,6 +195,8 @@ class CompressConfig:
         errors = [e for n in self.precisions if (e := _precision_error(n))]
         if errors or not self.precisions:
             raise ConfigError("; ".join(errors) or f"unknown precision '(none given)'; choose {choices()}")
+        if error := _ratios_error(self.reserved_ratios):
+            raise ConfigError(error)
         if self.known_answers not in KNOWN_ANSWERS:
             raise ConfigError(f"unknown known_answers {self.known_answers!r}; choose from {', '.join(KNOWN_ANSWERS)}")
         if self.metric not in METRICS:
@@ -170,7 +209,7 @@ class CompressConfig:
     def settings(self) -> dict[str, Any]:
         """What a resumed job must share with the one it continues (the time limit may change)."""
         return {"max_bytes": self.max_bytes, "models": list(self.models), "precisions": list(self.precisions),
-                "known_answers": self.known_answers, "metric": self.metric, "seed": self.seed, "eta": self.eta}
+                "reserved_ratios": list(self.reserved_ratios), "known_answers": self.known_answers, "metric": self.metric, "seed": self.seed, "eta": self.eta}
 
     @property
     def graphless(self) -> tuple[ModelKind, ...]:
@@ -184,5 +223,5 @@ class CompressConfig:
         return tuple(m for m in self.models if m in GRAPH_OPTIONAL and m not in self.graphless)
 
 
-__all__ = ["EXACT_FLOOR_RAW_BYTES", "KNOWN_ANSWERS", "METRICS", "SEARCHED", "CompressConfig", "budget_floor",
-           "parse_size", "split_models", "split_names"]
+__all__ = ["EXACT_FLOOR_RAW_BYTES", "KNOWN_ANSWERS", "METRICS", "RESERVED_RATIO", "SEARCHED", "CompressConfig", "budget_floor",
+           "parse_size", "split_models", "split_names", "split_ratios"]

@@ -11,9 +11,8 @@ from typing import NamedTuple
 
 import torch
 
-from earl_service.bundle.sizes import BundleSizes
 from earl_service.compress.state import Candidate
-from earl_service.config import ModelKind, TrainConfig
+from earl_service.config import ModelConfig, ModelKind, TrainConfig
 from earl_service.data.dataset import Dataset
 from earl_service.train.distributed import Ranks
 from earl_service.train.evaluate import ranking_batch
@@ -60,22 +59,23 @@ class Costs(NamedTuple):
 
 
 
-def measure_costs(dataset: Dataset, sizes: BundleSizes, candidates: list[Candidate],
+def measure_costs(dataset: Dataset, candidates: list[Candidate],
                   train_configs: Mapping[ModelKind, TrainConfig], graphs: GraphCache | None = None,
                   ) -> dict[str, dict[int, Costs]]:
     """Seconds of one validation pass and its fixed part (estimated from two timed subsets, pass_seconds), of one
     training step (step_seconds) and of building the run (SLICE_BUILDS of them: a slice's setup) of each model's
-    largest and smallest candidates, untrained: {model: {dim: costs}}."""
+    largest and smallest candidates (timed_extremes), untrained, each built as its candidate's config says:
+    {model: {dim: costs}}."""
     measured: dict[str, dict[int, Costs]] = {}
     for model in dict.fromkeys(c.model for c in candidates):
-        dims = [c.dim for c in candidates if c.model == model]
+        theirs = [c for c in candidates if c.model == model]
         train_config = train_configs[model]
         measured[model] = {}
         device = resolve_device(train_config.device)
         torch.empty(0, device=device)  # a GPU's context, created once, is not a build's
-        for dim in sorted({max(dims), min(dims)}, reverse=True):
+        for dim, config in timed_extremes(theirs).items():
             started, cached = time.perf_counter(), cache_seconds(graphs)
-            run = Run.build(dataset, sizes.config(model, dim), device, graphs=graphs)
+            run = Run.build(dataset, config, device, graphs=graphs)
             built = time.perf_counter() - started - (cache_seconds(graphs) - cached)
 
             def evaluate(limit: int, run: Run = run, batch_size: int = train_config.eval_batch_size) -> None:
@@ -85,6 +85,16 @@ def measure_costs(dataset: Dataset, sizes: BundleSizes, candidates: list[Candida
             valid, fixed = pass_seconds(evaluate, len(run.ranked_triples("valid")), batch)
             measured[model][dim] = Costs(valid, fixed, step_seconds(run, train_config), SLICE_BUILDS * built)
     return measured
+
+
+def timed_extremes(theirs: list[Candidate]) -> dict[int, ModelConfig]:
+    """The configs planning builds and times of one model's candidates, by dim, widest first: its widest and its
+    narrowest (interpolation fills the dims between). Among EARL's reserved shares at one dim the widest is timed at
+    the smallest share and the narrowest at the largest (a share's kNN graph builds in its setup: the extremes'
+    setups are timed where their dims differ); at one dim in all, the widest alone."""
+    by_dim = sorted(theirs, key=lambda c: (c.dim, -c.config.reserved_ratio))
+    narrowest, widest = by_dim[0], by_dim[-1]
+    return {widest.dim: widest.config} | ({narrowest.dim: narrowest.config} if narrowest.dim != widest.dim else {})
 
 
 def step_seconds(run: Run, train_config: TrainConfig, steps: int = TIMING_STEPS,
@@ -155,4 +165,4 @@ def largest_validation_seconds(measured: Mapping[str, Mapping[int, Costs]]) -> d
 
 
 __all__ = ["SLICE_BUILDS", "TIMING_BATCHES", "TIMING_SECONDS", "TIMING_STEPS", "Costs", "largest_validation_seconds",
-           "measure_costs", "pass_seconds", "step_seconds", "with_estimates"]
+           "measure_costs", "pass_seconds", "step_seconds", "timed_extremes", "with_estimates"]

@@ -8,8 +8,8 @@ from typing import Any
 
 from earl_service.atomic import replacing, write_bytes, write_json
 from earl_service.bundle.sizes import CODING, METRICS_ROOM
-from earl_service.compress.config import METRICS
-from earl_service.compress.state import CompressRun
+from earl_service.compress.config import METRICS, RESERVED_RATIO
+from earl_service.compress.state import CompressRun, family_name
 
 REPORT_JSON, REPORT_MD, FRONTIER_PNG = "report.json", "report.md", "frontier.png"
 
@@ -34,6 +34,8 @@ def build_report(run: CompressRun, rows: list[dict[str, Any]], pick: dict[str, A
         "metric": config.metric, "metric_key": key, "seed": config.seed, "eta": config.eta,
         "parallel": config.parallel, "lane_seconds": round(state.lane_seconds, 3),
         "known_answers": config.known_answers, "graphless": list(config.graphless),
+        "reserved_ratios": list(config.reserved_ratios) if "earl" in config.models else [],
+        "dropped": list(state.dropped),
         "dataset": {"entities": ds.num_entities, "train_entities": ds.num_train_entities,
                     "relations": ds.num_relations, "train": len(ds.train), "valid": len(ds.split("valid")),
                     "test": 0 if ds.test is None else len(ds.test)},
@@ -92,7 +94,7 @@ def markdown(report: dict[str, Any]) -> str:
         f"(eta {report['eta']}); quantized exports come from the same fp32 weights.",
         "",
         f"Graph and vocabularies: {report['graph_bytes']:,} bytes in every candidate{_graphless(report)}. "
-        f"Sizes: {report['sizes']}.",
+        f"Sizes: {report['sizes']}." + _shares(report),
         "", "| candidate | precision | bytes | rung | steps | train s | valid MRR | valid hits@10 | frontier |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
@@ -156,6 +158,25 @@ def _revalidated(report: dict[str, Any]) -> list[str]:
 def _final_split(report: dict[str, Any]) -> str:
     final = report["pick"].get("valid_subset")
     return f"{final:,} valid triples drawn at random (a whole pass costs too much here)" if final else "the whole split"
+
+
+def _shares(report: dict[str, Any]) -> str:
+    """A sentence on EARL's reserved shares where the search was asked for others than the default: the
+    candidates each share kept, and those planning cut for time (a share with neither had no dim that fits)."""
+    ratios = report.get("reserved_ratios") or []  # none: a report of an earlier version, or no EARL searched
+    if ratios in ([], [RESERVED_RATIO]):
+        return ""
+    kept = {c["name"]: c["config"]["reserved_ratio"] for c in report["candidates"] if c["model"] == "earl"}
+    parts = []
+    for ratio in ratios:
+        prefix = f"{family_name('earl', ratio)}-d"
+        mine = [n for n, r in kept.items() if r == ratio]
+        cut = [n for n in report.get("dropped", []) if n.startswith(prefix) and n[len(prefix):].isdigit()]
+        text = ", ".join(mine) or "none kept"
+        if cut or not mine:
+            text += f" ({', '.join(cut)} cut for time)" if cut else " (no dim fits the budget)"
+        parts.append(f"{100 * ratio:g}%: {text}")
+    return f" EARL's reserved shares searched: {'; '.join(parts)}."
 
 
 def _graphless(report: dict[str, Any]) -> str:

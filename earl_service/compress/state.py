@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from earl_service.atomic import write_json
-from earl_service.compress.config import CompressConfig
+from earl_service.compress.config import RESERVED_RATIO, CompressConfig
 from earl_service.config import ModelConfig, ModelKind, TrainConfig
 from earl_service.data.dataset import Dataset
 from earl_service.errors import ConfigError
@@ -138,6 +138,18 @@ class Candidate:
         return cls(**{**_known(cls, values), "config": ModelConfig.from_dict(values["config"])})
 
 
+def family_name(model: ModelKind, ratio: float) -> str:
+    """The prefix of a candidate's name: its model, and for EARL at a share other than the default its percent
+    (earl-r40, earl-r2.5; shares have at most RESERVED_DECIMALS decimals, so two never share a name)."""
+    return model if model != "earl" or ratio == RESERVED_RATIO else f"{model}-r{round(ratio * 100, 1):g}"
+
+
+def family(candidate: Candidate) -> tuple[ModelKind, float]:
+    """Which planned model a candidate belongs to: its kind and, for EARL, its reserved share (RotatE's is its
+    config's default, unread)."""
+    return candidate.model, candidate.config.reserved_ratio
+
+
 @dataclass
 class RungResult:
     """A candidate's evaluation at one rung: each export, the training behind them, the score that ranks it."""
@@ -196,6 +208,9 @@ class SearchState:
     # Seconds that slices run in lanes (lanes.py) added beyond the search's clock: the phases' sums count every
     # lane's seconds, so they may add up to more than the wall clock by this much.
     lane_seconds: float = 0.0
+    # The candidates planning found to fit the budget but dropped so that the time limit validates and trains the
+    # rest (candidates.fit_to_time), by name: the report says which EARL reserved shares were cut so.
+    dropped: list[str] = field(default_factory=list)
 
     def candidate(self, name: str) -> Candidate:
         return next(c for c in self.candidates if c.name == name)
@@ -205,7 +220,8 @@ class SearchState:
                 "validation_seconds": self.validation_seconds,
                 "candidates": [c.to_json() for c in self.candidates], "rung_count": self.rung_count,
                 "rungs": [r.to_json() for r in self.rungs], "spent_seconds": self.spent_seconds, "done": self.done,
-                "seconds": self.seconds, "peak_rss_mb": self.peak_rss_mb, "lane_seconds": self.lane_seconds}
+                "seconds": self.seconds, "peak_rss_mb": self.peak_rss_mb, "lane_seconds": self.lane_seconds,
+                "dropped": self.dropped}
 
     @classmethod
     def from_json(cls, values: Mapping[str, Any]) -> SearchState:
@@ -231,8 +247,9 @@ def load_state(out: Path, config: CompressConfig, dataset: Dataset) -> SearchSta
     if not path.exists():
         return None
     values = json.loads(path.read_text())
-    if isinstance(values.get("settings"), dict):  # written before known_answers was a setting: the graph was kept
-        values["settings"].setdefault("known_answers", "graph")
+    if isinstance(values.get("settings"), dict):  # written before these were settings: what the search did then
+        values["settings"].setdefault("known_answers", "graph")  # the graph was kept
+        values["settings"].setdefault("reserved_ratios", [RESERVED_RATIO])  # EARL at its default share
     if values.get("settings") != search_settings(config, dataset):
         raise ConfigError(f"{out} holds a compress job with other settings or data ({values.get('settings')}); "
                           "give another --out, or the same settings to continue it")
@@ -348,5 +365,5 @@ class CompressRun:
 
 
 __all__ = ["FIXED_PARTS", "MARGIN_SE", "PHASES", "PICK", "STATE", "Candidate", "CompressRun", "Export", "ProgressCallback", "Rung",
-           "RungResult", "SearchState", "ahead", "load_state", "rung_budget", "rung_sizes", "rung_weights",
+           "RungResult", "SearchState", "ahead", "family", "family_name", "load_state", "rung_budget", "rung_sizes", "rung_weights",
            "search_settings"]

@@ -57,6 +57,8 @@ def test_a_compress_job_is_queued_with_its_budget_in_bytes(client):
     assert r.status_code == 202, r.text
     params = client.get(f"/jobs/{r.json()['id']}").json()["params"]
     assert params["max_bytes"] == 1_572_864 and params["models"] == "rotate" and params["metric"] == "hits@10"
+    shares = post(client, {"max_bytes": "2MB", "time_limit": "2", "reserved_ratios": "0.1, 0.4"})
+    assert client.get(f"/jobs/{shares.json()['id']}").json()["params"]["reserved_ratios"] == "0.1, 0.4"
     plain = client.get(f"/jobs/{post(client, {'steps': '3'}).json()['id']}").json()["params"]
     assert not {"max_bytes", "models", "precisions", "metric"} & set(plain)  # training jobs are as before
 
@@ -71,6 +73,8 @@ def test_a_compress_job_is_queued_with_its_budget_in_bytes(client):
     ({"max_bytes": "2MB", "time_limit": "1", "precisions": "fp32,bf16"}, "unknown precision 'bf16'"),
     ({"max_bytes": "2MB", "time_limit": "1", "metric": "hits@3"}, "metric"),
     ({"precisions": "int8"}, "give max_bytes too"),
+    ({"max_bytes": "2MB", "time_limit": "1", "reserved_ratios": "0.1,2"}, "reserved_ratios must each be above 0"),
+    ({"max_bytes": "2MB", "time_limit": "1", "reserved_ratios": "ten"}, "cannot read 'ten' as reserved ratios"),
 ])
 def test_bad_compress_settings_are_422_before_queueing(client, tmp_path, data, message):
     r = post(client, data)

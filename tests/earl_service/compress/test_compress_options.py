@@ -23,9 +23,10 @@ NOT_SEARCH = {"help", "data", "out", "device", "threads", "parallel", "labels", 
 # --retrain-minutes: an imported bundle's search
 # One non-default value for every compress option, as a client (or a user on the command line) would type it.
 CHANGED = {"max_bytes": "1.5MiB", "time_limit": "2.5", "models": "rotate", "precisions": "int8,pq:16",
-           "known_answers": "none", "metric": "hits@10", "seed": "7"}
+           "reserved_ratios": "0.025,0.4", "known_answers": "none", "metric": "hits@10", "seed": "7"}
 EXPECTED = CompressConfig(max_bytes=1_572_864, time_limit_minutes=2.5, models=("rotate",),
-                          precisions=("int8", "pq:16"), known_answers="none", metric="hits@10", seed=7)
+                          precisions=("int8", "pq:16"), reserved_ratios=(0.025, 0.4), known_answers="none",
+                          metric="hits@10", seed=7)
 
 
 def compress_parser():

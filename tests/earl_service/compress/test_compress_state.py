@@ -42,7 +42,7 @@ def test_the_serialised_form_round_trips_and_keeps_the_untyped_layout():
     state = SearchState.from_json(UNTYPED)
     values = state.to_json()
     assert SearchState.from_json(values) == state
-    assert list(values) == [*UNTYPED, "seconds", "peak_rss_mb", "lane_seconds"]  # the old layout, then the
+    assert list(values) == [*UNTYPED, "seconds", "peak_rss_mb", "lane_seconds", "dropped"]  # the old layout, then the
     # accounting (none yet)
     assert values["seconds"] == {} and values["peak_rss_mb"] == {} and values["lane_seconds"] == 0.0
     assert list(values["rungs"][0]) == ["index", "survivors", "results", "budget_seconds", "slice_seconds",

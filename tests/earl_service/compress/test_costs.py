@@ -70,7 +70,7 @@ def test_a_candidates_setup_is_estimated_before_its_first_slice(monkeypatch):
 
     monkeypatch.setattr(run_module, "KnownAnswers", slow_known)
     graphs = GraphCache(dataset)
-    measured = costs_module.measure_costs(dataset, sizes, units, TINY, graphs)
+    measured = costs_module.measure_costs(dataset, units, TINY, graphs)
     assert graphs.build_seconds >= 5 * slow
     assert all(2 * slow <= costs.setup < 2 * 3 * slow for costs in measured["rotate"].values())
     estimated = costs_module.with_estimates(units, measured)

@@ -157,7 +157,7 @@ class _Planned(Exception):
 def test_compress_trains_its_candidates_with_the_default_recipe(tmp_path, monkeypatch):
     seen = {}
 
-    def planned(dataset, sizes, units, train_configs, graphs=None):
+    def planned(dataset, units, train_configs, graphs=None):
         seen.update(train_configs)
         raise _Planned
 
