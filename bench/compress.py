@@ -226,10 +226,12 @@ def main() -> int:
     fill_searches(rows, a.runs / name)
     if a.merge:
         merge_rows(rows, a.merge, minutes)
-        done = [rows[b] for b in budgets if b in rows]
+        done = measured(rows, budgets)
         write_results(name, {"rows": done}, markdown(done, a.quick) + f"\n![test MRR]({plot(done, name)})\n")
         return 0
     for budget in budgets:
+        if a.budget and budget not in a.budget:
+            continue
         row = rows.setdefault(budget, {"dataset": a.dataset, "budget": budget, "max_bytes": parse_size(budget),
                                        "minutes": minutes})
         for method in METHODS:
@@ -240,10 +242,16 @@ def main() -> int:
             # Each method records where it ran: pieces of one table may come from different sittings.
             env = environment()
             row[method]["environment"], row[method]["commit"] = env["machine"], env["commit"]
-            done = [rows[b] for b in budgets if b in rows]
+            done = measured(rows, budgets)
             write_results(name, {"rows": done}, markdown(done, a.quick) + f"\n![test MRR]({plot(done, name)})\n")
             print(budget, method, row[method], flush=True)
     return 0
+
+
+def measured(rows: dict[str, dict], budgets: tuple[str, ...]) -> list[dict]:
+    """The rows of `budgets` (in order) that hold at least one measured method: the table's other budgets are not
+    shown as rows still to run."""
+    return [rows[b] for b in budgets if b in rows and any(m in rows[b] for m in METHODS)]
 
 
 def merge_rows(rows: dict[str, dict], files: list[Path], minutes: float) -> None:
