@@ -46,7 +46,7 @@ console-shot: venv
 	$(BIN)/python scripts/console_shot.py --data $(DATASETS)/fb15k-237
 
 # schemathesis against a live uvicorn (bench/fuzz.py): 100 examples per operation and phase, at most 10 minutes;
-# fails on any 5xx. The test suite runs a 25-second version (tests/api/test_fuzz.py).
+# fails on any 5xx. The test suite runs a 30-second version (tests/api/test_fuzz.py).
 FUZZ_BUNDLE := runs/fuzz/bundle.safetensors
 $(FUZZ_BUNDLE): | venv
 	$(BIN)/earl train earl_service/demo_data/codex-s --out runs/fuzz --dim 16 --steps 30 --batch-size 256 \

@@ -90,7 +90,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("bundle", type=Path)
     parser.add_argument("--examples", type=int, default=100, help="max examples per operation and phase")
-    parser.add_argument("--max-time", type=int, default=600, help="seconds for the whole schemathesis run")
+    parser.add_argument("--max-time", type=int, default=600,
+                        help="seconds of the whole schemathesis run: its fuzzing and stateful phases repeat until "
+                             "it is spent")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
