@@ -51,7 +51,7 @@ def test_sizes_under_the_budget_with_their_mrr(tmp_path, capsys):
     bundle = model_and_graph(tmp_path)
     capsys.readouterr()
     fp32 = load_bundle(bundle).num_bytes
-    search = ImportedSearch(max_bytes=fp32 // 3, time_limit_minutes=1.0)
+    search = ImportedSearch(max_bytes=fp32 // 3, time_limit_minutes=0.2)  # fine-tuning shares half: 6 s
     report = compress_imported(bundle, tmp_path / "out", search, graph=tmp_path / "data")
     rows = {r["precision"]: r for r in report["candidates"]}
     assert report["original"]["mrr"] > 0.5 and report["eval_triples"] == 30
@@ -114,7 +114,7 @@ def test_a_stopped_search_continues_with_the_sizes_it_has_not_done(tmp_path, cap
 
     bundle = model_and_graph(tmp_path)
     capsys.readouterr()
-    search = ImportedSearch(max_bytes=load_bundle(bundle).num_bytes // 3, time_limit_minutes=0.5)
+    search = ImportedSearch(max_bytes=load_bundle(bundle).num_bytes // 3, time_limit_minutes=0.2)
     events = []
     stopped = compress_imported(bundle, tmp_path / "out", search, graph=tmp_path / "data",
                                 on_progress=events.append, should_stop=lambda: len(events) >= 3)
@@ -267,7 +267,7 @@ def test_a_reciprocal_model_is_scored_and_tuned_through_its_inverse_rows(tmp_pat
     capsys.readouterr()
     relations = plain.params["relations"]
     conj = np.concatenate([relations[:, :D], -relations[:, D:]], axis=1)
-    search = ImportedSearch(max_bytes=plain.num_bytes // 3, time_limit_minutes=0.5, precisions=("int8", "pq:8"))
+    search = ImportedSearch(max_bytes=plain.num_bytes // 3, time_limit_minutes=0.1, precisions=("int8", "pq:8"))
     reports = {}
     for name, inverse in (("plain", None), ("conj", conj), ("other", np.roll(conj, 1, axis=0))):
         source = plain if inverse is None else Bundle(
