@@ -24,7 +24,14 @@ from harness import add_datasets_argument, dataset_folder, md_table, write_resul
 from earl_service.bundle.sizes import BundleSizes
 from earl_service.compress.candidates import plan_candidates
 from earl_service.compress.config import CompressConfig, parse_size
-from earl_service.compress.costs import TIMING_SECONDS, TIMING_STEPS, Costs, step_seconds, with_estimates
+from earl_service.compress.costs import (
+    TIMING_SECONDS,
+    TIMING_STEPS,
+    Costs,
+    step_seconds,
+    timed_extremes,
+    with_estimates,
+)
 from earl_service.config import recipes
 from earl_service.config.options import train_configs_from_options
 from earl_service.data.dataset import load_dataset
@@ -51,12 +58,12 @@ def main() -> int:
         long = step_seconds(run, train_configs[c.model], a.steps, 60.0 * a.steps)
         measured[c.name] = (short, long)
         print(c.name, f"{short:.3f}", f"{long:.3f}", flush=True)
-    # The estimates as planning forms them: from the extremes' short timings (validation costs are not timed here).
-    extremes: dict[str, dict[int, Costs]] = {}
-    for model in dict.fromkeys(c.model for c in candidates):
-        theirs = sorted((c for c in candidates if c.model == model), key=lambda c: c.dim)
-        for c in (theirs[0], theirs[-1]):
-            extremes.setdefault(model, {})[c.dim] = Costs(0.0, 0.0, measured[c.name][0])
+    # The estimates as planning forms them: from the short timings of the configs it times (timed_extremes; the
+    # validation costs are not timed here).
+    short_of = {c.config: measured[c.name][0] for c in candidates}
+    extremes = {model: {dim: Costs(0.0, 0.0, short_of[config])
+                        for dim, config in timed_extremes([c for c in candidates if c.model == model]).items()}
+                for model in dict.fromkeys(c.model for c in candidates)}
     for c in with_estimates(candidates, extremes):
         short, long = measured[c.name]
         planned.append({"candidate": c.name, "model": c.model, "dim": c.dim,
