@@ -2,7 +2,7 @@
 
 One command per table; each row is a dataset, a byte budget and minutes. Every method gets the row's minutes:
 the compress job for its whole search (training, validations, exports), each baseline for training. The
-baselines (METHODS): RotatE and EARL each at the largest dim whose int8 bundle fits, and the older columns, EARL
+baselines (METHODS): RotatE and EARL each at the largest dim whose int8 bundle fits, RotatE at pq codes, and the older columns, EARL
 at dim 150 and RotatE at the largest fp32 dim; plain weights as compress writes them; every method is evaluated
 on the test split from its exported file.
 
@@ -34,6 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import torch
 from harness import REPO, dataset_folder, environment, md_table, pyplot, save_png, write_results
 
+from earl_service.bundle.codebooks import DEFAULT_NUMBERS_PER_CODE, codes_for
 from earl_service.bundle.model_io import load_bundle
 from earl_service.bundle.precision import registered
 from earl_service.bundle.sizes import BundleSizes, save_exact
@@ -109,7 +110,10 @@ def search_summary(report: dict) -> dict:
 # The baselines with the same bytes and minutes: each model at the largest dim whose int8 bundle fits (int8 buys
 # four times fp32's dims for a few thousandths of MRR, bench/results/bundle_sizes.md), trained the whole time; and
 # the older columns: EARL at its default dim 150, RotatE at the largest fp32 dim.
-METHODS = ("compress", "rotate_int8", "earl_int8", "earl_default", "rotate_matched")
+# And RotatE coded as `--precision pq` codes it (about DEFAULT_NUMBERS_PER_CODE numbers a code byte) at the largest
+# dim that fits, trained the whole time and coded after (codebooks fit once, not fine-tuned): where no RotatE int8
+# fits (WordNet-full at 2 MB) the simplest RotatE a user could ship.
+METHODS = ("compress", "rotate_int8", "earl_int8", "earl_default", "rotate_matched", "rotate_pq")
 MATCHED = {"rotate_int8": ("rotate", "int8"), "earl_int8": ("earl", "int8"), "rotate_matched": ("rotate", "fp32")}
 
 
@@ -126,6 +130,13 @@ def run_method(method: str, name: str, budget_text: str, minutes: float, root: P
         return compress_method(ds, minutes, budget, root / "compress", known_answers, parallel, reserved_ratios)
     if method == "earl_default":
         return baseline(ds, sizes, ModelConfig(), minutes, budget, root / "earl-default")
+    if method == "rotate_pq":
+        dim = sizes.max_pq_dim("rotate", DEFAULT_NUMBERS_PER_CODE, budget)
+        codes = codes_for(dim, DEFAULT_NUMBERS_PER_CODE) if dim else None
+        if not dim or not codes:
+            return {"model": "rotate", "fits": False, "test_mrr": None}
+        return baseline(ds, sizes, ModelConfig(model="rotate", dim=dim), minutes, budget, root / f"rotate-d{dim}-pq",
+                        precisions=(f"pq:{codes}",), graph="rotate" not in graphless)
     model, precision = MATCHED[method]
     dim = sizes.max_dim(model, precision, budget)
     if not dim:
@@ -154,7 +165,8 @@ def _best_cell(compress_row: dict | None, model: str) -> str:
 
 def markdown(rows: list[dict], quick: bool) -> str:
     table = md_table(["dataset", "budget", "minutes", "compress pick: test MRR", "RotatE int8 matched bytes",
-                      "EARL int8 matched bytes", "EARL default", "RotatE fp32 matched bytes"],
+                      "EARL int8 matched bytes", "EARL default", "RotatE fp32 matched bytes",
+                      "RotatE pq matched bytes"],
                      [[r["dataset"], r["budget"], r["minutes"], *(_cell(r.get(m)) for m in METHODS)] for r in rows])
     searches = md_table(["dataset", "budget", "search minutes", "best EARL export: valid MRR",
                          "best RotatE export: valid MRR"],
@@ -165,7 +177,9 @@ def markdown(rows: list[dict], quick: bool) -> str:
     return ("# Compress to a byte budget vs baselines with the same time\n\n" + note + table + "\n\n"
             "Test MRR (filtered, seen protocol) of the exported file. Int8 matched bytes: the model at the largest "
             "dim whose int8 bundle fits. EARL default: dim 150, exported at the highest precision that fits. RotatE "
-            "fp32 matched bytes: the largest fp32 RotatE that fits. Every method gets the row's minutes (compress: "
+            "fp32 matched bytes: the largest fp32 RotatE that fits. RotatE pq matched bytes: the largest RotatE at pq's "
+            "default code size (about 4 numbers a code byte) that fits, its codebooks fit once on the trained weights "
+            "(not fine-tuned as the search's are). Every method gets the row's minutes (compress: "
             "the whole search; baselines: training), each baseline with the recipe compress trains its candidates with "
             "(the default; before commit 928b5f7 the baselines trained with the paper's), training the whole time and "
             "shipping its last weights (before commit bfc477b it validated the whole valid split every 100 steps "
