@@ -911,7 +911,7 @@ def test_rungs_take_growing_shares_of_the_time():
 def test_a_killed_job_with_pq_candidates_continues(tmp_path, monkeypatch):
     monkeypatch.setattr(rungs_module, "carried_over", _never_carried)
     dataset = load_dataset(codex_s_path())
-    config = CompressConfig(max_bytes=100_000, time_limit_minutes=0.3, models=("rotate",), precisions=("int8", "pq"))
+    config = CompressConfig(max_bytes=100_000, time_limit_minutes=0.2, models=("rotate",), precisions=("int8", "pq"))
 
     before = _killed_in_rung_1(dataset, tmp_path, config)
     first = before["rungs"][0]["results"]
@@ -1002,7 +1002,7 @@ def test_a_killed_graphless_search_continues_graphless(tmp_path):
     """Scale settings survive a kill mid-search: a known_answers none job resumes without its graph and ships
     without it, and the same folder refuses the job with the graph kept (other settings)."""
     dataset = load_dataset(codex_s_path())
-    config = CompressConfig(max_bytes=60_000, time_limit_minutes=0.3, models=("rotate",), precisions=("int8", "pq"),
+    config = CompressConfig(max_bytes=60_000, time_limit_minutes=0.2, models=("rotate",), precisions=("int8", "pq"),
                             known_answers="none")
     before = _killed_in_rung_1(dataset, tmp_path, config)
     assert before["settings"]["known_answers"] == "none"

@@ -36,8 +36,8 @@ def test_a_model_trained_at_the_budget_is_a_row_beside_the_coded_sizes(tmp_path,
     source = model_and_graph(tmp_path)
     capsys.readouterr()
     valid = dense_graph(tmp_path / "data")
-    search = ImportedSearch(max_bytes=load_bundle(source).num_bytes // 3, time_limit_minutes=0.2, eval_triples=0)
-    report = compress_from(source, tmp_path / "out", search, graph=tmp_path / "data", retrain_minutes=0.25)
+    search = ImportedSearch(max_bytes=load_bundle(source).num_bytes // 3, time_limit_minutes=0.1, eval_triples=0)
+    report = compress_from(source, tmp_path / "out", search, graph=tmp_path / "data", retrain_minutes=0.12)
     rows = {r["precision"]: r for r in report["candidates"]}
     row = rows[RETRAINED]
     made = json.loads((tmp_path / "out" / RETRAINED / "report.json").read_text())
@@ -58,7 +58,7 @@ def test_a_model_trained_at_the_budget_is_a_row_beside_the_coded_sizes(tmp_path,
     assert "retrained: " in (tmp_path / "out" / "report.md").read_text()
     # Run again in the same folder: both parts are done, nothing trains and the report is the same.
     monkeypatch.setattr(retrained, "compress", lambda *a, **k: pytest.fail("trained again"))
-    again = compress_from(source, tmp_path / "out", search, graph=tmp_path / "data", retrain_minutes=0.25)
+    again = compress_from(source, tmp_path / "out", search, graph=tmp_path / "data", retrain_minutes=0.12)
     assert again["pick"] == report["pick"] and again["candidates"][-1]["mrr"] == row["mrr"]
 
 
