@@ -61,6 +61,17 @@ LEADER_FLOOR = 0.9
 # most of 181 s of codebooks and fine-tuning from the pick (bench/results/compress_fb15k-237_4MB_60min_h60_4_report.md).
 FILL_FLOOR = 0.1
 
+# A cut ranks model kinds against each other only once one of them scores at least this (the search's metric):
+# below it every kind's best goes on, the last rung included. On WordNet-full-noinv at 2 MB (117k entities) EARL
+# leads rung-0 looks at 0.004-0.005 where RotatE's pq codes score 0.001-0.004, and RotatE goes on to win by far:
+# in 10 minutes on one core the search that cut RotatE there shipped EARL d48 int8 at test MRR 0.0598, where
+# RotatE d22 pq:11 trained alone for the 10 minutes tests 0.3424 (bench/results/compress_wordnet-full-noinv_10min_
+# bl_before.md); of its 30-minute searches whose rung-0 leader scored under 0.02, the two that cut RotatE shipped
+# EARL d35 at 0.1377 and 0.1629 (q30_2, t30_2), the six that kept it a RotatE at 0.3775-0.4235. Outside
+# WordNet-full every rung-0 leader in bench/results/compress_*_report.json scored 0.0355 or more (FB15k-237 at 2 MB
+# in 5 minutes: EARL 0.0355 against RotatE 0.0185, and EARL was right: RotatE int8 alone tests 0.009).
+LOOK_FLOOR = 0.02
+
 
 def compress(dataset: Dataset, out_dir: str | os.PathLike, config: CompressConfig, *,
              train_configs: Mapping[ModelKind, TrainConfig] | None = None,
@@ -131,11 +142,16 @@ def next_rung(run: CompressRun) -> None:
         if len(ranked) == 1:
             state.rung_count = rung.index + 2
         tied = [n for n in ranked if len(ranked) > 1 and not beats(run, rung, ranked[0], n)]
-        if rung.index + 2 == state.rung_count:  # the last rung trains one candidate on the rest of the time
+        model_of, scores = (lambda n: run.candidate(n).model), {n: rung.results[n].score for n in ranked}
+        blind = cannot_rank_kinds(ranked, model_of, scores)
+        if rung.index + 2 == state.rung_count and not blind:  # the last rung trains one on the rest of the time
             kept = [base if base in tied and not decisive(run, rung, ranked[0], base) else ranked[0]]
+        elif rung.index + 2 == state.rung_count:  # ... or each kind's best, when the look cannot rank them
+            kept = survivors(faster_among_ties(run, rung, ranked), 1, model_of, scores, leader_floor=0.0)
+            kept += [base] if base is not None and base not in kept else []
         else:
-            kept = survivors(faster_among_ties(run, rung, ranked), keep, lambda n: run.candidate(n).model,
-                             {n: rung.results[n].score for n in ranked})
+            kept = survivors(faster_among_ties(run, rung, ranked), keep, model_of, scores,
+                             leader_floor=0.0 if blind else LEADER_FLOOR)
             kept += [base] if base is not None and base not in kept else []
         going_on = [n for n in ranked if n in kept]
         if len(going_on) == 1:  # the fill kept one: it trains on the rest of the time
@@ -199,9 +215,15 @@ def decisive(run: CompressRun, rung: Rung, leader: str, base: str) -> bool:
     return ahead(rung.revalidated[leader], rung.revalidated[base], key)
 
 
+def cannot_rank_kinds(ranked: list[str], model_of: Callable[[str], str], scores: Mapping[str, float]) -> bool:
+    """Whether a cut among `ranked` says nothing of which model kind will win: candidates of several kinds, none
+    scoring LOOK_FLOOR yet."""
+    return len({model_of(n) for n in ranked}) > 1 and max(scores[n] for n in ranked) < LOOK_FLOOR
+
+
 def survivors(ranked: list[str], keep: int, model_of: Callable[[str], str],
-              scores: Mapping[str, float] | None = None) -> list[str]:
-    """The best `keep` of `ranked` (best first), and the best of each model kind scoring at least LEADER_FLOOR of
+              scores: Mapping[str, float] | None = None, *, leader_floor: float = LEADER_FLOOR) -> list[str]:
+    """The best `keep` of `ranked` (best first), and the best of each model kind scoring at least `leader_floor` of
     the best score (`scores`; without them, every kind's best). With `scores`, the best `keep` leave out those
     under FILL_FLOOR of their own kind's best.
 
@@ -218,7 +240,7 @@ def survivors(ranked: list[str], keep: int, model_of: Callable[[str], str],
     for name in ranked:
         if scores is not None:
             kind_best[model_of(name)] = max(kind_best.get(model_of(name), 0.0), scores[name])
-        if scores is None or scores[name] >= LEADER_FLOOR * best:
+        if scores is None or scores[name] >= leader_floor * best:
             leaders.setdefault(model_of(name), name)
     chosen = set(leaders.values())
     for name in ranked:

@@ -264,6 +264,26 @@ def test_the_search_leaves_its_baseline_only_on_evidence(tmp_path):
     assert _cut(tmp_path / "e", no_baseline, rung_count=3) == ["earl-d41", "earl-d21"]
 
 
+def test_a_look_below_the_floor_keeps_every_kind(tmp_path):
+    """WordNet-full-noinv's rung 0 at 2 MB in 10 minutes (one core): EARL d48 int8 (the baseline) ahead of RotatE
+    d22 pq:11 by two standard errors, both under LOOK_FLOOR. The cut cannot rank the kinds there: both go on to
+    the last rung, which they share. Once the leader scores LOOK_FLOOR, the same lead decides, and a kind under
+    LEADER_FLOOR of the best leaves a rung before the last."""
+    floor = compress_module.LOOK_FLOOR
+    early = {"earl-d40": (0.0044, 0.0006), "rotate-d21": (0.0022, 0.0004)}
+    job = _cut_job(tmp_path / "a", early, rung_count=2)
+    assert job.state.rungs[-1].survivors == ["earl-d40", "rotate-d21"] and job.state.rung_count == 2
+    later = {"earl-d40": (floor, 0.0006), "rotate-d21": (floor / 2, 0.0004)}
+    assert _cut(tmp_path / "b", later, rung_count=2) == ["earl-d40"]
+    four = {"earl-d40": (0.0044, 0.0006), "earl-d20": (0.0040, 0.0006), "rotate-d21": (0.0022, 0.0004),
+            "rotate-d11": (0.0010, 0.0003)}
+    assert _cut(tmp_path / "c", four, rung_count=3) == ["earl-d40", "rotate-d21"]
+    scaled = {n: (mrr * floor / 0.0044, se) for n, (mrr, se) in four.items()}  # the same ratios at the floor
+    assert _cut(tmp_path / "d", scaled, rung_count=3) == ["earl-d40", "earl-d20"]
+    one_kind = {"rotate-d21": (0.0022, 0.0004), "rotate-d11": (0.0010, 0.0003)}
+    assert _cut(tmp_path / "e", one_kind, rung_count=2) == ["rotate-d21"]
+
+
 def test_a_tie_inside_a_model_kind_goes_to_the_faster(tmp_path):
     """Rung 0 of WordNet-full-noinv at 2 MB: two RotatE candidates near chance, apart by less than two standard
     errors; the one stepping twice as fast goes on. A clear lead still decides, and EARL's slower steps are no
