@@ -144,13 +144,11 @@ def next_rung(run: CompressRun) -> None:
         tied = [n for n in ranked if len(ranked) > 1 and not beats(run, rung, ranked[0], n)]
         model_of, scores = (lambda n: run.candidate(n).model), {n: rung.results[n].score for n in ranked}
         blind = cannot_rank_kinds(ranked, model_of, scores)
-        if rung.index + 2 == state.rung_count and not blind:  # the last rung trains one on the rest of the time
+        last_cut = rung.index + 2 == state.rung_count
+        if last_cut and not blind:  # the last rung trains one on the rest of the time
             kept = [base if base in tied and not decisive(run, rung, ranked[0], base) else ranked[0]]
-        elif rung.index + 2 == state.rung_count:  # ... or each kind's best, when the look cannot rank them
-            kept = survivors(faster_among_ties(run, rung, ranked), 1, model_of, scores, leader_floor=0.0)
-            kept += [base] if base is not None and base not in kept else []
-        else:
-            kept = survivors(faster_among_ties(run, rung, ranked), keep, model_of, scores,
+        else:  # the best half and each kind's leader (the last cut under LOOK_FLOOR: each kind's best alone)
+            kept = survivors(faster_among_ties(run, rung, ranked), 1 if last_cut else keep, model_of, scores,
                              leader_floor=0.0 if blind else LEADER_FLOOR)
             kept += [base] if base is not None and base not in kept else []
         going_on = [n for n in ranked if n in kept]
