@@ -34,10 +34,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import torch
 from harness import REPO, dataset_folder, environment, md_table, pyplot, save_png, write_results
 
-from earl_service.bundle.codebooks import DEFAULT_NUMBERS_PER_CODE, codes_for
+from earl_service.bundle.codebooks import default_codes
 from earl_service.bundle.model_io import load_bundle
-from earl_service.bundle.precision import registered
+from earl_service.bundle.precision import ProductQuantized, registered
 from earl_service.bundle.sizes import BundleSizes, save_exact
+from earl_service.compress.candidates import plan_candidates
 from earl_service.compress.config import RESERVED_RATIO, CompressConfig, parse_size, split_ratios
 from earl_service.compress.rungs import evaluate_bundle
 from earl_service.compress.search import choose, compress
@@ -110,7 +111,7 @@ def search_summary(report: dict) -> dict:
 # The baselines with the same bytes and minutes: each model at the largest dim whose int8 bundle fits (int8 buys
 # four times fp32's dims for a few thousandths of MRR, bench/results/bundle_sizes.md), trained the whole time; and
 # the older columns: EARL at its default dim 150, RotatE at the largest fp32 dim.
-# And RotatE coded as `--precision pq` codes it (about DEFAULT_NUMBERS_PER_CODE numbers a code byte) at the largest
+# And RotatE coded as `--precision pq` codes it (default_codes: about 4 numbers a code byte) at the largest
 # dim that fits, trained the whole time and coded after (codebooks fit once, not fine-tuned): where no RotatE int8
 # fits (WordNet-full at 2 MB) the simplest RotatE a user could ship.
 METHODS = ("compress", "rotate_int8", "earl_int8", "earl_default", "rotate_matched", "rotate_pq")
@@ -130,13 +131,16 @@ def run_method(method: str, name: str, budget_text: str, minutes: float, root: P
         return compress_method(ds, minutes, budget, root / "compress", known_answers, parallel, reserved_ratios)
     if method == "earl_default":
         return baseline(ds, sizes, ModelConfig(), minutes, budget, root / "earl-default")
-    if method == "rotate_pq":
-        dim = sizes.max_pq_dim("rotate", DEFAULT_NUMBERS_PER_CODE, budget)
-        codes = codes_for(dim, DEFAULT_NUMBERS_PER_CODE) if dim else None
-        if not dim or not codes:
+    if method == "rotate_pq":  # the widest of the search's own RotatE pq candidates at pq's default code size
+        config = CompressConfig(max_bytes=budget, time_limit_minutes=1, known_answers=known_answers,
+                                models=("rotate",), precisions=("pq",))
+        coded = [(c.dim, name) for c in plan_candidates(sizes, config)
+                 if (name := ProductQuantized(default_codes(c.dim)).name) in c.bytes]
+        if not coded:
             return {"model": "rotate", "fits": False, "test_mrr": None}
+        dim, precision = max(coded)
         return baseline(ds, sizes, ModelConfig(model="rotate", dim=dim), minutes, budget, root / f"rotate-d{dim}-pq",
-                        precisions=(f"pq:{codes}",), graph="rotate" not in graphless)
+                        precisions=(precision,), graph="rotate" not in graphless)
     model, precision = MATCHED[method]
     dim = sizes.max_dim(model, precision, budget)
     if not dim:
