@@ -21,11 +21,12 @@ venv: $(BIN)/earl
 demo: venv
 	$(BIN)/python scripts/demo.py
 
-# Lint and types first (seconds), then the suite.
+# Lint and types first (seconds), then the suite in two processes (pytest-xdist), a test file to each at a time:
+# most tests use one core (real servers, subprocesses, small graphs), so one process left the second core idle.
 test: venv
 	$(BIN)/ruff check .
 	$(BIN)/mypy
-	$(BIN)/python -m pytest tests
+	$(BIN)/python -m pytest tests -n 2 --dist loadfile
 
 # The Docker images built offline and the compose stack run end to end on 127.0.0.1 (docker/compose_test.sh):
 # needs root (apt-get, dockerd), not the venv; prints SKIPPED where dockerd cannot start.

@@ -20,7 +20,8 @@ REPO = Path(__file__).resolve().parents[1]
 DATASETS = Path(os.environ.get("EARL_DATASETS", REPO.parent / "shared" / "datasets"))
 BUNDLED_KG = REPO / "earl_service" / "demo_data" / "codex-s"
 
-torch.set_num_threads(2)
+# Two cores: one torch thread each for the suite's two processes (make test: pytest -n 2), two for one process.
+torch.set_num_threads(1 if os.environ.get("PYTEST_XDIST_WORKER") else 2)
 
 # `earl predict` and `earl score` keep rebuilt tables in a cache ($EARL_CACHE_DIR, else ~/.cache/earl): the tests use
 # one of their own, removed at the end, so that they neither answer from a developer's entries nor leave any behind.
