@@ -43,7 +43,25 @@ class FineTune:
 
     steps: int = 300
     seconds: float = 60.0
+    lr: float | None = None  # every table's rate; None: rates()
     losses: list[float] = field(default_factory=list)
+
+
+# A per-entity table's codebooks (RotatE's, an imported model's) train at this multiple of their rms: Adam moves a
+# value by about its rate a step whatever the value's size, and RotatE's entity values are ~0.5 at d22 but ~0.04 at
+# d182-d220. 300 steps after post-hoc codebooks at the recipe's 1e-2 took valid MRR from 0.3990 to 0.3315 on
+# CoDEx-S d220 pq:110 and from 0.2897 to 0.2721 on FB15k-237 d182 pq:91, and from 0.4610 to 0.4677 on WordNet-full
+# d22 pq:11. Of 1e-2, 3e-3, 1e-3 and 3e-4 the best were 3e-4 (0.4136), 3e-4 or 1e-3 (0.2967, 0.2963) and 1e-2, about
+# 0.01-0.02 x the rms each time; at 0.02 x the rms: 0.4114, 0.2964 and 0.4675 (bench/results/finetune_lr_*.md).
+# EARL's coded tables keep the recipe's rate (unmeasured).
+RELATIVE_LR = 0.02
+
+
+def rates(tables: PQTables, cfg: TrainConfig) -> dict[str, float]:
+    """The rate each coded table's codebooks fine-tune at: RELATIVE_LR x their rms for a per-entity table, the
+    recipe's (cfg.lr) for the others."""
+    return {name: RELATIVE_LR * float(np.sqrt(np.mean(np.square(books, dtype=np.float64)))) if name == "entities"
+            else cfg.lr for name, (_, books) in tables.items()}
 
 
 def fine_tune(run: Run, params: dict[str, np.ndarray], tables: PQTables, cfg: TrainConfig,
@@ -62,7 +80,8 @@ def fine_tune(run: Run, params: dict[str, np.ndarray], tables: PQTables, cfg: Tr
     for name, (codes, books) in tables.items():
         gathers[name] = Gather(codes, books, run.device)
         parametrize.register_parametrization(model, name, gathers[name], unsafe=True)
-    optimizer = torch.optim.Adam([g.codebooks for g in gathers.values()], lr=cfg.lr)
+    lr = rates(tables, cfg) if budget.lr is None else dict.fromkeys(tables, budget.lr)
+    optimizer = torch.optim.Adam([{"params": [g.codebooks], "lr": lr[name]} for name, g in gathers.items()])
     learner = Learner.build(run, optimizer, cfg, ranks=Ranks(), device=run.device)
     state, start = TrainState.start(cfg.seed, run.device), time.perf_counter()
     losses = LossReadout(read_every(run.device))  # the losses stay on the device until a read
@@ -85,4 +104,4 @@ def fine_tune(run: Run, params: dict[str, np.ndarray], tables: PQTables, cfg: Tr
     return out, budget
 
 
-__all__ = ["FineTune", "Gather", "fine_tune"]
+__all__ = ["RELATIVE_LR", "FineTune", "Gather", "fine_tune", "rates"]

@@ -26,7 +26,7 @@ from earl_service.device import reader as edge
 from earl_service.errors import BundleError
 from earl_service.model.graph import choose_reserved
 from earl_service.model.modules import build_model
-from earl_service.train.finetune import FineTune, Gather, fine_tune
+from earl_service.train.finetune import RELATIVE_LR, FineTune, Gather, fine_tune, rates
 from earl_service.train.loop import BUNDLE, train
 from earl_service.train.loss import loss_fn
 from earl_service.train.run import load_run
@@ -168,6 +168,34 @@ def test_fine_tuning_lowers_the_loss_and_moves_only_centroids(rotate_run):
     assert not np.array_equal(tuned["entities"][1], tables["entities"][1])
     np.testing.assert_array_equal(run.model.entities.detach().numpy(), decode_table(*tuned["entities"]))
     assert all(p.requires_grad for p in run.model.parameters())  # the run is left trainable as it was
+
+
+def test_a_tables_codebooks_fine_tune_at_a_rate_relative_to_their_size(rotate_run, monkeypatch):
+    """Adam moves a value by about its rate a step: a per-entity table's codebooks train at RELATIVE_LR x their
+    rms (a table 10x smaller, a rate 10x lower); EARL's tables keep the recipe's rate, and FineTune.lr sets every
+    table's. The optimizer fine_tune builds gets those rates."""
+    out, ds = rotate_run
+    bundle = load_bundle(out / BUNDLE)
+    tables = ProductQuantized(4).encode_tables(bundle.config, bundle.params)
+    codes, books = tables["entities"]
+    rms = float(np.sqrt(np.mean(np.square(books.astype(np.float64)))))
+    assert rates(tables, TRAIN) == {"entities": pytest.approx(RELATIVE_LR * rms)}
+    small = {"entities": (codes, (books.astype(np.float32) / 10).astype(np.float16))}
+    assert rates(small, TRAIN)["entities"] == pytest.approx(RELATIVE_LR * rms / 10, rel=1e-3)
+    assert rates({"reserved_embeddings": (codes, books)}, TRAIN) == {"reserved_embeddings": TRAIN.lr}
+
+    built, real = [], torch.optim.Adam
+
+    def spy(groups, **kwargs):
+        optimizer = real(groups, **kwargs)
+        built.append([g["lr"] for g in optimizer.param_groups])
+        return optimizer
+
+    monkeypatch.setattr(torch.optim, "Adam", spy)
+    run = load_run(out, ds, device="cpu")
+    fine_tune(run, bundle.params, small, TRAIN, FineTune(steps=2, seconds=600))
+    fine_tune(run, bundle.params, small, TRAIN, FineTune(steps=2, seconds=600, lr=0.5))
+    assert built == [[pytest.approx(RELATIVE_LR * rms / 10, rel=1e-3)], [0.5]]
 
 
 def test_pq_precision_spelling():
