@@ -20,8 +20,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import torch
-from harness import REPO, add_datasets_argument, dataset_folder, md_table, write_results
-from pq_layout import Coder, trained_run
+from harness import dataset_folder, md_table, write_results
+from pq_layout import Coder, run_arguments, trained_run
 
 from earl_service.bundle.codebooks import decode_table, encode_table
 from earl_service.bundle.precision import ProductQuantized
@@ -33,17 +33,10 @@ from earl_service.train import finetune
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("dataset")
-    parser.add_argument("--dim", type=int, default=22)
-    parser.add_argument("--minutes", type=float, default=8.0, help="training minutes of the run")
+    run_arguments(parser)
     parser.add_argument("--codes", type=int, default=11, help="pq:M")
     parser.add_argument("--scales", default="1,0.3,0.1,0.03", help="multiples of the recipe's rate to try")
     parser.add_argument("--steps", type=int, default=300, help="fine-tuning steps (compress's FINE_TUNE_STEPS)")
-    parser.add_argument("--limit", type=int, default=2000, help="valid triples ranked (a fixed random subset; 0: all)")
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--runs", type=Path, default=REPO / "bench" / "runs" / "pq_layout")
-    parser.add_argument("--run", type=Path, default=None, help="a trained RotatE run folder to use instead")
-    add_datasets_argument(parser)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     run_dir = trained_run(args)

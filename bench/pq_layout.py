@@ -41,6 +41,18 @@ def pairs_order(width: int) -> np.ndarray:
     return np.stack([np.arange(dim), np.arange(dim) + dim], 1).reshape(-1)
 
 
+def run_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options naming the trained run to code and how to validate it (this benchmark's and finetune_lr's)."""
+    parser.add_argument("dataset")
+    parser.add_argument("--dim", type=int, default=22)
+    parser.add_argument("--minutes", type=float, default=8.0, help="training minutes of the run")
+    parser.add_argument("--limit", type=int, default=2000, help="valid triples ranked (a fixed random subset; 0: all)")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--runs", type=Path, default=REPO / "bench" / "runs" / "pq_layout")
+    parser.add_argument("--run", type=Path, default=None, help="a trained RotatE run folder to use instead")
+    add_datasets_argument(parser)
+
+
 def trained_run(args: argparse.Namespace) -> Path:
     """The run to code: --run, else one trained here (once; a rerun reuses it)."""
     run_dir = args.run or args.runs / f"{args.dataset}_d{args.dim}_{args.minutes:g}min"
@@ -105,16 +117,9 @@ class Coder:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("dataset")
-    parser.add_argument("--dim", type=int, default=22)
-    parser.add_argument("--minutes", type=float, default=8.0, help="training minutes of the run")
+    run_arguments(parser)
     parser.add_argument("--codes", default="11", help="pq:M code counts, comma-separated")
     parser.add_argument("--fine-tune", default="300,1000", help="codebook fine-tuning steps to try (comma-separated)")
-    parser.add_argument("--limit", type=int, default=2000, help="valid triples ranked (a fixed random subset; 0: all)")
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--runs", type=Path, default=REPO / "bench" / "runs" / "pq_layout")
-    parser.add_argument("--run", type=Path, default=None, help="a trained RotatE run folder to use instead")
-    add_datasets_argument(parser)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     import faiss
