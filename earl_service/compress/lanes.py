@@ -6,7 +6,7 @@ than separate processes do. So a rung before the last runs its slices in N lanes
 needs), each holding the dataset and its graphs once for the whole search, a CPU's threads split among them (a
 GPU's card shared). A lane runs rungs.run_slice on a copy of the search's state and hands back the candidate's
 result, its counters and the seconds it charged to each phase; the search merges them and saves, as it does after
-a slice of its own. The first look (probe.py) and the last rung (one candidate) run in the search's process.
+a slice of its own. The looks (probe.py) and the last rung (one candidate) run in the search's process.
 """
 
 from __future__ import annotations

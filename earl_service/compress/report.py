@@ -49,7 +49,8 @@ def build_report(run: CompressRun, rows: list[dict[str, Any]], pick: dict[str, A
                    "scores": {n: v.score for n, v in r.results.items()},
                    "revalidated": {n: {k: e[k] for k in ("precision", "valid_subset", key, "standard_error")}
                                    for n, e in r.revalidated.items()},
-                   "probes": {n: {k: e[k] for k in ("steps", "train_seconds", "valid_subset", key, "standard_error")}
+                   "probes": {n: {"look": e.get("look", 1), **{k: e[k] for k in ("steps", "train_seconds",
+                                                                             "valid_subset", key, "standard_error")}}
                               for n, e in r.probes.items()},
                    "cut": list(r.cut)} for r in state.rungs],
         "exports": rows,
@@ -109,7 +110,7 @@ def markdown(report: dict[str, Any]) -> str:
         budget = rung["budget_seconds"]
         lines.append(f"| {rung['index']} | {len(rung['survivors'])} | {budget:.0f} | {scores} |" if budget is not None
                      else f"| {rung['index']} | {len(rung['survivors'])} |  | {scores} |")
-    lines += _first_look(report)
+    lines += _looks(report)
     lines += _revalidated(report)
     lines += _seconds_table(report.get("seconds") or {}, report["time_limit_minutes"] * 60,
                             report.get("peak_rss_mb_by_phase") or {}, report.get("lane_seconds") or 0.0)
@@ -121,22 +122,25 @@ def markdown(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _first_look(report: dict[str, Any]) -> list[str]:
-    """A sentence per rung whose first look (probe.py) validated the baseline and the challengers that learn sooner
-    after the same seconds of training: their scores, and whom it cut."""
+def _looks(report: dict[str, Any]) -> list[str]:
+    """A sentence per rung whose looks (probe.py) validated the reference and the challengers that learn sooner
+    after the same seconds of training: how many looks, the last one's scores, and whom they cut."""
     key, lines = report["metric_key"], []
     for rung in report["rungs"]:
         if not (looks := rung.get("probes")):
             continue
+        ref = next(iter(looks))  # the reference looks first
         scores = ", ".join(f"{n} {e[key]:.4f} (standard error {e['standard_error'][key]:.4f}) after {e['steps']} steps"
                            for n, e in sorted(looks.items(), key=lambda kv: -kv[1][key]))
         sample = {e["valid_subset"] for e in looks.values()}.pop()
         cut = rung.get("cut") or []
-        verdict = (f"cut {', '.join(cut)}, which the baseline beat by two standard errors" if cut
-                   else "cut none: no challenger trailed the baseline by two standard errors")
+        verdict = (f"cut {', '.join(cut)}, which {ref} beat by two standard errors" if cut
+                   else f"cut none: no challenger trailed {ref} by two standard errors")
         seconds = max(e["train_seconds"] for e in looks.values())
-        lines += ["", f"Rung {rung['index']}'s first look, after about {seconds:.0f} s of training each, on "
-                  f"{f'{sample:,} valid triples' if sample else 'the whole split'}: {scores}; it {verdict}."]
+        count = max(e.get("look", 1) for e in looks.values())
+        taken, they = ("1 look", "it") if count == 1 else (f"{count} looks, the last", "they")
+        lines += ["", f"Rung {rung['index']}'s {taken} at about {seconds:.0f} s of training each (all rungs so far), "
+                  f"on {f'{sample:,} valid triples' if sample else 'the whole split'}: {scores}; {they} {verdict}."]
     return lines
 
 

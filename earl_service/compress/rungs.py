@@ -141,7 +141,7 @@ def run_slice(run: CompressRun, rung: Rung, name: str, limit: int, share: float 
     assert rung.slice_seconds is not None
     seconds = slice_training(run, name, rung.slice_seconds if share is None else share, limit)
     trained_in_slice, schedule = seconds, None
-    if look := rung.probes.get(name):  # the rest of the slice its first look (probe.py) started
+    if look := rung.probes.get(name):  # the rest of the slice its looks (probe.py) started
         schedule = (look["schedule_start"], look["schedule_seconds"])
         trained_in_slice, seconds = schedule[1], max(sum(schedule) - run.candidate(name).train_seconds, 0.0)
     elif rung.index == run.state.rung_count - 1:

@@ -13,7 +13,7 @@ from earl_service.bundle.format import read_safetensors
 from earl_service.bundle.sizes import save_exact
 from earl_service.compress.candidates import baseline_name, plan
 from earl_service.compress.config import METRICS, CompressConfig
-from earl_service.compress.probe import first_look
+from earl_service.compress.probe import looks
 from earl_service.compress.report import build_report, write_report
 from earl_service.compress.rungs import (
     early_fraction,
@@ -120,7 +120,7 @@ def search(run: CompressRun) -> bool:
         state.rungs.append(Rung(index=0, survivors=[c.name for c in state.candidates]))
     while not state.done:
         open_rung(run, state.rungs[-1])
-        if not first_look(run, state.rungs[-1]) or not run_rung(run):
+        if not looks(run, state.rungs[-1]) or not run_rung(run):
             run.save()
             return False
         next_rung(run)
@@ -129,7 +129,7 @@ def search(run: CompressRun) -> bool:
 
 def next_rung(run: CompressRun) -> None:
     """Keep the best 1/eta by score (each model's best and the baseline too), or mark the search done after the
-    last rung. Those the first look cut (probe.py) are out; one candidate left, or kept, goes straight to the last
+    last rung. Those a look cut (probe.py) are out; one candidate left, or kept, goes straight to the last
     rung."""
     state = run.state
     rung = state.rungs[-1]
@@ -281,7 +281,8 @@ def finish(run: CompressRun) -> dict[str, Any]:
 
 def exports_table(run: CompressRun) -> list[dict[str, Any]]:
     """One row per candidate and precision: its latest evaluation (from the last rung it reached)."""
-    latest = {name: (rung.index, result) for rung in run.state.rungs for name, result in rung.results.items()}
+    latest = {name: (rung.index, result) for rung in run.state.rungs for name, result in rung.results.items()
+              if result.exports}  # a look's cut (probe.py) leaves a score and no exports: the rung before's stand
     rows = []
     for name, (index, result) in latest.items():
         candidate = run.candidate(name)

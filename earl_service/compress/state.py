@@ -176,8 +176,9 @@ class Rung:
     # The cut after it, when inconclusive on its subset: the contenders' best exports validated again on the last
     # rung's sample (search.decisive), by candidate.
     revalidated: dict[str, Export] = field(default_factory=dict)
-    # Rung 0's first look (probe.py), by candidate: the baseline and each challenger that learns sooner than it,
-    # validated after the same seconds of their slices; `cut`: the challengers it stopped there.
+    # The rung's looks (probe.py), by candidate, the latest of each ("look": its number): the reference and each
+    # challenger that learns sooner than it, validated after the same seconds of their slices; `cut`: the
+    # challengers a look stopped.
     probes: dict[str, Export] = field(default_factory=dict)
     cut: list[str] = field(default_factory=list)
 

@@ -1,5 +1,5 @@
-"""Rung 0's first look (compress/probe.py): a challenger that learns sooner than the baseline's model and trails the
-baseline by two standard errors after the same seconds stops there; nothing else changes."""
+"""A rung's looks (compress/probe.py): a challenger that learns sooner than the reference's model and trails the
+reference by two standard errors after the same seconds stops at that look; nothing else changes."""
 
 from __future__ import annotations
 
@@ -41,7 +41,7 @@ def _look(mrr: float, se: float = 0.01, steps: int = 100) -> dict:
             "steps": steps, "train_seconds": 25.0, "schedule_start": 0.0, "schedule_seconds": 90.0}
 
 
-def test_the_look_is_for_sooner_learners_beside_a_baseline_at_rung_0(tmp_path):
+def test_the_look_is_for_sooner_learners_beside_a_later_learner(tmp_path):
     job = _job(tmp_path, [_candidate("rotate-d30"), _candidate("rotate-d60", ("pq:15",)), _candidate("earl-d40"),
                           _candidate("earl-d60", step=1.6), _candidate("earl-d80", step=10.0)])
     rung = job.state.rungs[0]
@@ -54,14 +54,31 @@ def test_the_look_is_for_sooner_learners_beside_a_baseline_at_rung_0(tmp_path):
     job.candidate("earl-d80").step_seconds = 10.0
     job.candidate("earl-d60").step_seconds = 0.2
     assert probe_module.look_seconds(job, rung) == pytest.approx(25.0)  # a quarter of the slice at least
+    assert probe_module.look_points(job, rung) == pytest.approx([25.0, 50.0, 75.0])
+    job.candidate("earl-d60").step_seconds = 2.4  # 60 s for its 25 steps: the first look then, the last at 75 s
+    assert probe_module.look_points(job, rung) == pytest.approx([60.0, 75.0])
+    job.candidate("earl-d60").step_seconds = 0.2
     rung.index = 1
-    assert probe_module.probed(job, rung) == []  # a later rung ranks on its own
-    assert probe_module.first_look(job, rung) and rung.probes == {}  # a later rung
+    assert probe_module.probed(job, rung) == []  # the last rung ranks on its own
+    assert probe_module.looks(job, rung) and rung.probes == {}
     rung.index = 0
     rung.results["rotate-d30"] = RungResult(exports={}, train_seconds=1.0, steps=1, score=0.1)
-    assert probe_module.first_look(job, rung) and rung.probes == {}  # begun by a version without looks
-    earl_only = _job(tmp_path, [_candidate("earl-d40"), _candidate("earl-d20"), _candidate("rotate-d60", ("pq:15",))])
-    assert probe_module.probed(earl_only, earl_only.state.rungs[0]) == []  # RotatE learns later: no evidence
+    assert probe_module.looks(job, rung) and rung.probes == {}  # begun by a version without looks
+    # No RotatE int8 fits, so EARL d40 int8 is the search's baseline: RotatE's own (the widest at pq's default code
+    # size, 4 numbers a byte: pq:30 at d60) is the reference, and the EARL candidates are its challengers.
+    earl_base = _job(tmp_path, [_candidate("earl-d40"), _candidate("earl-d20"), _candidate("rotate-d60", ("pq:30",)),
+                                _candidate("rotate-d120", ("pq:15",)), _candidate("rotate-d30", ("pq:8",))],
+                     rung_count=3)
+    assert search_module.baseline_name(earl_base.state.candidates) == "earl-d40"
+    assert probe_module.probed(earl_base, earl_base.state.rungs[0]) == ["rotate-d60", "earl-d40", "earl-d20"]
+    # At a later rung (not the last) the reference is the best RotatE of the rung before.
+    earl_base.state.rungs[0].results = {n: RungResult(exports={}, train_seconds=1.0, steps=1, score=s) for n, s in
+                                        [("rotate-d60", 0.1), ("rotate-d30", 0.2), ("earl-d40", 0.3)]}
+    later = Rung(index=1, survivors=["earl-d40", "rotate-d60", "rotate-d30"], slice_seconds=100.0)
+    earl_base.state.rungs.append(later)
+    assert probe_module.probed(earl_base, later) == ["rotate-d30", "earl-d40"]
+    earl_only = _job(tmp_path, [_candidate("earl-d40"), _candidate("earl-d20")])
+    assert probe_module.probed(earl_only, earl_only.state.rungs[0]) == []  # no later learner: no evidence
 
 
 @pytest.mark.parametrize(("challenger", "cut"), [
@@ -71,10 +88,10 @@ def test_the_look_is_for_sooner_learners_beside_a_baseline_at_rung_0(tmp_path):
 ])
 def test_the_baseline_cuts_a_challenger_only_on_evidence(tmp_path, monkeypatch, challenger, cut):
     looks = {"rotate-d30": _look(0.30), "earl-d40": challenger}
-    monkeypatch.setattr(probe_module, "probe", lambda run, rung, name: looks[name])
+    monkeypatch.setattr(probe_module, "probe", lambda run, rung, name, *_: looks[name])
     job = _job(tmp_path, [_candidate("rotate-d30"), _candidate("earl-d40")], rung_count=3)
     rung = job.state.rungs[0]
-    assert probe_module.first_look(job, rung)
+    assert probe_module.looks(job, rung)
     assert rung.cut == (["earl-d40"] if cut else [])
     if not cut:
         assert rung.results == {}  # both go on to train the rest of their slices
@@ -85,9 +102,37 @@ def test_the_baseline_cuts_a_challenger_only_on_evidence(tmp_path, monkeypatch, 
     assert job.state.rung_count == 2  # so the next rung is the last: the baseline trains on the rest of the time
     assert job.state.rungs[-1].survivors == ["rotate-d30"] and job.state.rungs[-1].index == 1
     text = markdown(_report(job))
-    assert ("Rung 0's first look, after about 25 s of training each, on 500 valid triples: rotate-d30 0.3000 "
-            "(standard error 0.0100) after 100 steps, earl-d40 0.1000") in text
-    assert "it cut earl-d40, which the baseline beat by two standard errors" in text
+    assert ("Rung 0's 1 look at about 25 s of training each (all rungs so far), on 500 valid triples: rotate-d30 "
+            "0.3000 (standard error 0.0100) after 100 steps, earl-d40 0.1000") in text
+    assert "it cut earl-d40, which rotate-d30 beat by two standard errors" in text
+
+
+def test_a_challenger_within_the_noise_is_looked_at_again_and_cut_when_it_falls_behind(tmp_path, monkeypatch):
+    """At rung 1 of 3: the first look (a quarter of the slice) cannot tell the two apart, the second (half) can;
+    no third look is taken, and a restart takes none again."""
+    scores = {"rotate-d30": [0.05, 0.20, 0.30], "earl-d40": [0.04, 0.08, 0.10]}
+    calls: list[tuple[str, float]] = []
+
+    def probe(run, rung, name, point, count):
+        calls.append((name, point))
+        return _look(scores[name][sum(n == name for n, _ in calls) - 1])
+
+    monkeypatch.setattr(probe_module, "probe", probe)
+    job = _job(tmp_path, [_candidate("rotate-d30"), _candidate("earl-d40"), _candidate("rotate-d15")], rung_count=3)
+    job.state.rungs[0].results = {n: RungResult(exports={"int8": {"mrr": 0.01}}, train_seconds=100.0, steps=500,
+                                                score=0.01) for n in ("rotate-d30", "earl-d40")}
+    rung = Rung(index=1, survivors=["rotate-d30", "earl-d40"], slice_seconds=200.0)
+    job.state.rungs.append(rung)
+    assert probe_module.looks(job, rung)
+    assert calls == [("rotate-d30", 50.0), ("earl-d40", 50.0), ("rotate-d30", 100.0), ("earl-d40", 100.0)]
+    assert rung.cut == ["earl-d40"] and rung.probes["earl-d40"]["look"] == 2
+    assert rung.results["rotate-d30"].score == 0.20  # left alone: the rest of its slice is the last rung's
+    assert probe_module.looks(job, rung) and len(calls) == 4
+    search_module.next_rung(job)
+    assert job.state.rung_count == 3 and job.state.rungs[-1].survivors == ["rotate-d30"]
+    # the report's table keeps the rung-0 exports: the rung-1 results are a look's score alone
+    assert [(r["candidate"], r["rung"]) for r in search_module.exports_table(job)] == [("rotate-d30", 0),
+                                                                                        ("earl-d40", 0)]
 
 
 def _report(job: CompressRun) -> dict:
@@ -104,8 +149,8 @@ def _report(job: CompressRun) -> dict:
 
 def test_a_real_search_looks_once_and_continues_each_schedule(tmp_path, monkeypatch):
     """On a tiny graph: the baseline and the EARL challenger are looked at after the same seconds, a job stopped
-    after the first look does not look again, and a candidate the look kept trains the rest of its slice on the
-    schedule its look started (train_slice's schedule)."""
+    after the first look does not take it again, and a candidate the looks kept trains the rest of its slice on the
+    schedule its first look started (train_slice's schedule)."""
     monkeypatch.setattr(candidates_module, "MIN_FIRST_STEPS", 0)
     monkeypatch.setattr(probe_module, "PROBE_STEPS", 0)
     monkeypatch.setattr(probe_module, "cut", lambda run, rung, base, challengers: run.save())  # nobody is cut
@@ -115,9 +160,9 @@ def test_a_real_search_looks_once_and_continues_each_schedule(tmp_path, monkeypa
     looked, schedules = [], []
     real_probe, real_train_slice = probe_module.probe, rungs_module.train_slice
 
-    def probe(run, rung, name):
-        looked.append(name)
-        return real_probe(run, rung, name)
+    def probe(run, rung, name, point, count=1):
+        looked.append((rung.index, name))
+        return real_probe(run, rung, name, point, count)
 
     def train_slice(run, name, seconds, schedule=None):
         schedules.append((name, schedule))
@@ -134,11 +179,13 @@ def test_a_real_search_looks_once_and_continues_each_schedule(tmp_path, monkeypa
                     should_stop=lambda: stop["now"]) is None
     state = json.loads((tmp_path / STATE).read_text())
     base = search_module.baseline_name([Candidate.from_json(c) for c in state["candidates"]])
-    assert looked == [base] and list(state["rungs"][0]["probes"]) == [base]
+    assert looked == [(0, base)] and list(state["rungs"][0]["probes"]) == [base]
     report = compress(dataset, tmp_path, config, train_configs=TINY)
     assert report is not None
     looks = report["rungs"][0]["probes"]
-    assert looked[0] == base and looked.count(base) == 1 and len(looks) >= 2
+    assert looked[0] == (0, base) and len(looks) >= 2
+    for name, look in looks.items():  # each look of rung 0 taken once, the stopped job's first included
+        assert looked.count((0, name)) == look["look"]
     assert all(json.loads((tmp_path / STATE).read_text())["rungs"][0]["probes"][n]["schedule_seconds"] > 0
                for n in looks)
     saved = json.loads((tmp_path / STATE).read_text())["rungs"][0]["probes"]
