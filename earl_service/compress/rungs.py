@@ -36,6 +36,12 @@ log = logging.getLogger(__name__)
 # Codebook fine-tuning of a candidate's pq exports: this share of its training slice on top (charged in every
 # slice as slice_training plans it), and at most this many steps per export.
 FINE_TUNE_SHARE, FINE_TUNE_STEPS = 0.25, 300
+# A candidate whose fine-tuning was never timed is charged this many of its training steps (its step estimated
+# before the search) per fine-tuning step. Timed ones took 0.7-1.8 training steps each (bench/results/compress_*_
+# report.json). Charging a share instead left the last rung of WordNet-full-noinv's 2 MB search in 30 minutes,
+# whose RotatE d22 a look had left alone before its first export, 316 s for fine-tuning that took 35 s: the
+# search ended 303 s before its limit (acd033b).
+UNTIMED_TUNE_STEPS = 2.0
 # Rungs before the last rank their candidates on one fixed random subset of at most this many valid triples (the
 # same for every candidate); the last rung, whose scores choose the pick, on the whole split. A full validation of
 # FB15k-237 (17,535 triples) takes 8-30 s on one core, so validating every export of a dozen candidates on it took
@@ -154,7 +160,9 @@ def run_slice(run: CompressRun, rung: Rung, name: str, limit: int, share: float 
     run.emit("train", name, seconds=seconds)
     if train_slice(run, name, seconds, schedule=schedule) is None:
         return None
-    tune_seconds = FINE_TUNE_SHARE * trained_in_slice if fine_tuned(run.candidate(name)) else 0.0
+    # What slice_training kept for the fine-tuning, no more: beyond it the last rung overruns the limit.
+    tune_seconds = (min(FINE_TUNE_SHARE * trained_in_slice, tuning_cap(run, name)) if fine_tuned(run.candidate(name))
+                    else 0.0)
     exports = evaluate_exports(run, name, tune_seconds=tune_seconds, limit=limit)
     tuned = sum(e.get("fine_tune_seconds", 0.0) for e in exports.values())
     candidate = run.candidate(name)
@@ -193,16 +201,21 @@ def slice_training(run: CompressRun, name: str, share: float, limit: int) -> flo
 
 
 def tuning_cap(run: CompressRun, name: str) -> float:
-    """The most seconds candidate `name`'s codebook fine-tuning can take in a slice: FINE_TUNE_STEPS per fine-tuned
-    export at the seconds per step its last rung measured (unbounded before its first). A long slice's share
-    outgrows it: the 1M-entity search's last slice (60 minutes, 8 MB) planned 25% of its training for
-    fine-tuning, the step cap used less, and the search ended 530 s before its limit."""
-    done = [rung.results[name] for rung in run.state.rungs if name in rung.results]
-    if not done:
-        return math.inf
-    rates = [e["fine_tune_seconds"] / e["fine_tune_steps"] for e in done[-1].exports.values()
-             if e.get("fine_tune_steps")]
-    return FINE_TUNE_STEPS * max(rates) * len(tuned_precisions(run.candidate(name))) if rates else math.inf
+    """The most seconds candidate `name`'s codebook fine-tuning takes in a slice: FINE_TUNE_STEPS per fine-tuned
+    export at the seconds per step last measured (at its latest rung that fine-tuned), else at UNTIMED_TUNE_STEPS
+    of its estimated training steps (unbounded without an estimate). A long slice's share outgrows it: the
+    1M-entity search's last slice (60 minutes, 8 MB) planned 25% of its training for fine-tuning, the step cap
+    used less, and the search ended 530 s before its limit."""
+    candidate = run.candidate(name)
+    exports = len(tuned_precisions(candidate))
+    for result in reversed([rung.results[name] for rung in run.state.rungs if name in rung.results]):
+        rates = [e["fine_tune_seconds"] / e["fine_tune_steps"] for e in result.exports.values()
+                 if e.get("fine_tune_steps")]
+        if rates:
+            return FINE_TUNE_STEPS * max(rates) * exports
+    if candidate.step_seconds > 0:
+        return FINE_TUNE_STEPS * UNTIMED_TUNE_STEPS * candidate.step_seconds * exports
+    return math.inf
 
 
 def final_limit(run: CompressRun, split: str = "valid") -> int:

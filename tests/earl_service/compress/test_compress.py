@@ -914,6 +914,23 @@ def test_a_long_slice_charges_fine_tuning_no_more_than_its_step_cap(tmp_path):
     assert rungs_module.tuning_cap(job, coded.name) == pytest.approx(cap)
     assert rungs_module.slice_training(job, coded.name, 1000.0, 0) == pytest.approx(980 - cap)
     assert rungs_module.slice_training(job, coded.name, 100.0, 0) == pytest.approx(80 / 1.25)  # a short slice
+    state.rungs[1].results[coded.name] = RungResult(exports={}, train_seconds=2.0, steps=2, score=0.2)  # a look's
+    state.rungs.append(Rung(index=2, survivors=[coded.name]))
+    assert rungs_module.tuning_cap(job, coded.name) == pytest.approx(cap)  # the rate of the rung that measured it
+
+
+def test_fine_tuning_never_timed_is_charged_at_the_estimated_step(tmp_path):
+    """A candidate with a step estimate and no fine-tuning timed yet (a look left it alone before its first
+    export) is charged UNTIMED_TUNE_STEPS of its steps per fine-tuning step, and its last slice fine-tunes no
+    longer than that: the rest of the slice trains."""
+    coded = candidate("rotate", 40, {"pq:20": 1, "pq:10": 1})
+    coded.step_seconds = 0.1
+    state = search_state([coded], rung_count=2, validation_seconds={"rotate": 10.0})
+    job = CompressRun(tiny_dataset(), tmp_path, CompressConfig(max_bytes=10**6, time_limit_minutes=10), TINY, state)
+    state.rungs.append(Rung(index=0, survivors=[coded.name]))
+    cap = rungs_module.FINE_TUNE_STEPS * rungs_module.UNTIMED_TUNE_STEPS * 0.1 * 2
+    assert rungs_module.tuning_cap(job, coded.name) == pytest.approx(cap)
+    assert rungs_module.slice_training(job, coded.name, 1600.0, 0) == pytest.approx(1580 - cap)
 
 
 def test_rungs_take_growing_shares_of_the_time():
