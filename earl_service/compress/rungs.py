@@ -36,11 +36,8 @@ log = logging.getLogger(__name__)
 # Codebook fine-tuning of a candidate's pq exports: this share of its training slice on top (charged in every
 # slice as slice_training plans it), and at most this many steps per export.
 FINE_TUNE_SHARE, FINE_TUNE_STEPS = 0.25, 300
-# A candidate whose fine-tuning was never timed is charged this many of its training steps (its step estimated
-# before the search) per fine-tuning step. Timed ones took 0.7-1.8 training steps each (bench/results/compress_*_
-# report.json). Charging a share instead left the last rung of WordNet-full-noinv's 2 MB search in 30 minutes,
-# whose RotatE d22 a look had left alone before its first export, 316 s for fine-tuning that took 35 s: the
-# search ended 303 s before its limit (acd033b).
+# Untimed fine-tuning's charge, in training steps per fine-tuning step (timed: 0.7-1.8; a 25% share kept 316 s for
+# 35 s at WordNet-full 2 MB's last rung, acd033b, and the search ended 303 s early).
 UNTIMED_TUNE_STEPS = 2.0
 # Rungs before the last rank their candidates on one fixed random subset of at most this many valid triples (the
 # same for every candidate); the last rung, whose scores choose the pick, on the whole split. A full validation of
@@ -160,9 +157,7 @@ def run_slice(run: CompressRun, rung: Rung, name: str, limit: int, share: float 
     run.emit("train", name, seconds=seconds)
     if train_slice(run, name, seconds, schedule=schedule) is None:
         return None
-    # What slice_training kept for the fine-tuning, no more: beyond it the last rung overruns the limit.
-    tune_seconds = (min(FINE_TUNE_SHARE * trained_in_slice, tuning_cap(run, name)) if fine_tuned(run.candidate(name))
-                    else 0.0)
+    tune_seconds = min(FINE_TUNE_SHARE * trained_in_slice, tuning_cap(run, name)) * fine_tuned(run.candidate(name))
     exports = evaluate_exports(run, name, tune_seconds=tune_seconds, limit=limit)
     tuned = sum(e.get("fine_tune_seconds", 0.0) for e in exports.values())
     candidate = run.candidate(name)
@@ -201,11 +196,8 @@ def slice_training(run: CompressRun, name: str, share: float, limit: int) -> flo
 
 
 def tuning_cap(run: CompressRun, name: str) -> float:
-    """The most seconds candidate `name`'s codebook fine-tuning takes in a slice: FINE_TUNE_STEPS per fine-tuned
-    export at the seconds per step last measured (at its latest rung that fine-tuned), else at UNTIMED_TUNE_STEPS
-    of its estimated training steps (unbounded without an estimate). A long slice's share outgrows it: the
-    1M-entity search's last slice (60 minutes, 8 MB) planned 25% of its training for fine-tuning, the step cap
-    used less, and the search ended 530 s before its limit."""
+    """The most seconds candidate `name`'s codebook fine-tuning takes in a slice: FINE_TUNE_STEPS per tuned export
+    at its latest timed rate, else at UNTIMED_TUNE_STEPS of its estimated steps (unbounded without an estimate)."""
     candidate = run.candidate(name)
     exports = len(tuned_precisions(candidate))
     for result in reversed([rung.results[name] for rung in run.state.rungs if name in rung.results]):
