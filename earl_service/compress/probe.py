@@ -102,17 +102,17 @@ def looks(run: CompressRun, rung: Rung) -> bool:
     names = [] if rung.results and not rung.probes else probed(run, rung)
     if not names:
         return True
-    ref = names[0]
-    for number, point in enumerate(look_points(run, rung), start=1):
+    ref, points = names[0], look_points(run, rung)
+    for number, point in enumerate(points, start=1):
         looking = [n for n in names if n not in rung.cut]
         if len(looking) < 2 or ref in rung.results:
             break
         for name in looking:
-            if rung.probes.get(name, {}).get("look", 1 if name in rung.probes else 0) >= number:
+            if name in rung.probes and rung.probes[name].get("look", 1) >= number:  # taken before a restart
                 continue
             if run.should_stop is not None and run.should_stop():
                 return False
-            look = probe(run, rung, name, point, len(look_points(run, rung)))
+            look = probe(run, rung, name, point, len(points))
             if look is None:
                 return False
             rung.probes[name] = {**look, "look": number}
