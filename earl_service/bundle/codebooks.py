@@ -31,24 +31,53 @@ CODABLE: dict[str, tuple[str, ...]] = {"rotate": ("entities",),
                                         **{kind: ("entities",) for kind in IMPORTED}}
 MANIFEST_KEY = "pq_manifest"
 TENSOR_PREFIX = "pq."
+# The order a coded table's numbers go to its codes in: "contiguous", each code s consecutive numbers of the row (for
+# RotatE's [re | im], s reals or s imaginary parts); "pairs", the row's complex coordinates (re_j, im_j) in turn, so
+# each code holds s / 2 whole complex numbers (s even). On WordNet-full's RotatE d22 at pq:11 post-hoc codes
+# validated 0.4742 paired against 0.4610 contiguous; on FB15k-237's d182 at pq:91 0.2884 against 0.2897
+# (bench/results/pq_layout_*.md): the better order depends on the table, so compress chooses it per export.
+ORDERS = ("contiguous", "pairs")
 
 
 @dataclass(frozen=True)
 class Layout:
-    """One coded table: rows x width floats as `codes` one-byte codes per row, codebooks (codes, 256, width/codes)."""
+    """One coded table: rows x width floats as `codes` one-byte codes per row, codebooks (codes, 256, width/codes),
+    the row's numbers taken in `order` (ORDERS)."""
 
     rows: int
     width: int
     codes: int
+    order: str = "contiguous"
 
     @property
     def sub(self) -> int:
         return self.width // self.codes
 
     @property
+    def columns(self) -> np.ndarray | None:
+        """The row's column each coded number is (order_columns)."""
+        return order_columns(self.width, self.order)
+
+    @property
     def nbytes(self) -> int:
         """Codes plus fp16 codebooks."""
         return self.rows * self.codes + self.codes * CENTROIDS * self.sub * 2
+
+
+def order_columns(width: int, order: str) -> np.ndarray | None:
+    """For `order`, the column of a [re | im] row of `width` numbers that each coded number is, in code order
+    (None: contiguous, the row's own order): "pairs" takes [re_0, im_0, re_1, im_1, ...]."""
+    if order == "contiguous":
+        return None
+    if order != "pairs" or width % 2:
+        raise ValueError(f"pq order {order!r} is not one of {ORDERS} for rows of {width} numbers")
+    half = width // 2
+    return np.stack([np.arange(half), np.arange(half) + half], 1).reshape(-1)
+
+
+def pairable(width: int, codes: int) -> bool:
+    """Whether rows of `width` numbers in `codes` codes can be coded in "pairs" order: whole complex numbers a code."""
+    return width % 2 == 0 and width % codes == 0 and (width // codes) % 2 == 0
 
 
 def codes_for(dim: int, numbers_per_code: int) -> int | None:
@@ -83,17 +112,21 @@ def zero_tables(layouts: dict[str, Layout]) -> dict[str, tuple[np.ndarray, np.nd
 
 
 def with_tables(tensors: dict[str, np.ndarray], metadata: dict[str, str],
-                tables: dict[str, tuple[np.ndarray, np.ndarray]]) -> tuple[dict[str, np.ndarray], dict[str, str]]:
+                tables: dict[str, tuple[np.ndarray, np.ndarray]], orders: dict[str, str] | None = None,
+                ) -> tuple[dict[str, np.ndarray], dict[str, str]]:
     """A bundle's tensors with each coded table's `param.NAME` (and its int8 scale) replaced by its codes
-    (rows, M) uint8 and codebooks (M, 256, width/M) fp16; the layout goes in the metadata."""
-    out = dict(tensors)
-    manifest = {}
+    (rows, M) uint8 and codebooks (M, 256, width/M) fp16; the layout goes in the metadata: [rows, width, M], and
+    the table's order (`orders`, ORDERS) where it is not contiguous."""
+    out, orders = dict(tensors), orders or {}
+    manifest: dict[str, list[int | str]] = {}
     for name, (codes, books) in sorted(tables.items()):
         out.pop(f"param.{name}", None)
         out.pop(f"param.{name}.scale", None)
         out[f"{TENSOR_PREFIX}{name}.codes"] = np.ascontiguousarray(codes, dtype=np.uint8)
         out[f"{TENSOR_PREFIX}{name}.codebooks"] = np.ascontiguousarray(books, dtype=np.float16)
         manifest[name] = [int(codes.shape[0]), int(books.shape[0] * books.shape[2]), int(books.shape[0])]
+        if orders.get(name, "contiguous") != "contiguous":
+            manifest[name].append(orders[name])
     return out, {**metadata, MANIFEST_KEY: json.dumps(manifest)}
 
 
@@ -111,16 +144,26 @@ def read_layouts(meta: dict[str, str], tensors: dict[str, np.ndarray], precision
         raise BundleError(f"{source} has precision {precision} but no {MANIFEST_KEY}")
     try:
         declared = parse_json(meta[MANIFEST_KEY], "the pq manifest")
-        layouts = {str(name): Layout(*(_count(x) for x in value)) for name, value in declared.items()}
+        layouts = {str(name): _layout(value) for name, value in declared.items()}
     except (ValueError, TypeError) as exc:
         raise BundleError(f"{source}: its pq manifest is malformed ({exc}); it maps each coded table to "
-                          "[rows, width, codes]") from exc
+                          f"[rows, width, codes] or [rows, width, codes, order] with order one of {ORDERS}") from exc
     for name, lay in layouts.items():
         _check_layout(tensors, name, lay, source)
     expected = {f"{TENSOR_PREFIX}{n}.{part}" for n in layouts for part in ("codes", "codebooks")}
     if set(stray) != expected:
         raise BundleError(f"{source} holds pq tensors its manifest does not declare: {sorted(set(stray) - expected)}")
     return layouts
+
+
+def _layout(value: object) -> Layout:
+    if not isinstance(value, list) or len(value) not in (3, 4):
+        raise ValueError(f"{str(value)[:40]!r} is not [rows, width, codes(, order)]")
+    order = value[3] if len(value) == 4 else "contiguous"
+    if order not in ORDERS:
+        raise ValueError(f"order {str(order)[:20]!r} is not one of {ORDERS}")
+    rows, width, codes = (_count(x) for x in value[:3])
+    return Layout(rows, width, codes, str(order))
 
 
 def _count(value: object) -> int:
@@ -133,6 +176,9 @@ def _check_layout(tensors: dict[str, np.ndarray], name: str, lay: Layout, source
     if lay.codes < 1 or lay.width % lay.codes:
         raise BundleError(f"{source}: pq table {name!r} declares {lay.codes} codes for rows of {lay.width} floats; "
                           "the codes must divide the width")
+    if lay.order == "pairs" and not pairable(lay.width, lay.codes):
+        raise BundleError(f"{source}: pq table {name!r} declares pairs order for rows of {lay.width} floats in "
+                          f"{lay.codes} codes; pairs need an even number of floats a code")
     wanted = {"codes": (np.uint8, (lay.rows, lay.codes)), "codebooks": (np.float16, (lay.codes, CENTROIDS, lay.sub))}
     for part, (dtype, shape) in wanted.items():
         tensor = tensors.get(f"{TENSOR_PREFIX}{name}.{part}")
@@ -143,7 +189,8 @@ def _check_layout(tensors: dict[str, np.ndarray], name: str, lay: Layout, source
 
 
 def describe(layouts: dict[str, Layout]) -> str:
-    return "{" + ", ".join(f"{n}: {lay.rows}x{lay.width} in {lay.codes} codes" for n, lay in layouts.items()) + "}"
+    return "{" + ", ".join(f"{n}: {lay.rows}x{lay.width} in {lay.codes} codes"
+                           + ("" if lay.order == "contiguous" else f", {lay.order}") for n, lay in layouts.items()) + "}"
 
 
 def declared_shapes(layouts: dict[str, Layout]) -> dict[str, tuple[np.dtype, tuple[int, ...]]]:
@@ -151,16 +198,22 @@ def declared_shapes(layouts: dict[str, Layout]) -> dict[str, tuple[np.dtype, tup
     return {f"param.{name}": (np.dtype(np.float32), (lay.rows, lay.width)) for name, lay in layouts.items()}
 
 
-def decode_table(codes: np.ndarray, codebooks: np.ndarray) -> np.ndarray:
-    """(N, M) uint8 codes and (M, 256, s) codebooks -> (N, M * s) float32: row i, subspace j is codebooks[j, codes[i, j]]."""
+def decode_table(codes: np.ndarray, codebooks: np.ndarray, columns: np.ndarray | None = None) -> np.ndarray:
+    """(N, M) uint8 codes and (M, 256, s) codebooks -> (N, M * s) float32: row i, subspace j is codebooks[j, codes[i, j]],
+    its numbers put back in the row's columns `columns` (Layout.columns; None: in code order)."""
     m = codebooks.shape[0]
-    return codebooks[np.arange(m)[None, :], codes].astype(np.float32).reshape(len(codes), m * codebooks.shape[2])
+    rows = codebooks[np.arange(m)[None, :], codes].astype(np.float32).reshape(len(codes), m * codebooks.shape[2])
+    if columns is None:
+        return rows
+    out = np.empty_like(rows)
+    out[:, columns] = rows
+    return out
 
 
 def decode_tables(tensors: dict[str, np.ndarray], layouts: dict[str, Layout]) -> dict[str, np.ndarray]:
     """Every coded table decoded (its layout already checked against the tensors and the config)."""
-    return {name: decode_table(tensors[f"{TENSOR_PREFIX}{name}.codes"], tensors[f"{TENSOR_PREFIX}{name}.codebooks"])
-            for name in layouts}
+    return {name: decode_table(tensors[f"{TENSOR_PREFIX}{name}.codes"], tensors[f"{TENSOR_PREFIX}{name}.codebooks"],
+                               lay.columns) for name, lay in layouts.items()}
 
 
 PQTables = dict[str, tuple[np.ndarray, np.ndarray]]  # name -> (codes (N, M) uint8, codebooks (M, 256, w/M) fp16)
@@ -172,6 +225,13 @@ def stored_tables(tensors: dict[str, np.ndarray]) -> PQTables:
     names = {key[len(TENSOR_PREFIX):].rsplit(".", 1)[0] for key in tensors if key.startswith(TENSOR_PREFIX)}
     return {name: (tensors[f"{TENSOR_PREFIX}{name}.codes"], tensors[f"{TENSOR_PREFIX}{name}.codebooks"])
             for name in sorted(names)}
+
+
+def stored_orders(meta: dict[str, str]) -> dict[str, str]:
+    """Each coded table's order as a file's pq manifest declares it (read_layouts checks the manifest; this reads a
+    file the search wrote itself), contiguous where the manifest gives none."""
+    declared = json.loads(meta.get(MANIFEST_KEY, "{}"))
+    return {name: value[3] if len(value) == 4 else "contiguous" for name, value in declared.items()}
 
 
 CODE_BLOCK_BYTES = 64 << 20  # the most faiss's distance table may take while encode_table codes a block of rows
@@ -203,15 +263,18 @@ def training_rows(x: np.ndarray, weights: np.ndarray | None, seed: int) -> np.nd
 
 
 def encode_table(table: np.ndarray, codes: int, *, seed: int = 0, iterations: int = ITERATIONS,
-                 start: np.ndarray | None = None, weights: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """faiss ProductQuantizer over the rows of `table` (N, w), N >= 256: (codes (N, M) uint8, codebooks fp16).
+                 start: np.ndarray | None = None, weights: np.ndarray | None = None,
+                 order: str = "contiguous") -> tuple[np.ndarray, np.ndarray]:
+    """faiss ProductQuantizer over the rows of `table` (N, w), N >= 256, their numbers taken in `order` (ORDERS):
+    (codes (N, M) uint8, codebooks fp16).
     k-means runs `iterations` rounds per subspace on training_rows (all rows, or drawn by `weights`: row_weights),
     from `start` codebooks (M, 256, w/M) when given (a warm start from the same table's codebooks before its
     weights moved on) or from faiss's random rows. Every row is coded, against the fp16-rounded centroids, the
     ones the bundle stores."""
     import faiss
 
-    x = np.ascontiguousarray(table, dtype=np.float32)
+    columns = order_columns(table.shape[1], order)
+    x = np.ascontiguousarray(table if columns is None else table[:, columns], dtype=np.float32)
     pq = faiss.ProductQuantizer(x.shape[1], codes, 8)
     pq.cp.seed, pq.cp.niter = seed, iterations
     pq.cp.min_points_per_centroid = 1  # a few thousand rows are all a table has: no warning for each subspace
@@ -234,6 +297,7 @@ def encode_table(table: np.ndarray, codes: int, *, seed: int = 0, iterations: in
     return out, books
 
 
-__all__ = ["CENTROIDS", "CODABLE", "NUMBERS_PER_CODE", "Layout", "PQTables", "codable", "codes_for", "decode_table",
-           "decode_tables", "declared_shapes", "default_codes", "describe", "encode_table", "read_layouts",
-           "row_weights", "training_rows", "with_tables", "zero_tables"]
+__all__ = ["CENTROIDS", "CODABLE", "NUMBERS_PER_CODE", "ORDERS", "Layout", "PQTables", "codable", "codes_for",
+           "decode_table", "decode_tables", "declared_shapes", "default_codes", "describe", "encode_table",
+           "order_columns", "pairable", "read_layouts", "row_weights", "stored_orders", "training_rows", "with_tables",
+           "zero_tables"]

@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from earl_service.bundle.codebooks import declared_shapes, decode_table, decode_tables, read_layouts
+from earl_service.bundle.codebooks import Layout, declared_shapes, decode_table, decode_tables, read_layouts
 from earl_service.bundle.format import (
     CODINGS,
     BundleLimits,
@@ -64,8 +64,7 @@ def decode(meta: dict[str, str], tensors: dict[str, np.ndarray], *, source: str 
 
     keep_codes: a RotatE entity table stored as int8 rows or pq codes (an imported model's as pq codes) is left
     coded (in `stored` only, params without "entities"; decode_stored rebuilds the floats): a server scans the
-    codes, and a 1M x 128 table would take 512 MB as floats. Its values are checked on the codes (stored_extent):
-    the same refusals."""
+    codes, and a 1M x 128 table takes 512 MB as floats. Its values are checked on the codes (stored_extent)."""
     bundle = _parse(meta, tensors, source, limits)
     n, num_rel = len(bundle.entities), len(bundle.relations)
     triples, reserved = bundle.triples, bundle.reserved
@@ -85,7 +84,7 @@ def decode(meta: dict[str, str], tensors: dict[str, np.ndarray], *, source: str 
         cfg = bundle.config
         precision.check_plan(layouts, cfg.model, cfg.dim, expected_shapes(cfg, n, num_rel, len(reserved)), source)
     tensors = _unpacked(tensors, manifest)
-    coded = _stored_entities(bundle.config, tensors)
+    coded = _stored_entities(bundle.config, tensors, layouts)
     lazy = keep_codes and bool(coded)
     params = (_weights(tensors, precision, skip={"param.entities"} if lazy else set())
               | decode_tables(tensors, {name: lay for name, lay in layouts.items() if not (lazy and name == "entities")}))
@@ -256,14 +255,15 @@ def coded_entities(tensors: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     return {}
 
 
-def _stored_entities(config: ModelConfig, tensors: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+def _stored_entities(config: ModelConfig, tensors: dict[str, np.ndarray], layouts: dict[str, Layout]) -> dict:
     """A RotatE entity table as stored when it is coded, an imported model's when it is pq codes (its server scans
     them by its scorer's metric, serve/metric.MetricCodes; its int8 rows are decoded, for the float index of that
-    metric), copied out of the file's buffer (DecodedBundle.stored)."""
+    metric), copied out of the file's buffer (DecodedBundle.stored); pq codes in pairs order with their "columns"."""
     coded = coded_entities(tensors) if config.model == "rotate" or config.model in IMPORTED else {}
     if config.model in IMPORTED and "codes" not in coded:
         return {}
-    return {name: value.copy() for name, value in coded.items()}
+    columns = layouts["entities"].columns if "codes" in coded and "entities" in layouts else None
+    return {name: value.copy() for name, value in coded.items()} | ({} if columns is None else {"columns": columns})
 
 
 def _weights(tensors: dict[str, np.ndarray], precision: Precision, skip: set[str]) -> dict[str, np.ndarray]:
@@ -273,8 +273,8 @@ def _weights(tensors: dict[str, np.ndarray], precision: Precision, skip: set[str
 
 
 class StoredRows:
-    """A stored table read like a float32 (N, w) array, rows decoded only when asked for: pq codes and codebooks
-    ({"codes", "codebooks"}), int8 rows and their scales ({"values", "scale"}), or a float16 / float32 array. What
+    """A stored table read like a float32 (N, w) array, rows decoded only when asked for: pq codes ({"codes",
+    "codebooks"}, "columns" if paired), int8 rows and scales ({"values", "scale"}), or a float16 / float32 array. What
     core.scorers.filtered_ranks scores block by block, so that a coded table is never decoded whole."""
 
     def __init__(self, stored: dict[str, np.ndarray] | np.ndarray) -> None:
@@ -289,14 +289,14 @@ class StoredRows:
         if not isinstance(stored, dict):
             return np.asarray(stored[rows], dtype=np.float32)
         if "codes" in stored:
-            return decode_table(stored["codes"][rows], stored["codebooks"])
+            return decode_table(stored["codes"][rows], stored["codebooks"], stored.get("columns"))
         return stored["values"][rows].astype(np.float32) * stored["scale"][rows, None]
 
 
 def decode_stored(stored: dict[str, np.ndarray]) -> np.ndarray:
     """(N, 2d) float32: the entity table `stored` codes (DecodedBundle.stored), as decode would have decoded it."""
     if "codes" in stored:
-        return decode_table(stored["codes"], stored["codebooks"])
+        return decode_table(stored["codes"], stored["codebooks"], stored.get("columns"))
     return stored["values"].astype(np.float32) * stored["scale"][:, None]
 
 

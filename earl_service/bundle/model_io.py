@@ -118,10 +118,12 @@ class Bundle:
         return row_weights(self.config.model, self._cache.get("fit_triples", self.triples), len(self.entities))
 
     def to_tensors(self, precision: str | Precision | None = None, coding: str | None = None, *,
-                   pq_tables: PQTables | None = None) -> tuple[dict[str, np.ndarray], dict[str, str]]:
+                   pq_tables: PQTables | None = None, pq_orders: dict[str, str] | None = None,
+                   ) -> tuple[dict[str, np.ndarray], dict[str, str]]:
         """Tensors and metadata of the bundle file; coding (CODINGS) defaults to the precision's. A precision that
-        codes tables (pq) stores `pq_tables`, or codebooks faiss trains on the weights here when None (rows drawn by
-        their degree in the bundle's graph, where it has one: codebooks.row_weights)."""
+        codes tables (pq) stores `pq_tables` (each in its order of `pq_orders`, contiguous where not given), or
+        codebooks faiss trains on the weights here when None (rows drawn by their degree in the bundle's graph,
+        where it has one: codebooks.row_weights)."""
         chosen = Precision.parse(precision or self.precision).resolve(self.config.dim)
         if pq_tables is None and isinstance(chosen, ProductQuantized):
             pq_tables = chosen.encode_tables(self.config, self.params, weights=self.row_weights())
@@ -145,7 +147,7 @@ class Bundle:
             "triples": str(len(self.triples)),
             "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         }
-        tensors, metadata = chosen.with_tables(tensors, metadata, self.config, self.params, pq_tables)
+        tensors, metadata = chosen.with_tables(tensors, metadata, self.config, self.params, pq_tables, pq_orders)
         tensors, metadata = encode_weights(tensors, metadata, coding or chosen.coding)
         if self.config.model in IMPORTED:  # a reader before format 3 would call the model kind unknown
             metadata["format_version"] = str(IMPORTED_FORMAT_VERSION)
@@ -180,8 +182,8 @@ class Bundle:
         return {name: blob for name, blob in packed.items() if blob is not None}
 
     def save(self, path: str | os.PathLike, *, precision: str | Precision | None = None, coding: str | None = None,
-             pq_tables: PQTables | None = None) -> Path:
-        tensors, metadata = self.to_tensors(precision, coding, pq_tables=pq_tables)
+             pq_tables: PQTables | None = None, pq_orders: dict[str, str] | None = None) -> Path:
+        tensors, metadata = self.to_tensors(precision, coding, pq_tables=pq_tables, pq_orders=pq_orders)
         return write_safetensors(path, tensors, metadata)
 
     @property

@@ -9,7 +9,7 @@ codebooks, is imported only when a codebook is trained (bundle/codebooks.encode_
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
 import numpy as np
@@ -20,6 +20,10 @@ from earl_service.config import ModelConfig
 from earl_service.errors import BundleError
 
 _REGISTRY: dict[str, type[Precision]] = {}
+# The models whose pq tables may be coded in pairs order (codebooks.ORDERS): RotatE's entity table, served from its
+# codes (serve/tables.PQTable), and EARL's tables, decoded whole. An imported model's entity codes are scanned by its
+# scorer's metric in stored order (serve/metric.py), so its tables stay contiguous.
+PAIRED_MODELS = ("rotate", "earl")
 BLOCK_ROWS = 65_536  # rows int8 encodes at a time  # family name -> class, in registration order
 
 
@@ -124,7 +128,7 @@ class Precision(ABC):
 
     def with_tables(self, tensors: dict[str, np.ndarray], metadata: dict[str, str], config: ModelConfig,
                     params: dict[str, np.ndarray], tables: PQTables | None = None,
-                    ) -> tuple[dict[str, np.ndarray], dict[str, str]]:
+                    orders: dict[str, str] | None = None) -> tuple[dict[str, np.ndarray], dict[str, str]]:
         """The bundle's tensors and metadata with the tables this precision codes (none but for pq)."""
         return tensors, metadata
 
@@ -238,23 +242,27 @@ class ProductQuantized(Precision):
 
     def encode_tables(self, config: ModelConfig, params: dict[str, np.ndarray], *, seed: int = 0,
                       iterations: int = codebooks.ITERATIONS, start: PQTables | None = None,
-                      weights: dict[str, np.ndarray] | None = None) -> PQTables:
+                      weights: dict[str, np.ndarray] | None = None, orders: dict[str, str] | None = None,
+                      ) -> PQTables:
         """Post-hoc faiss codebooks for every table a bundle of these weights codes at this M: k-means for
         `iterations` rounds, warm from `start`'s codebooks for each table it holds at the same layout, on rows
-        drawn by `weights` (codebooks.row_weights) for each table it weighs."""
+        drawn by `weights` (codebooks.row_weights) for each table it weighs, each table's numbers in its order of
+        `orders` (contiguous where not given: codebooks.ORDERS)."""
         layouts = self.resolve(config.dim).plan(config.model, config.dim, _shapes(params))
-        start, weights = start or {}, weights or {}
+        start, weights, orders = start or {}, weights or {}, orders or {}
         return {name: codebooks.encode_table(params[name], lay.codes, seed=seed, iterations=iterations,
-                                             start=_fitting(start.get(name), lay), weights=weights.get(name))
+                                             start=_fitting(start.get(name), lay), weights=weights.get(name),
+                                             order=orders.get(name, "contiguous"))
                 for name, lay in layouts.items()}
 
     def with_tables(self, tensors: dict[str, np.ndarray], metadata: dict[str, str], config: ModelConfig,
                     params: dict[str, np.ndarray], tables: PQTables | None = None,
-                    ) -> tuple[dict[str, np.ndarray], dict[str, str]]:
-        """Codes and codebooks in place of each coded table: `tables`, or faiss trained here on `params`."""
+                    orders: dict[str, str] | None = None) -> tuple[dict[str, np.ndarray], dict[str, str]]:
+        """Codes and codebooks in place of each coded table: `tables` (in `orders`), or faiss trained here on
+        `params` (contiguous)."""
         if tables is None:
-            tables = self.encode_tables(config, params)
-        return codebooks.with_tables(tensors, metadata, tables)
+            tables, orders = self.encode_tables(config, params), None
+        return codebooks.with_tables(tensors, metadata, tables, orders)
 
     def check_plan(self, layouts: dict[str, Layout], model: str, dim: int, shapes: dict[str, tuple[int, ...]],
                    source: str) -> None:
@@ -263,16 +271,24 @@ class ProductQuantized(Precision):
         if (2 * dim) % self.codes:
             raise BundleError(f"{source}: precision {self} needs M dividing the row width 2 * dim = {2 * dim}")
         wanted = self.plan(model, dim, shapes)
-        if layouts != wanted:
+        if {n: replace(lay, order="contiguous") for n, lay in layouts.items()} != wanted:
             raise BundleError(f"{source}: its pq tables {codebooks.describe(layouts)} are not what {self} codes for "
                               f"{model} dim {dim}: {codebooks.describe(wanted)}")
+        paired = [n for n, lay in layouts.items() if lay.order != "contiguous"]
+        if paired and model not in PAIRED_MODELS:
+            raise BundleError(f"{source}: its pq tables {paired} are in pairs order, which a {model} bundle does not "
+                              f"take (only {', '.join(PAIRED_MODELS)})")
 
     @classmethod
-    def stored_values(cls, params: dict[str, np.ndarray], tables: PQTables) -> dict[str, np.ndarray]:
-        """The float32 weights a pq bundle of `params` decodes to: coded tables gathered, the rest through FALLBACK."""
-        fallback = cls.FALLBACK
-        return {name: codebooks.decode_table(*tables[name]) if name in tables
-                else fallback.decode(fallback.encode(name, value), name) for name, value in params.items()}
+    def stored_values(cls, params: dict[str, np.ndarray], tables: PQTables,
+                      orders: dict[str, str] | None = None) -> dict[str, np.ndarray]:
+        """The float32 weights a pq bundle of `params` decodes to: coded tables gathered (each in its order of
+        `orders`, contiguous where not given), the rest through FALLBACK."""
+        fallback, orders = cls.FALLBACK, orders or {}
+        return {name: codebooks.decode_table(*tables[name], codebooks.order_columns(value.shape[1],
+                                                                                      orders.get(name, "contiguous")))
+                if name in tables else fallback.decode(fallback.encode(name, value), name)
+                for name, value in params.items()}
 
 
 def _fitting(table: tuple[np.ndarray, np.ndarray] | None, layout: codebooks.Layout) -> np.ndarray | None:

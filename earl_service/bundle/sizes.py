@@ -40,10 +40,11 @@ def _header_bytes(text: str) -> int:
     return len(text) + text.count('"') + text.count("\\")
 
 
-def padded_metrics(metrics: dict[str, Any]) -> dict[str, Any]:
-    """`metrics` plus a run of spaces under PAD_KEY that makes its header field exactly METRICS_ROOM bytes
-    (Bundle.to_tensors writes json.dumps(metrics, default=str))."""
-    room = METRICS_ROOM - _header_bytes(json.dumps({**metrics, PAD_KEY: ""}, default=str))
+def padded_metrics(metrics: dict[str, Any], spare: int = 0) -> dict[str, Any]:
+    """`metrics` plus a run of spaces under PAD_KEY that makes its header field exactly METRICS_ROOM bytes, less
+    `spare` that another field takes beyond what the size model wrote (Bundle.to_tensors writes
+    json.dumps(metrics, default=str))."""
+    room = METRICS_ROOM - spare - _header_bytes(json.dumps({**metrics, PAD_KEY: ""}, default=str))
     if room < 0:
         raise BundleError(f"bundle metrics take {METRICS_ROOM - room} header bytes, more than the {METRICS_ROOM} "
                           "reserved for them")
@@ -51,10 +52,13 @@ def padded_metrics(metrics: dict[str, Any]) -> dict[str, Any]:
 
 
 def save_exact(bundle: Bundle, path: str | os.PathLike, *, precision: str | Precision, metrics: dict[str, Any],
-               expected: int, pq_tables: PQTables | None = None) -> Path:
-    """Write `bundle` at `precision` carrying `metrics`; the file must be `expected` bytes, as predicted."""
-    out = replace(bundle, metrics=padded_metrics(metrics)).save(path, precision=precision, coding=CODING,
-                                                                pq_tables=pq_tables)
+               expected: int, pq_tables: PQTables | None = None, pq_orders: dict[str, str] | None = None) -> Path:
+    """Write `bundle` at `precision` carrying `metrics`; the file must be `expected` bytes, as predicted. A table
+    coded in another order than contiguous (`pq_orders`) names it in the pq manifest; the metrics give up the
+    header bytes that takes, so the file keeps the size the size model predicts from contiguous tables."""
+    spare = sum(_header_bytes(", " + json.dumps(order)) for order in (pq_orders or {}).values() if order != "contiguous")
+    out = replace(bundle, metrics=padded_metrics(metrics, spare)).save(path, precision=precision, coding=CODING,
+                                                                       pq_tables=pq_tables, pq_orders=pq_orders)
     size = out.stat().st_size
     if size != expected:
         raise BundleError(f"{out} is {size} bytes, the size model predicted {expected}: the bundle format changed "

@@ -60,7 +60,9 @@ def modulus_table(query: np.ndarray, centroids: np.ndarray) -> np.ndarray:
 
 def query_table(query: np.ndarray, proxy: ProxyCodes) -> np.ndarray:
     """(M, 256) float32: what each code of `proxy` adds to its ADC sum for query (2d,) (ProxyCodes' two layouts)."""
-    return modulus_table(query, proxy.codebooks[0]) if proxy.pairs else lookup_table(query, proxy.codebooks)
+    if proxy.pairs:
+        return modulus_table(query, proxy.codebooks[0])
+    return lookup_table(query if proxy.columns is None else query[proxy.columns], proxy.codebooks)
 
 
 def proxy_ratio(proxy: ProxyCodes) -> float:

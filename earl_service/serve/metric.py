@@ -180,6 +180,8 @@ class MetricCodes:
         """(the query's table t (M, 256) >= 0, the constant its sums exceed the distance's scale by, the rounding
         bound): sum_m t[m, c_m] = distance + shift (squared distance for L2) of the row coded c."""
         m, _, sub = self.books.shape
+        if self.table.columns is not None:  # a table coded in another order: the query's numbers in that order
+            query = query[self.table.columns]
         q = np.ascontiguousarray(query, dtype=np.float32).reshape(m, 1, sub)
         if self.metric == "ip":
             table = -np.einsum("mcs,mis->mc", self.books, q)

@@ -10,7 +10,7 @@ import torch
 from torch import nn
 from torch.nn.utils import parametrize
 
-from earl_service.bundle.codebooks import PQTables
+from earl_service.bundle.codebooks import PQTables, order_columns
 from earl_service.bundle.precision import ProductQuantized
 from earl_service.config import TrainConfig
 from earl_service.train.distributed import Ranks
@@ -26,15 +26,22 @@ class Gather(nn.Module):
 
     codes: torch.Tensor
 
-    def __init__(self, codes: np.ndarray, codebooks: np.ndarray, device: torch.device | str = "cpu") -> None:
+    back: torch.Tensor | None
+
+    def __init__(self, codes: np.ndarray, codebooks: np.ndarray, device: torch.device | str = "cpu",
+                 columns: np.ndarray | None = None) -> None:
         super().__init__()
         self.register_buffer("codes", torch.from_numpy(codes.astype(np.int64)).to(device))  # (N, M)
         self.codebooks = nn.Parameter(torch.from_numpy(codebooks.astype(np.float32)).to(device))  # (M, 256, s)
+        # A table coded in another order (Layout.columns): where each of the row's columns is among the coded numbers.
+        back = None if columns is None else torch.from_numpy(np.argsort(columns)).to(device)
+        self.register_buffer("back", back)
 
     def forward(self, original: torch.Tensor | None = None) -> torch.Tensor:
         m = self.codebooks.shape[0]
         rows = self.codebooks[torch.arange(m, device=self.codes.device)[None, :], self.codes]  # (N, M, s)
-        return rows.reshape(len(self.codes), -1)  # (N, M * s)
+        rows = rows.reshape(len(self.codes), -1)  # (N, M * s), in code order
+        return rows if self.back is None else rows[:, self.back]
 
 
 @dataclass
@@ -65,20 +72,22 @@ def rates(tables: PQTables, cfg: TrainConfig) -> dict[str, float]:
 
 
 def fine_tune(run: Run, params: dict[str, np.ndarray], tables: PQTables, cfg: TrainConfig,
-              budget: FineTune | None = None) -> tuple[PQTables, FineTune]:
-    """Train the codebooks of `tables` (codes fixed) with the ordinary training step, for at most budget.steps
-    steps and budget.seconds; every other weight is frozen at its stored (ProductQuantized.FALLBACK) value.
-    run.model is left holding the weights the returned tables decode to."""
-    budget, model = budget or FineTune(), run.model
+              budget: FineTune | None = None, orders: dict[str, str] | None = None) -> tuple[PQTables, FineTune]:
+    """Train the codebooks of `tables` (codes fixed; each table in its order of `orders`, contiguous where not
+    given) with the ordinary training step, for at most budget.steps steps and budget.seconds; every other weight
+    is frozen at its stored (ProductQuantized.FALLBACK) value. run.model is left holding the weights the returned
+    tables decode to."""
+    budget, model, orders = budget or FineTune(), run.model, orders or {}
     cfg = table_config(model, cfg)  # as the table trained (read before the parametrization decodes it)
-    stored = ProductQuantized.stored_values(params, tables)
+    stored = ProductQuantized.stored_values(params, tables, orders)
     model.load_state_dict({k: torch.from_numpy(v) for k, v in stored.items()}, strict=False)
     frozen = {name: p.requires_grad for name, p in model.named_parameters()}
     for p in model.parameters():
         p.requires_grad_(False)
     gathers = {}
     for name, (codes, books) in tables.items():
-        gathers[name] = Gather(codes, books, run.device)
+        columns = order_columns(params[name].shape[1], orders.get(name, "contiguous"))
+        gathers[name] = Gather(codes, books, run.device, columns)
         parametrize.register_parametrization(model, name, gathers[name], unsafe=True)
     lr = rates(tables, cfg) if budget.lr is None else dict.fromkeys(tables, budget.lr)
     optimizer = torch.optim.Adam([{"params": [g.codebooks], "lr": lr[name]} for name, g in gathers.items()])
@@ -97,7 +106,7 @@ def fine_tune(run: Run, params: dict[str, np.ndarray], tables: PQTables, cfg: Tr
            for name, (codes, _) in tables.items()}
     for name in tables:
         parametrize.remove_parametrizations(model, name, leave_parametrized=False)
-    stored = ProductQuantized.stored_values(params, out)
+    stored = ProductQuantized.stored_values(params, out, orders)
     model.load_state_dict({k: torch.from_numpy(v) for k, v in stored.items()}, strict=False)
     for name, p in model.named_parameters():
         p.requires_grad_(frozen.get(name, True))
