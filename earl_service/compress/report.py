@@ -81,7 +81,7 @@ def markdown(report: dict[str, Any]) -> str:
     runner = max(rivals, key=lambda r: r[key], default=None)
     lines = [
         "# Compress report", "",
-        f"**Pick: {pick['candidate']} at {pick['precision']}**, {pick['bytes']:,} bytes of a {report['max_bytes']:,}-byte "
+        f"**Pick: {pick['candidate']} at {_spelled(pick)}**, {pick['bytes']:,} bytes of a {report['max_bytes']:,}-byte "
         f"budget; valid {report['metric']} {pick[key]:.4f}" + (f", test MRR {test['mrr']:.4f}" if test else "")
         + (f" (on {test['test_subset']:,} test triples drawn at random)" if test and test.get("test_subset") else "") + ".",
         "",
@@ -102,8 +102,9 @@ def markdown(report: dict[str, Any]) -> str:
     for r in sorted(report["exports"], key=lambda r: -r[key]):
         mark = "yes" if (r["candidate"], r["precision"]) in on_frontier else ""
         rung = f"{r['rung']} (subset)" if r.get("valid_subset") else str(r["rung"])
-        lines.append(f"| {r['candidate']} | {r['precision']} | {r['bytes']:,} | {rung} | {r['steps']} | "
+        lines.append(f"| {r['candidate']} | {_spelled(r)} | {r['bytes']:,} | {rung} | {r['steps']} | "
                      f"{r['train_seconds']:.0f} | {r['mrr']:.4f} | {r['hits_at_10']:.4f} | {mark} |")
+    lines += _orders(report)
     lines += ["", "| rung | candidates | seconds for the rung | scores |", "|---|---|---|---|"]
     for rung in report["rungs"]:
         scores = ", ".join(f"{n} {_fmt(s)}" for n, s in sorted(rung["scores"].items(), key=lambda kv: -kv[1]))
@@ -120,6 +121,24 @@ def markdown(report: dict[str, Any]) -> str:
         lines += ["", f"Peak memory (RSS) of the process: {report['peak_rss_mb']:,.0f} MiB{lanes}."]
     lines += ["", f"![valid {report['metric']} against bytes]({FRONTIER_PNG})", ""]
     return "\n".join(lines)
+
+
+def _spelled(export: dict[str, Any]) -> str:
+    """An export's precision, and its codes' order where not contiguous (compress/orders.py)."""
+    order = export.get("order", "contiguous")
+    return export["precision"] + ("" if order == "contiguous" else f" ({order})")
+
+
+def _orders(report: dict[str, Any]) -> list[str]:
+    """A sentence on the order each pq export's entity codes were chosen in (compress/orders.py), where one was."""
+    chosen = [r for r in report["exports"] if r.get("order_scores")]
+    if not chosen:
+        return []
+    parts = [f"{r['candidate']} {r['precision']} {r['order']} (" + ", ".join(
+        f"{o} {v:.4f}" for o, v in r["order_scores"].items()) + ")" for r in chosen]
+    return ["", f"Codes' order: each RotatE pq export coded its entity table contiguously and in complex pairs, both "
+                f"validated as coded (before fine-tuning) on at most {chosen[0]['order_subset']:,} valid triples, and "
+                f"kept the better: " + "; ".join(parts) + "."]
 
 
 def _looks(report: dict[str, Any]) -> list[str]:

@@ -11,13 +11,12 @@ from typing import Any
 
 import torch
 
-from earl_service.bundle.codebooks import stored_tables
-from earl_service.bundle.format import read_safetensors
 from earl_service.bundle.model_io import Bundle, load_bundle
 from earl_service.bundle.precision import Precision, ProductQuantized
 from earl_service.bundle.sizes import save_exact
 from earl_service.compress.candidates import dominated, fine_tuned, tuned_precisions, valid_fraction
 from earl_service.compress.config import METRICS
+from earl_service.compress.orders import order_trials, pq_codes
 from earl_service.compress.state import (
     CompressRun,
     Export,
@@ -50,11 +49,6 @@ EARLY_VALID_TRIPLES = 500
 # never under EARLY_VALID_TRIPLES. At 1M entities one pass over 5,000 valid triples takes about 490 s (2 cores,
 # every entity scored for each of 10,000 queries): 14% of an hour per export, and as much again for the test.
 FINAL_EVAL_SHARE = 0.05
-# k-means rounds of a candidate's pq codebooks: from random rows at its first rung, from its codebooks of the
-# rung before at later ones. faiss's 25 rounds took 7.8 s for FB15k-237's RotatE d292 pq:73 entity table (2 cores),
-# and its search spent 38% of 5 minutes exporting; 10 rounds cost 3.1 s at 1.8% more relative error (0.2164 vs
-# 0.2126), which the codebook fine-tuning then trains on; 3 warm rounds (0.95 s) matched 25 cold ones.
-COLD_ITERATIONS, WARM_ITERATIONS = 10, 3
 
 
 def early_fraction(dataset: Dataset) -> float:
@@ -173,10 +167,12 @@ def run_slice(run: CompressRun, rung: Rung, name: str, limit: int, share: float 
 
 def validations(run: CompressRun, name: str, limit: int) -> float:
     """Seconds of validating the current rung's exports of candidate `name` (rung_exports) on at most `limit`
-    valid triples (0: all), from the validation pass timed before the search at its dim."""
-    candidate = run.candidate(name)
-    return (candidate.validation(run.state.validation_seconds, valid_fraction(run.dataset, limit))
-            * len(rung_exports(run, name)))
+    valid triples (0: all), and their codes' orders on the early subset (orders.order_trials), from the validation
+    pass timed before the search at its dim."""
+    candidate, exports = run.candidate(name), rung_exports(run, name)
+    seconds = run.state.validation_seconds
+    return (candidate.validation(seconds, valid_fraction(run.dataset, limit)) * len(exports)
+            + candidate.validation(seconds, early_fraction(run.dataset)) * order_trials(candidate, exports))
 
 
 def slice_training(run: CompressRun, name: str, share: float, limit: int) -> float:
@@ -307,25 +303,24 @@ def evaluate_exports(run: CompressRun, name: str, split: str = "valid", *, tune_
     tuned = tuned_precisions(candidate)
     subset = limit if 0 < limit < len(model_run.ranked_triples(split)) else 0
     results, validating = {}, 0.0
-    weights = source.row_weights()  # the dataset's degrees, the graph shipped or not
     for precision in rung_exports(run, name):
         expected = candidate.bytes[precision]
         run.emit("evaluate", name, precision=precision)
-        tables, tuning = None, {}
+        tables, orders = None, None
+        tuning: dict[str, Any] = {}
         if isinstance(chosen := Precision.parse(precision), ProductQuantized):
-            with run.timed("codebooks"):
-                tables = chosen.encode_tables(source.config, source.params, seed=run.config.seed, weights=weights,
-                                              **warm_start(run.export_path(name, precision)))
-            tuning = {"fine_tune_steps": 0, "fine_tune_seconds": 0.0}
+            tables, orders, tuning = pq_codes(run, name, chosen, source, model_run, EARLY_VALID_TRIPLES)
+            tuning |= {"fine_tune_steps": 0, "fine_tune_seconds": 0.0}
             if precision in tuned:
                 budget = FineTune(steps=FINE_TUNE_STEPS, seconds=tune_seconds / len(tuned))
                 started = time.monotonic()
                 with run.timed("fine_tune"):
-                    tables, budget = fine_tune(model_run, source.params, tables, train_config, budget)
-                tuning = {"fine_tune_steps": len(budget.losses), "fine_tune_seconds": time.monotonic() - started}
+                    tables, budget = fine_tune(model_run, source.params, tables, train_config, budget, orders)
+                tuning |= {"fine_tune_steps": len(budget.losses), "fine_tune_seconds": time.monotonic() - started}
         with run.timed("export"):
             path = save_exact(source, run.export_path(name, precision), precision=precision,
-                              metrics={"compress": {"candidate": name}}, expected=expected, pq_tables=tables)
+                              metrics={"compress": {"candidate": name}}, expected=expected, pq_tables=tables,
+                              pq_orders=orders)
         with run.timed("setup"):
             load_weights(model_run, path)
         metrics, seconds = timed_validation(run, model_run, split, batch_size=train_config.eval_batch_size,
@@ -355,15 +350,6 @@ def trained(run: CompressRun, name: str) -> tuple[Run, Bundle]:
     it: the source of its exports. Taken before any export's weights are loaded into the run (evaluate_bundle)."""
     model_run = load_run(run.run_dir(name), run.dataset, device=run.train_config(name).device, graphs=run.graphs)
     return model_run, run.shipped(run_bundle(model_run))
-
-
-def warm_start(previous: Path) -> dict[str, Any]:
-    """encode_tables' k-means settings for a pq export whose file from the previous rung is `previous`: a few
-    rounds from that export's (fine-tuned) codebooks when it exists, else COLD_ITERATIONS from random rows."""
-    if not previous.is_file():
-        return {"iterations": COLD_ITERATIONS}
-    _, tensors, _ = read_safetensors(previous)
-    return {"iterations": WARM_ITERATIONS, "start": stored_tables(tensors)}
 
 
 def evaluate_bundle(run: Run, path: Path, split: str, *, batch_size: int = 256, limit: int = 0) -> dict[str, Any]:

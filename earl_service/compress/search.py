@@ -8,7 +8,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from earl_service.bundle.codebooks import stored_tables
+from earl_service.bundle.codebooks import stored_orders, stored_tables
 from earl_service.bundle.format import read_safetensors
 from earl_service.bundle.sizes import save_exact
 from earl_service.compress.candidates import baseline_name, plan
@@ -271,9 +271,10 @@ def finish(run: CompressRun) -> dict[str, Any]:
     run.mark_peak("test")
     report = build_report(run, rows, pick, test, seconds={"search": round(search_seconds, 3), **seconds})
     # The pick is the export its metrics were measured on: a pq export's fine-tuned codebooks, not new ones.
-    _, tested, _ = read_safetensors(run.export_path(name, precision))
+    meta, tested, _ = read_safetensors(run.export_path(name, precision))
     save_exact(source, run.out / PICK, precision=precision, metrics=pick_metrics(report),
-               expected=run.candidate(name).bytes[precision], pq_tables=stored_tables(tested) or None)
+               expected=run.candidate(name).bytes[precision], pq_tables=stored_tables(tested) or None,
+               pq_orders=stored_orders(meta))
     write_report(run.out, report)
     run.emit("done", name, precision=precision)
     return report

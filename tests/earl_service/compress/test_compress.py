@@ -14,7 +14,7 @@ import pytest
 import torch
 from conftest import codex_s_path, tiny_dataset
 
-from earl_service.bundle.format import graph_bytes
+from earl_service.bundle.format import graph_bytes, read_safetensors
 from earl_service.bundle.model_io import bundle_from_model, load_bundle
 from earl_service.bundle.precision import ProductQuantized
 from earl_service.bundle.sizes import METRICS_ROOM, MIN_DIM, BundleSizes, padded_metrics, save_exact
@@ -23,6 +23,7 @@ from earl_service.cli.main import main
 from earl_service.compress import candidates as candidates_module
 from earl_service.compress import config as compress_config
 from earl_service.compress import costs as costs_module
+from earl_service.compress import orders as orders_module
 from earl_service.compress import rungs as rungs_module
 from earl_service.compress import search as compress_module
 from earl_service.compress.config import CompressConfig, budget_floor, parse_size
@@ -376,6 +377,9 @@ def test_the_last_rung_and_the_pick_test_end_within_the_time_limit(tmp_path, mon
     def evaluate_exports(job, name, *, tune_seconds, limit):
         unit, exports = job.candidate(name), rungs_module.rung_exports(job, name)
         validations = unit.validation_seconds * len(exports) * candidates_module.valid_fraction(job.dataset, limit)
+        # each pairable pq export's codes validated in both orders on the early subset (compress/orders.py)
+        validations += (orders_module.order_trials(unit, exports) * unit.validation_seconds
+                        * rungs_module.early_fraction(job.dataset))
         clock["now"] += 5.0 + tune_seconds + validations  # load and export, fine-tune the pq export, validate
         tuned = sum(p.startswith("pq") for p in exports)
         return {p: {"mrr": 0.2 if p.startswith("pq") else 0.1, "hits_at_10": 0.2,
@@ -889,8 +893,11 @@ def test_pq_exports_that_int8_outranks_are_made_at_the_last_rung_untuned(tmp_pat
     assert rungs_module.rung_exports(job, both.name) == ["int8"]
     assert rungs_module.rung_exports(job, coded.name) == ["pq:20", "pq:10"]
     assert rungs_module.slice_training(job, both.name, 60.0, 0) == pytest.approx(60 - 10.0)
-    assert rungs_module.slice_training(job, coded.name, 60.0, 0) == pytest.approx(
-        (60 - 2 * 10.0) / (1 + rungs_module.FINE_TUNE_SHARE))
+    # each pq export of d40 (4 and 8 numbers a code) also validates its codes in both orders (compress/orders.py),
+    # on the early subset: here the tiny graph's whole valid split
+    assert orders_module.order_trials(coded, ["pq:20", "pq:10"]) == 4
+    assert rungs_module.slice_training(job, coded.name, 100.0, 0) == pytest.approx(
+        (100 - 2 * 10.0 - 4 * 10.0) / (1 + rungs_module.FINE_TUNE_SHARE))
     state.rungs.append(Rung(index=1, survivors=[both.name]))
     assert rungs_module.rung_exports(job, both.name) == ["int8", "pq:10", "pq:5"]
     assert rungs_module.slice_training(job, both.name, 60.0, 0) == pytest.approx(60 - 3 * 10.0)
@@ -904,7 +911,8 @@ def test_a_long_slice_charges_fine_tuning_no_more_than_its_step_cap(tmp_path):
     job = CompressRun(tiny_dataset(), tmp_path, CompressConfig(max_bytes=10**6, time_limit_minutes=10), TINY, state)
     state.rungs.append(Rung(index=0, survivors=[coded.name]))
     assert rungs_module.tuning_cap(job, coded.name) == math.inf  # nothing measured yet
-    assert rungs_module.slice_training(job, coded.name, 1000.0, 0) == pytest.approx(980 / 1.25)
+    validating = 2 * 10.0 + 4 * 10.0  # both exports, and each one's codes in both orders (compress/orders.py)
+    assert rungs_module.slice_training(job, coded.name, 1000.0, 0) == pytest.approx((1000 - validating) / 1.25)
     steps = rungs_module.FINE_TUNE_STEPS
     tuned = {"fine_tune_steps": steps, "fine_tune_seconds": 0.1 * steps}  # 0.1 s a step
     state.rungs[0].results[coded.name] = RungResult(exports={p: {"mrr": 0.1, **tuned} for p in coded.bytes},
@@ -912,8 +920,8 @@ def test_a_long_slice_charges_fine_tuning_no_more_than_its_step_cap(tmp_path):
     state.rungs.append(Rung(index=1, survivors=[coded.name]))
     cap = 2 * 0.1 * steps
     assert rungs_module.tuning_cap(job, coded.name) == pytest.approx(cap)
-    assert rungs_module.slice_training(job, coded.name, 1000.0, 0) == pytest.approx(980 - cap)
-    assert rungs_module.slice_training(job, coded.name, 100.0, 0) == pytest.approx(80 / 1.25)  # a short slice
+    assert rungs_module.slice_training(job, coded.name, 1000.0, 0) == pytest.approx(1000 - validating - cap)
+    assert rungs_module.slice_training(job, coded.name, 100.0, 0) == pytest.approx((100 - validating) / 1.25)
     state.rungs[1].results[coded.name] = RungResult(exports={}, train_seconds=2.0, steps=2, score=0.2)  # a look's
     state.rungs.append(Rung(index=2, survivors=[coded.name]))
     assert rungs_module.tuning_cap(job, coded.name) == pytest.approx(cap)  # the rate of the rung that measured it
@@ -930,7 +938,8 @@ def test_fine_tuning_never_timed_is_charged_at_the_estimated_step(tmp_path):
     state.rungs.append(Rung(index=0, survivors=[coded.name]))
     cap = rungs_module.FINE_TUNE_STEPS * rungs_module.UNTIMED_TUNE_STEPS * 0.1 * 2
     assert rungs_module.tuning_cap(job, coded.name) == pytest.approx(cap)
-    assert rungs_module.slice_training(job, coded.name, 1600.0, 0) == pytest.approx(1580 - cap)
+    validating = 2 * 10.0 + 4 * 10.0  # both exports, and each one's codes in both orders (compress/orders.py)
+    assert rungs_module.slice_training(job, coded.name, 1600.0, 0) == pytest.approx(1600 - validating - cap)
 
 
 def test_rungs_take_growing_shares_of_the_time():
@@ -974,30 +983,35 @@ def test_a_killed_job_with_pq_candidates_continues(tmp_path, monkeypatch):
 
 def test_a_pq_pick_ships_the_codebooks_it_was_tested_with(tmp_path, monkeypatch):
     """The pick's file holds the weights of the export its valid and test metrics were measured on: a pq export's
-    fine-tuned codebooks, not codebooks trained afresh when the pick is written (which shipped other weights).
-    Each pq export's k-means starts cold at its candidate's first rung and warm, from the codebooks of the rung
-    before, at every later one."""
+    fine-tuned codebooks, in the order its codes were chosen in, not codebooks trained afresh when the pick is
+    written (which shipped other weights). Each pq export's k-means starts cold at its candidate's first rung, in
+    each order it tries, and warm, from the codebooks of the rung before, at later ones in the order chosen there."""
     dataset = load_dataset(codex_s_path())
     config = CompressConfig(max_bytes=100_000, time_limit_minutes=0.2, models=("rotate",), precisions=("pq",))
     starts = []
     real = ProductQuantized.encode_tables
 
     def spy(self, model_config, params, **kwargs):
-        starts.append((model_config.dim, str(self), kwargs["iterations"], kwargs.get("start") is not None))
+        order = (kwargs.get("orders") or {}).get("entities", "contiguous")
+        starts.append((model_config.dim, str(self), order, kwargs["iterations"], kwargs.get("start") is not None))
         return real(self, model_config, params, **kwargs)
 
     monkeypatch.setattr(ProductQuantized, "encode_tables", spy)
     report = compress(dataset, tmp_path, config, train_configs=TINY)
     assert len(report["rungs"]) > 1
-    first = [(dim, pq) for dim, pq, _, _ in starts]
-    for i, (dim, pq, iterations, warm) in enumerate(starts):
-        again = (dim, pq) in first[:i]
-        assert (warm, iterations) == ((True, rungs_module.WARM_ITERATIONS) if again
-                                      else (False, rungs_module.COLD_ITERATIONS))
+    coded = [(dim, pq, order) for dim, pq, order, _, _ in starts]
+    for i, (dim, pq, order, iterations, warm) in enumerate(starts):
+        assert iterations == (orders_module.WARM_ITERATIONS if warm else orders_module.COLD_ITERATIONS)
+        assert not warm or (dim, pq, order) in coded[:i]  # warm only from the same export in the same order
     assert any(warm for *_, warm in starts)
+    assert {order for _, _, order, _, _ in starts} == {"contiguous", "pairs"}  # RotatE's codes tried both ways
+    chosen = [r for r in report["exports"] if r["precision"].startswith("pq:")]
+    assert chosen and all(r["order"] in r["order_scores"] and r["order_subset"] > 0 for r in chosen)
     pick = report["pick"]
     assert pick["precision"].startswith("pq:")
     shipped = load_bundle(tmp_path / PICK)
+    assert json.loads(read_safetensors(tmp_path / PICK)[0]["pq_manifest"])["entities"][3:] == (
+        [] if pick["order"] == "contiguous" else [pick["order"]])
     tested = load_bundle(tmp_path / "candidates" / pick["candidate"] / f"export-{pick['precision']}.safetensors")
     assert shipped.params.keys() == tested.params.keys()
     for name, value in tested.params.items():
