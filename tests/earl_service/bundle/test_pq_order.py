@@ -81,6 +81,7 @@ def test_the_server_ranks_a_paired_file_from_its_codes_as_from_its_floats(paired
     _, _, bundle, _, path = paired
     floats = LinkPredictor.from_bundle(load_bundle(path), index="exact")
     codes = LinkPredictor.from_bundle(load_bundle(path, keep_codes=True))
+    assert codes.table.kind == "pq" and codes.table.columns is not None  # scanned and re-ranked from its codes
     for h, r, _ in bundle.triples[:20]:
         head, rel = bundle.entities.name(int(h)), bundle.relations.name(int(r))
         assert codes.predict_tails(head, rel, 10) == floats.predict_tails(head, rel, 10)
