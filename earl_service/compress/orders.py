@@ -64,7 +64,7 @@ def pq_codes(run: CompressRun, name: str, precision: ProductQuantized, source: B
     weights = source.row_weights()  # the dataset's degrees, the graph shipped or not
     candidate = run.candidate(name)
     names = tried(candidate.model, precision, source) if order_trials(candidate, [precision.name]) else []
-    candidates: dict[str, tuple[PQTables, dict[str, str]]] = {}
+    coded: dict[str, tuple[PQTables, dict[str, str]]] = {}  # by order
     for order in ORDERS if names else ORDERS[:1]:
         orders = dict.fromkeys(names, order)
         warm = previous.get("orders") == {n: o for n, o in orders.items() if o != ORDERS[0]}
@@ -72,17 +72,17 @@ def pq_codes(run: CompressRun, name: str, precision: ProductQuantized, source: B
         with run.timed("codebooks"):
             tables = precision.encode_tables(source.config, source.params, seed=run.config.seed, weights=weights,
                                              orders=orders, **start)
-        candidates[order] = tables, orders
-    if len(candidates) == 1:
-        return *candidates[ORDERS[0]], {}
+        coded[order] = tables, orders
+    if len(coded) == 1:
+        return *coded[ORDERS[0]], {}
     key, scores, batch = METRICS[run.config.metric], {}, run.train_config(name).eval_batch_size
-    for order, (tables, orders) in candidates.items():
+    for order, (tables, orders) in coded.items():
         decoded = ProductQuantized.stored_values(source.params, tables, orders)
         model_run.model.load_state_dict({k: torch.from_numpy(v) for k, v in decoded.items()}, strict=False)
         with run.timed("validate"):
             scores[order] = model_run.evaluate("valid", batch_size=batch, limit=limit)[key]
     best = max(ORDERS, key=lambda o: (scores[o], o == ORDERS[0]))
-    return *candidates[best], {"order": best, "order_scores": scores, "order_subset": limit}
+    return *coded[best], {"order": best, "order_scores": scores, "order_subset": limit}
 
 
 def warm_start(previous: Path) -> dict[str, Any]:
