@@ -117,17 +117,24 @@ def with_tables(tensors: dict[str, np.ndarray], metadata: dict[str, str],
     """A bundle's tensors with each coded table's `param.NAME` (and its int8 scale) replaced by its codes
     (rows, M) uint8 and codebooks (M, 256, width/M) fp16; the layout goes in the metadata: [rows, width, M], and
     the table's order (`orders`, ORDERS) where it is not contiguous."""
-    out, orders = dict(tensors), orders or {}
-    manifest: dict[str, list[int | str]] = {}
+    out = dict(tensors)
     for name, (codes, books) in sorted(tables.items()):
         out.pop(f"param.{name}", None)
         out.pop(f"param.{name}.scale", None)
         out[f"{TENSOR_PREFIX}{name}.codes"] = np.ascontiguousarray(codes, dtype=np.uint8)
         out[f"{TENSOR_PREFIX}{name}.codebooks"] = np.ascontiguousarray(books, dtype=np.float16)
-        manifest[name] = [int(codes.shape[0]), int(books.shape[0] * books.shape[2]), int(books.shape[0])]
-        if orders.get(name, "contiguous") != "contiguous":
-            manifest[name].append(orders[name])
-    return out, {**metadata, MANIFEST_KEY: json.dumps(manifest)}
+    return out, {**metadata, MANIFEST_KEY: manifest_text(tables, orders)}
+
+
+def manifest_text(tables: dict[str, tuple[np.ndarray, np.ndarray]], orders: dict[str, str] | None = None) -> str:
+    """The pq manifest with_tables writes for `tables` in `orders`: each table's [rows, width, M], and its order
+    where it is not contiguous."""
+    orders, manifest = orders or {}, {}
+    for name, (codes, books) in sorted(tables.items()):
+        order = orders.get(name, "contiguous")
+        manifest[name] = [int(codes.shape[0]), int(books.shape[0] * books.shape[2]), int(books.shape[0]),
+                          *([] if order == "contiguous" else [order])]
+    return json.dumps(manifest)
 
 
 def read_layouts(meta: dict[str, str], tensors: dict[str, np.ndarray], precision: str, source: str, *,
@@ -231,7 +238,7 @@ def stored_orders(meta: dict[str, str]) -> dict[str, str]:
     """Each coded table's order as a file's pq manifest declares it (read_layouts checks the manifest; this reads a
     file the search wrote itself), contiguous where the manifest gives none."""
     declared = json.loads(meta.get(MANIFEST_KEY, "{}"))
-    return {name: value[3] if len(value) == 4 else "contiguous" for name, value in declared.items()}
+    return {name: _layout(value).order for name, value in declared.items()}
 
 
 CODE_BLOCK_BYTES = 64 << 20  # the most faiss's distance table may take while encode_table codes a block of rows
@@ -299,5 +306,5 @@ def encode_table(table: np.ndarray, codes: int, *, seed: int = 0, iterations: in
 
 __all__ = ["CENTROIDS", "CODABLE", "NUMBERS_PER_CODE", "ORDERS", "Layout", "PQTables", "codable", "codes_for",
            "decode_table", "decode_tables", "declared_shapes", "default_codes", "describe", "encode_table",
-           "order_columns", "pairable", "read_layouts", "row_weights", "stored_orders", "training_rows", "with_tables",
+           "manifest_text", "order_columns", "pairable", "read_layouts", "row_weights", "stored_orders", "training_rows", "with_tables",
            "zero_tables"]

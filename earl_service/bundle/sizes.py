@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from earl_service.bundle.codebooks import Layout, PQTables, codes_for, zero_tables
+from earl_service.bundle.codebooks import Layout, PQTables, codes_for, manifest_text, zero_tables
 from earl_service.bundle.format import PAD_KEY, pack_graph
 from earl_service.bundle.model_io import Bundle
 from earl_service.bundle.precision import DEFAULT, Precision, ProductQuantized
@@ -56,7 +56,8 @@ def save_exact(bundle: Bundle, path: str | os.PathLike, *, precision: str | Prec
     """Write `bundle` at `precision` carrying `metrics`; the file must be `expected` bytes, as predicted. A table
     coded in another order than contiguous (`pq_orders`) names it in the pq manifest; the metrics give up the
     header bytes that takes, so the file keeps the size the size model predicts from contiguous tables."""
-    spare = sum(_header_bytes(", " + json.dumps(order)) for order in (pq_orders or {}).values() if order != "contiguous")
+    spare = (_header_bytes(manifest_text(pq_tables, pq_orders)) - _header_bytes(manifest_text(pq_tables))
+             if pq_tables else 0)
     out = replace(bundle, metrics=padded_metrics(metrics, spare)).save(path, precision=precision, coding=CODING,
                                                                        pq_tables=pq_tables, pq_orders=pq_orders)
     size = out.stat().st_size
